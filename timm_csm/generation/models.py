@@ -1,0 +1,110 @@
+"""Class-conditional diffusers UNets for the generator profiles, and loading a trained generator folder."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from .conditioning import enable_soft_class_conditioning
+
+__all__ = ["GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "load_generator", "save_generator"]
+
+
+@dataclass
+class GeneratorConfig:
+    """Architecture and training recipe of a class-conditional DDPM (epsilon prediction)."""
+
+    sample_size: int = 28
+    in_channels: int = 1
+    block_out_channels: Tuple[int, ...] = (32, 64, 64)
+    down_block_types: Tuple[str, ...] = ("DownBlock2D", "DownBlock2D", "AttnDownBlock2D")
+    up_block_types: Tuple[str, ...] = ("AttnUpBlock2D", "UpBlock2D", "UpBlock2D")
+    layers_per_block: int = 1
+    norm_num_groups: int = 8
+    num_train_timesteps: int = 1000
+    beta_schedule: str = "squaredcos_cap_v2"
+    # training
+    steps: int = 6000
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 200
+    ema_decay: float = 0.999
+    cond_drop_prob: float = 0.1  # label dropout so classifier-free guidance stays available (scale 1 = unused)
+    checkpoint_every: int = 250
+    seed: int = 0
+    hflip: bool = False
+
+    def to_dict(self) -> Dict:
+        return asdict(self)
+
+
+GENERATOR_PROFILES: Dict[str, GeneratorConfig] = {
+    # a few steps of a tiny net: exercises every code path in seconds
+    "smoke": GeneratorConfig(block_out_channels=(16, 16, 32), norm_num_groups=8, steps=4, batch_size=8,
+                             warmup_steps=1, checkpoint_every=2),
+    # the embedded default, trained on CPU with one thread
+    "fmnist": GeneratorConfig(),
+    # GPU profiles (CIFAR at 32 px); the EDM paper's DDPM++ is larger, these are the diffusers-UNet equivalents
+    "cifar10": GeneratorConfig(sample_size=32, in_channels=3, block_out_channels=(128, 256, 256, 256),
+                               down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+                               up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+                               layers_per_block=2, norm_num_groups=32, steps=200000, batch_size=128, lr=2e-4,
+                               warmup_steps=5000, ema_decay=0.9999, checkpoint_every=5000, hflip=True),
+    "cifar100": GeneratorConfig(sample_size=32, in_channels=3, block_out_channels=(128, 256, 256, 256),
+                                down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+                                layers_per_block=2, norm_num_groups=32, steps=300000, batch_size=128, lr=2e-4,
+                                warmup_steps=5000, ema_decay=0.9999, checkpoint_every=5000, hflip=True),
+}
+
+
+def create_class_unet(config: GeneratorConfig, num_classes: int):
+    """A ``UNet2DModel`` with ``num_classes + 1`` class embeddings (the last row is the null class for guidance),
+    made to accept soft class weights."""
+    from diffusers import UNet2DModel
+
+    unet = UNet2DModel(
+        sample_size=config.sample_size,
+        in_channels=config.in_channels,
+        out_channels=config.in_channels,
+        block_out_channels=tuple(config.block_out_channels),
+        down_block_types=tuple(config.down_block_types),
+        up_block_types=tuple(config.up_block_types),
+        layers_per_block=config.layers_per_block,
+        norm_num_groups=config.norm_num_groups,
+        num_class_embeds=num_classes + 1,
+    )
+    return enable_soft_class_conditioning(unet)
+
+
+def save_generator(folder, unet, scheduler, meta: Dict) -> None:
+    """Write ``unet/`` and ``scheduler/`` with ``save_pretrained`` (safetensors) and ``generator.json`` (class names,
+    dataset, recipe) into ``folder``."""
+    folder = Path(folder)
+    unet.save_pretrained(folder / "unet", safe_serialization=True)
+    scheduler.save_pretrained(folder / "scheduler")
+    tmp = folder / "generator.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    tmp.replace(folder / "generator.json")
+
+
+def load_generator(folder, device="cpu"):
+    """Load a generator folder written by :func:`save_generator`: returns ``(unet, scheduler, meta)``.
+
+    ``meta["class_names"]`` names the K classes; the UNet's table has K + 1 rows (null class last).
+    """
+    from diffusers import DDIMScheduler, UNet2DModel
+
+    folder = Path(folder)
+    if not (folder / "unet" / "config.json").exists():
+        raise FileNotFoundError(f"{folder} is not a generator folder (no unet/config.json)")
+    unet = UNet2DModel.from_pretrained(folder / "unet", use_safetensors=True).to(device).eval()
+    enable_soft_class_conditioning(unet)
+    scheduler = DDIMScheduler.from_pretrained(folder / "scheduler")
+    meta_path = folder / "generator.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if "class_names" not in meta:
+        n = unet.class_embedding.num_embeddings - 1
+        meta["class_names"] = [str(i) for i in range(n)]
+    return unet, scheduler, meta

@@ -1,0 +1,170 @@
+"""Training a class-conditional DDPM generator with accelerate: EMA weights, resumable checkpoints.
+
+Every random draw of step ``i`` (batch indices, flips, timesteps, noise, label dropout) comes from a generator seeded
+with ``(seed, i, process index)``, so a run resumed from a checkpoint continues exactly as an uninterrupted run would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .models import GeneratorConfig, create_class_unet, save_generator
+
+__all__ = ["train_generator", "to_model_range"]
+
+_CKPT = "checkpoint"
+
+
+def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 [0, 255] -> float [-1, 1], the range the generator models."""
+    return images_uint8.float().div(127.5).sub(1.0)
+
+
+def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
+
+
+def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses) -> None:
+    """Atomic: build ``checkpoint.tmp``, then swap it in with renames (the old one survives until the swap)."""
+    from safetensors.torch import save_file
+
+    tmp, final, old = out / f"{_CKPT}.tmp", out / _CKPT, out / f"{_CKPT}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, tmp / "model.safetensors")
+    torch.save({"ema": ema.state_dict(), "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict()},
+               tmp / "training_state.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses}))
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _find_checkpoint(out: Path) -> Optional[Path]:
+    for name in (_CKPT, f"{_CKPT}.old"):  # .old only survives a kill between the two renames
+        if (out / name / "state.json").exists():
+            return out / name
+    return None
+
+
+def train_generator(
+    images: np.ndarray,
+    labels: np.ndarray,
+    class_names,
+    output_dir,
+    config: GeneratorConfig,
+    meta: Optional[Dict] = None,
+    accelerator=None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+):
+    """Train (or resume training) a class-conditional UNet2DModel on uint8 (N, C, H, W) images.
+
+    Writes ``output_dir/checkpoint`` every ``config.checkpoint_every`` steps and, at the end, the EMA weights as a
+    generator folder (``unet/``, ``scheduler/``, ``generator.json``) in ``output_dir``. Returns ``(unet, scheduler)``
+    with the EMA weights loaded.
+    """
+    from accelerate import Accelerator
+    from diffusers import DDIMScheduler, DDPMScheduler
+    from diffusers.training_utils import EMAModel
+    from safetensors.torch import load_file
+    from tqdm.auto import tqdm
+
+    images = np.asarray(images)
+    labels = np.asarray(labels, dtype=np.int64)
+    num_classes = len(class_names)
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}")
+    if images.shape[1] != config.in_channels or images.shape[2:] != (config.sample_size, config.sample_size):
+        raise ValueError(
+            f"images are {images.shape[1:]} but the generator profile expects "
+            f"({config.in_channels}, {config.sample_size}, {config.sample_size})"
+        )
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"labels out of range [0, {num_classes})")
+
+    accelerator = accelerator or Accelerator()
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    unet = create_class_unet(config, num_classes)
+    noise_sched = DDPMScheduler(num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
+                                prediction_type="epsilon")
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=config.lr, weight_decay=0.0)
+    lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
+    ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
+
+    start, losses = 0, []
+    ckpt = _find_checkpoint(out)
+    if ckpt is not None:
+        state = json.loads((ckpt / "state.json").read_text())
+        unet.load_state_dict(load_file(ckpt / "model.safetensors"))
+        training_state = torch.load(ckpt / "training_state.pt", weights_only=False)
+        ema.load_state_dict(training_state["ema"])
+        optimizer.load_state_dict(training_state["optimizer"])
+        lr_sched.load_state_dict(training_state["lr_sched"])
+        start, losses = state["step"], state["losses"]
+        log(f"resuming generator training from step {start}")
+
+    unet, optimizer = accelerator.prepare(unet, optimizer)
+    ema.to(accelerator.device)
+    data = torch.from_numpy(np.array(images))  # a private, writable copy
+    targets = torch.from_numpy(labels)
+    alphas = noise_sched.alphas_cumprod
+    bar = tqdm(total=config.steps, initial=start, disable=not (progress and accelerator.is_main_process),
+               desc="generator", dynamic_ncols=True)
+    t0, window = time.time(), []
+    unet.train()
+    for step in range(start, config.steps):
+        g = _step_generator(config.seed, step, accelerator.process_index)
+        idx = torch.randint(0, len(data), (config.batch_size,), generator=g)
+        x0 = to_model_range(data[idx])
+        if config.hflip:
+            flip = torch.rand(config.batch_size, generator=g) < 0.5
+            x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
+        y = targets[idx].clone()
+        y[torch.rand(config.batch_size, generator=g) < config.cond_drop_prob] = num_classes  # null class
+        t = torch.randint(0, config.num_train_timesteps, (config.batch_size,), generator=g)
+        noise = torch.randn(x0.shape, generator=g)
+        a = alphas[t].view(-1, 1, 1, 1)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        dev = accelerator.device
+        pred = unet(xt.to(dev), t.to(dev), class_labels=y.to(dev)).sample
+        loss = F.mse_loss(pred.float(), noise.to(dev))
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(unet.parameters(), 1.0)
+        optimizer.step()
+        lr_sched.step()
+        optimizer.zero_grad(set_to_none=True)
+        ema.step(accelerator.unwrap_model(unet).parameters())
+        window.append(loss.item())
+        bar.update(1)
+        if len(window) == 50 or step + 1 == config.steps:
+            losses.append([step + 1, float(np.mean(window))])
+            bar.set_postfix(loss=f"{losses[-1][1]:.4f}")
+            window = []
+        if accelerator.is_main_process and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            _save_checkpoint(out, step + 1, accelerator.unwrap_model(unet), ema, optimizer, lr_sched, losses)
+        accelerator.wait_for_everyone()
+    bar.close()
+
+    model = accelerator.unwrap_model(unet)
+    ema.copy_to(model.parameters())
+    model.eval()
+    scheduler = DDIMScheduler.from_config(noise_sched.config)
+    if accelerator.is_main_process:
+        info = dict(meta or {})
+        info.update(class_names=list(class_names), recipe=config.to_dict(), losses=losses,
+                    train_seconds_this_run=round(time.time() - t0, 1))
+        save_generator(out, model, scheduler, info)
+    return model, scheduler
