@@ -18,6 +18,7 @@ __all__ = [
     "enable_soft_class_conditioning",
     "enable_soft_dit_conditioning",
     "mix_prompt_embeddings",
+    "find_soft_class_table",
 ]
 
 
@@ -114,3 +115,12 @@ def mix_prompt_embeddings(embeds_a: torch.Tensor, embeds_b: torch.Tensor, lam: S
     if ((lam < 0) | (lam > 1)).any():
         raise ValueError("lambda must lie in [0, 1]")
     return lam * embeds_a + (1 - lam) * embeds_b
+
+
+def find_soft_class_table(model) -> SoftClassEmbedding:
+    """The first :class:`SoftClassEmbedding` of a model (its class table, null row last when it has one)."""
+    for module in model.modules():
+        if isinstance(module, SoftClassEmbedding):
+            return module
+    raise ValueError("the generator has no soft class table: call enable_soft_class_conditioning "
+                     "(UNet2DModel) or enable_soft_dit_conditioning (DiT) first")

@@ -1,6 +1,7 @@
 """Class-conditional diffusers UNets for the generator profiles, and loading a trained generator folder."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -8,7 +9,9 @@ from typing import Dict, List, Tuple
 
 from .conditioning import enable_soft_class_conditioning
 
-__all__ = ["GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "load_generator", "save_generator"]
+__all__ = [
+    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "load_generator", "save_generator", "weights_digest",
+]
 
 
 @dataclass
@@ -108,3 +111,12 @@ def load_generator(folder, device="cpu"):
         n = unet.class_embedding.num_embeddings - 1
         meta["class_names"] = [str(i) for i in range(n)]
     return unet, scheduler, meta
+
+
+def weights_digest(folder) -> str:
+    """First 12 hex digits of the SHA-256 of the UNet weights: the generator's revision in dataset provenance."""
+    h = hashlib.sha256()
+    with open(Path(folder) / "unet" / "diffusion_pytorch_model.safetensors", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:12]

@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .conditioning import find_soft_class_table
+
 __all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "to_uint8"]
 
 
@@ -42,7 +44,7 @@ def sample_with_scheduler(
     device = noise.device
     w = class_weights.to(device=device, dtype=torch.float32)
     if guidance_scale != 1.0:
-        table = model.class_embedding.num_embeddings
+        table = find_soft_class_table(model).num_embeddings
         w_full = torch.zeros(w.shape[0], table, device=device)
         w_full[:, : w.shape[1]] = w
         w = torch.cat([w_full, _null_weights(w_full, table)])
@@ -52,6 +54,7 @@ def sample_with_scheduler(
         x_in = torch.cat([x, x]) if guidance_scale != 1.0 else x
         x_in = scheduler.scale_model_input(x_in, t)
         out = model(x_in, t.to(device).expand(x_in.shape[0]), class_labels=w).sample
+        out = out[:, : x.shape[1]]  # learned-variance models (DiT) return (eps, variance) channels
         if guidance_scale != 1.0:
             cond, uncond = out.chunk(2)
             out = uncond + guidance_scale * (cond - uncond)

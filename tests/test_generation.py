@@ -1,0 +1,238 @@
+"""Semantic mixing generation: conditioning, plan, samplers, pipelines, resumable sharded writing."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from timm_csm.generation import (
+    EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline, class_pair, create_class_unet,
+    enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
+    load_generator, make_plan, mix_prompt_embeddings, mix_weights, plan_groups, save_generator,
+)
+from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tmp_path_factory):
+    from diffusers import DDIMScheduler
+
+    torch.manual_seed(0)
+    unet = create_class_unet(GENERATOR_PROFILES["smoke"], K).eval()
+    for p in unet.parameters():  # random, non-trivial weights (diffusers zero-inits some output layers)
+        p.data.normal_(0, 0.05)
+    folder = tmp_path_factory.mktemp("gen")
+    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
+    save_generator(folder, unet, sched, {"class_names": [f"c{i}" for i in range(K)], "name": "tiny"})
+    return folder
+
+
+def test_class_pairs_are_lexicographic_and_wrap():
+    pairs = [class_pair(i, 4) for i in range(8)]
+    assert pairs == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (0, 1), (0, 2)]
+    groups = plan_groups(4, 8, seed_offset=100, start=5)
+    assert [(g.group_id, g.seed, g.class_a, g.class_b) for g in groups] == [(5, 105, 2, 3), (6, 106, 0, 1),
+                                                                          (7, 107, 0, 2)]
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        class_pair(0, 1)
+
+
+def test_mix_weights_and_errors():
+    w = mix_weights([0, 2], [1, 3], [0.25, 1.0], 4)
+    assert torch.equal(w, torch.tensor([[0.25, 0.75, 0, 0], [0, 0, 1.0, 0]]))
+    with pytest.raises(ValueError, match=r"lambda must lie in \[0, 1\]"):
+        mix_weights([0], [1], [1.5], 4)
+    with pytest.raises(ValueError, match="class_b out of range"):
+        mix_weights([0], [4], [0.5], 4)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+        lambda_grid(lambdas=[0.0, 1.2])
+    assert lambda_grid(8)[1] == pytest.approx(1 / 7)
+
+
+def test_lambda_one_equals_pure_class_a(tiny_generator):
+    unet, _, _ = load_generator(tiny_generator)
+    x, t = torch.randn(3, 1, 28, 28), torch.tensor([10, 500, 900])
+    with torch.no_grad():
+        hard = unet(x, t, class_labels=torch.tensor([2, 0, 3])).sample
+        soft = unet(x, t, class_labels=mix_weights([2, 0, 3], [1, 1, 0], [1.0, 1.0, 1.0], K)).sample
+        mixed = unet(x, t, class_labels=mix_weights([2, 0, 3], [1, 1, 0], [0.5, 0.5, 0.5], K)).sample
+    torch.testing.assert_close(soft, hard, rtol=1e-5, atol=1e-5)
+    assert (mixed - hard).abs().max() > 1e-4  # the condition matters
+
+
+def test_soft_embedding_survives_save_load(tiny_generator, tmp_path):
+    from diffusers import UNet2DModel
+
+    unet, sched, meta = load_generator(tiny_generator)
+    plain = UNet2DModel.from_pretrained(tiny_generator / "unet")
+    assert type(plain.class_embedding) is torch.nn.Embedding  # from_pretrained rebuilds a plain table ...
+    assert torch.equal(plain.class_embedding.weight, unet.class_embedding.weight)  # ... with the same weights
+    save_generator(tmp_path, unet, sched, meta)
+    again, _, meta2 = load_generator(tmp_path)
+    w = mix_weights([0], [3], [0.3], K)
+    x, t = torch.randn(1, 1, 28, 28), torch.tensor([100])
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, t, class_labels=w).sample, unet(x, t, class_labels=w).sample)
+    assert meta2["class_names"] == meta["class_names"]
+
+
+def test_unconditional_generator_is_refused():
+    from diffusers import UNet2DModel
+
+    unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, block_out_channels=(8, 8),
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                       norm_num_groups=4, layers_per_block=1)
+    with pytest.raises(ValueError, match="cannot be class-conditioned"):
+        enable_soft_class_conditioning(unet)
+
+
+def test_group_members_share_noise_and_batching_does_not_matter(tiny_generator):
+    pipe = SemanticMixingPipeline.from_pretrained(tiny_generator, num_inference_steps=4)
+    groups = plan_groups(K, 5)
+    lams = lambda_grid(3)
+    together, members = pipe(groups, lams)
+    one_by_one = torch.cat([pipe([g], lams)[0] for g in groups])
+    assert together.shape == (15, 1, 28, 28) and together.dtype == torch.uint8
+    assert [(m[0].group_id, m[1]) for m in members[:4]] == [(0, 0.0), (0, 0.5), (0, 1.0), (1, 0.0)]
+    assert (together.int() - one_by_one.int()).abs().max() <= 1  # float batching noise at most one grey level
+    # lambda = 1 of group (a, b) is pure class a; lambda = 0 pure class b: both ends differ from each other
+    assert not torch.equal(together[0], together[2])
+
+
+def test_guidance_needs_null_row_and_runs(tiny_generator):
+    pipe = SemanticMixingPipeline.from_pretrained(tiny_generator, num_inference_steps=3, guidance_scale=2.0)
+    images, _ = pipe(plan_groups(K, 1), [0.0, 1.0])
+    assert images.shape == (2, 1, 28, 28)
+
+
+def test_dit_soft_conditioning():
+    from diffusers import DDIMScheduler, DiTTransformer2DModel
+
+    torch.manual_seed(0)
+    dit = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=1, out_channels=2,
+                                num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=K).eval()
+    for p in dit.parameters():
+        p.data.normal_(0, 0.05)
+    enable_soft_dit_conditioning(dit)
+    x, t = torch.randn(2, 1, 8, 8), torch.tensor([10, 700])
+    with torch.no_grad():
+        hard = dit(x, t, class_labels=torch.tensor([1, 3])).sample
+        soft = dit(x, t, class_labels=mix_weights([1, 3], [0, 0], [1.0, 1.0], K)).sample
+        null = dit(x, t, class_labels=torch.tensor([K, K])).sample
+        null_soft = dit(x, t, class_labels=torch.nn.functional.one_hot(torch.tensor([K, K]), K + 1).float()).sample
+    torch.testing.assert_close(soft, hard)
+    torch.testing.assert_close(null_soft, null)
+    pipe = SemanticMixingPipeline(dit, DDIMScheduler(), K, num_inference_steps=3, guidance_scale=1.5)
+    images, _ = pipe(plan_groups(K, 2), [0.0, 1.0])
+    assert images.shape == (4, 1, 8, 8)
+
+
+def test_mix_prompt_embeddings():
+    a, b = torch.ones(1, 3, 4), torch.zeros(1, 3, 4)
+    out = mix_prompt_embeddings(a, b, [0.25, 1.0])
+    assert out.shape == (2, 3, 4) and out[0].eq(0.25).all() and out[1].eq(1).all()
+
+
+def test_edm_heun_recovers_a_point_mass():
+    sig = edm_sigmas(5)
+    assert sig[0].item() == pytest.approx(80.0) and sig[-2].item() == pytest.approx(0.002) and sig[-1] == 0
+    target = torch.full((1, 1, 2, 2), 0.3, dtype=torch.float64)
+    calls = []
+
+    def denoiser(x, sigma, w):  # data = a single point: the ideal denoiser returns it at every noise level
+        calls.append(float(sigma))
+        return target.expand_as(x)
+
+    x = edm_heun_sample(denoiser, torch.ones(1, 2), torch.randn(1, 1, 2, 2), num_steps=5)
+    torch.testing.assert_close(x, target)
+    assert len(calls) == 2 * 5 - 1  # NFE = 2N - 1
+    pipe = EDMSemanticMixingPipeline(lambda x, s, w: torch.zeros_like(x), 3, (1, 2, 2), num_steps=3)
+    images, _ = pipe(plan_groups(3, 1), [0.0, 1.0])
+    assert images.eq(128).all()  # x0 = 0 maps to grey 128, as EDM's uint8 conversion
+
+
+def _generate_cmd(gen, out, extra=()):
+    return [sys.executable, str(ROOT / "hub_scripts" / "generate.py"), "--generator", str(gen), "--num-groups", "12",
+            "--output", str(out), "--steps", "3", "--num-lambdas", "3", "--groups-per-shard", "2",
+            "--batch-groups", "2", *extra]
+
+
+def _rows(folder):
+    ds, plan = load_generated(folder)
+    ds = ds.cast_column("image", __import__("datasets").Image(decode=False))
+    return sorted((r["group_id"], r["lambda_gen"], r["seed"], r["class_a"], r["class_b"], r["image"]["bytes"])
+                  for r in ds), plan
+
+
+def test_generate_resumes_after_sigkill_with_identical_output(tiny_generator, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run(_generate_cmd(tiny_generator, tmp_path / "full"), check=True, env=env, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_generate_cmd(tiny_generator, killed), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((killed / "shards").glob("*.parquet"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_done = len(list((killed / "shards").glob("*.parquet")))
+    assert 2 <= n_done < 6, "the kill should land mid-job"
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        load_generated(killed)
+    subprocess.run(_generate_cmd(tiny_generator, killed), check=True, env=env, capture_output=True)
+    full, plan = _rows(tmp_path / "full")
+    resumed, _ = _rows(killed)
+    assert len(full) == 12 * 3 and len({(r[0], r[1]) for r in full}) == 36  # no duplicate, no missing member
+    assert resumed == full
+    # a different plan in the same folder is refused
+    res = subprocess.run(_generate_cmd(tiny_generator, killed, ["--seed-offset", "7"]), env=env,
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "different generation plan" in res.stderr
+
+
+def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ACCELERATE_USE_CPU="1")
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    subprocess.run(_generate_cmd(tiny_generator, tmp_path / "one"), check=True, env=env, capture_output=True)
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", *_generate_cmd(tiny_generator, tmp_path / "two")[1:]]
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    one, _ = _rows(tmp_path / "one")
+    two, _ = _rows(tmp_path / "two")
+    assert [r[:5] for r in one] == [r[:5] for r in two]
+    diffs = [np.abs(np.asarray(__import__("PIL.Image").Image.open(__import__("io").BytesIO(a[5])), int)
+                    - np.asarray(__import__("PIL.Image").Image.open(__import__("io").BytesIO(b[5])), int)).max()
+             for a, b in zip(one, two)]
+    assert max(diffs) <= 1
+
+
+def test_generator_training_resumes_exactly(tmp_path):
+    import dataclasses
+
+    from timm_csm.generation.training import train_generator
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (32, 1, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 3, 32)
+    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], steps=4, checkpoint_every=2)
+    straight, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "a", cfg, progress=False,
+                                  log=lambda m: None)
+    train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", dataclasses.replace(cfg, steps=2),
+                    progress=False, log=lambda m: None)
+    resumed, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", cfg, progress=False,
+                                 log=lambda m: None)
+    for (n, p), (_, q) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(p, q, msg=n)
+    meta = json.loads((tmp_path / "b" / "generator.json").read_text())
+    assert meta["class_names"] == ["a", "b", "c"] and len(meta["losses"]) >= 1
+    with pytest.raises(ValueError, match="expects"):
+        train_generator(images[:, :, :14, :14], labels, ["a", "b", "c"], tmp_path / "c", cfg, progress=False)

@@ -1,0 +1,165 @@
+"""Sharded, resumable generation into Parquet, and reading the result back as a Hugging Face ``Dataset``.
+
+Shard ``k`` holds groups ``[k * S, (k + 1) * S)`` of the global plan (S = groups per shard). Processes take the
+shards ``k = rank, rank + world, ...``; each shard is written to a temporary name and renamed into place, so a shard
+file exists only when complete. A restarted job skips the shards that exist, so after any kill (SIGKILL included)
+it finishes with exactly the dataset an uninterrupted run writes: no duplicate and no missing group.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from .plan import plan_groups
+
+__all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "encode_png"]
+
+PLAN_FILE = "plan.json"
+
+
+def encode_png(image_chw: np.ndarray) -> bytes:
+    from PIL import Image
+
+    arr = image_chw[0] if image_chw.shape[0] == 1 else image_chw.transpose(1, 2, 0)
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def make_plan(num_classes: int, num_groups: int, lambdas: Sequence[float], class_names: Sequence[str],
+              groups_per_shard: int = 64, seed_offset: int = 0, generator: Optional[Dict] = None) -> Dict:
+    """Everything that determines the output; stored as ``plan.json`` and compared on restart."""
+    if len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+    if groups_per_shard < 1:
+        raise ValueError("groups_per_shard must be at least 1")
+    plan = {
+        "num_classes": int(num_classes),
+        "num_groups": int(num_groups),
+        "lambdas": [float(v) for v in lambdas],
+        "class_names": list(class_names),
+        "groups_per_shard": int(groups_per_shard),
+        "seed_offset": int(seed_offset),
+        "generator": generator or {},
+    }
+    plan["num_shards"] = max(1, -(-plan["num_groups"] // plan["groups_per_shard"]))
+    plan["plan_hash"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+    return plan
+
+
+def shard_path(folder, index: int, num_shards: int) -> Path:
+    return Path(folder) / "shards" / f"shard-{index:05d}-of-{num_shards:05d}.parquet"
+
+
+def _check_or_write_plan(folder: Path, plan: Dict, is_main: bool) -> None:
+    path = folder / PLAN_FILE
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("plan_hash") != plan["plan_hash"]:
+            diff = sorted(k for k in plan if old.get(k) != plan[k] and k != "plan_hash")
+            raise ValueError(f"{folder} holds a different generation plan (differs in {diff}); "
+                             "use a new output folder or the same settings")
+    elif is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(plan, indent=2))
+        os.replace(tmp, path)
+
+
+def _features(class_names):
+    import datasets
+
+    return datasets.Features({
+        "image": datasets.Image(),
+        "group_id": datasets.Value("int64"),
+        "seed": datasets.Value("int64"),
+        "class_a": datasets.Value("int64"),
+        "class_b": datasets.Value("int64"),
+        "lambda_gen": datasets.Value("float32"),
+        "generator": datasets.Value("string"),
+        "generator_revision": datasets.Value("string"),
+    })
+
+
+def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, accelerator=None,
+                       progress: bool = True) -> Path:
+    """Generate every missing shard of ``plan`` into ``folder`` with ``pipeline(groups, lambdas)``.
+
+    ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar.
+    """
+    import datasets
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    rank = accelerator.process_index if accelerator else 0
+    world = accelerator.num_processes if accelerator else 1
+    is_main = rank == 0
+    if is_main:
+        _check_or_write_plan(folder, plan, True)
+    if accelerator:
+        accelerator.wait_for_everyone()
+    _check_or_write_plan(folder, plan, False)
+    (folder / "shards").mkdir(parents=True, exist_ok=True)
+
+    n, per, k_total = plan["num_groups"], plan["groups_per_shard"], plan["num_shards"]
+    gen_name = str(plan["generator"].get("name", ""))
+    gen_rev = str(plan["generator"].get("revision", ""))
+    mine = [k for k in range(rank, k_total, world) if not shard_path(folder, k, k_total).exists()]
+    done_groups = sum(min(per, n - k * per) for k in range(k_total) if shard_path(folder, k, k_total).exists())
+    bar = tqdm(total=n, initial=done_groups, desc="generate groups", unit="group",
+               disable=not (progress and is_main), dynamic_ncols=True)
+    features = _features(plan["class_names"])
+    for k in mine:
+        groups = plan_groups(plan["num_classes"], min(n, (k + 1) * per), plan["seed_offset"], start=k * per)
+        rows = {name: [] for name in features}
+        for i in range(0, len(groups), batch_groups):
+            batch = groups[i: i + batch_groups]
+            images, members = pipeline(batch, plan["lambdas"])
+            for img, (g, lam) in zip(images.numpy(), members):
+                rows["image"].append({"bytes": encode_png(img), "path": None})
+                rows["group_id"].append(g.group_id)
+                rows["seed"].append(g.seed)
+                rows["class_a"].append(g.class_a)
+                rows["class_b"].append(g.class_b)
+                rows["lambda_gen"].append(lam)
+                rows["generator"].append(gen_name)
+                rows["generator_revision"].append(gen_rev)
+            bar.update(len(batch) * world if world > 1 else len(batch))
+        path = shard_path(folder, k, k_total)
+        tmp = path.with_name(path.name + f".tmp{rank}")
+        was_enabled = not datasets.utils.are_progress_bars_disabled()
+        datasets.utils.disable_progress_bars()  # one bar per job, not one per shard
+        try:
+            datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp))
+        finally:
+            if was_enabled:
+                datasets.utils.enable_progress_bars()
+        os.replace(tmp, path)
+    bar.close()
+    if accelerator:
+        accelerator.wait_for_everyone()
+    return folder
+
+
+def load_generated(folder):
+    """``(Dataset, plan)`` of a finished generation folder; an unfinished one is an error naming the missing shards."""
+    import datasets
+
+    folder = Path(folder)
+    if not (folder / PLAN_FILE).exists():
+        raise FileNotFoundError(f"{folder} is not a generation folder (no {PLAN_FILE})")
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    paths = [shard_path(folder, k, plan["num_shards"]) for k in range(plan["num_shards"])]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder} is unfinished: {len(missing)} shard(s) missing (first: {missing[0]}); "
+                                "run the generation again to complete it")
+    ds = datasets.Dataset.from_parquet([str(p) for p in paths], features=_features(plan["class_names"]),
+                                       keep_in_memory=True)
+    return ds, plan

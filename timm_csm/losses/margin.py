@@ -1,0 +1,202 @@
+"""Logit-margin regularisers of the label-smoothing family: MbLS, ACLS and CALS.
+
+All three penalise logit distances d_ik = max_j z_ij - z_ik measured from the *predicted* class (not the label),
+so the regulariser needs no target and works unchanged with soft targets; only the cross-entropy term sees y.
+Dense inputs are flattened to pixels, and ignored pixels are excluded from both terms.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._common import LossBase, ce_rows, check_finite_number, flatten_batch, reduce_rows
+from .registry import register_loss
+
+__all__ = ["MbLSLoss", "ACLSLoss", "CALSLoss", "augmented_lagrangian_penalty"]
+
+
+@register_loss("mbls")
+class MbLSLoss(LossBase):
+    """Margin-based label smoothing (Liu et al., CVPR 2022):
+
+        L = CE(z, y) + alpha * mean_{i,k} ReLU(max_j z_ij - z_ik - margin),
+
+    the mean running over all N*K entries (the argmax entry contributes 0). Defaults margin = 10, alpha = 0.1 (the
+    paper's setting; no alpha schedule). Gradient flows through the max, as in the official code.
+    """
+
+    def __init__(self, margin: float = 10.0, alpha: float = 0.1, ignore_index: int = -100, validate: bool = True):
+        super().__init__(ignore_index, validate)
+        self.margin = check_finite_number("margin", margin, 0.0)
+        self.alpha = check_finite_number("alpha", alpha, 0.0)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        batch = self._flat(logits, target)
+        z = batch.logits
+        ce = reduce_rows(ce_rows(z, batch), batch)
+        hinge = (z.amax(dim=1, keepdim=True) - z - self.margin).clamp_min(0.0)
+        reg = reduce_rows(hinge.mean(dim=1), batch)
+        self._record(ce=ce, reg=reg)
+        return ce + self.alpha * reg
+
+
+@register_loss("acls")
+class ACLSLoss(LossBase):
+    """Adaptive and conditional label smoothing (Park et al., ICCV 2023), in the released code's form:
+
+        R = pos_lambda * (1/N) sum_i ReLU(z_max,i - margin)^2
+          + neg_lambda * (1/(N(K-1))) sum_i sum_{k != j_i} ReLU(z_max,i - z_ik - margin)^2,
+        L = CE + alpha * R,
+
+    with j_i the predicted class (ties all count as positives, decided on detached logits). The winning logit is
+    pulled down once it exceeds the margin; losing logits are pulled up once their gap to the (detached) max exceeds
+    it. Defaults pos_lambda = 1.0, neg_lambda = 0.1, alpha = 0.1, margin = 10 (``configs/loss/acls.yaml``).
+    """
+
+    def __init__(self, pos_lambda: float = 1.0, neg_lambda: float = 0.1, alpha: float = 0.1, margin: float = 10.0,
+                 ignore_index: int = -100, validate: bool = True):
+        super().__init__(ignore_index, validate)
+        self.pos_lambda = check_finite_number("pos_lambda", pos_lambda, 0.0)
+        self.neg_lambda = check_finite_number("neg_lambda", neg_lambda, 0.0)
+        self.alpha = check_finite_number("alpha", alpha, 0.0)
+        self.margin = check_finite_number("margin", margin, 0.0)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        batch = self._flat(logits, target)
+        z = batch.logits
+        ce = reduce_rows(ce_rows(z, batch), batch)
+        z_max = z.amax(dim=1, keepdim=True)
+        z_max_detached = z_max.detach()
+        is_max = (z.detach() == z_max_detached).to(z.dtype)
+        pos = (is_max * (z_max - self.margin).clamp_min(0.0).pow(2)).sum(dim=1)
+        neg = ((1.0 - is_max) * (z_max_detached - z - self.margin).clamp_min(0.0).pow(2)).sum(dim=1)
+        num_classes = batch.num_classes
+        reg = reduce_rows(self.pos_lambda * pos + self.neg_lambda * neg / (num_classes - 1), batch)
+        self._record(ce=ce, reg=reg)
+        return ce + self.alpha * reg
+
+
+def augmented_lagrangian_penalty(h: torch.Tensor, lambd: torch.Tensor, rho: torch.Tensor, kind: str = "phr"):
+    """Penalty-Lagrangian P(h; lambda, rho) and its derivative dP/dh for constraints h <= 0 (CALS).
+
+    * ``"phr"`` (Powell-Hestenes-Rockafellar): P = ((lambda + rho h)^2 - lambda^2) / (2 rho) if lambda + rho h >= 0,
+      else -lambda^2 / (2 rho); P' = max(lambda + rho h, 0).
+    * ``"p2"``: P = lambda h + lambda rho h^2 + rho^2 h^3 / 6 for h >= 0, else lambda h / (1 - rho h).
+    * ``"p3"``: P = lambda h + lambda rho h^2 for h >= 0, else lambda h / (1 - rho h).
+    """
+    if kind == "phr":
+        x = lambd + rho * h
+        value = torch.where(x >= 0, (x * x - lambd * lambd) / (2 * rho), -lambd * lambd / (2 * rho))
+        return value, x.clamp_min(0.0)
+    positive = h >= 0
+    h_neg = h.clamp(max=0.0)
+    inf_value = lambd * h_neg / (1 - rho * h_neg)
+    inf_grad = lambd / (1 - rho * h_neg) ** 2
+    h_pos = h.clamp(min=0.0)
+    if kind == "p2":
+        sup_value = lambd * h_pos + lambd * rho * h_pos ** 2 + rho ** 2 * h_pos ** 3 / 6
+        sup_grad = lambd + 2 * lambd * rho * h_pos + rho ** 2 * h_pos ** 2 / 2
+    elif kind == "p3":
+        sup_value = lambd * h_pos + lambd * rho * h_pos ** 2
+        sup_grad = lambd + 2 * lambd * rho * h_pos
+    else:
+        raise ValueError(f"unknown penalty {kind!r}; expected 'phr', 'p2' or 'p3'")
+    return torch.where(positive, sup_value, inf_value), torch.where(positive, sup_grad, inf_grad)
+
+
+@register_loss("cals")
+class CALSLoss(LossBase):
+    """Class-adaptive label smoothing via an augmented Lagrangian (Liu et al., CVPR 2023).
+
+    Constraints per sample i and class k: h_ik = (max_j z_ij - z_ik - margin) / margin <= 0 (unnormalised with
+    ``normalize=False``). Training minimises
+
+        L = CE + mean_i sum_k P(h_ik; lambda_k, rho)
+
+    (sum over classes, mean over samples/pixels, as the official ``AugLagrangianClass.get``) with the PHR penalty by
+    default (:func:`augmented_lagrangian_penalty`). The per-class multipliers lambda_k (initially ``lambd_min``,
+    so training starts close to plain CE) and the scalar rho are the state.
+
+    Hook: ``on_epoch_end(val_logits, val_targets=None)`` runs the outer ALM step on the validation logits
+    (targets are not used): every ``lambd_step`` epochs, lambda_k <- mean_i clamp(P'(h_ik; lambda_k, rho),
+    lambd_min, lambd_max); every ``rho_step`` epochs, rho <- min(gamma * rho, rho_max) if the validation penalty
+    (computed with the old multipliers) did not drop below tau times its value at the previous rho step.
+    ``rho_step <= 0`` disables the rho update. Defaults: margin 10 (README command; the yaml default is 20),
+    PHR, lambda in [1e-6, 1e6], rho_init 1, rho_max 10, rho_step 10, gamma 1.2, tau 0.9 (spec/baselines.md
+    section 12). State is in buffers (``lambd`` sized lazily to the number of classes).
+    """
+
+    def __init__(self, margin: float = 10.0, penalty: str = "phr", lambd_min: float = 1e-6, lambd_max: float = 1e6,
+                 lambd_step: int = 1, rho_init: float = 1.0, rho_max: float = 10.0, rho_step: int = 10,
+                 gamma: float = 1.2, tau: float = 0.9, normalize: bool = True, num_classes: Optional[int] = None,
+                 ignore_index: int = -100, validate: bool = True):
+        super().__init__(ignore_index, validate)
+        if penalty not in ("phr", "p2", "p3"):
+            raise ValueError(f"penalty must be 'phr', 'p2' or 'p3', got {penalty!r}")
+        self.margin = check_finite_number("margin", margin, 0.0, low_open=True)
+        self.penalty = penalty
+        self.lambd_min = check_finite_number("lambd_min", lambd_min, 0.0)
+        self.lambd_max = check_finite_number("lambd_max", lambd_max, self.lambd_min)
+        self.lambd_step = max(int(lambd_step), 1)
+        self.rho_max = check_finite_number("rho_max", rho_max, 0.0, low_open=True)
+        rho_init = check_finite_number("rho_init", rho_init, 0.0, self.rho_max, low_open=True)
+        self.rho_step = int(rho_step)
+        self.gamma = check_finite_number("gamma", gamma, 1.0)
+        self.tau = check_finite_number("tau", tau, 0.0)
+        self.normalize = bool(normalize)
+        size = 0 if num_classes is None else int(num_classes)
+        self.register_buffer("lambd", torch.full((size,), self.lambd_min, dtype=torch.float32))
+        self.register_buffer("rho", torch.tensor(rho_init, dtype=torch.float32))
+        self.register_buffer("prev_penalty", torch.tensor(float("nan"), dtype=torch.float32))
+        self.register_buffer("epoch", torch.tensor(0, dtype=torch.int64))
+
+    def _ensure_classes(self, num_classes: int) -> None:
+        if self.lambd.numel() == 0:
+            self.lambd = torch.full((num_classes,), self.lambd_min, dtype=self.lambd.dtype, device=self.lambd.device)
+        elif self.lambd.numel() != num_classes:
+            raise ValueError(f"CALSLoss holds multipliers for {self.lambd.numel()} classes, got {num_classes}")
+
+    def constraints(self, logits2d: torch.Tensor) -> torch.Tensor:
+        h = logits2d.amax(dim=1, keepdim=True) - logits2d - self.margin
+        return h / self.margin if self.normalize else h
+
+    def _penalty(self, h: torch.Tensor):
+        lambd = self.lambd.to(h.dtype).unsqueeze(0)
+        rho = self.rho.to(h.dtype)
+        return augmented_lagrangian_penalty(h, lambd, rho, self.penalty)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        batch = self._flat(logits, target)
+        self._ensure_classes(batch.num_classes)
+        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
+        value, _ = self._penalty(self.constraints(batch.logits))
+        reg = reduce_rows(value.sum(dim=1), batch)
+        self._record(ce=ce, reg=reg)
+        return ce + reg
+
+    @torch.no_grad()
+    def on_epoch_end(self, val_logits: torch.Tensor, val_targets: Optional[torch.Tensor] = None) -> None:
+        """Outer augmented-Lagrangian step from validation logits (see the class docstring)."""
+        if val_targets is None:
+            shape = (val_logits.shape[0], *val_logits.shape[2:])
+            val_targets = torch.zeros(shape, dtype=torch.long, device=val_logits.device)
+        batch = flatten_batch(val_logits, val_targets, self.ignore_index, True, "CALSLoss.on_epoch_end")
+        self._ensure_classes(batch.num_classes)
+        keep = batch.row_weight() > 0
+        z = batch.logits.double()[keep]
+        if z.shape[0] == 0:
+            raise ValueError("CALSLoss.on_epoch_end: no validation samples")
+        h = self.constraints(z)
+        value, grad = self._penalty(h)
+        val_penalty = float(value.sum(dim=1).mean())
+        epoch = int(self.epoch) + 1  # 1-based count of finished epochs
+        if epoch % self.lambd_step == 0:
+            new = grad.clamp(self.lambd_min, self.lambd_max).mean(dim=0).clamp(self.lambd_min, self.lambd_max)
+            self.lambd.copy_(new.to(self.lambd))
+        if self.rho_step > 0 and epoch % self.rho_step == 0:
+            prev = float(self.prev_penalty)
+            if prev == prev and prev > 0 and val_penalty > 0 and val_penalty > self.tau * prev:
+                self.rho.fill_(min(self.rho_max, float(self.rho) * self.gamma))
+            self.prev_penalty.fill_(val_penalty)
+        self.epoch.fill_(epoch)
