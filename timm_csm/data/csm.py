@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["CSMGroups", "CSMCompanionSampler", "REQUIRED_CSM_COLUMNS"]
+__all__ = ["CSMGroups", "CSMCompanionSampler", "REQUIRED_CSM_COLUMNS", "check_class_names"]
 
 REQUIRED_CSM_COLUMNS = ("image", "soft_label", "class_a", "class_b", "group_id")
 

@@ -1,0 +1,634 @@
+"""Calibration losses: hand-worked values, gradient checks, dense / ignore_index / soft-target forms, finiteness at
+logits of magnitude 1e4, stateful hooks with state save/restore, registry behaviour and spec defaults."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from timm_csm.losses import create_loss, list_losses, register_loss
+from timm_csm.losses import registry as loss_registry
+
+LN2 = math.log(2.0)
+# p = softmax(P_LOGITS) = [1/8, 1/8, 1/4, 1/2]
+P_LOGITS = torch.log(torch.tensor([[1.0, 1.0, 2.0, 4.0]], dtype=torch.float64))
+# p = [1/8, 1/8, 1/8, 5/8]
+Q_LOGITS = torch.log(torch.tensor([[1.0, 1.0, 1.0, 5.0]], dtype=torch.float64))
+
+MULTICLASS_PLAIN = ["ce", "ls", "focal", "flsd53", "adafocal", "brier", "mmce", "mdca", "entropy_penalty",
+                    "l1_penalty", "mbls", "acls", "cals"]
+BINARY = ["bce", "ls_bce", "focal_bce", "aslp_bce"]
+CSM_NAMES = ["csm", "csm_soft_ce", "csm_soft_focal"]
+MIXED = ["mrl", "mndcg"]
+
+
+def t(values, dtype=torch.float64):
+    return torch.tensor(values, dtype=dtype)
+
+
+def soft_rows(n, c, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(n, c, generator=g, dtype=dtype) * 2, dim=1)
+
+
+def call(loss, logits, target, **extra):
+    """Invoke any registered loss with a matching batch built from (logits, target)."""
+    if loss.is_csm:
+        gen = extra.get("logits_gen", logits.flip(0) * 0.5)
+        q = extra.get("q_gen", soft_rows(gen.shape[0], gen.shape[1], 7, gen.dtype))
+        return loss(logits, target, gen, q)
+    if loss.needs_mixed:
+        mixed = extra.get("logits_mixed", torch.cat([logits.flip(0) * 0.7, logits.roll(1, 0) * 0.3]))
+        q = extra.get("target_mixed", soft_rows(mixed.shape[0], mixed.shape[1], 8, mixed.dtype))
+        return loss(logits, target, mixed, q)
+    if loss.needs_index:
+        return loss(logits, target, index=extra.get("index", torch.arange(logits.shape[0])))
+    return loss(logits, target)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# registry
+
+
+def test_registry_lists_every_loss_of_the_issue():
+    names = set(list_losses())
+    expected = set(MULTICLASS_PLAIN + BINARY + CSM_NAMES + MIXED + ["aslp"])
+    assert expected <= names
+    assert list_losses("csm*") == ["csm", "csm_soft_ce", "csm_soft_focal"]
+    assert list_losses() == sorted(list_losses())
+
+
+def test_unknown_loss_lists_known_names():
+    with pytest.raises(ValueError) as err:
+        create_loss("no_such_loss")
+    message = str(err.value)
+    assert "no_such_loss" in message and "mbls" in message and "csm_soft_focal" in message
+
+
+def test_bad_kwargs_name_the_loss():
+    with pytest.raises(TypeError, match="create_loss\\('focal'"):
+        create_loss("focal", margin=3)
+
+
+def test_register_duplicate_and_overwrite():
+    name = "test_registry_tmp_loss"
+    try:
+        @register_loss(name)
+        class Tmp(torch.nn.Module):
+            def forward(self, logits, target):
+                return logits.sum() * 0
+
+        assert isinstance(create_loss(name), Tmp)
+        with pytest.raises(ValueError, match="already registered"):
+            register_loss(name, lambda: torch.nn.Identity())
+        register_loss(name, torch.nn.Identity, overwrite=True)
+        assert isinstance(create_loss(name), torch.nn.Identity)
+    finally:
+        loss_registry._LOSS_ENTRYPOINTS.pop(name, None)
+    with pytest.raises(ValueError):
+        register_loss("", torch.nn.Identity)
+
+
+def test_defaults_match_spec():
+    assert create_loss("ls").smoothing == 0.05
+    assert create_loss("focal").gamma == 3.0
+    flsd = create_loss("flsd53")
+    assert flsd.gamma == 3.0 and flsd.schedule == ((0.2, 5.0), (0.5, 3.0))
+    ada = create_loss("adafocal")
+    assert (ada.n_bins, ada.lam, ada.switch, ada.gamma_max, ada.gamma_min) == (15, 1.0, 0.2, 20.0, -2.0)
+    assert torch.all(ada.bin_gamma == 1.0)
+    mmce = create_loss("mmce")
+    assert (mmce.lam, mmce.weighted, mmce.kernel_width) == (1.0, False, 0.4)
+    mdca = create_loss("mdca")
+    assert (mdca.beta, mdca.base) == (1.0, "ce")
+    ecp = create_loss("entropy_penalty")
+    assert (ecp.alpha, ecp.class_mean) == (0.1, True)
+    assert create_loss("l1_penalty").alpha == 1.0
+    mbls = create_loss("mbls")
+    assert (mbls.margin, mbls.alpha) == (10.0, 0.1)
+    acls = create_loss("acls")
+    assert (acls.pos_lambda, acls.neg_lambda, acls.alpha, acls.margin) == (1.0, 0.1, 0.1, 10.0)
+    cals = create_loss("cals")
+    assert (cals.margin, cals.penalty, cals.lambd_min, cals.lambd_max, cals.rho_max, cals.rho_step, cals.gamma,
+            cals.tau, cals.normalize) == (10.0, "phr", 1e-6, 1e6, 10.0, 10, 1.2, 0.9, True)
+    assert float(cals.rho) == 1.0
+    bce_aslp = create_loss("aslp_bce")
+    assert (bce_aslp.beta, bce_aslp.lr, bce_aslp.lam, bce_aslp.warmup_epochs) == (2.0, 0.002, 2000.0, 5)
+    mrl = create_loss("mrl")
+    assert (mrl.margin, mrl.alpha) == (2.0, 0.1) and mrl.needs_mixed
+    assert create_loss("mndcg").alpha == 0.1 and create_loss("mndcg").needs_mixed
+    csm = create_loss("csm")
+    assert (csm.kind, csm.weight) == ("l2", 1.0) and csm.is_csm
+    assert create_loss("csm_soft_ce").kind == "soft_ce"
+    soft_focal = create_loss("csm_soft_focal")
+    assert (soft_focal.kind, soft_focal.gamma) == ("soft_focal", 1.0)
+    assert create_loss("aslp").needs_index and create_loss("aslp_bce").needs_index
+    assert not create_loss("ce").needs_index and not create_loss("ce").needs_mixed and not create_loss("ce").is_csm
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hand-worked values
+
+
+def test_cross_entropy_and_label_smoothing_values():
+    y = torch.tensor([3])
+    assert create_loss("ce")(P_LOGITS, y).item() == pytest.approx(LN2, abs=1e-12)
+    # 0.9 ln2 + 0.1 * mean(3, 3, 2, 1) ln2
+    assert create_loss("ls", smoothing=0.1)(P_LOGITS, y).item() == pytest.approx(1.125 * LN2, abs=1e-12)
+
+
+def test_ce_and_ls_match_torch():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 5, 3, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (6, 3), generator=g)
+    y[0, 1] = -100
+    assert torch.allclose(create_loss("ce")(z, y), F.cross_entropy(z, y))
+    assert torch.allclose(create_loss("ls", smoothing=0.2)(z, y), F.cross_entropy(z, y, label_smoothing=0.2))
+    soft = soft_rows(6, 5, 3)
+    zz = z[..., 0]
+    assert torch.allclose(create_loss("ce")(zz, soft), F.cross_entropy(zz, soft))
+    assert torch.allclose(create_loss("ce", reduction="sum")(zz, soft), F.cross_entropy(zz, soft, reduction="sum"))
+
+
+def test_focal_and_flsd_values():
+    logits = torch.cat([P_LOGITS, P_LOGITS, P_LOGITS])
+    y = torch.tensor([3, 0, 2])  # p_t = 1/2, 1/8, 1/4
+    assert create_loss("focal")(P_LOGITS, y[:1]).item() == pytest.approx(LN2 / 8, abs=1e-12)
+    flsd53 = ((0.5 ** 3) * LN2 + (7 / 8) ** 5 * 3 * LN2 + (3 / 4) ** 3 * 2 * LN2) / 3  # gammas 3, 5, 3
+    assert create_loss("flsd53")(logits, y).item() == pytest.approx(flsd53, abs=1e-12)
+    flsd52 = ((0.5 ** 2) * LN2 + (7 / 8) ** 5 * 3 * LN2 + (3 / 4) ** 3 * 2 * LN2) / 3  # gammas 2, 5, 3
+    assert create_loss("flsd53", gamma=2.0)(logits, y).item() == pytest.approx(flsd52, abs=1e-12)
+
+
+def test_brier_value():
+    assert create_loss("brier")(P_LOGITS, torch.tensor([3])).item() == pytest.approx(11 / 32, abs=1e-12)
+
+
+def test_mmce_values():
+    logits = torch.cat([P_LOGITS, Q_LOGITS])
+    y = torch.tensor([3, 0])  # A correct with r = 1/2, B wrong with r = 5/8
+    ce = (LN2 + 3 * LN2) / 2
+    k = math.exp(-0.125 / 0.4)
+    unweighted = (0.25 + 0.390625 + 2 * 0.5 * (-0.625) * k) / 4
+    assert create_loss("mmce")(logits, y).item() == pytest.approx(ce + unweighted, abs=1e-12)
+    weighted = math.sqrt(0.25 + 0.390625 - 2 * 0.5 * 0.625 * k + 1e-10)
+    assert create_loss("mmce", weighted=True, lam=2.0)(logits, y).item() == pytest.approx(ce + 2 * weighted,
+                                                                                          abs=1e-12)
+    # all correct: the weighted MMCE vanishes
+    assert create_loss("mmce", weighted=True)(logits, torch.tensor([3, 3])).item() == pytest.approx(
+        (LN2 + math.log(8 / 5)) / 2, abs=1e-12)
+
+
+def test_mdca_value():
+    logits = torch.cat([P_LOGITS, Q_LOGITS])
+    y = torch.tensor([3, 0])
+    # mean p = [2, 2, 3, 9] / 16, class frequencies [1/2, 0, 0, 1/2]
+    reg = (0.375 + 0.125 + 0.1875 + 0.0625) / 4
+    assert create_loss("mdca")(logits, y).item() == pytest.approx(2 * LN2 + reg, abs=1e-12)
+
+
+def test_penalty_values():
+    y = torch.tensor([3])
+    entropy = 1.75 * LN2
+    assert create_loss("entropy_penalty")(P_LOGITS, y).item() == pytest.approx(LN2 - 0.1 * entropy / 4, abs=1e-12)
+    assert create_loss("entropy_penalty", class_mean=False)(P_LOGITS, y).item() == pytest.approx(
+        LN2 - 0.1 * entropy, abs=1e-12)
+    assert create_loss("l1_penalty")(P_LOGITS, y).item() == pytest.approx(LN2 + 0.5, abs=1e-12)
+    assert create_loss("l1_penalty", space="logits", alpha=0.5)(P_LOGITS, y).item() == pytest.approx(
+        LN2 + 0.5 * 1.25 * LN2, abs=1e-12)
+
+
+MARGIN_LOGITS = t([[0.0, 3.0, 5.0, 12.0]])
+MARGIN_CE = torch.logsumexp(MARGIN_LOGITS, 1).item() - 12.0  # target 3
+
+
+def test_mbls_value():
+    y = torch.tensor([3])
+    assert create_loss("mbls", margin=4)(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + 0.1 * 4, abs=1e-12)
+    # default margin 10: only the gap of 12 exceeds it, (2 + 0 + 0 + 0) / 4
+    assert create_loss("mbls")(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + 0.1 * 0.5, abs=1e-12)
+
+
+def test_acls_value():
+    y = torch.tensor([3])
+    reg = 1.0 * 8 ** 2 + 0.1 * (8 ** 2 + 5 ** 2 + 3 ** 2) / 3
+    assert create_loss("acls", margin=4)(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + 0.1 * reg, abs=1e-10)
+    reg10 = 1.0 * 2 ** 2 + 0.1 * 2 ** 2 / 3
+    assert create_loss("acls")(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + 0.1 * reg10, abs=1e-10)
+
+
+def test_cals_value_and_multiplier_update():
+    y = torch.tensor([3])
+    loss = create_loss("cals", margin=4)
+    lam = 1e-6
+    h = [2.0, 1.25, 0.75, -1.0]  # (d - 4) / 4 for d = 12, 9, 7, 0
+    phr = [((lam + v) ** 2 - lam ** 2) / 2 if lam + v >= 0 else -lam ** 2 / 2 for v in h]
+    assert loss(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + sum(phr), abs=1e-7)
+    loss.on_epoch_end(MARGIN_LOGITS, y)
+    expected = torch.tensor([2.0 + lam, 1.25 + lam, 0.75 + lam, lam])
+    assert torch.allclose(loss.lambd.double(), expected.double(), rtol=1e-6, atol=1e-9)
+    assert int(loss.epoch) == 1 and float(loss.rho) == 1.0
+
+
+def test_cals_rho_grows_when_the_penalty_does_not_drop():
+    loss = create_loss("cals", margin=4, rho_step=1)
+    y = torch.tensor([3])
+    loss.on_epoch_end(MARGIN_LOGITS, y)  # sets the reference penalty
+    assert float(loss.rho) == 1.0
+    loss.on_epoch_end(MARGIN_LOGITS, y)  # same logits, larger multipliers: penalty > 0.9 * previous
+    assert float(loss.rho) == pytest.approx(1.2)
+    loss.on_epoch_end(MARGIN_LOGITS * 0, y)  # constraint satisfied: penalty <= 0, rho kept
+    assert float(loss.rho) == pytest.approx(1.2)
+
+
+def test_adafocal_initial_value_update_and_switch():
+    loss = create_loss("adafocal", n_bins=2)
+    y = torch.tensor([3])
+    assert loss(P_LOGITS, y).item() == pytest.approx(0.5 * LN2, abs=1e-12)  # gamma 1: (1 - 1/2) ln 2
+    # validation confidences 0.75, 0.8, 0.9, 0.95 (class 1 predicted), correct / wrong / correct / correct
+    a = torch.log(t([3.0, 4.0, 9.0, 19.0]))
+    val_logits = torch.stack([torch.zeros(4, dtype=torch.float64), a], 1)
+    val_y = torch.tensor([1, 0, 1, 1])
+    loss.on_epoch_end(val_logits, val_y)
+    gap0 = (0.75 + 0.8 + 0.9) / 3 - 2 / 3
+    gap1 = 0.95 - 1.0
+    assert torch.allclose(loss.bin_edges, t([0.75, 0.9, 0.95]))
+    assert torch.allclose(loss.bin_gamma, t([math.exp(gap0), math.exp(gap1)]))
+    # p_t = 1/2 < 0.9 -> bin 0; p_t = 0.95 >= 0.9 -> bin 1
+    assert loss(P_LOGITS, y).item() == pytest.approx(0.5 ** math.exp(gap0) * LN2, abs=1e-12)
+    z = torch.log(t([[0.05, 0.95]]))
+    assert loss(z, torch.tensor([1])).item() == pytest.approx(0.05 ** math.exp(gap1) * -math.log(0.95), abs=1e-12)
+
+    switching = create_loss("adafocal", n_bins=2, lam=40.0)
+    switching.on_epoch_end(val_logits, val_y)
+    assert switching.bin_gamma[1].item() == pytest.approx(-0.2)  # exp(-2) < 0.2 flips to inverse focal
+    # inverse focal: -(1 + p_t)^0.2 log p_t for p_t = 0.95
+    assert switching(z, torch.tensor([1])).item() == pytest.approx(-(1.95 ** 0.2) * math.log(0.95), abs=1e-12)
+    switching.on_epoch_end(val_logits, val_y)  # gamma <= 0 moves with exp(-lam * gap) = exp(2)
+    assert switching.bin_gamma[1].item() == pytest.approx(-0.2 * math.exp(2.0))
+
+
+def test_aslp_value_and_updates():
+    loss = create_loss("aslp", warmup_epochs=0, lr=0.01, lam=100.0)
+    y = torch.tensor([3])
+    ce_u = (3 + 3 + 2 + 1) * LN2 / 4
+    index = torch.tensor([4])
+    assert loss(P_LOGITS, y, index=index).item() == pytest.approx(LN2, abs=1e-12)  # eps starts at 0
+    eps = 0.01 * (ce_u - LN2)  # ascent only: the enforcer is inactive before the first on_epoch_end
+    assert loss.level.numel() >= 5 and loss.level[4].item() == pytest.approx(eps, rel=1e-6)
+    assert loss.level[:4].abs().sum() == 0
+    value = loss(P_LOGITS, y, index=index).item()
+    assert value == pytest.approx((1 - eps) * LN2 + eps * ce_u, rel=1e-6)
+    eps2 = eps + 0.01 * (ce_u - LN2)
+    assert loss.level[4].item() == pytest.approx(eps2, rel=1e-6)
+    loss.on_epoch_end(P_LOGITS, y)  # validation accuracy 1: the expected confidence loss eps * 3/4 is too much
+    assert float(loss.val_accuracy) == 1.0
+    loss(P_LOGITS, y, index=index)
+    eps3 = eps2 + 0.01 * ((ce_u - LN2) + 100.0 * (0.0 - eps2 * 3 / 4))
+    assert loss.level[4].item() == pytest.approx(max(eps3, 0.0), rel=1e-5)
+    # eval mode: no index needed, clean targets, no update
+    loss.eval()
+    before = loss.level.clone()
+    assert loss(P_LOGITS, y).item() == pytest.approx(LN2, abs=1e-12)
+    assert torch.equal(loss.level, before)
+    loss.train()
+    with pytest.raises(ValueError, match="index"):
+        loss(P_LOGITS, y)
+
+
+def test_aslp_waits_for_warmup_epochs():
+    loss = create_loss("aslp", warmup_epochs=2)
+    y = torch.tensor([3])
+    loss(P_LOGITS, y, index=torch.tensor([0]))
+    loss.on_epoch_end(P_LOGITS, y)
+    loss(P_LOGITS, y, index=torch.tensor([0]))
+    assert loss.level.abs().sum() == 0
+    loss.on_epoch_end(P_LOGITS, y)
+    loss(P_LOGITS, y, index=torch.tensor([0]))
+    assert loss.level[0] > 0
+
+
+def test_binary_values():
+    z = t([0.0, math.log(3.0)])
+    y = t([1.0, 1.0])
+    assert create_loss("bce")(z[:1], y[:1]).item() == pytest.approx(LN2, abs=1e-12)
+    smooth = 0.9 + 0.05  # target 1 smoothed with eps 0.1
+    expected = -(smooth * math.log(0.75) + (1 - smooth) * math.log(0.25))
+    assert create_loss("ls_bce", smoothing=0.1)(z[1:], y[1:]).item() == pytest.approx(expected, abs=1e-12)
+    assert create_loss("focal_bce")(z[1:], y[1:]).item() == pytest.approx(0.25 ** 3 * -math.log(0.75), abs=1e-12)
+    # a negative: -(p^gamma) log(1 - p)
+    assert create_loss("focal_bce", gamma=2)(z[1:], t([0.0])).item() == pytest.approx(
+        0.75 ** 2 * -math.log(0.25), abs=1e-12)
+
+
+def test_binary_focal_matches_torchvision():
+    ops = pytest.importorskip("torchvision.ops")
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(4, 1, 5, 5, generator=g, dtype=torch.float64) * 3
+    y = (torch.rand(4, 1, 5, 5, generator=g) > 0.5).double()
+    ours = create_loss("focal_bce", gamma=2.0, alpha=0.25)(z, y)
+    theirs = ops.sigmoid_focal_loss(z, y, alpha=0.25, gamma=2.0, reduction="mean")
+    assert torch.allclose(ours, theirs)
+
+
+def test_aslp_bce_alpha_update():
+    loss = create_loss("aslp_bce", warmup_epochs=0, lr=0.01, lam=10.0)
+    z = t([[math.log(3.0), 0.0]])  # p = 0.75 and 0.5, mask [1, 0]
+    y = t([[1.0, 0.0]])
+    index = torch.tensor([0])
+    bce = [-math.log(0.75), LN2]
+    assert loss(z, y, index=index).item() == pytest.approx(sum(bce) / 2, abs=1e-12)
+    entropy = [-math.log(0.75 * 0.25), -math.log(0.25)]
+    ascent = sum(e - 2 * b for e, b in zip(entropy, bce)) / 2
+    alpha = 0.01 * ascent / 2.0
+    assert loss.level[0].item() == pytest.approx(alpha, rel=1e-6)
+    # expected target y + alpha * beta * (1 - 2 y)
+    shift = alpha * 2.0
+    t0, t1 = 1 - shift, shift
+    expected = (-(t0 * math.log(0.75) + (1 - t0) * math.log(0.25)) + LN2) / 2
+    assert loss(z, y, index=index).item() == pytest.approx(expected, rel=1e-6)
+    assert t1 >= 0
+    loss.on_epoch_end(z, y)  # pixel accuracy: 0.75 > 0.5 right, 0.5 (z = 0) predicted 0: right
+    assert float(loss.val_accuracy) == 1.0
+
+
+def test_mrl_value():
+    logits = t([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]])
+    y = torch.tensor([2, 0])
+    mixed = t([[0.0, 2.0, 2.5], [5.0, 0.0, 0.0]])
+    target_mixed = t([[0.0, 0.4, 0.6], [1.0, 0.0, 0.0]])  # the second copy mixed the same class: masked
+    ce = F.cross_entropy(logits, y).item()
+    expected = ce + 0.1 * (max(2.5 - 3.0 + 2.0, 0.0) + 0.0) / 2
+    assert create_loss("mrl")(logits, y, mixed, target_mixed).item() == pytest.approx(expected, abs=1e-12)
+
+
+def test_mndcg_value():
+    logits = t([[0.0, math.log(3.0)]])  # clean confidence 3/4
+    y = torch.tensor([1])
+    mixed = torch.log(t([[1.0, 1.0], [1.0, 4.0]]))  # copy confidences 1/2, 4/5
+    target_mixed = t([[0.3, 0.7], [0.1, 0.9]])  # relevances 0.7, 0.9 -> order: copy 2, copy 1
+    d = [1.0, math.log2(3.0), 2.0]
+    dcg = 0.75 / d[0] + 0.8 / d[1] + 0.5 / d[2]
+    idcg = 1.0 / d[0] + 0.9 / d[1] + 0.7 / d[2]
+    ndcg = dcg / idcg if idcg > dcg else idcg / dcg
+    expected = -math.log(0.75) + 0.1 * (1 - ndcg)
+    assert create_loss("mndcg")(logits, y, mixed, target_mixed).item() == pytest.approx(expected, abs=1e-12)
+
+
+def test_csm_values():
+    y = torch.tensor([3])
+    q = t([[0.0, 0.0, 0.5, 0.5]])
+    assert create_loss("csm")(P_LOGITS, y, P_LOGITS, q).item() == pytest.approx(LN2 + 3 / 32, abs=1e-12)
+    assert create_loss("csm", weight=2.0)(P_LOGITS, y, P_LOGITS, q).item() == pytest.approx(LN2 + 6 / 32, abs=1e-12)
+    assert create_loss("csm_soft_ce")(P_LOGITS, y, P_LOGITS, q).item() == pytest.approx(2.5 * LN2, abs=1e-12)
+    # soft focal, gamma 1: 0.5 * (3/4) * 2 ln2 + 0.5 * (1/2) * ln2 = ln2
+    assert create_loss("csm_soft_focal")(P_LOGITS, y, P_LOGITS, q).item() == pytest.approx(2 * LN2, abs=1e-12)
+    # hard labels for the generated batch (ablation): Brier against one-hot
+    assert create_loss("csm")(P_LOGITS, y, P_LOGITS, y).item() == pytest.approx(LN2 + 11 / 32, abs=1e-12)
+    # an empty generated batch contributes nothing
+    empty = torch.zeros(0, 4, dtype=torch.float64)
+    assert create_loss("csm")(P_LOGITS, y, empty, empty).item() == pytest.approx(LN2, abs=1e-12)
+
+
+def test_csm_rejects_mismatched_classes():
+    with pytest.raises(ValueError, match="classes"):
+        create_loss("csm")(P_LOGITS, torch.tensor([3]), P_LOGITS[:, :3], soft_rows(1, 3, 0))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gradient checks (float64, small inputs away from kinks)
+
+GRAD_KWARGS = {
+    "mbls": {"margin": 1.0}, "acls": {"margin": 1.0}, "cals": {"margin": 1.0}, "mmce": {"lam": 1.0},
+    "csm_soft_focal": {"gamma": 1.5}, "focal_bce": {"alpha": 0.3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(list_losses()) - {"test_registry_tmp_loss"}))
+def test_gradcheck(name):
+    g = torch.Generator().manual_seed(3)
+    loss = create_loss(name, **GRAD_KWARGS.get(name, {}))
+    if name in BINARY:
+        logits = (torch.randn(3, 4, generator=g, dtype=torch.float64) * 2).requires_grad_()
+        target = (torch.rand(3, 4, generator=g) > 0.5).double()
+        if loss.needs_index:
+            loss.level.data = torch.tensor([0.05, 0.1, 0.2])
+            loss.eval()  # no state updates between gradcheck evaluations
+        assert torch.autograd.gradcheck(lambda z: call(loss, z, target), (logits,))
+        return
+    logits = (torch.randn(5, 4, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    target = torch.randint(0, 4, (5,), generator=g)
+    if name == "flsd53" or name == "adafocal":
+        p_t = torch.softmax(logits.detach(), 1)[torch.arange(5), target]
+        assert ((p_t - 0.2).abs().min() > 1e-3) and ((p_t - 0.5).abs().min() > 1e-3)
+    if name == "adafocal":
+        loss.bin_gamma.copy_(torch.linspace(-1.5, 4.0, 15, dtype=torch.float64))
+    if name == "cals":
+        loss.on_epoch_end(logits.detach() * 1.3, target)  # non-trivial multipliers
+    if name == "aslp":
+        loss.level.data = torch.tensor([0.0, 0.1, 0.3, 0.2, 0.5])
+        loss.eval()
+        assert torch.autograd.gradcheck(lambda z: loss(z, target, index=torch.arange(5)), (logits,))
+        return
+    assert torch.autograd.gradcheck(lambda z: call(loss, z, target), (logits,))
+    soft = soft_rows(5, 4, 11)
+    if not loss.needs_mixed:
+        assert torch.autograd.gradcheck(lambda z: call(loss, z, soft), (logits,))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# soft / dense / ignore_index forms
+
+
+@pytest.mark.parametrize("name", MULTICLASS_PLAIN + CSM_NAMES + MIXED + ["aslp"])
+def test_one_hot_soft_target_equals_hard(name):
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 5, generator=g, dtype=torch.float64) * 2
+    y = torch.randint(0, 5, (6,), generator=g)
+    hard = call(create_loss(name), logits, y)
+    soft = call(create_loss(name), logits, F.one_hot(y, 5).double())
+    assert torch.allclose(hard, soft, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", MULTICLASS_PLAIN + CSM_NAMES)
+def test_dense_with_ignore_index_equals_flat_rows(name):
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 4, (2, 3, 3), generator=g)
+    y[0, 0, 0] = y[1, 2, 1] = 255
+    kwargs = {"ignore_index": 255, **GRAD_KWARGS.get(name, {})}
+    rows = logits.movedim(1, -1).reshape(-1, 4)
+    flat_y = y.reshape(-1)
+    keep = flat_y != 255
+    extra = {}
+    if name in CSM_NAMES:
+        gen = torch.randn(2, 4, 2, 2, generator=g, dtype=torch.float64)
+        q = torch.softmax(torch.randn(2, 4, 2, 2, generator=g, dtype=torch.float64), dim=1)
+        dense = create_loss(name, **kwargs)(logits, y, gen, q)
+        flat = create_loss(name, **kwargs)(rows[keep], flat_y[keep], gen.movedim(1, -1).reshape(-1, 4),
+                                           q.movedim(1, -1).reshape(-1, 4))
+    else:
+        dense = call(create_loss(name, **kwargs), logits, y, **extra)
+        flat = call(create_loss(name, **kwargs), rows[keep], flat_y[keep])
+    assert torch.allclose(dense, flat, atol=1e-12)
+
+
+def test_dense_soft_targets_and_reduction_none():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)
+    soft = torch.softmax(torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64), dim=1)
+    per_pixel = create_loss("focal", reduction="none")(logits, soft)
+    assert per_pixel.shape == (2, 4, 4)
+    rows = create_loss("focal", reduction="none")(logits.movedim(1, -1).reshape(-1, 3),
+                                                  soft.movedim(1, -1).reshape(-1, 3))
+    assert torch.allclose(per_pixel.reshape(-1), rows)
+    y = soft.argmax(1)
+    y[0, 0, 0] = -100
+    none = create_loss("ce", reduction="none")(logits, y)
+    assert none[0, 0, 0] == 0 and none.shape == (2, 4, 4)
+    assert torch.allclose(create_loss("ce", reduction="sum")(logits, y), none.sum())
+
+
+def test_all_ignored_batch_gives_zero_not_nan():
+    logits = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.full((3,), -100)
+    for name in MULTICLASS_PLAIN:
+        value = create_loss(name)(logits, y)
+        assert torch.isfinite(value) and value.item() == pytest.approx(
+            0.0 if name not in ("cals",) else value.item())
+
+
+def test_aslp_dense_uses_one_level_per_image():
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 3, 2, 2, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (2, 2, 2), generator=g)
+    y[1, 0, 0] = -100
+    dense = create_loss("aslp", warmup_epochs=0)
+    flat = create_loss("aslp", warmup_epochs=0)
+    rows = logits.movedim(1, -1).reshape(-1, 3)
+    keep = y.reshape(-1) != -100
+    dense.level = torch.tensor([0.1, 0.3])
+    flat.level = torch.tensor([0.1, 0.3])
+    pixel_index = torch.arange(2).repeat_interleave(4)
+    flat.eval()
+    dense.eval()
+    a = dense(logits, y, index=torch.tensor([0, 1]))
+    b = flat(rows[keep], y.reshape(-1)[keep], index=pixel_index[keep])
+    assert torch.allclose(a, b)
+
+
+def test_binary_dense_with_channel_dim_and_ignore():
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(2, 1, 3, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(2, 3, 3, generator=g) > 0.5).long()
+    y[0, 1, 1] = 255
+    keep = y != 255
+    for name in ("bce", "ls_bce", "focal_bce"):
+        dense = create_loss(name, ignore_index=255)(logits, y)
+        flat = create_loss(name)(logits[:, 0][keep], y[keep].double())
+        assert torch.allclose(dense, flat)
+    bce = create_loss("bce", ignore_index=255)(logits, y)
+    reference = F.binary_cross_entropy_with_logits(logits[:, 0][keep], y[keep].double())
+    assert torch.allclose(bce, reference)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# finiteness at extreme logits
+
+
+@pytest.mark.parametrize("name", sorted(set(list_losses()) - {"test_registry_tmp_loss"}))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finite_at_logits_1e4(name, dtype):
+    g = torch.Generator().manual_seed(9)
+    logits = (torch.randn(6, 5, generator=g, dtype=dtype).sign() * 1e4
+              + torch.randn(6, 5, generator=g, dtype=dtype)).requires_grad_()
+    loss = create_loss(name)
+    if name in BINARY:
+        target = (torch.rand(6, 5, generator=g) > 0.5).to(dtype)
+        if loss.needs_index:
+            loss.warmup_epochs = 0
+            loss.on_epoch_end(logits.detach(), target)
+    else:
+        target = torch.randint(0, 5, (6,), generator=g)
+        if hasattr(loss, "on_epoch_end"):
+            if name == "aslp":
+                loss.warmup_epochs = 0
+            loss.on_epoch_end(logits.detach(), target)
+        if name == "adafocal":
+            loss.bin_gamma.copy_(torch.linspace(-2.0, 0.5, 15, dtype=torch.float64))  # inverse and 0 < gamma < 1
+    value = call(loss, logits, target,
+                 logits_gen=-logits.detach().clone().requires_grad_(), logits_mixed=torch.cat([logits, -logits]))
+    value.backward()
+    assert torch.isfinite(value), f"{name}: {value}"
+    assert torch.isfinite(logits.grad).all(), name
+    if not loss.needs_mixed and name not in BINARY and not loss.is_csm:
+        soft = soft_rows(6, 5, 10, dtype)
+        logits.grad = None
+        value = call(loss, logits, soft)
+        value.backward()
+        assert torch.isfinite(value) and torch.isfinite(logits.grad).all(), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# state save / restore
+
+
+def _trained_state(name):
+    g = torch.Generator().manual_seed(12)
+    loss = create_loss(name, **({"warmup_epochs": 0} if name.startswith("aslp") else {}))
+    if name == "aslp_bce":
+        logits = torch.randn(6, 8, generator=g, dtype=torch.float64)
+        y = (torch.rand(6, 8, generator=g) > 0.5).double()
+    else:
+        logits = torch.randn(40, 5, generator=g, dtype=torch.float64) * 4
+        y = torch.randint(0, 5, (40,), generator=g)
+    for _ in range(3):
+        call(loss, logits, y, index=torch.arange(logits.shape[0]) * 3)
+        loss.on_epoch_end(logits * 1.5, y)
+    return loss, logits, y
+
+
+@pytest.mark.parametrize("name", ["adafocal", "cals", "aslp", "aslp_bce"])
+def test_state_dict_round_trip(name):
+    loss, logits, y = _trained_state(name)
+    state = loss.state_dict()
+    assert state, name
+    fresh = create_loss(name, **({"warmup_epochs": 0} if name.startswith("aslp") else {}))
+    fresh.load_state_dict(state)
+    for key, value in state.items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    loss.eval()
+    fresh.eval()
+    index = torch.arange(logits.shape[0]) * 3
+    assert torch.equal(call(loss, logits, y, index=index), call(fresh, logits, y, index=index))
+    changed = {"adafocal": "bin_gamma", "cals": "lambd", "aslp": "level", "aslp_bce": "level"}[name]
+    assert not torch.equal(state[changed], create_loss(name).state_dict()[changed].expand_as(state[changed])) \
+        if create_loss(name).state_dict()[changed].numel() else state[changed].abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input validation
+
+
+def test_validation_errors():
+    ce = create_loss("ce")
+    z = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="out of range"):
+        ce(z, torch.tensor([0, 4, 1]))
+    with pytest.raises(ValueError, match="sum to 1"):
+        ce(z, torch.full((3, 4), 0.5))
+    with pytest.raises(ValueError, match="NaN"):
+        ce(torch.full((3, 4), float("nan")), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="does not match"):
+        ce(z, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="binary"):
+        ce(torch.randn(3, 1), torch.tensor([0, 0, 0]))
+    with pytest.raises(ValueError, match="reduction"):
+        create_loss("focal", reduction="avg")
+    with pytest.raises(ValueError, match="gamma"):
+        create_loss("focal", gamma=-1)
+    with pytest.raises(ValueError, match="multiple"):
+        create_loss("mrl")(z, torch.tensor([0, 1, 2]), torch.randn(4, 4), soft_rows(4, 4, 0, torch.float32))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        create_loss("bce")(z, torch.full((3, 4), 2.0))
+    assert ce.__class__(validate=False)(z, torch.tensor([0, 1, 2])).isfinite()

@@ -1,0 +1,106 @@
+"""Base class of the post-hoc calibrators: fit on validation logits, transform test logits, save as safetensors."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict
+
+import torch
+
+from ._checks import as_logits
+
+__all__ = ["PostHocCalibrator", "load_calibrator"]
+
+_CALIBRATOR_CLASSES: Dict[str, type] = {}
+
+
+class PostHocCalibrator:
+    """Fit on validation logits with ``fit(logits, targets) -> self``; ``transform(logits)`` returns calibrated
+    logits (apply softmax for probabilities). ``state_dict()`` holds tensors; ``config()`` the constructor
+    arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator."""
+
+    kind: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            _CALIBRATOR_CLASSES[cls.kind] = cls
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.state_dict())
+
+    def _require_fitted(self):
+        if not self.is_fitted:
+            raise ValueError(f"{type(self).__name__} is not fitted: call fit(val_logits, val_targets) first")
+
+    def fit(self, logits, targets) -> "PostHocCalibrator":
+        raise NotImplementedError
+
+    def _apply(self, logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def transform(self, logits) -> torch.Tensor:
+        """Calibrated logits (N, C), in the input's dtype and device."""
+        self._require_fitted()
+        logits = as_logits(logits)
+        return self._apply(logits.detach().double()).to(logits.dtype)
+
+    __call__ = transform
+
+    def predict_proba(self, logits) -> torch.Tensor:
+        return torch.softmax(self.transform(logits).double(), dim=1).to(as_logits(logits).dtype)
+
+    def config(self) -> dict:
+        raise NotImplementedError
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> "PostHocCalibrator":
+        raise NotImplementedError
+
+    def save(self, path) -> None:
+        """Write the fitted state and config to ``path`` (safetensors; atomic replace)."""
+        from safetensors.torch import save_file
+
+        self._require_fitted()
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        metadata = {"calibrator": self.kind, "config": json.dumps(self.config(), sort_keys=True)}
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path) -> "PostHocCalibrator":
+        """Load a calibrator saved with :meth:`save` (on a subclass, the file must hold that kind)."""
+        calibrator = load_calibrator(path)
+        if cls is not PostHocCalibrator and not isinstance(calibrator, cls):
+            raise ValueError(f"{os.fspath(path)} holds a {type(calibrator).__name__}, not a {cls.__name__}")
+        return calibrator
+
+
+def load_calibrator(path) -> PostHocCalibrator:
+    """Restore any calibrator written by ``save``."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    kind = metadata.get("calibrator")
+    if kind not in _CALIBRATOR_CLASSES:
+        raise ValueError(f"{path} is not a saved calibrator (metadata 'calibrator'={kind!r}; known: "
+                         f"{sorted(_CALIBRATOR_CLASSES)})")
+    config = json.loads(metadata.get("config", "{}"))
+    return _CALIBRATOR_CLASSES[kind](**config).load_state_dict(tensors)

@@ -1,0 +1,39 @@
+"""Calibration losses with a timm-style registry.
+
+    from timm_csm.losses import create_loss, list_losses
+    loss_fn = create_loss("mbls")            # margin 10, alpha 0.1
+    loss = loss_fn(logits, target)           # hard (N,) or soft (N, C) targets; dense (N, C, H, W) too
+
+Call conventions (class attributes tell a training loop which one applies):
+
+* plain: ``loss(logits, target)``;
+* ``needs_index``: ``loss(logits, target, index=sample_indices)`` ("aslp", "aslp_bce");
+* ``needs_mixed``: ``loss(logits, target, logits_mixed, target_mixed)`` ("mrl", "mndcg"; see
+  :mod:`timm_csm.losses.rankmixup`);
+* ``is_csm``: ``loss(logits_real, y_real, logits_gen, q_gen)`` ("csm", "csm_soft_ce", "csm_soft_focal").
+
+Stateful losses ("adafocal", "cals", "aslp", "aslp_bce") define ``on_epoch_end(val_logits, val_targets)``, to be
+called once per epoch with the validation logits; their state is saved by ``state_dict()``.
+"""
+from . import binary, brier, cross_entropy, csm, focal, label_perturbation, margin, mdca, mmce, penalty, rankmixup
+from ._common import LossBase
+from .binary import BinaryCrossEntropyLoss, BinaryFocalLoss, BinaryLabelSmoothingLoss
+from .brier import BrierLoss
+from .cross_entropy import CrossEntropyLoss, LabelSmoothingLoss
+from .csm import CSMLoss
+from .focal import AdaFocalLoss, FLSDLoss, FocalLoss
+from .label_perturbation import AdaptiveLabelPerturbation, BinaryAdaptiveLabelPerturbation
+from .margin import ACLSLoss, CALSLoss, MbLSLoss
+from .mdca import MDCALoss
+from .mmce import MMCELoss
+from .penalty import EntropyPenalty, L1Penalty
+from .rankmixup import MNDCGLoss, MRLLoss
+from .registry import create_loss, get_loss_entrypoint, is_loss, list_losses, register_loss
+
+__all__ = [
+    "register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "LossBase",
+    "CrossEntropyLoss", "LabelSmoothingLoss", "FocalLoss", "FLSDLoss", "AdaFocalLoss", "BrierLoss", "MMCELoss",
+    "MDCALoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss", "AdaptiveLabelPerturbation",
+    "BinaryAdaptiveLabelPerturbation", "MRLLoss", "MNDCGLoss", "CSMLoss", "BinaryCrossEntropyLoss",
+    "BinaryLabelSmoothingLoss", "BinaryFocalLoss",
+]

@@ -1,0 +1,118 @@
+"""Bins and the calibration errors computed from per-bin sums.
+
+Binning rule (used by every binned metric here): ``n_bins`` equal-width bins with edges
+``e = linspace(0, 1, n_bins + 1)`` in float64; bin ``b`` is the right-closed interval ``(e[b], e[b+1]]``, except
+that a confidence of exactly 0 belongs to the first bin. A confidence of exactly 1.0 is in the last bin: there is no
+hidden extra bin (torchmetrics counts 1.0 in an invisible ``n_bins + 1``-th bin, Lightning-AI/torchmetrics#3510).
+Comparisons are done in float64, so ``conf == e[b]`` goes to bin ``b - 1`` exactly as the interval says.
+
+From per-bin sums (``count_b``, ``conf_b = Σ conf``, ``acc_b = Σ correct``), with weights ``w_b = count_b / N``,
+mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`` over non-empty bins:
+
+* ECE (l1) = Σ_b w_b |a_b - c_b|                (Guo et al., 2017)
+* RMSCE (l2) = sqrt(Σ_b w_b (a_b - c_b)^2)
+* MCE (max) = max_b |a_b - c_b|
+* OE = Σ_b w_b c_b max(c_b - a_b, 0)           (over-confidence, Thulasidasan et al., 2019)
+* UE = Σ_b w_b c_b max(a_b - c_b, 0)           (the mirror image, weighted by c_b as in the CSM evaluation code)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "calibration_error_from_bins",
+           "overconfidence_from_bins", "underconfidence_from_bins", "classwise_error_from_bins", "check_n_bins"]
+
+NORMS = ("l1", "l2", "max")
+
+
+def check_n_bins(n_bins) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+    return n_bins
+
+
+def bin_edges(n_bins: int, device=None) -> torch.Tensor:
+    """Equal-width edges ``linspace(0, 1, n_bins + 1)`` in float64."""
+    return torch.linspace(0.0, 1.0, check_n_bins(n_bins) + 1, dtype=torch.float64, device=device)
+
+
+def bin_index(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin of each value for right-closed bins ``(e[b], e[b+1]]``; values <= e[1] (0 included) go to bin 0 and
+    values > e[-2] (1.0 included) to the last bin. ``values`` are compared in the dtype of ``edges`` (float64)."""
+    return torch.bucketize(values.to(edges.dtype), edges[1:-1], right=False)
+
+
+def equal_mass_edges(sorted_values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Edges that split sorted values into ``n_bins`` bins of (nearly) equal count.
+
+    ``edges[b] = interp(b * N / n_bins, arange(N), sorted)``, the construction of the focal-calibration / MbLS
+    adaptive ECE (``np.interp(linspace(0, N, n_bins + 1), arange(N), sorted)``). With the right-closed rule of
+    :func:`bin_index` every sample lands in a bin, the lowest one included (the reference code drops it).
+    """
+    n = sorted_values.numel()
+    v = sorted_values.to(torch.float64)
+    pos = torch.linspace(0.0, float(n), n_bins + 1, dtype=torch.float64, device=v.device)
+    if n == 1:
+        return v.expand(n_bins + 1).clone()
+    lo = pos.floor().clamp(max=n - 1).long()
+    hi = (lo + 1).clamp(max=n - 1)
+    frac = (pos - lo.to(torch.float64)).clamp(0.0, 1.0)
+    # positions beyond the last sample take the last value (np.interp clamps)
+    frac = torch.where(pos >= n - 1, torch.zeros_like(frac), frac)
+    lo = torch.where(pos >= n - 1, torch.full_like(lo, n - 1), lo)
+    return v[lo] * (1.0 - frac) + v[hi] * frac
+
+
+def _bin_means(count, conf_sum, acc_sum):
+    nonempty = count > 0
+    c = conf_sum[nonempty] / count[nonempty]
+    a = acc_sum[nonempty] / count[nonempty]
+    w = count[nonempty] / count.sum()
+    return w, c, a
+
+
+def calibration_error_from_bins(count: torch.Tensor, conf_sum: torch.Tensor, acc_sum: torch.Tensor,
+                                norm: str = "l1") -> float:
+    """ECE (``l1``), RMS calibration error (``l2``) or MCE (``max``) from per-bin sums; see the module docstring."""
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if float(count.sum()) <= 0:
+        raise ValueError("no samples: the calibration error of an empty set is undefined")
+    w, c, a = _bin_means(count, conf_sum, acc_sum)
+    gap = (a - c).abs()
+    if norm == "l1":
+        return float((w * gap).sum())
+    if norm == "l2":
+        return float((w * gap * gap).sum().sqrt())
+    return float(gap.max())
+
+
+def overconfidence_from_bins(count, conf_sum, acc_sum) -> float:
+    """OE = Σ_b w_b c_b max(c_b - a_b, 0)."""
+    w, c, a = _bin_means(count, conf_sum, acc_sum)
+    return float((w * c * (c - a).clamp(min=0)).sum())
+
+
+def underconfidence_from_bins(count, conf_sum, acc_sum) -> float:
+    """UE = Σ_b w_b c_b max(a_b - c_b, 0)."""
+    w, c, a = _bin_means(count, conf_sum, acc_sum)
+    return float((w * c * (a - c).clamp(min=0)).sum())
+
+
+def classwise_error_from_bins(count: torch.Tensor, prob_sum: torch.Tensor, label_sum: torch.Tensor,
+                              n_samples: Optional[float] = None) -> float:
+    """Classwise ECE from ``(C, n_bins)`` sums: mean over classes k of Σ_b (|B_kb| / N) |ȳ_kb - p̄_kb|.
+
+    ``label_sum`` holds Σ 1[y = k] (hard) or Σ y_k (soft) per bin; classes absent from the data still count in the
+    mean (their bins compare p̄ with 0).
+    """
+    n = float(count[0].sum()) if n_samples is None else float(n_samples)
+    if n <= 0:
+        raise ValueError("no samples: the calibration error of an empty set is undefined")
+    safe = count.clamp(min=1)
+    gap = (label_sum / safe - prob_sum / safe).abs()
+    per_class = (count / n * gap).sum(dim=1)
+    return float(per_class.mean())
+
