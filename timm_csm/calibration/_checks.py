@@ -1,10 +1,10 @@
-"""Input checks and the binned ECE used to fit calibrators."""
+"""Input checks shared by the calibrators."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-__all__ = ["as_logits", "as_targets", "check_fit_inputs", "binned_ece"]
+__all__ = ["as_logits", "as_targets", "check_fit_inputs"]
 
 
 def as_logits(logits, name: str = "logits") -> torch.Tensor:
@@ -48,14 +48,3 @@ def check_fit_inputs(logits, targets, name: str):
         raise ValueError(f"{name}: every validation target is class {int(present[0])}; fitting on a single class "
                          f"only teaches the calibrator to predict that class. Use a validation set with several classes")
     return logits.detach().to(torch.float64), targets.to(logits.device)
-
-
-def binned_ece(confidence: torch.Tensor, correct: torch.Tensor, n_bins: int = 15) -> float:
-    """Equal-width top-label ECE over (lo, hi] bins (a confidence of 0 falls in the first bin), in float64:
-    sum_b |B_b|/N * |acc(B_b) - conf(B_b)| = (1/N) sum_b |sum_{B_b} (correct - conf)|."""
-    confidence = confidence.double()
-    inner = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=confidence.device)[1:-1]
-    index = torch.bucketize(confidence, inner, right=False)
-    gap = torch.zeros(n_bins, dtype=torch.float64, device=confidence.device)
-    gap.index_add_(0, index, correct.double() - confidence)
-    return float(gap.abs().sum() / max(confidence.numel(), 1))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..metrics import bin_edges, bin_index
 from ._checks import as_logits, as_targets
 
 __all__ = ["proximity", "piece"]
@@ -91,8 +92,7 @@ def piece(logits, targets, features, ref_features=None, *, n_neighbors: int = 10
     prox = prox.cpu()
     confidence, correct = confidence.cpu(), correct.cpu()
 
-    conf_inner = torch.linspace(0.0, 1.0, int(n_conf_bins) + 1, dtype=torch.float64)[1:-1]
-    conf_bin = torch.bucketize(confidence, conf_inner, right=False)
+    conf_bin = bin_index(confidence, bin_edges(int(n_conf_bins)))  # the ECE bins of timm_csm.metrics
     quantiles = torch.linspace(0.0, 1.0, int(n_prox_bins) + 1, dtype=torch.float64)[1:-1]
     prox_inner = torch.quantile(prox, quantiles) if quantiles.numel() else quantiles
     prox_bin = torch.bucketize(prox, prox_inner, right=False)

@@ -8,7 +8,9 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import binned_ece, check_fit_inputs
+from ..metrics import bin_edges, bin_index
+from ..metrics.binning import calibration_error_from_bins
+from ._checks import check_fit_inputs
 from .base import PostHocCalibrator
 
 __all__ = ["TemperatureScaling", "temperature_grid"]
@@ -35,9 +37,10 @@ class TemperatureScaling(PostHocCalibrator):
 
     * ``method="grid_ece"`` (the protocol of focal_calibration, MbLS, ACLS, RankMixup and CSM): try
       T in ``temperature_grid(*grid)`` (default 0.1, 0.2, ..., 10.0) and keep the T with the lowest validation ECE
-      (``n_bins`` equal-width bins over (lo, hi]); ties go to the smaller T. ``scores`` holds the ECE per T.
+      (:func:`timm_csm.metrics.ece`, ``n_bins`` equal-width bins over (lo, hi]); ties go to the smaller T. ``scores`` holds the ECE per T.
     * ``method="nll"`` (Guo et al. / gpleiss): minimise the validation NLL over log T with L-BFGS (strong Wolfe line
-      search, float64), starting from T = ``init`` = 1.5. T is clipped to [0.01, 100].
+      search, float64, at most ``max_iter`` = 50 iterations as Guo's code), starting from T = ``init`` = 1.5. T is
+      clipped to [0.01, 100].
 
     Fitting refuses fewer samples than classes and a validation set with a single class (``ValueError``).
     """
@@ -45,7 +48,7 @@ class TemperatureScaling(PostHocCalibrator):
     kind = "temperature_scaling"
 
     def __init__(self, method: str = "grid_ece", n_bins: int = 15, grid: Sequence[float] = (0.1, 10.0, 0.1),
-                 init: float = 1.5, max_iter: int = 100):
+                 init: float = 1.5, max_iter: int = 50):
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
         if int(n_bins) < 1:
@@ -79,12 +82,24 @@ class TemperatureScaling(PostHocCalibrator):
 
     def _fit_grid(self, logits: torch.Tensor, targets: torch.Tensor):
         temperatures = temperature_grid(*self.grid)
-        shifted = logits - logits.amax(dim=1, keepdim=True)  # top-label confidence = 1 / sum_k exp(shifted_k / T)
-        correct = (logits.argmax(dim=1) == targets).double()
+        # ECE only needs the top-label confidence, 1 / sum_k exp((z_k - z_max) / T), and the (T-independent)
+        # correctness; the bins and the error are timm_csm.metrics', so the chosen T is the argmin of the reported
+        # metric (tests check the scores against timm_csm.metrics.ece)
+        shifted = logits - logits.max(dim=1, keepdim=True).values
+        correct = (logits.argmax(dim=1) == targets).to(torch.float64)
+        edges = bin_edges(self.n_bins, device=logits.device)
         scores = torch.empty(len(temperatures), dtype=torch.float64)
+        buffer = torch.empty_like(shifted)  # reused across temperatures: no fresh (N, C) allocation per T
         for i, t in enumerate(temperatures):
-            confidence = 1.0 / torch.exp(shifted / t).sum(dim=1)
-            scores[i] = binned_ece(confidence, correct, self.n_bins)
+            torch.div(shifted, t, out=buffer)
+            confidence = buffer.exp_().sum(dim=1).reciprocal_()
+            index = bin_index(confidence, edges)
+            count = torch.bincount(index, minlength=self.n_bins).to(torch.float64)
+            conf_sum = torch.zeros(self.n_bins, dtype=torch.float64, device=logits.device).index_add_(0, index,
+                                                                                                       confidence)
+            acc_sum = torch.zeros(self.n_bins, dtype=torch.float64, device=logits.device).index_add_(0, index,
+                                                                                                      correct)
+            scores[i] = calibration_error_from_bins(count, conf_sum, acc_sum, "l1")
         best = int(torch.argmin(scores))  # first minimum: ties go to the smaller T
         return temperatures[best], scores
 

@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "LossBase", "check_reduction"]
+__all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "mean_nll", "mean_ce", "masked_mean", "LossBase",
+           "check_reduction"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 _SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance
@@ -82,6 +83,21 @@ def _is_int(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool
 
 
+def _finite_sum(x: torch.Tensor) -> torch.Tensor:
+    """A 0-d tensor that is finite iff every entry of ``x`` is (a NaN or inf makes the sum NaN/inf; half types are
+    summed in float32 so large but finite logits cannot overflow)."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return torch.isfinite(x.sum(dtype=torch.float32))
+    return torch.isfinite(x.sum())
+
+
+def _row_sums(target: torch.Tensor) -> torch.Tensor:
+    # native precision is enough for a 1e-3 tolerance; half types are summed in float32
+    if target.dtype in (torch.float16, torch.bfloat16):
+        return target.sum(dim=1, dtype=torch.float32)
+    return target.sum(dim=1)
+
+
 def flatten_batch(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -89,7 +105,11 @@ def flatten_batch(
     validate: bool = True,
     name: str = "loss",
 ) -> FlatBatch:
-    """Check ``(logits, target)`` and flatten dense inputs to rows (see the module docstring)."""
+    """Check ``(logits, target)`` and flatten dense inputs to rows (see the module docstring).
+
+    With ``validate=True`` the value checks cost one host synchronisation; when every hard label is a valid class
+    the batch carries no ignore mask (``weight=None``), which keeps the common classification path short.
+    """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise ValueError(f"{name}: logits must be a floating-point tensor, got {type(logits).__name__}"
                          + (f" of dtype {logits.dtype}" if isinstance(logits, torch.Tensor) else ""))
@@ -117,34 +137,47 @@ def flatten_batch(
         flat_target = target.movedim(1, -1).reshape(-1, num_classes) if is_soft else target.reshape(-1)
     else:
         flat_logits, flat_target = logits, target
-
-    if validate:
-        if not bool(torch.isfinite(flat_logits).all()):
-            raise ValueError(f"{name}: logits contain NaN or infinite values")
-        if is_soft:
-            if not bool(torch.isfinite(flat_target).all()):
-                raise ValueError(f"{name}: soft target contains NaN or infinite values")
-            if flat_target.numel() and bool((flat_target < -_SUM_TOL).any()):
-                raise ValueError(f"{name}: soft target has negative entries")
-            if flat_target.numel():
-                worst = (flat_target.sum(dim=1, dtype=torch.float64) - 1.0).abs().max()
-                if float(worst) > _SUM_TOL:
-                    raise ValueError(f"{name}: soft target rows must sum to 1 (largest deviation {float(worst):.3g})")
-        else:
-            valid = flat_target != ignore_index
-            bad = valid & ((flat_target < 0) | (flat_target >= num_classes))
-            if bool(bad.any()):
-                value = int(flat_target[bad][0])
-                raise ValueError(
-                    f"{name}: label {value} out of range for {num_classes} classes (ignore_index={ignore_index})"
-                )
+    spatial_shape = hard_shape
 
     if is_soft:
-        return FlatBatch(flat_logits, None, flat_target.to(flat_logits.dtype), None, tuple(target.shape[:1])
-                         + tuple(target.shape[2:]))
-    valid = flat_target != ignore_index
+        if validate:
+            flags = [_finite_sum(flat_logits), _finite_sum(flat_target)]
+            if flat_target.numel():
+                flags.append(flat_target.min() >= -_SUM_TOL)
+                flags.append((_row_sums(flat_target) - 1.0).abs().max() <= _SUM_TOL)
+            ok = torch.stack(flags).tolist()
+            if not ok[0]:
+                raise ValueError(f"{name}: logits contain NaN or infinite values")
+            if not ok[1]:
+                raise ValueError(f"{name}: soft target contains NaN or infinite values")
+            if len(ok) > 2 and not ok[2]:
+                raise ValueError(f"{name}: soft target has negative entries")
+            if len(ok) > 2 and not ok[3]:
+                worst = float((_row_sums(flat_target) - 1.0).abs().max())
+                raise ValueError(f"{name}: soft target rows must sum to 1 (largest deviation {worst:.3g})")
+        return FlatBatch(flat_logits, None, flat_target.to(flat_logits.dtype), None, spatial_shape)
+
+    if validate:
+        flags = [_finite_sum(flat_logits)]
+        if flat_target.numel():
+            low, high = torch.aminmax(flat_target)
+            flags.append((low >= 0) & (high < num_classes))
+        ok = torch.stack(flags).tolist()
+        if not ok[0]:
+            raise ValueError(f"{name}: logits contain NaN or infinite values")
+        if len(ok) == 1 or ok[1]:  # every label is a class: nothing to ignore
+            return FlatBatch(flat_logits, flat_target.long(), None, None, spatial_shape)
+        valid = flat_target != ignore_index
+        bad = valid & ((flat_target < 0) | (flat_target >= num_classes))
+        if bool(bad.any()):
+            value = int(flat_target[bad][0])
+            raise ValueError(
+                f"{name}: label {value} out of range for {num_classes} classes (ignore_index={ignore_index})"
+            )
+    else:
+        valid = flat_target != ignore_index
     hard = flat_target.masked_fill(~valid, 0).long()
-    return FlatBatch(flat_logits, hard, None, valid.to(flat_logits.dtype), tuple(target.shape))
+    return FlatBatch(flat_logits, hard, None, valid.to(flat_logits.dtype), spatial_shape)
 
 
 def reduce_rows(values: torch.Tensor, batch: FlatBatch, reduction: str = "mean") -> torch.Tensor:
@@ -167,6 +200,33 @@ def row_nll(log_probs: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
     return -(batch.soft * log_probs).sum(dim=1)
 
 
+def mean_nll(log_probs: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
+    """Masked mean cross-entropy from log-probabilities (the fused ``nll_loss`` mean when nothing is ignored)."""
+    if batch.hard is not None and batch.weight is None:
+        if batch.num_rows == 0:
+            return log_probs.sum() * 0.0
+        return F.nll_loss(log_probs, batch.hard)
+    return reduce_rows(row_nll(log_probs, batch), batch)
+
+
+def masked_mean(values: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
+    """Mean of a (M, ...) tensor over its non-ignored rows (and all trailing entries)."""
+    if batch.weight is None:
+        # sum / n rather than mean(): the backward is then a broadcast, not a division over the whole tensor
+        return values.sum() / max(values.numel(), 1)
+    per_row = values.reshape(values.shape[0], -1).mean(dim=1) if values.ndim > 1 else values
+    return (per_row * batch.weight).sum() / batch.weight.sum().clamp_min(1.0)
+
+
+def mean_ce(batch: FlatBatch) -> torch.Tensor:
+    """Masked mean cross-entropy from the batch logits (the fused kernel when nothing is ignored)."""
+    if batch.hard is not None and batch.weight is None:
+        if batch.num_rows == 0:
+            return batch.logits.sum() * 0.0
+        return F.cross_entropy(batch.logits, batch.hard)
+    return reduce_rows(ce_rows(batch.logits, batch), batch)
+
+
 def ce_rows(logits: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
     """Per-row cross-entropy from logits (fused kernel for hard targets)."""
     if batch.hard is not None:
@@ -176,18 +236,29 @@ def ce_rows(logits: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
 
 @dataclass
 class BinaryBatch:
-    """Flattened binary (sigmoid) batch: ``logits`` and float ``target`` of shape (M,), 0/1 ``weight`` (M,)
-    for non-ignored entries, ``group`` (M,) the sample (image) each entry belongs to, ``shape`` the input shape."""
+    """Flattened binary (sigmoid) batch: ``logits`` and float ``target`` of shape (M,), ``weight`` a (M,) 0/1 mask of
+    non-ignored entries (None when nothing is ignored), ``num_groups`` samples (images) of equal size, ``shape``
+    the input shape."""
 
     logits: torch.Tensor
     target: torch.Tensor
-    weight: torch.Tensor
-    group: torch.Tensor
+    weight: Optional[torch.Tensor]
     num_groups: int
     shape: Tuple[int, ...]
 
     def count(self) -> torch.Tensor:
+        if self.weight is None:
+            return self.logits.new_tensor(float(max(self.logits.shape[0], 1)))
         return self.weight.sum().clamp_min(1.0)
+
+    def entry_weight(self) -> torch.Tensor:
+        return self.logits.new_ones(self.logits.shape[0]) if self.weight is None else self.weight
+
+    @property
+    def group(self) -> torch.Tensor:
+        """(M,) the sample each entry belongs to."""
+        per_group = self.logits.shape[0] // max(self.num_groups, 1)
+        return torch.arange(self.num_groups, device=self.logits.device).repeat_interleave(per_group)
 
 
 def flatten_binary(
@@ -217,24 +288,33 @@ def flatten_binary(
         target = target.to(logits.dtype)
     flat_logits = logits.reshape(-1)
     flat_target = target.reshape(-1)
-    valid = flat_target != ignore_index
     if validate:
-        if not bool(torch.isfinite(flat_logits).all()):
+        flags = [_finite_sum(flat_logits)]
+        if flat_target.numel():
+            low, high = torch.aminmax(flat_target)
+            flags.append((low >= 0) & (high <= 1))
+        ok = torch.stack(flags).tolist()
+        if not ok[0]:
             raise ValueError(f"{name}: logits contain NaN or infinite values")
-        kept = flat_target[valid]
-        if kept.numel() and (not bool(torch.isfinite(kept.double()).all()) or bool((kept < 0).any())
-                             or bool((kept > 1).any())):
+        if len(ok) == 1 or ok[1]:  # every entry is a probability: nothing to ignore
+            return BinaryBatch(flat_logits, flat_target.to(flat_logits.dtype), None, logits.shape[0],
+                               tuple(logits.shape))
+        valid = flat_target != ignore_index
+        bad = valid & ~((flat_target >= 0) & (flat_target <= 1))
+        if bool(bad.any()):
             raise ValueError(f"{name}: binary targets must lie in [0, 1] (or equal ignore_index={ignore_index})")
+    else:
+        valid = flat_target != ignore_index
     target_f = flat_target.to(flat_logits.dtype).masked_fill(~valid, 0.0)
-    num_groups = logits.shape[0] if logits.ndim >= 1 else 1
-    per_group = flat_logits.shape[0] // max(num_groups, 1)
-    group = torch.arange(num_groups, device=flat_logits.device).repeat_interleave(per_group)
-    return BinaryBatch(flat_logits, target_f, valid.to(flat_logits.dtype), group, num_groups, tuple(logits.shape))
+    return BinaryBatch(flat_logits, target_f, valid.to(flat_logits.dtype), logits.shape[0], tuple(logits.shape))
 
 
 def reduce_binary(values: torch.Tensor, batch: BinaryBatch, reduction: str = "mean") -> torch.Tensor:
-    values = values * batch.weight
+    if batch.weight is not None:
+        values = values * batch.weight
     if reduction == "mean":
+        if batch.weight is None:
+            return values.sum() / max(values.numel(), 1)
         return values.sum() / batch.count()
     if reduction == "sum":
         return values.sum()

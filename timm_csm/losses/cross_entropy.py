@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, check_finite_number, check_reduction, ce_rows, reduce_rows, row_nll
+from ._common import (LossBase, check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll,
+                      reduce_rows, row_nll)
 from .registry import register_loss
 
 __all__ = ["CrossEntropyLoss", "LabelSmoothingLoss"]
@@ -28,6 +29,8 @@ class CrossEntropyLoss(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
+        if self.reduction == "mean":
+            return mean_ce(batch)
         return reduce_rows(ce_rows(batch.logits, batch), batch, self.reduction)
 
 
@@ -52,5 +55,7 @@ class LabelSmoothingLoss(LossBase):
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
         log_probs = F.log_softmax(batch.logits, dim=1)
+        if self.reduction == "mean":
+            return (1.0 - self.smoothing) * mean_nll(log_probs, batch) - self.smoothing * masked_mean(log_probs, batch)
         rows = (1.0 - self.smoothing) * row_nll(log_probs, batch) - self.smoothing * log_probs.mean(dim=1)
         return reduce_rows(rows, batch, self.reduction)

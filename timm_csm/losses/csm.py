@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, ce_rows, check_finite_number, flatten_batch, reduce_rows, row_nll
-from .brier import brier_rows
+from ._common import LossBase, check_finite_number, flatten_batch, masked_mean, mean_ce, mean_nll, reduce_rows
 from .focal import focal_rows
 from .registry import register_loss
 
@@ -57,14 +56,14 @@ class CSMLoss(LossBase):
         if gen.num_classes != real.num_classes:
             raise ValueError(f"CSMLoss: the real batch has {real.num_classes} classes, the generated batch "
                              f"{gen.num_classes}")
-        ce = reduce_rows(ce_rows(real.logits, real), real)
+        ce = mean_ce(real)
         if self.kind == "l2":
-            rows = brier_rows(gen.logits, gen.target_probs())
+            squared = (F.softmax(gen.logits, dim=1) - gen.target_probs()).pow(2)
+            generated = gen.num_classes * masked_mean(squared, gen)  # sum over classes, mean over samples
         elif self.kind == "soft_ce":
-            rows = row_nll(F.log_softmax(gen.logits, dim=1), gen)
+            generated = mean_nll(F.log_softmax(gen.logits, dim=1), gen)
         else:
-            rows = focal_rows(F.log_softmax(gen.logits, dim=1), gen, self.gamma)
-        generated = reduce_rows(rows, gen)
+            generated = reduce_rows(focal_rows(F.log_softmax(gen.logits, dim=1), gen, self.gamma), gen)
         self._record(ce=ce, gen=generated)
         return ce + self.weight * generated
 

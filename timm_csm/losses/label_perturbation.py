@@ -179,7 +179,8 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
         if index is None:
             shift = torch.zeros_like(batch.target)
         else:
-            shift = (self.level[index].to(batch.logits.dtype) * self.beta)[batch.group]
+            per_image = batch.logits.shape[0] // max(batch.num_groups, 1)
+            shift = (self.level[index].to(batch.logits.dtype) * self.beta).repeat_interleave(per_image)
         perturbed = batch.target + shift * (1.0 - 2.0 * batch.target)
         rows = F.binary_cross_entropy_with_logits(batch.logits, perturbed, reduction="none")
         loss = reduce_binary(rows, batch, self.reduction)
@@ -188,11 +189,9 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
                 z = batch.logits.detach()
                 bce_clean = F.binary_cross_entropy_with_logits(z, batch.target, reduction="none")
                 entropy_proxy = F.softplus(-z) + F.softplus(z)  # -log p - log(1 - p)
-                ascent_rows = (entropy_proxy - 2.0 * bce_clean) * batch.weight
-                n = batch.num_groups
-                ascent = torch.zeros(n, dtype=z.dtype, device=z.device).index_add_(0, batch.group, ascent_rows)
-                count = torch.zeros(n, dtype=z.dtype, device=z.device).index_add_(0, batch.group, batch.weight)
-                ascent = ascent / count.clamp_min(1.0)
+                weight = batch.entry_weight().reshape(batch.num_groups, -1)
+                ascent_rows = (entropy_proxy - 2.0 * bce_clean).reshape(batch.num_groups, -1) * weight
+                ascent = ascent_rows.sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
                 alpha = self.level[index].double()
                 enforcer = torch.clamp((1.0 - self.val_accuracy.double()) - self.beta * alpha, max=0.0)
                 step = ascent.double().to(alpha.device) / self.beta + self.lam * enforcer
@@ -204,7 +203,7 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
     def on_epoch_end(self, val_logits: torch.Tensor, val_targets: torch.Tensor) -> None:
         """Set Acc_val (pixel accuracy at threshold 0.5, targets rounded) and count a finished epoch."""
         batch = flatten_binary(val_logits, val_targets, self.ignore_index, True, type(self).__name__)
-        correct = ((batch.logits > 0).to(batch.target.dtype) == (batch.target >= 0.5).to(batch.target.dtype))
-        accuracy = (correct.to(batch.weight.dtype) * batch.weight).sum() / batch.count()
+        correct = (batch.logits > 0) == (batch.target >= 0.5)
+        accuracy = (correct.to(batch.logits.dtype) * batch.entry_weight()).sum() / batch.count()
         self.val_accuracy.fill_(float(accuracy))
         self.epoch += 1

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ._common import LossBase, ce_rows, check_finite_number, flatten_batch, reduce_rows
+from ._common import LossBase, check_finite_number, flatten_batch, masked_mean, mean_ce
 from .registry import register_loss
 
 __all__ = ["MbLSLoss", "ACLSLoss", "CALSLoss", "augmented_lagrangian_penalty"]
@@ -34,9 +34,9 @@ class MbLSLoss(LossBase):
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
         z = batch.logits
-        ce = reduce_rows(ce_rows(z, batch), batch)
-        hinge = (z.amax(dim=1, keepdim=True) - z - self.margin).clamp_min(0.0)
-        reg = reduce_rows(hinge.mean(dim=1), batch)
+        ce = mean_ce(batch)
+        z_max = z.max(dim=1, keepdim=True).values  # max, not amax: the gradient goes to one index, as released
+        reg = masked_mean((z_max - z - self.margin).clamp_min(0.0), batch)
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
@@ -65,14 +65,18 @@ class ACLSLoss(LossBase):
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
         z = batch.logits
-        ce = reduce_rows(ce_rows(z, batch), batch)
-        z_max = z.amax(dim=1, keepdim=True)
-        z_max_detached = z_max.detach()
-        is_max = (z.detach() == z_max_detached).to(z.dtype)
-        pos = (is_max * (z_max - self.margin).clamp_min(0.0).pow(2)).sum(dim=1)
-        neg = ((1.0 - is_max) * (z_max_detached - z - self.margin).clamp_min(0.0).pow(2)).sum(dim=1)
         num_classes = batch.num_classes
-        reg = reduce_rows(self.pos_lambda * pos + self.neg_lambda * neg / (num_classes - 1), batch)
+        ce = mean_ce(batch)
+        z_max = z.max(dim=1, keepdim=True).values
+        z_max_detached = z_max.detach()
+        # every entry equal to the max is a positive (ties included, as released); at those entries the negative
+        # hinge is ReLU(-margin) = 0, so the negative term needs no mask
+        ties = (z.detach() == z_max_detached).sum(dim=1, keepdim=True).to(z.dtype)
+        pos = (z_max - self.margin).clamp_min(0.0).square() * ties  # (M, 1)
+        neg = ((z_max_detached - self.margin) - z).clamp_min(0.0).square()  # (M, K)
+        # mean over rows of the sum over classes = K * mean over all entries
+        reg = (self.pos_lambda * masked_mean(pos, batch)
+               + self.neg_lambda * num_classes / (num_classes - 1) * masked_mean(neg, batch))
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
@@ -158,7 +162,7 @@ class CALSLoss(LossBase):
             raise ValueError(f"CALSLoss holds multipliers for {self.lambd.numel()} classes, got {num_classes}")
 
     def constraints(self, logits2d: torch.Tensor) -> torch.Tensor:
-        h = logits2d.amax(dim=1, keepdim=True) - logits2d - self.margin
+        h = logits2d.max(dim=1, keepdim=True).values - logits2d - self.margin
         return h / self.margin if self.normalize else h
 
     def _penalty(self, h: torch.Tensor):
@@ -166,12 +170,32 @@ class CALSLoss(LossBase):
         rho = self.rho.to(h.dtype)
         return augmented_lagrangian_penalty(h, lambd, rho, self.penalty)
 
+    def _phr_penalty(self, batch) -> torch.Tensor:
+        """mean_i sum_k P_phr(h_ik), using P = (ReLU(lambda + rho h)^2 - lambda^2) / (2 rho) so the constant
+        -lambda^2 part is summed once instead of per entry."""
+        z = batch.logits
+        lambd = self.lambd.to(z.dtype)
+        rho = self.rho.to(z.dtype)
+        scale = rho / self.margin if self.normalize else rho
+        # lambda + rho * h = scale * (max - z) + (lambda - scale * margin)
+        x = (z.max(dim=1, keepdim=True).values - z) * scale + (lambd - scale * self.margin)
+        active = z.shape[1] * masked_mean(x.clamp_min(0.0).square(), batch)
+        constant = lambd.square().sum()
+        if batch.weight is not None:  # an all-ignored batch has an empty mean: 0
+            constant = constant * (batch.weight.sum() > 0).to(z.dtype)
+        elif batch.num_rows == 0:
+            constant = constant * 0.0
+        return (active - constant) / (2.0 * rho)
+
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
         self._ensure_classes(batch.num_classes)
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
-        value, _ = self._penalty(self.constraints(batch.logits))
-        reg = reduce_rows(value.sum(dim=1), batch)
+        ce = mean_ce(batch)
+        if self.penalty == "phr":
+            reg = self._phr_penalty(batch)
+        else:
+            value, _ = self._penalty(self.constraints(batch.logits))
+            reg = batch.num_classes * masked_mean(value, batch)
         self._record(ce=ce, reg=reg)
         return ce + reg
 

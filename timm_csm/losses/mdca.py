@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, ce_rows, check_finite_number, reduce_rows, row_nll
+from ._common import LossBase, check_finite_number, masked_mean, mean_nll, reduce_rows
 from .focal import focal_rows
 from .registry import register_loss
 
@@ -44,12 +44,11 @@ class MDCALoss(LossBase):
         batch = self._flat(logits, target)
         log_probs = F.log_softmax(batch.logits, dim=1)
         if self.base == "ce":
-            rows = ce_rows(batch.logits, batch)
+            cls = mean_nll(log_probs, batch)
         elif self.base == "ls":
-            rows = (1.0 - self.smoothing) * row_nll(log_probs, batch) - self.smoothing * log_probs.mean(dim=1)
+            cls = (1.0 - self.smoothing) * mean_nll(log_probs, batch) - self.smoothing * masked_mean(log_probs, batch)
         else:
-            rows = focal_rows(log_probs, batch, self.gamma)
-        cls = reduce_rows(rows, batch)
+            cls = reduce_rows(focal_rows(log_probs, batch, self.gamma), batch)
         reg = mdca_penalty(log_probs.exp(), batch.target_probs(), batch.row_weight())
         self._record(cls=cls, reg=reg)
         return cls + self.beta * reg

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, ce_rows, check_finite_number, reduce_rows
+from ._common import LossBase, check_finite_number, mean_nll
 from .registry import register_loss
 
 __all__ = ["MMCELoss", "mmce_penalty"]
@@ -55,8 +55,10 @@ class MMCELoss(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
-        confidence, pred = F.softmax(batch.logits, dim=1).max(dim=1)
+        log_probs = F.log_softmax(batch.logits, dim=1)
+        ce = mean_nll(log_probs, batch)
+        log_conf, pred = log_probs.max(dim=1)
+        confidence = log_conf.exp()
         if batch.hard is not None:
             correct = (pred == batch.hard).to(confidence.dtype)
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, ce_rows, check_finite_number, reduce_rows
+from ._common import LossBase, check_finite_number, masked_mean, mean_nll
 from .registry import register_loss
 
 __all__ = ["EntropyPenalty", "L1Penalty"]
@@ -26,12 +26,11 @@ class EntropyPenalty(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
         log_probs = F.log_softmax(batch.logits, dim=1)
-        entropy_rows = -(log_probs.exp() * log_probs).sum(dim=1)
-        if self.class_mean:
-            entropy_rows = entropy_rows / batch.num_classes
-        entropy = reduce_rows(entropy_rows, batch)
+        ce = mean_nll(log_probs, batch)
+        entropy = masked_mean(-(log_probs.exp() * log_probs), batch)  # H / K
+        if not self.class_mean:
+            entropy = entropy * batch.num_classes
         self._record(ce=ce, entropy=entropy)
         return ce - self.alpha * entropy
 
@@ -56,11 +55,11 @@ class L1Penalty(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
+        log_probs = F.log_softmax(batch.logits, dim=1)
+        ce = mean_nll(log_probs, batch)
         if self.space == "probs":
-            rows = (F.softmax(batch.logits, dim=1) - 1.0 / batch.num_classes).abs().sum(dim=1)
+            reg = batch.num_classes * masked_mean((log_probs.exp() - 1.0 / batch.num_classes).abs(), batch)
         else:
-            rows = (batch.logits.amax(dim=1, keepdim=True) - batch.logits).mean(dim=1)
-        reg = reduce_rows(rows, batch)
+            reg = masked_mean(batch.logits.max(dim=1, keepdim=True).values - batch.logits, batch)
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, ce_rows, check_finite_number, flatten_batch, reduce_rows
+from ._common import LossBase, check_finite_number, flatten_batch, mean_ce, reduce_rows
 from .registry import register_loss
 
 __all__ = ["MRLLoss", "MNDCGLoss"]
@@ -69,9 +69,9 @@ class MRLLoss(_RankMixupBase):
 
     def forward(self, logits, target, logits_mixed, target_mixed) -> torch.Tensor:
         batch, mixed, copies = self._inputs(logits, target, logits_mixed, target_mixed)
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
-        clean_max = batch.logits.amax(dim=1).repeat(copies)
-        mixed_max = mixed.logits.amax(dim=1)
+        ce = mean_ce(batch)
+        clean_max = batch.logits.max(dim=1).values.repeat(copies)
+        mixed_max = mixed.logits.max(dim=1).values
         distinct = (mixed.soft < 1.0 - _SAME_CLASS_TOL).all(dim=1).to(logits.dtype)
         rank = (distinct * (mixed_max - clean_max + self.margin).clamp_min(0.0)).mean()
         self._record(ce=ce, rank=rank)
@@ -98,9 +98,9 @@ class MNDCGLoss(_RankMixupBase):
     def forward(self, logits, target, logits_mixed, target_mixed) -> torch.Tensor:
         batch, mixed, copies = self._inputs(logits, target, logits_mixed, target_mixed)
         b, k = logits.shape
-        ce = reduce_rows(ce_rows(batch.logits, batch), batch)
-        clean_conf = F.softmax(batch.logits, dim=1).amax(dim=1, keepdim=True)  # (B, 1)
-        mixed_conf = F.softmax(mixed.logits, dim=1).amax(dim=1).reshape(copies, b).t()  # (B, M)
+        ce = mean_ce(batch)
+        clean_conf = F.softmax(batch.logits, dim=1).max(dim=1, keepdim=True).values  # (B, 1)
+        mixed_conf = F.softmax(mixed.logits, dim=1).max(dim=1).values.reshape(copies, b).t()  # (B, M)
         relevance = mixed.soft.amax(dim=1).reshape(copies, b).t()  # (B, M)
         order = torch.sort(relevance, dim=1, descending=True, stable=True).indices
         conf_list = torch.cat([clean_conf, mixed_conf.gather(1, order)], dim=1)

@@ -13,9 +13,12 @@ row): confidence ``max_k p_k``; prediction ``argmax_k p_k`` (ties go to the lowe
 accuracy ``y[argmax p]`` (1/0 for class indices, the expected accuracy for soft targets); NLL
 ``-Σ_k y_k log p_k``; Brier ``Σ_k (p_k - y_k)^2`` (summed over classes, not divided by C).
 
-Logits go through an exact log-softmax. Probabilities given as ``probs`` or ``log_probs`` are used as given; for the
-NLL they are floored at ``PROB_FLOOR`` (1e-12) before the log, so a confident mistake costs at most
-``-log(1e-12) ≈ 27.6`` instead of infinity.
+Precision: per-sample values (softmax, confidence) are computed in the precision of the input - float64 inputs in
+float64, everything else in float32 (the precision the logits carry anyway) - and every sum over samples or bins is
+accumulated in float64, so the result does not drift with N (torchmetrics sums in float32). Logits go through a
+max-shifted log-softmax. Probabilities given as ``probs`` or ``log_probs`` are used as given; for the NLL they are
+floored at ``PROB_FLOOR`` (1e-12) before the log, so a confident mistake costs at most ``-log(1e-12) ≈ 27.6``
+instead of infinity.
 
 The classwise pass is cheap because a row of probabilities summing to 1 has at most ``n_bins`` entries above the
 first edge ``1 / n_bins``: only those are binned individually, the first bin is filled by difference with the column
@@ -120,9 +123,12 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
     cw_others = None
     if local.flags["classwise"]:
         cw_others = _ClasswiseOthers(inputs.num_classes, n_bins, inputs.device)
+    buf = None
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
-            _reduce_block(p, t, inputs, edges, local, cw_others)
+            if buf is None or buf.dtype != _compute_dtype(p.dtype) or buf.numel() < p.numel():
+                buf = torch.empty(max(max_elements, p.numel()), dtype=_compute_dtype(p.dtype), device=p.device)
+            _reduce_block(p, t, inputs, edges, local, cw_others, buf)
     if cw_others is not None:
         cw_others.finalize(local)
     if state is None:
@@ -159,19 +165,6 @@ class _ClasswiseOthers:
         state.cw_label_sum.add_(label.clamp(min=0))
 
 
-def _check_probs(x, input_type):
-    s = x.sum(1)
-    if not bool(torch.isfinite(s).all()):
-        raise ValueError(f"preds ({input_type}) contain NaN or inf")
-    if float(x.amin()) < 0:
-        raise ValueError("preds (probs) contain negative values; pass input_type='logits' for raw scores")
-    dev = float((s - 1.0).abs().max())
-    if dev > ROW_SUM_ATOL:
-        raise ValueError(f"preds ({input_type}) rows do not sum to 1 (max deviation {dev:.3g}); pass "
-                         "input_type='logits' for unnormalised scores")
-    return s
-
-
 def _check_soft_target(t):
     if not bool(torch.isfinite(t).all()):
         raise ValueError("target contains NaN or inf")
@@ -182,70 +175,97 @@ def _check_soft_target(t):
         raise ValueError(f"soft target rows do not sum to 1 (max deviation {dev:.3g})")
 
 
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Per-sample math runs in the input's precision (float64 stays float64, anything else becomes float32);
+    every sum over samples is float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _first_above(threshold: float, dtype: torch.dtype) -> float:
+    """Smallest value of ``dtype`` strictly above the float64 ``threshold``: ``x > threshold`` (exact float64
+    semantics) equals ``x >= _first_above(threshold, dtype)`` for ``x`` of that dtype."""
+    v = torch.tensor(threshold, dtype=dtype)
+    if float(v) <= threshold:
+        v = torch.nextafter(v, torch.tensor(float("inf"), dtype=dtype))
+    return float(v)
+
+
 def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: torch.Tensor,
-                  st: CalibrationState, cw: Optional[_ClasswiseOthers]):
+                  st: CalibrationState, cw: Optional[_ClasswiseOthers], buf: torch.Tensor):
     flags = st.flags
     n, C = p_raw.shape
     input_type = inputs.input_type
     soft = inputs.soft
-    x = p_raw.to(_F64, copy=True)  # working copy: modified in place below
+    c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
+    x = buf[:n * C].view(n, C)  # working block
     if soft:
         t = t.to(_F64)
         _check_soft_target(t)
     else:
         y = t.view(-1, 1)
 
-    # raw values that must be read before x is transformed in place
-    if not soft:
-        raw_y = x.gather(1, y).view(-1)
     nll_i = None
     if input_type == "logits":
-        m = x.amax(1)
-        if not bool(torch.isfinite(x.sum(1)).all()):
-            raise ValueError("preds (logits) contain NaN or inf")
-        if flags["nll"] and soft:
-            tz = (t * x).sum(1)
-        x.sub_(m.view(-1, 1)).exp_()
-        s = x.sum(1)
+        if not bool(torch.isfinite(c.sum(1)).all()):
+            raise ValueError("preds (logits) contain NaN or inf (or values so large that their sum overflows)")
+        m = c.amax(1)
+        torch.sub(c, m.view(-1, 1), out=x)
+        x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
+        s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
         conf = s.reciprocal()
         if flags["nll"]:
-            lse = m + s.log()
-            nll_i = lse * (t.sum(1) if soft else 1.0) - (tz if soft else raw_y)
-        need_probs = flags["brier"] or flags["classwise"]
-        if need_probs:
-            x.div_(s.view(-1, 1))
+            lse = m.to(_F64) + s.log()
+            if soft:
+                nll_i = lse * t.sum(1) - (t * c).sum(1)
+            else:
+                nll_i = lse - c.gather(1, y).view(-1).to(_F64)
+        row_max, tie_possible = 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
     else:
         if input_type == "log_probs":
-            if bool(torch.isnan(x).any()) or bool(torch.isposinf(x).any()):
+            m_log = c.amax(1)
+            if bool(torch.isnan(m_log).any()) or bool(torch.isposinf(m_log).any()):
                 raise ValueError("preds (log_probs) contain NaN or +inf")
             if flags["nll"]:
-                lp = x.clamp(min=_LOG_FLOOR)
-                nll_i = -((t * lp).sum(1) if soft else lp.gather(1, y).view(-1))
-            x.exp_()
-            if not soft:
-                raw_y = raw_y.exp()
+                if soft:
+                    nll_i = -(t * c.clamp(min=_LOG_FLOOR)).sum(1)
+                else:
+                    nll_i = -c.gather(1, y).view(-1).clamp(min=_LOG_FLOOR).to(_F64)
+            torch.exp(c, out=x)
+        else:
+            x = c  # probabilities are only read
+        s = x.sum(1).to(_F64)
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"preds ({input_type}) contain NaN or inf")
+        if float(x.amin()) < 0:
+            raise ValueError("preds (probs) contain negative values; pass input_type='logits' for raw scores")
+        dev = float((s - 1.0).abs().max())
+        if dev > ROW_SUM_ATOL:
+            raise ValueError(f"preds ({input_type}) rows do not sum to 1 (max deviation {dev:.3g}); pass "
+                             "input_type='logits' for unnormalised scores")
         m = x.amax(1)
-        _check_probs(x, input_type)
-        conf = m
+        conf = m.to(_F64)
         if flags["nll"] and input_type == "probs":
             if soft:
                 nll_i = -(t * x.clamp(min=PROB_FLOOR).log()).sum(1)
             else:
-                nll_i = -raw_y.clamp(min=PROB_FLOOR).log()
+                nll_i = -x.gather(1, y).view(-1).clamp(min=PROB_FLOOR).log().to(_F64)
+        row_max, tie_possible = m.view(-1, 1), 2.0 * conf <= s + 1e-12
 
-    # accuracy of the top-label prediction (first index among ties)
+    # accuracy of the top-label prediction: argmax with ties (equal probabilities) to the lowest class index
     if soft:
         pred = x.argmax(1)
         acc = t.gather(1, pred.view(-1, 1)).view(-1)
     else:
-        # m is the row maximum in the space raw_y lives in (logits, or probabilities for probs / log_probs)
-        top = raw_y == m
-        # a tie for the maximum needs two entries >= conf, possible only when conf <= 1/2
-        maybe_tie = top & (conf <= 0.5 + ROW_SUM_ATOL)
+        top = (x.gather(1, y) == row_max).view(-1)
+        maybe_tie = top & tie_possible
         if bool(maybe_tie.any()):
             rows = maybe_tie.nonzero().view(-1)
-            top[rows] = p_raw[rows].argmax(1) == y.view(-1)[rows]
+            maxima = x[rows] == (row_max if isinstance(row_max, float) else row_max[rows])
+            top[rows] = maxima.to(torch.uint8).argmax(1) == y.view(-1)[rows]
         acc = top.to(_F64)
+
+    if input_type == "logits" and (flags["brier"] or flags["classwise"]):
+        x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
 
     st.n += n
     st.correct += acc.sum()
@@ -256,8 +276,8 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
         if soft:
             st.brier += (x - t).pow_(2).sum()
         else:
-            p_y = x.gather(1, y).view(-1)
-            st.brier += (x * x).sum() - 2.0 * p_y.sum() + n
+            sq = torch.einsum("ij,ij->i", x, x).sum(dtype=_F64)
+            st.brier += sq - 2.0 * x.gather(1, y).sum(dtype=_F64) + n
     if flags["binned"]:
         b = bin_index(conf, edges)
         st.count.index_add_(0, b, torch.ones_like(conf))
@@ -274,10 +294,10 @@ def _classwise_block(x, t, soft, edges, cw: _ClasswiseOthers):
     B = cw.B
     n = x.shape[0]
     cw.n += n
-    cw.prob_total += x.sum(0)
+    cw.prob_total += x.sum(0, dtype=_F64)
     if B > 1:
-        rows, cols = (x > edges[1]).nonzero(as_tuple=True)
-        vals = x[rows, cols]
+        rows, cols = (x >= _first_above(float(edges[1]), x.dtype)).nonzero(as_tuple=True)
+        vals = x[rows, cols].to(_F64)
         flat = cols * B + bin_index(vals, edges)
         cw.count.index_add_(0, flat, torch.ones_like(vals))
         cw.prob.index_add_(0, flat, vals)

@@ -7,6 +7,7 @@ training epoch of 10k Fashion-MNIST images takes a few seconds on one CPU core (
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -20,11 +21,22 @@ from ._cfg import FASHION_MNIST_MEAN, FASHION_MNIST_STD, adapt_pretrained_cfg, s
 __all__ = ["SmallCNN"]
 
 
+def _norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batchnorm":
+        return nn.BatchNorm2d(channels)
+    if kind == "groupnorm":  # per-sample statistics: results do not depend on how a batch is split
+        return nn.GroupNorm(math.gcd(8, channels), channels)
+    raise ValueError(f"norm_layer must be 'batchnorm' or 'groupnorm', got {kind!r}")
+
+
 class SmallCNN(nn.Module):
-    """Stages of ``depth`` conv3x3-BN-ReLU layers of widths ``widths``; 2x2 max-pool between stages."""
+    """Stages of ``depth`` conv3x3-norm-ReLU layers of widths ``widths``; 2x2 max-pool between stages.
+
+    ``norm_layer``: "batchnorm" (default) or "groupnorm" (8 groups).
+    """
 
     def __init__(self, num_classes: int = 10, in_chans: int = 1, widths: Sequence[int] = (16, 32, 64),
-                 depth: int = 1, global_pool: str = "avg", drop_rate: float = 0.0):
+                 depth: int = 1, global_pool: str = "avg", drop_rate: float = 0.0, norm_layer: str = "batchnorm"):
         super().__init__()
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -35,7 +47,7 @@ class SmallCNN(nn.Module):
         for i, out_chs in enumerate(widths):
             layers = [nn.MaxPool2d(2)] if i > 0 else []
             for _ in range(depth):
-                layers += [nn.Conv2d(in_chs, out_chs, 3, padding=1, bias=False), nn.BatchNorm2d(out_chs),
+                layers += [nn.Conv2d(in_chs, out_chs, 3, padding=1, bias=False), _norm(norm_layer, out_chs),
                            nn.ReLU(inplace=True)]
                 in_chs = out_chs
             stages.append(nn.Sequential(*layers))

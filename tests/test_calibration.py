@@ -1,0 +1,204 @@
+"""Post-hoc calibrators: the paper's ECE grid rule (exact decimal grid, ties to the smaller T), Guo's NLL fit
+against scipy, vector scaling, refusal cases, safetensors save/load, and the proximity-informed ECE."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from timm_csm.metrics import ece
+from timm_csm.calibration import (PostHocCalibrator, TemperatureScaling, VectorScaling, create_calibrator,
+                                  list_calibrators, load_calibrator, piece, proximity, temperature_grid)
+
+
+def reference_ece(probs, targets, n_bins=15):
+    """The gpleiss / MbLS bin loop: (lo, hi] bins, empty bins skipped (a confidence of 0 joins the first bin)."""
+    conf, pred = probs.max(dim=1)
+    acc = pred.eq(targets).double()
+    total = 0.0
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        in_bin = (conf > lo) & (conf <= hi)
+        if b == 0:
+            in_bin |= conf == 0
+        if in_bin.any():
+            total += in_bin.double().mean().item() * abs(conf[in_bin].mean().item() - acc[in_bin].mean().item())
+    return total
+
+
+def overconfident_logits(n=600, c=5, seed=0, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, c, (n,), generator=g)
+    z = torch.randn(n, c, generator=g, dtype=torch.float64)
+    z[torch.arange(n), y] += 1.0
+    return z * scale, y
+
+
+def test_grid_is_exact_decimals():
+    grid = temperature_grid()
+    assert len(grid) == 100
+    assert grid[0] == 0.1 and grid[2] == 0.3 and grid[-1] == 10.0
+    assert all(v == float(f"{(i + 1) / 10:.1f}") for i, v in enumerate(grid))
+    assert temperature_grid(0.5, 1.0, 0.25) == (0.5, 0.75, 1.0)
+    with pytest.raises(ValueError):
+        temperature_grid(1.0, 0.5, 0.1)
+
+
+def test_grid_ece_picks_the_reference_argmin():
+    z, y = overconfident_logits()
+    ts = TemperatureScaling().fit(z, y)
+    reference = [reference_ece(torch.softmax(z / temp, 1), y) for temp in temperature_grid()]
+    assert np.allclose(ts.scores.numpy(), reference, atol=1e-12)
+    reported = [ece(z / temp, y, 15, input_type="logits") for temp in temperature_grid()]
+    assert np.allclose(ts.scores.numpy(), reported, atol=1e-12)  # the fit minimises the reported metric
+    best = min(range(len(reference)), key=lambda i: (reference[i], i))
+    assert ts.temperature == temperature_grid()[best]
+    assert ts.temperature > 1.0  # the scaled logits are over-confident
+    after = reference_ece(torch.softmax(ts.transform(z), 1), y)
+    assert after == pytest.approx(min(reference)) and after < reference_ece(torch.softmax(z, 1), y)
+
+
+def test_grid_ties_go_to_the_smaller_temperature():
+    # confidence 1/2 at every T (equal logits) and half of the argmax predictions right: ECE 0 for all T
+    z = torch.zeros(10, 2, dtype=torch.float64)
+    y = torch.tensor([0, 1] * 5)
+    ts = TemperatureScaling().fit(z, y)
+    assert torch.all(ts.scores == ts.scores[0]) and ts.temperature == 0.1
+    # confidence exactly 1 at every T on the grid: ECE = error rate for all T
+    z = torch.tensor([[0.0, 1e4], [1e4, 0.0], [0.0, 1e4]], dtype=torch.float64)
+    assert TemperatureScaling().fit(z, torch.tensor([1, 0, 0])).temperature == 0.1
+
+
+def test_nll_method_matches_scipy():
+    optimize = pytest.importorskip("scipy.optimize")
+    z, y = overconfident_logits(seed=1)
+
+    def nll(log_t):
+        return F.cross_entropy(z / math.exp(log_t), y).item()
+
+    best = optimize.minimize_scalar(nll, bounds=(-4, 4), method="bounded", options={"xatol": 1e-10})
+    ts = create_calibrator("temperature_scaling_nll").fit(z, y)
+    assert ts.method == "nll"
+    assert ts.temperature == pytest.approx(math.exp(best.x), rel=1e-5)
+    assert F.cross_entropy(ts.transform(z), y).item() <= F.cross_entropy(z, y).item()
+
+
+def test_vector_scaling_reaches_the_nll_optimum():
+    optimize = pytest.importorskip("scipy.optimize")
+    z, y = overconfident_logits(seed=2, c=4)
+    vs = VectorScaling().fit(z, y)
+    fitted = F.cross_entropy(vs.transform(z), y).item()
+
+    def objective(params):
+        p = torch.tensor(params, dtype=torch.float64, requires_grad=True)
+        value = F.cross_entropy(z * p[:4] + p[4:], y)
+        value.backward()
+        return value.item(), p.grad.numpy()
+
+    best = optimize.minimize(objective, np.r_[np.ones(4), np.zeros(4)], jac=True, method="L-BFGS-B",
+                             options={"ftol": 1e-14, "gtol": 1e-10, "maxiter": 1000})
+    assert fitted == pytest.approx(best.fun, abs=1e-7)
+    ts_nll = F.cross_entropy(TemperatureScaling(method="nll").fit(z, y).transform(z), y).item()
+    assert fitted <= ts_nll + 1e-9  # vector scaling contains temperature scaling
+
+
+def test_transform_keeps_predictions_dtype_and_probabilities():
+    z, y = overconfident_logits(seed=3)
+    ts = TemperatureScaling().fit(z, y)
+    z32 = z.float()
+    out = ts.transform(z32)
+    assert out.dtype == torch.float32 and torch.equal(out.argmax(1), z32.argmax(1))
+    assert torch.allclose(out, z32 / ts.temperature)
+    probs = ts.predict_proba(z32)
+    assert torch.allclose(probs.sum(1), torch.ones(len(z32)))
+    assert torch.allclose(ts(z.numpy()), z / ts.temperature)
+
+
+@pytest.mark.parametrize("make", [TemperatureScaling, lambda: TemperatureScaling(method="nll"), VectorScaling])
+def test_refusals(make):
+    z, y = overconfident_logits(n=30, c=5)
+    with pytest.raises(ValueError, match="3 samples for 5 classes"):
+        make().fit(z[:3], y[:3])
+    with pytest.raises(ValueError, match="single class"):
+        make().fit(z, torch.full((30,), 2))
+    with pytest.raises(ValueError, match="not fitted"):
+        make().transform(z)
+    with pytest.raises(ValueError, match="out of range"):
+        make().fit(z, torch.full((30,), 7))
+    with pytest.raises(ValueError, match="NaN"):
+        make().fit(torch.full((30, 5), float("nan")), y)
+    with pytest.raises(ValueError, match="shape"):
+        make().fit(z, y[:-1])
+
+
+def test_save_and_load(tmp_path):
+    z, y = overconfident_logits(seed=4)
+    ts = TemperatureScaling(n_bins=10).fit(z, y)
+    path = tmp_path / "sub" / "ts.safetensors"
+    ts.save(path)
+    loaded = TemperatureScaling.load(path)
+    assert loaded.temperature == ts.temperature and loaded.n_bins == 10 and loaded.method == "grid_ece"
+    assert torch.equal(loaded.transform(z), ts.transform(z))
+    vs = VectorScaling().fit(z, y)
+    vs.save(tmp_path / "vs.safetensors")
+    restored = load_calibrator(tmp_path / "vs.safetensors")
+    assert isinstance(restored, VectorScaling) and torch.equal(restored.transform(z), vs.transform(z))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub", "vs.safetensors"]  # no temp files left
+    with pytest.raises(ValueError, match="not a TemperatureScaling"):
+        TemperatureScaling.load(tmp_path / "vs.safetensors")
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a saved calibrator"):
+        PostHocCalibrator.load(tmp_path / "other.safetensors")
+    with pytest.raises(ValueError, match="not fitted"):
+        TemperatureScaling().save(tmp_path / "unfitted.safetensors")
+
+
+def test_create_calibrator():
+    assert list_calibrators() == ["temperature_scaling", "temperature_scaling_nll", "vector_scaling"]
+    assert create_calibrator("temperature_scaling").method == "grid_ece"
+    assert isinstance(create_calibrator("vector_scaling"), VectorScaling)
+    with pytest.raises(ValueError, match="temperature_scaling"):
+        create_calibrator("platt")
+    with pytest.raises(ValueError, match="method"):
+        TemperatureScaling(method="lbfgs")
+
+
+def test_proximity_hand_worked():
+    angles = torch.tensor([0.0, 60.0, 180.0]) * math.pi / 180
+    feats = torch.stack([angles.cos(), angles.sin()], 1) * 3.0  # scaled: features are L2-normalised first
+    # squared distances on the unit circle: d(0, 60) = 1, d(0, 180) = 4, d(60, 180) = 3
+    e = math.exp
+    assert torch.allclose(proximity(feats, n_neighbors=1), torch.tensor([e(-1), e(-1), e(-3)], dtype=torch.float64))
+    two = torch.tensor([(e(-1) + e(-4)) / 2, (e(-1) + e(-3)) / 2, (e(-4) + e(-3)) / 2], dtype=torch.float64)
+    assert torch.allclose(proximity(feats, n_neighbors=2, chunk_size=2), two)
+    # against a separate reference set the point itself counts
+    assert torch.allclose(proximity(feats[:1], feats, n_neighbors=2), torch.tensor([(1 + e(-1)) / 2],
+                                                                                   dtype=torch.float64))
+    with pytest.raises(ValueError, match="n_neighbors"):
+        proximity(feats, n_neighbors=3)
+
+
+def test_piece_bounds_and_reduction_to_ece():
+    z, y = overconfident_logits(n=400, seed=5)
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(400, 8, generator=g)
+    ece = reference_ece(torch.softmax(z, 1), y)
+    assert piece(z, y, feats, n_prox_bins=1) == pytest.approx(ece, abs=1e-12)
+    value = piece(z, y, feats)
+    assert value >= ece - 1e-12
+    prox = proximity(feats)
+    assert piece(z, y, None, prox=prox) == pytest.approx(value, abs=1e-15)
+    assert piece(torch.softmax(z, 1), y, feats, input_type="probs") == pytest.approx(value, abs=1e-12)
+
+
+def test_piece_hand_worked():
+    # two proximity groups, one over-confident and one under-confident: ECE cancels within the confidence bin,
+    # PIECE does not
+    probs = torch.tensor([[0.9, 0.1]] * 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 0, 0])  # first pair: accuracy 1/2 at confidence 0.9; second pair: accuracy 1
+    prox = torch.tensor([0.1, 0.1, 0.9, 0.9])
+    assert reference_ece(probs, y) == pytest.approx(abs(0.75 - 0.9))
+    expected = 0.5 * abs(0.5 - 0.9) + 0.5 * abs(1.0 - 0.9)
+    assert piece(probs, y, None, prox=prox, n_prox_bins=2, input_type="probs") == pytest.approx(expected)

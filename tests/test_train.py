@@ -1,0 +1,245 @@
+"""End-to-end training: CE and CSM, the mixing baselines, resume, eval-only, errors, and 2 processes over gloo."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from csm_testdata import make_csm_dataset, write_hub_folder
+from timm_csm.train import build_parser, load_state, parse_args, run
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGIT_NAMES = [str(i) for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def csm_folder(tmp_path_factory):
+    """Generated data for the digits: group members blend the class-mean images of the pair."""
+    from timm_csm.data import load_digits
+
+    digits = load_digits("train")
+    protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
+    ds = make_csm_dataset(DIGIT_NAMES, prototypes=protos, img_shape=(1, 8, 8))
+    return write_hub_folder(ds, tmp_path_factory.mktemp("csm-digits-aug"))
+
+
+def _config(tmp_path, name, **overrides):
+    cfg = dict(dataset="digits", model="small_cnn", epochs=1, batch_size=32, lr=0.05, hflip=0.0, crop_pad=1,
+               max_train_samples=320, max_test_samples=200, val_split=0.25, seed=0, progress=False,
+               output=str(tmp_path), experiment=name, decay_milestones=[1])
+    cfg.update(overrides)
+    return cfg
+
+
+def _recompute_test_metrics(out_dir, n_bins=15):
+    """Rebuild the best model from model_best.safetensors and score the test split independently of the loop."""
+    import timm
+
+    from timm_csm.data import BatchTransform, load_digits
+    from timm_csm.metrics import calibration_metrics
+
+    from safetensors import safe_open
+    from timm.models import load_checkpoint
+
+    path = out_dir / "model_best.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["timm_csm_meta"])
+    model = timm.create_model(meta["model"], num_classes=meta["num_classes"], in_chans=meta["in_chans"],
+                              **dict(meta["model_kwargs"])).eval()
+    load_checkpoint(model, str(path), strict=True)  # a plain state dict: timm loads it as any weight file
+    test = load_digits("test")
+    g = torch.Generator()
+    from timm_csm.data import derive_seed
+
+    g.manual_seed(derive_seed(meta["seed"], 2))
+    idx = torch.randperm(len(test), generator=g)[:meta["max_test_samples"]].sort().values.numpy()
+    x = BatchTransform(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"]).apply(
+        torch.from_numpy(test.images[idx]))
+    with torch.no_grad():
+        logits = model(x)
+    labels = torch.from_numpy(test.labels[idx])
+    return calibration_metrics(logits, labels, n_bins=n_bins), logits, labels
+
+
+def test_help_is_grouped_and_has_the_flags():
+    text = build_parser().format_help()
+    for group in ("Dataset:", "Model:", "Optimizer and schedule:", "Augmentation and mixing:", "Calibration:",
+                  "Checkpoints and output:"):
+        assert group in text
+    for flag in ("--model", "--pretrained", "--initial-checkpoint", "--resume", "--num-classes", "--img-size",
+                 "--in-chans", "--batch-size", "--epochs", "--opt", "--lr", "--momentum", "--weight-decay", "--sched",
+                 "--decay-milestones", "--decay-rate", "--warmup-epochs", "--clip-grad", "--smoothing", "--mixup",
+                 "--seed", "--output", "--experiment", "--checkpoint-hist", "--workers", "--amp", "--loss",
+                 "--loss-kwargs", "--csm-dataset", "--n-aug", "--csm-weight", "--val-split", "--ts-method",
+                 "--n-bins", "--select-by", "--eval-only", "--checkpoint", "--piece", "--dataset"):
+        assert flag in text, flag
+
+
+def test_yaml_config_then_flags(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: small_cnn\nbatch-size: 16\nloss_kwargs: {margin: 6}\nepochs: 3\n")
+    args = parse_args(["-c", str(cfg), "--epochs", "5"])
+    assert (args.model, args.batch_size, args.epochs) == ("small_cnn", 16, 5)
+    assert dict(args.loss_kwargs) == {"margin": 6}
+    assert {"model", "batch_size", "epochs"} <= set(args._explicit)
+    cfg.write_text("bach_size: 16\n")
+    with pytest.raises(ValueError, match="did you mean 'batch_size'"):
+        parse_args(["-c", str(cfg)])
+    assert dict(parse_args(["--loss-kwargs", "margin=10", "kind=l2"]).loss_kwargs) == {"margin": 10, "kind": "l2"}
+
+
+def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
+    res = run(_config(tmp_path, "ce", epochs=2))
+    out = tmp_path / "ce"
+    for f in ("results.json", "results.md", "log.csv", "log.json", "last.safetensors", "model_best.safetensors",
+              "temperature.safetensors", "reliability_before.png", "reliability_after.png", "args.yaml"):
+        assert (out / f).exists(), f
+    assert json.loads((out / "results.json").read_text())["test"] == res["test"]
+    assert len(res["history"]) == 2 and res["n_test"] == 200 and res["n_val"] == 80 and res["n_train"] == 240
+    # the report's numbers are those of the selected checkpoint, recomputed outside the training loop
+    ref, logits, labels = _recompute_test_metrics(out)
+    for key in ("accuracy", "ece", "aece", "nll", "brier"):
+        assert res["test"]["pre_ts"][key] == pytest.approx(ref[key], abs=1e-5), key
+    best_epoch = max(range(2), key=lambda e: (res["history"][e]["val_accuracy"], -e))
+    assert res["checkpoint_epoch"] == best_epoch
+    # temperature scaling: accuracy unchanged, T from the paper grid, NLL-consistent transform
+    post = res["test"]["post_ts"]
+    assert post["accuracy"] == res["test"]["pre_ts"]["accuracy"]
+    t = res["temperature"]
+    assert 0.1 <= t <= 10.0 and abs(t * 10 - round(t * 10)) < 1e-9
+    from timm_csm.metrics import calibration_metrics
+
+    assert post["nll"] == pytest.approx(calibration_metrics(logits / t, labels)["nll"], abs=1e-5)
+    assert "| digits | small_cnn | ce |" in (out / "results.md").read_text()
+    lr_log = [row["lr"] for row in res["history"]]
+    assert lr_log == pytest.approx([0.05, 0.005])  # milestone at epoch 1, decay 0.1
+
+
+def test_csm_end_to_end(tmp_path, csm_folder):
+    res = run(_config(tmp_path, "csm", loss="csm", csm_dataset=csm_folder, n_aug=2))
+    row = res["history"][0]
+    assert row["train_loss"] == pytest.approx(row["train_ce"] + row["train_gen"], rel=1e-4)
+    assert 0 < row["train_gen"] < 2  # a Brier-type term
+    assert res["test"]["pre_ts"]["accuracy"] > 0.3
+
+
+def test_resume_equals_uninterrupted(tmp_path, csm_folder):
+    extra = dict(loss="csm", csm_dataset=csm_folder, crop_pad=2, hflip=0.5, max_train_samples=200)
+    full = run(_config(tmp_path, "full", epochs=2, **extra))
+    run(_config(tmp_path, "part", epochs=1, **extra))
+    resumed = run(_config(tmp_path, None, epochs=2, resume=str(tmp_path / "part" / "last.safetensors"), **extra))
+    a, b = load_state(tmp_path / "full" / "last.safetensors"), load_state(tmp_path / "part" / "last.safetensors")
+    assert b["epoch"] == 1
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in a["optimizer"]["state"]:
+        assert torch.equal(a["optimizer"]["state"][key]["momentum_buffer"],
+                           b["optimizer"]["state"][key]["momentum_buffer"])
+    assert resumed["test"] == full["test"] and resumed["temperature"] == full["temperature"]
+    assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in full["history"]]
+
+
+def test_eval_only_reproduces_and_reports_piece(tmp_path):
+    trained = run(_config(tmp_path, "base"))
+    best = tmp_path / "base" / "model_best.safetensors"
+    res = run(dict(eval_only=True, checkpoint=str(best), output=str(tmp_path), experiment="eval", piece=True,
+                   progress=False))
+    assert res["model"] == "small_cnn" and res["dataset"] == "digits"  # from the checkpoint's metadata
+    for key in ("accuracy", "ece", "nll"):
+        assert res["test"]["pre_ts"][key] == pytest.approx(trained["test"]["pre_ts"][key], abs=1e-6)
+    assert res["temperature"] == trained["temperature"]
+    for stage in ("pre_ts", "post_ts"):
+        assert res["test"][stage]["piece"] >= res["test"][stage]["ece"] - 1e-9  # PIECE >= ECE
+    assert (tmp_path / "eval" / "results.md").read_text().count("PIECE") == 1
+    # the full training state works too (one epoch: the last checkpoint is the best)
+    from_last = run(dict(eval_only=True, checkpoint=str(tmp_path / "base" / "last.safetensors"), progress=False,
+                         output=str(tmp_path), experiment="eval_last"))
+    assert from_last["test"]["pre_ts"] == pytest.approx(trained["test"]["pre_ts"])
+
+
+@pytest.mark.parametrize("options", [
+    dict(mixup=0.4), dict(regmixup=10.0), dict(loss="mrl"), dict(loss="mndcg"), dict(loss="adafocal"),
+    dict(loss="aslp", loss_kwargs=[("warmup_epochs", 0)]), dict(smoothing=0.1), dict(loss="mbls"),
+])
+def test_baseline_modes_train(tmp_path, options):
+    res = run(_config(tmp_path, "m", max_train_samples=160, max_test_samples=64, **options))
+    assert np.isfinite(res["history"][0]["train_loss"])
+    assert 0.0 <= res["test"]["pre_ts"]["ece"] <= 1.0
+
+
+def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
+    res = run(dict(dataset="fashion_mnist", model="swin_tiny", epochs=1, batch_size=8, lr=0.01, max_train_samples=40,
+                   max_test_samples=8, val_split=0.25, progress=False, output=str(tmp_path), experiment="swin"))
+    args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
+    assert args["model"] == "swin_tiny"
+    from timm_csm.train import _read_meta
+
+    meta = _read_meta(tmp_path / "swin" / "model_best.safetensors")
+    assert (meta["img_size"], meta["in_chans"]) == (32, 1)
+    assert res["n_test"] == 8 and np.isfinite(res["history"][0]["train_loss"])
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(model="resnet18_cifra"), "unknown model 'resnet18_cifra'.*small_cnn"),
+    (dict(loss="focall"), "unknown loss 'focall'; known losses: .*focal"),
+    (dict(dataset="no_such_dataset"), "unknown dataset 'no_such_dataset'; available: fashion_mnist, digits"),
+    (dict(loss="csm"), "needs --csm-dataset"),
+    (dict(loss="csm", n_aug=7), "n_aug=7 is larger than the 6 interior members"),
+    (dict(mixup=0.2, regmixup=10.0), "one of --mixup and --regmixup"),
+])
+def test_errors_before_training(tmp_path, csm_folder, overrides, match):
+    if overrides.get("loss") == "csm" and "n_aug" in overrides:
+        overrides["csm_dataset"] = csm_folder
+    with pytest.raises(ValueError, match=match):
+        run(_config(tmp_path, "err", **overrides))
+    assert not (tmp_path / "err" / "last.safetensors").exists()
+
+
+def test_dataset_errors_label_column_and_class_names(tmp_path, csm_folder):
+    import datasets
+    from PIL import Image
+
+    folder = tmp_path / "nolabel"
+    ds = datasets.Dataset.from_dict({"image": [Image.new("L", (8, 8)) for _ in range(4)], "caption": ["x"] * 4},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "caption": datasets.Value("string")}))
+    write_hub_folder(ds, folder)
+    with pytest.raises(ValueError, match="no label column found.*columns are \\['image', 'caption'\\]"):
+        run(_config(tmp_path, "err", dataset=str(folder)))
+    wrong = make_csm_dataset([f"c{i}" for i in range(10)], n_lambdas=4)
+    with pytest.raises(ValueError, match="class names of the CSM dataset differ.*'c0' != '0'"):
+        run(_config(tmp_path, "err", loss="csm", csm_dataset=write_hub_folder(wrong, tmp_path / "wrong")))
+    assert not (tmp_path / "err" / "last.safetensors").exists()
+
+
+def test_two_processes_match_one(tmp_path, csm_folder):
+    """2 gloo processes with batch 16 each = 1 process with batch 32: same samples, crops and companions per
+    step; GroupNorm keeps the statistics per sample, so the runs agree up to float reduction order."""
+    common = dict(loss="csm", csm_dataset=csm_folder, crop_pad=1, hflip=0.5, epochs=2, max_train_samples=256,
+                  model_kwargs=[("norm_layer", "groupnorm")])
+    one = run(_config(tmp_path, "p1", batch_size=32, **common))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"),
+           "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "norm_layer=groupnorm", "--epochs", "2",
+           "-b", "16", "--lr", "0.05", "--hflip", "0.5", "--crop-pad", "1", "--max-train-samples", "256",
+           "--max-test-samples", "200", "--val-split", "0.25", "--seed", "0", "--no-progress", "--decay-milestones",
+           "1", "--loss", "csm", "--csm-dataset", csm_folder, "--output", str(tmp_path), "--experiment", "p2"]
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((tmp_path / "p2" / "results.json").read_text())
+    assert two["num_processes"] == 2 and one["num_processes"] == 1
+    assert two["n_test"] == one["n_test"] == 200 and two["n_val"] == one["n_val"]
+    for e in range(2):
+        assert two_history(tmp_path)[e]["train_loss"] == pytest.approx(one["history"][e]["train_loss"], rel=1e-4)
+    for key in ("accuracy", "ece", "nll", "brier"):
+        assert two["test"]["pre_ts"][key] == pytest.approx(one["test"]["pre_ts"][key], abs=1e-4), key
+    assert two["temperature"] == one["temperature"]
+
+
+def two_history(tmp_path):
+    return json.loads((tmp_path / "p2" / "log.json").read_text())

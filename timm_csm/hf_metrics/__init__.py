@@ -1,0 +1,149 @@
+"""Hugging Face ``evaluate`` modules for the calibration metrics, shipped as package data.
+
+One folder per module (``ece``, ``aece``, ``cwece``, ``mce``, ``nll``, ``brier``, ``smece``), each holding
+``<name>/<name>.py``, a thin :class:`evaluate.Metric` over :mod:`timm_csm.metrics`.
+
+* :func:`load_metric` loads a module by its file path: works offline, from any directory, with no warning.
+* :func:`install_evaluate_modules` copies the scripts into evaluate's module cache, where ``evaluate.load(name)``
+  falls back to when the Hub has no such module (or is unreachable). After it ran once (``import timm_csm`` does it),
+  a bare ``evaluate.load("ece")`` - and ``evaluate.load("timm-csm/ece")`` - works in any later process. evaluate
+  logs "Using the latest cached version of the module" for such loads; :func:`load_metric` avoids that.
+
+This file must not import evaluate (``import timm_csm`` stays light): the cache location is computed from the
+environment exactly as ``evaluate.config`` does.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+__all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
+           "evaluate_modules_cache", "main"]
+
+METRIC_NAMES = ("ece", "aece", "cwece", "mce", "nll", "brier", "smece")
+# evaluate's cache folder prefixes: "evaluate-metric--ece" serves evaluate.load("ece"), "timm-csm--ece" serves
+# evaluate.load("timm-csm/ece")
+NAMESPACE = "timm-csm"
+_CACHE_PREFIXES = ("evaluate-metric", NAMESPACE)
+_HERE = Path(__file__).resolve().parent
+
+
+def _check_name(name: str) -> str:
+    if name not in METRIC_NAMES:
+        raise ValueError(f"unknown metric {name!r}; available: {', '.join(METRIC_NAMES)}")
+    return name
+
+
+def metric_path(name: str) -> str:
+    """Absolute path of the module script ``timm_csm/hf_metrics/<name>/<name>.py``."""
+    path = _HERE / _check_name(name) / f"{name}.py"
+    if not path.is_file():  # an incomplete installation (package data missing)
+        raise FileNotFoundError(f"metric script {path} is missing; reinstall timm-csm")
+    return str(path)
+
+
+def load_metric(name: str, **kwargs):
+    """``evaluate.load`` by path: ``load_metric("ece", n_bins=10, input_type="probs")``.
+
+    Keyword arguments are evaluate's (``keep_in_memory``, ``experiment_id``, ``num_process``, ...) and the
+    module options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``).
+    """
+    import evaluate  # heavy: only here
+
+    return evaluate.load(metric_path(name), **kwargs)
+
+
+def evaluate_modules_cache() -> Path:
+    """The folder evaluate imports dynamic modules from: ``$HF_MODULES_CACHE/evaluate_modules``, where
+    ``HF_MODULES_CACHE`` defaults to ``$HF_HOME/modules`` and ``HF_HOME`` to ``$XDG_CACHE_HOME/huggingface``
+    (``~/.cache/huggingface``) - the rules of ``evaluate.config``."""
+    if os.getenv("HF_MODULES_CACHE"):
+        modules = Path(os.path.expanduser(os.environ["HF_MODULES_CACHE"]))
+    else:
+        xdg = os.getenv("XDG_CACHE_HOME", "~/.cache")
+        hf_home = os.path.expanduser(os.getenv("HF_HOME", os.path.join(xdg, "huggingface")))
+        modules = Path(hf_home) / "modules"
+    return modules / "evaluate_modules"
+
+
+def _touch_init(folder: Path) -> None:
+    init = folder / "__init__.py"
+    if not init.exists():
+        init.touch(exist_ok=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: Optional[os.PathLike] = None
+                             ) -> List[Path]:
+    """Write the module scripts into evaluate's module cache; returns the written script paths.
+
+    Layout (what evaluate's cached-module fallback reads): ``<cache>/metrics/<prefix>--<name>/<sha256>/<name>.py``
+    plus ``__init__.py`` files, for the prefixes ``evaluate-metric`` (bare names) and ``timm-csm``. The newest file
+    of a folder wins, so existing identical copies get their modification time refreshed. Writes are atomic
+    (temp file + ``os.replace``), safe with concurrent processes. Raises ``OSError`` if the cache is not writable.
+    """
+    root = Path(cache_dir) if cache_dir is not None else evaluate_modules_cache()
+    selected = METRIC_NAMES if names is None else tuple(_check_name(n) for n in names)
+    metrics_dir = root / "metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    _touch_init(root)
+    _touch_init(metrics_dir)
+    written = []
+    for name in selected:
+        code = Path(metric_path(name)).read_bytes()
+        digest = hashlib.sha256(code).hexdigest()  # evaluate accepts any 64-character folder name
+        for prefix in _CACHE_PREFIXES:
+            module_dir = metrics_dir / f"{prefix}--{name}"
+            target_dir = module_dir / digest
+            target_dir.mkdir(parents=True, exist_ok=True)
+            _touch_init(module_dir)
+            _touch_init(target_dir)
+            target = target_dir / f"{name}.py"
+            try:
+                same = target.read_bytes() == code
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.utime(target)
+            else:
+                _write_atomic(target, code)
+            written.append(target)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``timm-csm-install-metrics``: install the evaluate modules into the module cache (or ``--cache-dir``)."""
+    parser = argparse.ArgumentParser(prog="timm-csm-install-metrics",
+                                     description="Make evaluate.load('<name>') find the timm-csm calibration "
+                                                 "metrics offline: " + ", ".join(METRIC_NAMES))
+    parser.add_argument("names", nargs="*", help="metrics to install (default: all)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="evaluate_modules folder (default: from HF_MODULES_CACHE / HF_HOME, as evaluate)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
+    args = parser.parse_args(argv)
+    try:
+        paths = install_evaluate_modules(args.names or None, args.cache_dir)
+    except (ValueError, OSError) as e:
+        print(f"timm-csm-install-metrics: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        for path in paths:
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Adaptive (equal-mass) expected calibration error as a Hugging Face `evaluate` module (a thin wrapper over timm_csm.metrics).
+
+Load with ``timm_csm.load_metric("aece")`` or, after ``import timm_csm`` once, ``evaluate.load("aece")``.
+Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
+``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
+"""
+import evaluate  # noqa: F401  (evaluate's loader checks that the dependencies import)
+from timm_csm.hf_metrics import _base
+
+
+class AECE(_base.CalibrationMetric):
+    """Adaptive (equal-mass) expected calibration error.
+
+    Adaptive ECE: the ECE formula over n_bins equal-mass bins whose edges interpolate the sorted confidences
+    (the focal-calibration / MbLS construction, lowest sample kept).
+    """
+
+    metric_name = "aece"
+    description = __doc__
+    needs = {'keep_confidences': True}
+    value = _base.adaptive_value

@@ -1,0 +1,21 @@
+"""Classwise expected calibration error as a Hugging Face `evaluate` module (a thin wrapper over timm_csm.metrics).
+
+Load with ``timm_csm.load_metric("cwece")`` or, after ``import timm_csm`` once, ``evaluate.load("cwece")``.
+Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
+``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
+"""
+import evaluate  # noqa: F401  (evaluate's loader checks that the dependencies import)
+from timm_csm.hf_metrics import _base
+
+
+class CWECE(_base.CalibrationMetric):
+    """Classwise expected calibration error.
+
+    Classwise ECE (Kull et al., 2019): for every class k all samples are binned by p_k; the weighted gaps
+    |mean 1[y=k] - mean p_k| are summed over bins and averaged over classes.
+    """
+
+    metric_name = "cwece"
+    description = __doc__
+    needs = {'classwise': True}
+    value = _base.state_value("cece")

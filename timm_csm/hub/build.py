@@ -1,0 +1,102 @@
+"""Build and validate the ``DatasetDict`` of a CSM-augmented dataset."""
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..annotation.annotate import check_class_names, check_groups
+from ..annotation.schema import CSM_COLUMNS, csm_features
+
+__all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset", "SOFT_LABEL_TOL"]
+
+SOFT_LABEL_TOL = 1e-4  # float32 rows of up to a few hundred classes sum to 1 within this
+_SHORT_NAMES = {
+    "fashion_mnist": "fmnist", "zalando-datasets/fashion_mnist": "fmnist", "fashion-mnist": "fmnist",
+    "uoft-cs/cifar10": "cifar10", "uoft-cs/cifar100": "cifar100", "zh-plus/tiny-imagenet": "tiny-imagenet",
+    "tiny_imagenet": "tiny-imagenet",
+}
+
+
+def csm_dataset_name(dataset: str) -> str:
+    """``csm-<short name>-aug``: ``fashion_mnist`` -> ``csm-fmnist-aug``, ``cifar100`` -> ``csm-cifar100-aug``."""
+    short = _SHORT_NAMES.get(dataset.lower(), dataset.lower().rstrip("/").split("/")[-1])
+    short = re.sub(r"[^a-z0-9]+", "-", short).strip("-")
+    if not short:
+        raise ValueError(f"cannot derive a dataset name from {dataset!r}")
+    return f"csm-{short}-aug"
+
+
+def validate_csm_dataset(dataset, class_names: Optional[Sequence[str]] = None,
+                         lambdas: Optional[Sequence[float]] = None) -> None:
+    """ValueError naming the first problem of an annotated split: columns and features, class names (against
+    ``class_names``, the real dataset's), soft labels (length K, finite, non-negative, rows summing to 1), the
+    dominant label, class ids, and complete groups (one row per value of ``lambdas``; default: the values found)."""
+    missing = [c for c in CSM_COLUMNS if c not in dataset.column_names]
+    extra = [c for c in dataset.column_names if c not in CSM_COLUMNS]
+    if missing or extra:
+        raise ValueError(f"columns must be exactly {list(CSM_COLUMNS)}; missing {missing}, unexpected {extra}")
+    label_feature = dataset.features["label"]
+    names = getattr(label_feature, "names", None)
+    if not names:
+        raise ValueError("the 'label' column must be a ClassLabel with the class names of the real dataset")
+    if class_names is not None:
+        check_class_names(names, class_names, "CSM dataset", "the real dataset")
+    expected = csm_features(names)
+    if dataset.features != expected:
+        bad = [c for c in CSM_COLUMNS if dataset.features[c] != expected[c]]
+        raise ValueError(f"features of column(s) {bad} differ from the CSM schema: "
+                         + "; ".join(f"{c}: {dataset.features[c]} != {expected[c]}" for c in bad[:3]))
+    k = len(names)
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("the CSM dataset is empty")
+    cols = dataset.select_columns([c for c in CSM_COLUMNS if c != "image"]).with_format("numpy")[:]
+    soft = cols["soft_label"]
+    if soft.dtype == object or soft.ndim != 2:
+        lengths = sorted({len(r) for r in soft})
+        raise ValueError(f"soft_label rows must all have length K={k}, found lengths {lengths[:5]}")
+    if soft.shape[1] != k:
+        raise ValueError(f"soft_label rows have length {soft.shape[1]}, expected K={k}")
+    if not np.isfinite(soft).all():
+        raise ValueError(f"soft_label holds NaN or inf (first row {int(np.flatnonzero(~np.isfinite(soft).all(1))[0])})")
+    if (soft < 0).any():
+        raise ValueError(f"soft_label holds negative values (first row {int(np.flatnonzero((soft < 0).any(1))[0])})")
+    sums = soft.astype(np.float64).sum(1)
+    off = np.flatnonzero(np.abs(sums - 1.0) > SOFT_LABEL_TOL)
+    if len(off):
+        raise ValueError(f"{len(off)} soft_label row(s) do not sum to 1 (first: row {off[0]}, sum {sums[off[0]]:.6f})")
+    for c in ("label", "class_a", "class_b"):
+        v = cols[c]
+        bad = np.flatnonzero((v < 0) | (v >= k))
+        if len(bad):
+            raise ValueError(f"{c} out of range [0, {k}) in {len(bad)} row(s) (first: row {bad[0]}, value {v[bad[0]]})")
+    label = cols["label"].astype(np.int64)
+    not_max = np.flatnonzero(soft[np.arange(n), label] < soft.max(1))
+    if len(not_max):
+        raise ValueError(f"label is not the dominant class of soft_label in {len(not_max)} row(s) "
+                         f"(first: row {not_max[0]})")
+    lam = cols["lambda_gen"]
+    if lambdas is None:
+        lambdas = np.unique(np.round(lam.astype(np.float64), 6))
+    check = check_groups(cols["group_id"], lam, lambdas, cols["seed"], cols["class_a"], cols["class_b"])
+    if not check.ok:
+        raise ValueError(check.message)
+
+
+def build_csm_dataset(annotated, class_names: Sequence[str], lambdas: Optional[Sequence[float]] = None,
+                      split: str = "train"):
+    """``DatasetDict({split: annotated})`` after :func:`validate_csm_dataset` against the real class names."""
+    import datasets
+
+    if isinstance(annotated, datasets.DatasetDict):
+        splits = dict(annotated)
+    else:
+        splits = {split: annotated}
+    for name, ds in splits.items():
+        try:
+            validate_csm_dataset(ds, class_names, lambdas)
+        except ValueError as e:
+            raise ValueError(f"split {name!r}: {e}") from None
+    return datasets.DatasetDict(splits)

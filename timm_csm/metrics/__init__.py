@@ -1,0 +1,21 @@
+"""Calibration metrics: a pure functional core on torch tensors (NumPy accepted) and a streaming accumulator.
+
+Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`classwise_ece`, :func:`mce`,
+:func:`overconfidence_error`, :func:`underconfidence_error`, :func:`nll`, :func:`brier_score`, :func:`smooth_ece`,
+:func:`reliability_table` and :func:`calibration_metrics` (all of them in one pass). Streaming:
+:class:`CalibrationAccumulator`. Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
+
+Conventions (details in :mod:`timm_csm.metrics.functional` and :mod:`timm_csm.metrics.binning`): ``input_type`` is
+explicit (``"logits"``, ``"probs"``, ``"log_probs"``); targets are class indices or soft targets; bins are
+right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are float64; results are fractions.
+"""
+from .accumulator import CalibrationAccumulator
+from .binning import bin_edges, bin_index
+from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
+                         classwise_ece, ece, mce, nll, overconfidence_error, reliability_table, smooth_ece,
+                         underconfidence_error)
+from .inputs import INPUT_TYPES, TASKS
+
+__all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
+           "brier_score", "smooth_ece", "reliability_table", "calibration_metrics", "CalibrationAccumulator",
+           "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS", "bin_edges", "bin_index"]

@@ -1,0 +1,112 @@
+"""Reliability diagrams as PNG files (matplotlib, the optional ``[plots]`` extra, is imported on first use).
+
+Bars show the accuracy of each equal-width confidence bin, red hatched bars the gap to the bin's mean confidence,
+the dashed diagonal perfect calibration, and a lower panel the share of samples per bin. The ECE written on the
+diagram is the value :func:`timm_csm.metrics.ece` returns for the same inputs (both come from one
+:class:`~timm_csm.metrics.ReliabilityTable`), and it is also returned.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Mapping, Optional, Tuple
+
+from .functional import ReliabilityTable, reliability_table
+
+__all__ = ["reliability_diagram", "reliability_diagrams", "plot_reliability", "ece_label"]
+
+
+def ece_label(ece_value: float) -> str:
+    """The text printed on a diagram for an ECE given as a fraction."""
+    return f"ECE = {100.0 * ece_value:.2f}%"
+
+
+def _figure(ncols: int):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("reliability diagrams need matplotlib: pip install 'timm-csm[plots]'") from e
+    fig = Figure(figsize=(4.0 * ncols, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)  # no pyplot: no global state, no GUI backend
+    grid = fig.add_gridspec(2, ncols, height_ratios=(4, 1))
+    axes = [(fig.add_subplot(grid[0, i]), fig.add_subplot(grid[1, i])) for i in range(ncols)]
+    return fig, axes
+
+
+def plot_reliability(table: ReliabilityTable, ax, hist_ax=None, title: Optional[str] = None) -> str:
+    """Draw ``table`` on a matplotlib Axes (and the per-bin sample share on ``hist_ax``); returns the ECE label."""
+    edges = table.edges.cpu().double()
+    lower, width = edges[:-1].numpy(), (edges[1:] - edges[:-1]).numpy()
+    count = table.count.cpu().numpy()
+    acc = table.accuracy.cpu().nan_to_num(0.0).numpy()
+    conf = table.confidence.cpu().numpy()
+    nonempty = count > 0
+    ax.bar(lower, acc, width=width, align="edge", color="#4878cf", edgecolor="black", linewidth=0.6,
+           label="accuracy")
+    gap_bottom = [min(a, c) if ok else 0.0 for a, c, ok in zip(acc, conf, nonempty)]
+    gap_height = [abs(a - c) if ok else 0.0 for a, c, ok in zip(acc, conf, nonempty)]
+    ax.bar(lower, gap_height, bottom=gap_bottom, width=width, align="edge", color="#d65f5f", alpha=0.45,
+           edgecolor="#b22222", hatch="//", linewidth=0.6, label="gap")
+    ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(loc="upper left", fontsize=8)
+    label = ece_label(table.ece)
+    ax.text(0.97, 0.04, label, transform=ax.transAxes, ha="right", va="bottom", fontsize=10,
+            bbox=dict(boxstyle="round", facecolor="white", alpha=0.8))
+    if title:
+        ax.set_title(title)
+    if hist_ax is not None:
+        share = count / max(count.sum(), 1.0)
+        hist_ax.bar(lower, share, width=width, align="edge", color="gray", edgecolor="black", linewidth=0.4)
+        hist_ax.set_xlim(0, 1)
+        hist_ax.set_xlabel("confidence")
+        hist_ax.set_ylabel("share")
+    else:
+        ax.set_xlabel("confidence")
+    return label
+
+
+def _save(fig, path) -> str:
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def reliability_diagram(preds, target, path, n_bins: int = 15, title: Optional[str] = None,
+                        input_type: str = "logits", **kwargs) -> float:
+    """Write a reliability diagram PNG to ``path`` (atomically); returns the ECE printed on it.
+
+    ``kwargs`` (``task``, ``num_classes``, ``ignore_index``) go to :func:`timm_csm.metrics.reliability_table`.
+    """
+    table = reliability_table(preds, target, n_bins, input_type=input_type, **kwargs)
+    fig, axes = _figure(1)
+    plot_reliability(table, axes[0][0], axes[0][1], title=title)
+    _save(fig, path)
+    return table.ece
+
+
+def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int = 15,
+                         title: Optional[str] = None, input_type: str = "logits", **kwargs) -> Dict[str, float]:
+    """Side-by-side reliability diagrams, one panel per ``{name: (preds, target)}``; returns ``{name: ece}``."""
+    if not runs:
+        raise ValueError("runs is empty: pass {name: (preds, target)}")
+    fig, axes = _figure(len(runs))
+    out = {}
+    for (name, (preds, target)), (ax, hist_ax) in zip(runs.items(), axes):
+        table = reliability_table(preds, target, n_bins, input_type=input_type, **kwargs)
+        plot_reliability(table, ax, hist_ax, title=name)
+        out[name] = table.ece
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
+    return out

@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""Train a timm classifier with a calibration loss and evaluate its calibration.
+
+    python train.py --dataset fashion_mnist --model small_cnn --loss ce --epochs 5 -b 128 --lr 0.05
+    accelerate launch train.py --model swin_tiny --dataset cifar10 --loss csm --csm-dataset org/csm-cifar10-aug
+
+`python train.py --help` lists the options (grouped); see timm_csm/train.py.
+"""
+from timm_csm.train import main
+
+if __name__ == "__main__":
+    main()
