@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import timm
 import timm_csm  # noqa: F401

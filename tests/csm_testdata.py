@@ -61,10 +61,17 @@ def make_csm_dataset(class_names, prototypes=None, img_shape=(1, 8, 8), n_lambda
     return datasets.Dataset.from_dict(cols, features=features)
 
 
-def write_hub_folder(ds, folder):
-    """Write ``ds`` as the train split of a Hub-layout dataset folder (data/train-00000-of-00001.parquet)."""
+def write_parquet_folder(ds, folder):
+    """Write ``ds`` as the train split of a plain dataset folder (data/train-00000-of-00001.parquet)."""
     import os
 
     os.makedirs(os.path.join(folder, "data"), exist_ok=True)
     ds.to_parquet(os.path.join(folder, "data", "train-00000-of-00001.parquet"))
     return str(folder)
+
+
+def save_csm_folder(ds, folder):
+    """Publish ``ds`` as the package does (validated, Hub layout with README and parquet shards)."""
+    from timm_csm.hub import save_csm_dataset
+
+    return str(save_csm_dataset(ds, folder))

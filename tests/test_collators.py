@@ -1,6 +1,5 @@
 """Transforms, the CSM companion sampler and collator, Mixup / RegMixup / RankMixup collators, batch sharding."""
 import math
-import warnings
 
 import numpy as np
 import pytest

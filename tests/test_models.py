@@ -107,3 +107,22 @@ def test_unknown_model_lists_available():
         create_train_model("resnet18_cifra", num_classes=10, in_chans=3, img_size=32)
     msg = str(e.value)
     assert "resnet18_cifar" in msg and "small_cnn" in msg and "close matches" in msg
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # timm's position-table interpolation warns on torch 2.x
+def test_swin_alias_loads_stock_imagenet_weights(tmp_path):
+    """pretrained=True re-tiles the patch-4 / window-7 ImageNet checkpoint for patch 2 / window 4 (checked with a
+    randomly initialised stock model saved locally, as no weights can be downloaded here)."""
+    from safetensors.torch import save_file
+
+    stock = timm.create_model("swin_tiny_patch4_window7_224")
+    path = tmp_path / "swin_tiny_stock.safetensors"
+    save_file({k: v.contiguous() for k, v in stock.state_dict().items()}, str(path))
+    model = timm.create_model("swin_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
+                              num_classes=10).eval()
+    assert model.patch_embed.proj.weight.shape == (96, 3, 2, 2)
+    # weights that need no resampling are copied as they are
+    torch.testing.assert_close(model.layers[2].blocks[0].mlp.fc1.weight, stock.layers[2].blocks[0].mlp.fc1.weight)
+    assert model.layers[0].blocks[0].attn.relative_position_bias_table.shape == (7 * 7, 3)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from csm_testdata import make_csm_dataset, write_hub_folder
+from csm_testdata import make_csm_dataset, save_csm_folder, write_parquet_folder
 from timm_csm.train import build_parser, load_state, parse_args, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def csm_folder(tmp_path_factory):
     digits = load_digits("train")
     protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
     ds = make_csm_dataset(DIGIT_NAMES, prototypes=protos, img_shape=(1, 8, 8))
-    return write_hub_folder(ds, tmp_path_factory.mktemp("csm-digits-aug"))
+    return save_csm_folder(ds, tmp_path_factory.mktemp("csm") / "csm-digits-aug")
 
 
 def _config(tmp_path, name, **overrides):
@@ -120,7 +120,8 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
 
 
 def test_csm_end_to_end(tmp_path, csm_folder):
-    res = run(_config(tmp_path, "csm", loss="csm", csm_dataset=csm_folder, n_aug=2))
+    res = run(_config(tmp_path / "csm", ".", loss="csm", csm_dataset=csm_folder, n_aug=2))
+    assert (tmp_path / "csm" / "results.json").exists() and res["output_dir"] == str(tmp_path / "csm")
     row = res["history"][0]
     assert row["train_loss"] == pytest.approx(row["train_ce"] + row["train_gen"], rel=1e-4)
     assert 0 < row["train_gen"] < 2  # a Brier-type term
@@ -164,16 +165,20 @@ def test_eval_only_reproduces_and_reports_piece(tmp_path):
 @pytest.mark.parametrize("options", [
     dict(mixup=0.4), dict(regmixup=10.0), dict(loss="mrl"), dict(loss="mndcg"), dict(loss="adafocal"),
     dict(loss="aslp", loss_kwargs=[("warmup_epochs", 0)]), dict(smoothing=0.1), dict(loss="mbls"),
+    dict(val_split=0.0),
 ])
 def test_baseline_modes_train(tmp_path, options):
     res = run(_config(tmp_path, "m", max_train_samples=160, max_test_samples=64, **options))
     assert np.isfinite(res["history"][0]["train_loss"])
     assert 0.0 <= res["test"]["pre_ts"]["ece"] <= 1.0
+    if options.get("val_split") == 0.0:  # no validation split: last epoch kept, no temperature
+        assert res["temperature"] is None and res["test"]["post_ts"] is None and res["checkpoint_epoch"] == 0
+        assert "| - | - |" in (tmp_path / "m" / "results.md").read_text()
 
 
 def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
-    res = run(dict(dataset="fashion_mnist", model="swin_tiny", epochs=1, batch_size=8, lr=0.01, max_train_samples=40,
-                   max_test_samples=8, val_split=0.25, progress=False, output=str(tmp_path), experiment="swin"))
+    res = run(dict(dataset="fashion_mnist", model="swin_tiny", epochs=1, batch_size=8, lr=0.01, max_train_samples=24,
+                   max_test_samples=8, val_split=0.5, progress=False, output=str(tmp_path), experiment="swin"))
     args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
     assert args["model"] == "swin_tiny"
     from timm_csm.train import _read_meta
@@ -207,25 +212,25 @@ def test_dataset_errors_label_column_and_class_names(tmp_path, csm_folder):
     ds = datasets.Dataset.from_dict({"image": [Image.new("L", (8, 8)) for _ in range(4)], "caption": ["x"] * 4},
                                     features=datasets.Features({"image": datasets.Image(),
                                                                 "caption": datasets.Value("string")}))
-    write_hub_folder(ds, folder)
+    write_parquet_folder(ds, folder)
     with pytest.raises(ValueError, match="no label column found.*columns are \\['image', 'caption'\\]"):
         run(_config(tmp_path, "err", dataset=str(folder)))
     wrong = make_csm_dataset([f"c{i}" for i in range(10)], n_lambdas=4)
     with pytest.raises(ValueError, match="class names of the CSM dataset differ.*'c0' != '0'"):
-        run(_config(tmp_path, "err", loss="csm", csm_dataset=write_hub_folder(wrong, tmp_path / "wrong")))
+        run(_config(tmp_path, "err", loss="csm", csm_dataset=save_csm_folder(wrong, tmp_path / "csm-wrong-aug")))
     assert not (tmp_path / "err" / "last.safetensors").exists()
 
 
 def test_two_processes_match_one(tmp_path, csm_folder):
     """2 gloo processes with batch 16 each = 1 process with batch 32: same samples, crops and companions per
     step; GroupNorm keeps the statistics per sample, so the runs agree up to float reduction order."""
-    common = dict(loss="csm", csm_dataset=csm_folder, crop_pad=1, hflip=0.5, epochs=2, max_train_samples=256,
+    common = dict(loss="csm", csm_dataset=csm_folder, crop_pad=1, hflip=0.5, epochs=2, max_train_samples=192,
                   model_kwargs=[("norm_layer", "groupnorm")])
     one = run(_config(tmp_path, "p1", batch_size=32, **common))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"),
            "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "norm_layer=groupnorm", "--epochs", "2",
-           "-b", "16", "--lr", "0.05", "--hflip", "0.5", "--crop-pad", "1", "--max-train-samples", "256",
+           "-b", "16", "--lr", "0.05", "--hflip", "0.5", "--crop-pad", "1", "--max-train-samples", "192",
            "--max-test-samples", "200", "--val-split", "0.25", "--seed", "0", "--no-progress", "--decay-milestones",
            "1", "--loss", "csm", "--csm-dataset", csm_folder, "--output", str(tmp_path), "--experiment", "p2"]
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")

@@ -304,11 +304,48 @@ def _report_figures(output: Path, results: Dict, csm_dataset: Path) -> Dict[str,
                 figures[f"{loss.upper()} {name[:-4].replace('_', ' ')}"] = dst.name
     groups_png = output / "groups.png"
     from .hub import load_csm_dataset
-    from .annotation.figures import save_group_figure
 
     save_group_figure(load_csm_dataset(str(csm_dataset))["train"], groups_png, num_groups=4)
     figures["Generated groups with their soft labels"] = groups_png.name
     return figures
+
+
+def save_group_figure(dataset, path, num_groups: int = 4) -> Path:
+    """A PNG of the first ``num_groups`` groups of a CSM dataset: one row per group ordered by lambda_gen, each image
+    titled with lambda_gen and its soft label on class a."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = dataset.select_columns(["group_id", "lambda_gen", "lambda_hat", "class_a", "class_b", "soft_label"])
+    gid = np.asarray(cols["group_id"])
+    names = dataset.features["class_a"].names
+    groups = list(dict.fromkeys(gid.tolist()))[:num_groups]
+    rows = [sorted(np.flatnonzero(gid == g).tolist(), key=lambda i: -cols[i]["lambda_gen"]) for g in groups]
+    ncol = max(len(r) for r in rows)
+    fig, axes = plt.subplots(len(rows), ncol, figsize=(1.3 * ncol, 1.6 * len(rows)), squeeze=False)
+    for r, members in enumerate(rows):
+        for c in range(ncol):
+            ax = axes[r][c]
+            ax.axis("off")
+            if c >= len(members):
+                continue
+            i = members[c]
+            row = dataset[i]
+            img = np.asarray(row["image"])
+            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=255)
+            ax.set_title(f"λ={row['lambda_gen']:.2f}\nq_a={row['soft_label'][row['class_a']]:.2f}", fontsize=7)
+        axes[r][0].text(-0.1, 0.5, f"{names[cols[members[0]]['class_a']]}\n→ {names[cols[members[0]]['class_b']]}",
+                        transform=axes[r][0].transAxes, ha="right", va="center", fontsize=7)
+    fig.suptitle("Semantic-mixing groups: generation ratio λ (weight of class a) and calibrated soft label q_a",
+                 fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None):

@@ -34,7 +34,6 @@ import csv
 import difflib
 import io
 import json
-import math
 import os
 import sys
 import tempfile
@@ -47,7 +46,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 __all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "save_state", "load_state",
            "save_model_file", "load_model_weights", "create_train_model", "create_criterion", "load_data", "predict",
@@ -174,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("Checkpoints and output")
     g.add_argument("--output", default="output/train", help="parent folder of the experiment folders")
     g.add_argument("--experiment", default=None,
-                   help="experiment folder name (default: <dataset>-<model>-<loss>; with --resume, its folder)")
+                   help="experiment folder name under --output ('.': --output itself; default: "
+                        "<dataset>-<model>-<loss>; with --resume, the resumed folder; with --eval-only, "
+                        "eval-<dataset>-<split> beside the checkpoint)")
     g.add_argument("--resume", default="", help="continue training from this last.safetensors")
     g.add_argument("--checkpoint-hist", type=int, default=0,
                    help="also keep the N most recent per-epoch checkpoints checkpoint-<epoch>.safetensors")
@@ -421,22 +421,11 @@ def load_data(args) -> DataSplits:
 
 
 def _load_csm_groups(args, class_names):
+    """The generated dataset of ``--csm-dataset`` (folder, installed name or Hub id), grouped for sampling."""
     from .data import CSMGroups
+    from .hub import load_csm_dataset
 
-    path = args.csm_dataset
-    try:
-        from .hub import load_csm_dataset
-    except ImportError:
-        load_csm_dataset = None
-    if load_csm_dataset is not None:
-        dd = load_csm_dataset(path)
-    else:  # the hub module is optional here: read a saved or published DatasetDict directly
-        import datasets
-
-        if os.path.isdir(path) and (Path(path) / "dataset_dict.json").exists():
-            dd = datasets.load_from_disk(path)
-        else:
-            dd = datasets.load_dataset(path)
+    dd = load_csm_dataset(args.csm_dataset)
     ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
     return CSMGroups.from_dataset(ds, class_names=class_names)
 
@@ -592,8 +581,8 @@ def _experiment_dir(args) -> Path:
         return Path(args.output) / args.experiment
     if args.resume:
         return Path(args.resume).parent
-    if args.eval_only and args.checkpoint and "output" not in args._explicit:
-        return Path(args.checkpoint).parent
+    if args.eval_only and args.checkpoint and "output" not in args._explicit:  # beside the checkpoint
+        return Path(args.checkpoint).parent / f"eval-{Path(str(args.dataset)).name}-{args.test_split}"
     name = f"{Path(str(args.dataset)).name}-{args.model}-{args.loss}"
     return Path(args.output) / name
 
@@ -1095,7 +1084,7 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
         "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),
         "n_val": len(data.val), "n_test": len(data.test), "n_bins": args.n_bins, "ts_method": args.ts_method,
         "select_by": args.select_by, "checkpoint": str(weights_path), "checkpoint_epoch": best.get("epoch"),
-        "num_processes": accelerator.num_processes,
+        "num_processes": accelerator.num_processes, "output_dir": str(out_dir),
         "temperature": None, "test": {"pre_ts": {k: float(v) for k, v in pre.items()}, "post_ts": None},
         "val": None,
     }

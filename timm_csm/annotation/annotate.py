@@ -104,14 +104,35 @@ def check_groups(group_id, lambda_gen, lambdas: Sequence[float], seed=None, clas
     return GroupCheck(len(uniq), bad_ids, bad[inverse], message)
 
 
+def _torchvision_decode():
+    try:
+        from torchvision.io import ImageReadMode, decode_image
+    except Exception:  # torchvision missing or broken: PIL decodes everything
+        return None
+    return lambda data: decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
+
+
+_FAST_DECODE = _torchvision_decode()
+
+
 def _decode_one(item, row: int, group_id: Optional[int] = None) -> np.ndarray:
+    """uint8 (C, H, W), C in (1, 3). torchvision's decoder (about 2x faster than PIL on small PNGs) takes plain
+    grey and RGB images; anything else (alpha, 16 bit, other formats, errors) goes through PIL."""
     from PIL import Image
 
+    data = item.get("bytes") if isinstance(item, dict) else None
+    if data is not None and _FAST_DECODE is not None:
+        try:
+            t = _FAST_DECODE(data)
+            if t.dtype == torch.uint8 and t.ndim == 3 and t.shape[0] in (1, 3):
+                return t.numpy()
+        except RuntimeError:
+            pass  # let PIL decode it or explain why it cannot
     try:
         if item is None:
             raise ValueError("missing image")
-        if item.get("bytes") is not None:
-            img = Image.open(io.BytesIO(item["bytes"]))
+        if data is not None:
+            img = Image.open(io.BytesIO(data))
         elif item.get("path"):
             img = Image.open(item["path"])
         else:

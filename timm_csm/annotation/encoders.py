@@ -68,10 +68,13 @@ class ImageEncoder:
     kind: str = "base"
 
     def __init__(self, model: nn.Module, preprocessor: ImagePreprocessor, identity: str, device="cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, channels_last: bool = False):
         self.device = torch.device(device)
         self.dtype = dtype
+        self.channels_last = channels_last
         self.model = model.to(self.device, dtype).eval()
+        if channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.preprocessor = preprocessor
         self.identity = identity
         self._feature_dim: Optional[int] = None
@@ -84,7 +87,8 @@ class ImageEncoder:
 
     def preprocess(self, images) -> torch.Tensor:
         """uint8 (B, C, H, W) -> model input on the encoder's device and dtype."""
-        return self.preprocessor(images, device=self.device, dtype=self.dtype)
+        x = self.preprocessor(images, device=self.device, dtype=self.dtype)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     @torch.inference_mode()
     def encode(self, images) -> torch.Tensor:
@@ -101,7 +105,9 @@ class ImageEncoder:
 
     def describe(self) -> Dict:
         """What the dataset card records about the encoder."""
-        return {"kind": self.kind, "identity": self.identity, "preprocess": self.preprocessor.to_dict()}
+        return {"kind": self.kind, "model_name": getattr(self, "model_name", ""),
+                "weights": getattr(self, "weights", ""), "identity": self.identity,
+                "preprocess": self.preprocessor.to_dict()}
 
 
 class OpenClipEncoder(ImageEncoder):
@@ -138,11 +144,15 @@ class OpenClipEncoder(ImageEncoder):
                     f"{weights_fingerprint(model)}")
         super().__init__(model, pre, identity, device, dtype)
         self.model_name = model_name
+        self.weights = weights or "random"
         self.normalize = normalize
         self._tokenizer = None
 
     def forward_features(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.model.encode_image(pixels, normalize=self.normalize)
+
+    def describe(self) -> Dict:
+        return {**super().describe(), "normalize": self.normalize}
 
     @torch.inference_mode()
     def text_classifier(self, class_names: Sequence[str],
@@ -203,13 +213,16 @@ class TimmEncoder(ImageEncoder):
             taken from the checkpoint's classifier.
         input_size: (C, H, W) to feed the model; default: the model's ``pretrained_cfg["input_size"]``.
         model_kwargs: passed to ``timm.create_model`` (e.g. ``in_chans=1``).
+        channels_last: run in channels-last memory format (oneDNN's fast path for convolutions; about 1.6x
+            faster for small CNNs on CPU).
     """
 
     kind = "timm"
 
     def __init__(self, model, checkpoint_path=None, device="cpu", dtype: torch.dtype = torch.float32,
                  input_size: Optional[Sequence[int]] = None, model_kwargs: Optional[Dict] = None,
-                 identity_prefix: Optional[str] = None):
+                 identity_prefix: Optional[str] = None, weights_label: Optional[str] = None,
+                 channels_last: bool = True):
         import timm
 
         model_kwargs = dict(model_kwargs or {})
@@ -230,15 +243,16 @@ class TimmEncoder(ImageEncoder):
             if not hasattr(model, attr):
                 raise ValueError(f"{name} has no {attr}(); it does not follow timm's model interface")
         cfg = timm.data.resolve_model_data_config(model)
-        size = tuple(input_size) if input_size is not None else tuple(cfg["input_size"])
+        size = tuple(input_size) if input_size is not None else (_in_chans(model, cfg), *cfg["input_size"][1:])
         pre = ImagePreprocessor(size=size[1:], mean=cfg["mean"], std=cfg["std"], channels=size[0],
                                 interpolation=cfg.get("interpolation", "bicubic"),
                                 crop_pct=float(cfg.get("crop_pct", 1.0)))
-        weights = Path(checkpoint_path).name if checkpoint_path is not None else "random"
+        weights = weights_label or (Path(checkpoint_path).name if checkpoint_path is not None else "random")
         identity = (f"{identity_prefix or 'timm'}:{name}:{weights}:"
                     f"{json.dumps(pre.to_dict(), sort_keys=True)}:{weights_fingerprint(model)}")
-        super().__init__(model, pre, identity, device, dtype)
+        super().__init__(model, pre, identity, device, dtype, channels_last=channels_last)
         self.model_name = name
+        self.weights = weights
 
     @staticmethod
     def _num_classes_in(name: str, state_dict, model_kwargs) -> int:
@@ -267,6 +281,21 @@ class TimmEncoder(ImageEncoder):
         if self.num_classes <= 0:
             raise ValueError(f"{self.model_name} has no classifier head")
         return self.model.get_classifier()(features.to(self.device, self.dtype)).float()
+
+
+def _in_chans(model: nn.Module, cfg: Dict) -> int:
+    """Input channels of a timm model: its first conv's weight, else the data config (which keeps the pretrained
+    value even when the model was built with another ``in_chans``)."""
+    first = (getattr(model, "pretrained_cfg", None) or {}).get("first_conv")
+    if isinstance(first, (list, tuple)):
+        first = first[0]
+    if first:
+        try:
+            weight = model.get_submodule(first).weight
+            return int(weight.shape[1])
+        except AttributeError:
+            pass
+    return int(cfg["input_size"][0])
 
 
 def create_encoder(kind: str, **kwargs) -> ImageEncoder:

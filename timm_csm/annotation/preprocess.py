@@ -75,6 +75,8 @@ class ImagePreprocessor:
         self.std = tuple(float(s) for s in self.std)
         if len(self.mean) == 1 and self.channels == 3:
             self.mean, self.std = self.mean * 3, self.std * 3
+        elif len(self.mean) == 3 and self.channels == 1:  # an RGB data config on a model built with in_chans=1
+            self.mean, self.std = (sum(self.mean) / 3,), (sum(self.std) / 3,)
         if len(self.mean) != self.channels or len(self.std) != self.channels:
             raise ValueError(f"mean/std need {self.channels} values, got {self.mean} / {self.std}")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
@@ -94,9 +96,16 @@ class ImagePreprocessor:
     def _resize(self, x: torch.Tensor, out_hw: Tuple[int, int]) -> torch.Tensor:
         if tuple(x.shape[-2:]) == tuple(out_hw):
             return x
-        kw = {} if self.interpolation == "nearest" else {"align_corners": False, "antialias": True}
-        x = F.interpolate(x, size=out_hw, mode=self.interpolation, **kw)
-        return x.round_().clamp_(0, 255)  # PIL resizes uint8 images and rounds the result
+        if self.interpolation == "nearest":
+            return F.interpolate(x, size=out_hw, mode="nearest")
+        # PIL resamples uint8 images in two passes, horizontal then vertical, rounding and clipping to uint8 after
+        # each; doing the same keeps the overshoot of the cubic kernel identical near saturated pixels
+        kw = {"mode": self.interpolation, "align_corners": False, "antialias": True}
+        if x.shape[-1] != out_hw[1]:
+            x = F.interpolate(x, size=(x.shape[-2], out_hw[1]), **kw).round_().clamp_(0, 255)
+        if x.shape[-2] != out_hw[0]:
+            x = F.interpolate(x, size=(out_hw[0], x.shape[-1]), **kw).round_().clamp_(0, 255)
+        return x
 
     def _geometry(self, x: torch.Tensor) -> torch.Tensor:
         if self.size is None:

@@ -115,7 +115,8 @@ class ReferenceEncoder(TimmEncoder):
     def __init__(self, model: nn.Module, config: Dict, folder=None, device="cpu"):
         weights = Path(folder) / WEIGHTS_FILE if folder is not None else None
         super().__init__(model, device=device, input_size=config["input_size"],
-                         identity_prefix=f"reference[{config['dataset']}]")
+                         identity_prefix=f"reference[{config['dataset']}]",
+                         weights_label=f"{Path(folder).name}/{WEIGHTS_FILE}" if folder is not None else "training")
         self.config = config
         self.folder = Path(folder) if folder is not None else None
         self.class_names = list(config["class_names"])
@@ -143,8 +144,9 @@ class ReferenceEncoder(TimmEncoder):
 
     def describe(self) -> Dict:
         d = super().describe()
+        results = dict(self.config.get("results") or {})
         d.update(model_name=self.config["model_name"], train_config={k: self.config[k] for k in _TRAIN_KEYS},
-                 results=self.config.get("results"))
+                 test_accuracy=results.get("test_accuracy"), train_seconds=results.get("train_seconds"))
         return d
 
 

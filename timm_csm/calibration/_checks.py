@@ -46,5 +46,6 @@ def check_fit_inputs(logits, targets, name: str):
     present = torch.unique(targets)
     if present.numel() < 2:
         raise ValueError(f"{name}: every validation target is class {int(present[0])}; fitting on a single class "
-                         f"only teaches the calibrator to predict that class. Use a validation set with several classes")
+                         f"only teaches the calibrator to predict that class. Use a validation set with several "
+                         f"classes")
     return logits.detach().to(torch.float64), targets.to(logits.device)

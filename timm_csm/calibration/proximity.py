@@ -11,8 +11,6 @@ bins. It is never smaller than the ECE with the same confidence bins, and equals
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 import torch.nn.functional as F

@@ -37,7 +37,8 @@ class TemperatureScaling(PostHocCalibrator):
 
     * ``method="grid_ece"`` (the protocol of focal_calibration, MbLS, ACLS, RankMixup and CSM): try
       T in ``temperature_grid(*grid)`` (default 0.1, 0.2, ..., 10.0) and keep the T with the lowest validation ECE
-      (:func:`timm_csm.metrics.ece`, ``n_bins`` equal-width bins over (lo, hi]); ties go to the smaller T. ``scores`` holds the ECE per T.
+      (:func:`timm_csm.metrics.ece`, ``n_bins`` equal-width bins over (lo, hi]); ties go to the smaller T.
+      ``scores`` holds the ECE per T.
     * ``method="nll"`` (Guo et al. / gpleiss): minimise the validation NLL over log T with L-BFGS (strong Wolfe line
       search, float64, at most ``max_iter`` = 50 iterations as Guo's code), starting from T = ``init`` = 1.5. T is
       clipped to [0.01, 100].

@@ -23,7 +23,7 @@ local batch (a partner must be on the same process). Plain int indices use a per
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .csm import CSMCompanionSampler
 from .loader import SampleRef
-from .seeding import batch_generator, derive_seed
+from .seeding import batch_generator
 from .transforms import BatchTransform
 
 __all__ = ["ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator",

@@ -48,6 +48,10 @@ GENERATOR_PROFILES: Dict[str, GeneratorConfig] = {
                              warmup_steps=1, checkpoint_every=2),
     # the embedded default, trained on CPU with one thread
     "fmnist": GeneratorConfig(),
+    # scikit-learn's 8x8 digits (the fallback when Fashion-MNIST is absent): minutes of CPU
+    "digits": GeneratorConfig(sample_size=8, block_out_channels=(32, 64), down_block_types=("DownBlock2D",
+                              "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"), steps=3000,
+                              batch_size=64, checkpoint_every=500),
     # GPU profiles (CIFAR at 32 px); the EDM paper's DDPM++ is larger, these are the diffusers-UNet equivalents
     "cifar10": GeneratorConfig(sample_size=32, in_channels=3, block_out_channels=(128, 256, 256, 256),
                                down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),

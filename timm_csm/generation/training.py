@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .models import GeneratorConfig, create_class_unet, save_generator
 
-__all__ = ["train_generator", "to_model_range"]
+__all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
 _CKPT = "checkpoint"
 
@@ -55,6 +55,21 @@ def _find_checkpoint(out: Path) -> Optional[Path]:
         if (out / name / "state.json").exists():
             return out / name
     return None
+
+
+def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
+    """The EMA weights of the latest training checkpoint in ``output_dir`` as an eval-mode UNet, and its step: look
+    at a generator while it is still training."""
+    from diffusers.training_utils import EMAModel
+
+    ckpt = _find_checkpoint(Path(output_dir))
+    if ckpt is None:
+        raise FileNotFoundError(f"no training checkpoint in {output_dir}")
+    unet = create_class_unet(config, num_classes)
+    ema = EMAModel(unet.parameters(), decay=config.ema_decay)
+    ema.load_state_dict(torch.load(ckpt / "training_state.pt", weights_only=False)["ema"])
+    ema.copy_to(unet.parameters())
+    return unet.eval(), json.loads((ckpt / "state.json").read_text())["step"]
 
 
 def train_generator(

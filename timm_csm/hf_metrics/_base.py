@@ -86,6 +86,8 @@ class CalibrationMetric(evaluate.Metric):
 
     def compute(self, *, predictions=None, references=None, **kwargs) -> Optional[dict]:
         """Compute the metric. NumPy arrays or torch tensors in a single process skip evaluate's Arrow cache."""
+        if predictions is None and references is None and self._fast is None and self.writer is None:
+            raise ValueError(f"{self.name}: nothing to compute (no predictions given or added)")
         if self._fast_route(predictions, references):
             opts = self._merged(kwargs)
             acc = self._fast
@@ -94,8 +96,6 @@ class CalibrationMetric(evaluate.Metric):
                 if acc is None:
                     acc = self._accumulator(opts)
                 acc.update(predictions, references)
-            if acc is None:
-                raise ValueError(f"{self.name}: nothing to compute (no predictions given or added)")
             return self._result(acc, opts)
         return super().compute(predictions=predictions, references=references, **kwargs)
 

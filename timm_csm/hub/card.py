@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["class_counts", "render_card_body", "card_metadata", "SOURCE_LICENSES"]
+__all__ = ["class_counts", "render_card_body", "card_metadata", "provenance_from_plan", "SOURCE_LICENSES"]
 
 # licence notes of the sources this package knows about; anything else must be stated by the caller
 SOURCE_LICENSES: Dict[str, Dict[str, str]] = {
@@ -65,6 +65,32 @@ def card_metadata(provenance: Dict, num_rows: int) -> Dict:
     return meta
 
 
+def provenance_from_plan(plan: Dict) -> Dict:
+    """Card fields from a generation plan (``timm_csm.generation.writer.make_plan``): the generator, its training
+    recipe, the sampler and its steps, the lambda grid and the plan's hash."""
+    gen = dict(plan.get("generator") or {})
+    recipe = gen.pop("recipe", None)
+    sampler = gen.pop("sampler", None)
+    steps = gen.pop("steps", None)
+    out = {"generator": gen, "generator_recipe": recipe, "sampler": sampler, "sampler_steps": steps,
+           "lambdas": plan.get("lambdas"), "generation_plan": {k: plan[k] for k in
+                                                               ("num_groups", "seed_offset", "plan_hash") if k in plan}}
+    return {k: v for k, v in out.items() if v not in (None, {}, [])}
+
+
+def _encoder_summary(encoder) -> str:
+    if not isinstance(encoder, dict):
+        return str(encoder)
+    text = f"{encoder.get('kind', '?')}: {encoder.get('model_name', '')}"
+    if encoder.get("weights"):
+        text += f", weights {encoder['weights']}"
+    if encoder.get("normalize") is not None:
+        text += f", {'normalised' if encoder['normalize'] else 'unnormalised'} features"
+    if encoder.get("test_accuracy") is not None:
+        text += f", test accuracy {encoder['test_accuracy']:.4f}"
+    return text
+
+
 def _fmt(value) -> str:
     if isinstance(value, (dict, list)):
         return "`" + json.dumps(value, sort_keys=True) + "`"
@@ -114,12 +140,14 @@ def render_card_body(dataset_dict, provenance: Optional[Dict] = None) -> str:
     rows = [
         ("real dataset", prov.get("dataset")),
         ("real dataset revision", prov.get("dataset_revision")),
+        ("real images per class", prov.get("real_counts")),
         ("generator", prov.get("generator")),
         ("generator training recipe", prov.get("generator_recipe")),
         ("sampler", prov.get("sampler")),
         ("sampler steps", prov.get("sampler_steps")),
         ("lambda grid", prov.get("lambdas")),
-        ("encoder", prov.get("encoder")),
+        ("encoder", _encoder_summary(prov["encoder"]) if prov.get("encoder") else None),
+        ("generation plan", prov.get("generation_plan")),
         ("scale s", prov.get("s")),
         ("label mode", prov.get("label_mode")),
         ("dropped incomplete groups", prov.get("dropped_groups")),

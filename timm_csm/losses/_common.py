@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "mean_nll", "mean_ce", "masked_mean", "LossBase",
-           "check_reduction"]
+__all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "mean_nll", "mean_ce", "masked_mean",
+           "LossBase", "check_reduction"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 _SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance

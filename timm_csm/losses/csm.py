@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, check_finite_number, flatten_batch, masked_mean, mean_ce, mean_nll, reduce_rows
+from ._common import LossBase, check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
+from .brier import brier_rows
 from .focal import focal_rows
 from .registry import register_loss
 
@@ -58,8 +59,7 @@ class CSMLoss(LossBase):
                              f"{gen.num_classes}")
         ce = mean_ce(real)
         if self.kind == "l2":
-            squared = (F.softmax(gen.logits, dim=1) - gen.target_probs()).pow(2)
-            generated = gen.num_classes * masked_mean(squared, gen)  # sum over classes, mean over samples
+            generated = reduce_rows(brier_rows(gen.logits, gen.target_probs()), gen)
         elif self.kind == "soft_ce":
             generated = mean_nll(F.log_softmax(gen.logits, dim=1), gen)
         else:

@@ -5,7 +5,7 @@ The binary (sigmoid) focal loss lives in :mod:`timm_csm.losses.binary`.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -148,9 +148,9 @@ class AdaFocalLoss(LossBase):
         self.register_buffer("bin_gamma", torch.full((self.n_bins,), gamma_init, dtype=torch.float64))
 
     def sample_gamma(self, p_t: torch.Tensor) -> torch.Tensor:
-        inner = self.bin_edges[1:-1].to(p_t.dtype)
+        inner = self.bin_edges[1:-1].to(p_t)  # state buffers follow the logits (dtype and device)
         index = torch.bucketize(p_t, inner, right=True)  # [lo, hi) bins, outer bins open-ended
-        return self.bin_gamma.to(p_t.dtype)[index]
+        return self.bin_gamma.to(p_t)[index]
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)

@@ -117,7 +117,7 @@ class AdaptiveLabelPerturbation(_PerSampleState):
             eps = torch.zeros_like(ce_label)
         else:
             per_image = batch.num_rows // max(num_images, 1)
-            eps = self.level[index].to(ce_label.dtype).repeat_interleave(per_image)
+            eps = self.level[index].to(ce_label).repeat_interleave(per_image)
         rows = (1.0 - eps) * ce_label + eps * ce_uniform
         loss = reduce_rows(rows, batch, self.reduction)
         if self._updating(index):
@@ -180,7 +180,7 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
             shift = torch.zeros_like(batch.target)
         else:
             per_image = batch.logits.shape[0] // max(batch.num_groups, 1)
-            shift = (self.level[index].to(batch.logits.dtype) * self.beta).repeat_interleave(per_image)
+            shift = (self.level[index].to(batch.logits) * self.beta).repeat_interleave(per_image)
         perturbed = batch.target + shift * (1.0 - 2.0 * batch.target)
         rows = F.binary_cross_entropy_with_logits(batch.logits, perturbed, reduction="none")
         loss = reduce_binary(rows, batch, self.reduction)

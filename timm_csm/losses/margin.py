@@ -36,7 +36,7 @@ class MbLSLoss(LossBase):
         z = batch.logits
         ce = mean_ce(batch)
         z_max = z.max(dim=1, keepdim=True).values  # max, not amax: the gradient goes to one index, as released
-        reg = masked_mean((z_max - z - self.margin).clamp_min(0.0), batch)
+        reg = masked_mean(((z_max - self.margin) - z).clamp_min(0.0), batch)  # one full-size subtraction
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
@@ -166,16 +166,16 @@ class CALSLoss(LossBase):
         return h / self.margin if self.normalize else h
 
     def _penalty(self, h: torch.Tensor):
-        lambd = self.lambd.to(h.dtype).unsqueeze(0)
-        rho = self.rho.to(h.dtype)
+        lambd = self.lambd.to(h).unsqueeze(0)
+        rho = self.rho.to(h)
         return augmented_lagrangian_penalty(h, lambd, rho, self.penalty)
 
     def _phr_penalty(self, batch) -> torch.Tensor:
         """mean_i sum_k P_phr(h_ik), using P = (ReLU(lambda + rho h)^2 - lambda^2) / (2 rho) so the constant
         -lambda^2 part is summed once instead of per entry."""
         z = batch.logits
-        lambd = self.lambd.to(z.dtype)
-        rho = self.rho.to(z.dtype)
+        lambd = self.lambd.to(z)  # state buffers follow the logits (dtype and device)
+        rho = self.rho.to(z)
         scale = rho / self.margin if self.normalize else rho
         # lambda + rho * h = scale * (max - z) + (lambda - scale * margin)
         x = (z.max(dim=1, keepdim=True).values - z) * scale + (lambd - scale * self.margin)

@@ -115,7 +115,7 @@ def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor
         raise ValueError("no samples: the calibration error of an empty set is undefined")
     conf = confidences.to(torch.float64)
     edges = equal_mass_edges(conf.sort().values, n_bins)
-    b = bin_index(conf, edges, equal_width=False)
+    b = bin_index(conf, edges)
     count = torch.zeros(n_bins, dtype=torch.float64, device=conf.device)
     count.index_add_(0, b, torch.ones_like(conf))
     conf_sum = torch.zeros_like(count).index_add_(0, b, conf)

@@ -67,7 +67,7 @@ class PreparedInputs:
     def device(self) -> torch.device:
         return self.preds.device
 
-    def chunks(self, max_elements: int = 1 << 17) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def chunks(self, max_elements: int = 1 << 18) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(preds (n, C), target (n,) or (n, C))`` blocks of at most about ``max_elements`` prediction values.
 
         Ignored samples are removed; blocks can be empty after that.

@@ -110,7 +110,7 @@ class CalibrationState:
 
 
 def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationState] = None, *,
-               max_elements: int = 1 << 17, **flags) -> CalibrationState:
+               max_elements: int = 1 << 18, **flags) -> CalibrationState:
     """Accumulate the statistics of ``inputs`` into a new state (merged into ``state`` when given).
 
     All blocks are reduced into a fresh state first, so a ``ValueError`` raised by a bad block leaves ``state``
@@ -206,7 +206,7 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
 
     nll_i = None
     if input_type == "logits":
-        if not bool(torch.isfinite(c.sum(1)).all()):
+        if not bool(torch.isfinite(c.sum())):  # one reduction catches NaN and +-inf anywhere in the block
             raise ValueError("preds (logits) contain NaN or inf (or values so large that their sum overflows)")
         m = c.amax(1)
         torch.sub(c, m.view(-1, 1), out=x)
@@ -259,9 +259,15 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
         top = (x.gather(1, y) == row_max).view(-1)
         maybe_tie = top & tie_possible
         if bool(maybe_tie.any()):
-            rows = maybe_tie.nonzero().view(-1)
-            maxima = x[rows] == (row_max if isinstance(row_max, float) else row_max[rows])
-            top[rows] = maxima.to(torch.uint8).argmax(1) == y.view(-1)[rows]
+            # count the entries equal to the row maximum; for logits x = exp(z - max) <= 1, so floor(x) marks them
+            if input_type == "logits":
+                n_max = x.floor().sum(1)
+            else:
+                n_max = (x == row_max).sum(1)
+            rows = (maybe_tie & (n_max >= 2)).nonzero().view(-1)
+            if rows.numel():
+                maxima = x[rows] == (row_max if isinstance(row_max, float) else row_max[rows])
+                top[rows] = maxima.to(torch.uint8).argmax(1) == y.view(-1)[rows]
         acc = top.to(_F64)
 
     if input_type == "logits" and (flags["brier"] or flags["classwise"]):

@@ -1,0 +1,144 @@
+"""Re-annotate generated groups with calibrated soft labels and save them as a Hub-layout dataset.
+
+    python hub_scripts/annotate.py --generated runs/gen-fmnist --dataset fashion_mnist --install
+    python hub_scripts/annotate.py --generated runs/gen-c100 --dataset cifar100 \\
+        --encoder open_clip --model ViT-B-32 --pretrained /weights/vit_b_32-openai.safetensors --force-quick-gelu
+
+Writes ``<output>/csm-<dataset>-aug`` (``data/train-*.parquet`` + ``README.md``). With ``--install`` a bare
+``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
+on the real training split on first use and cached in ``--reference-dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--generated", required=True, help="raw generation folder (plan.json + shards/)")
+    p.add_argument("--dataset", default=None,
+                   help="the real dataset (fashion_mnist, digits, cifar10, a Hub name or folder); "
+                        "default: the generator's dataset recorded in the plan")
+    p.add_argument("--image-column", default=None)
+    p.add_argument("--label-column", default=None)
+    p.add_argument("--output", default="runs/hub", help="folder that receives csm-<dataset>-aug")
+    p.add_argument("--name", default=None, help="dataset folder name (default csm-<dataset>-aug)")
+    p.add_argument("--encoder", default="reference", choices=("reference", "open_clip", "timm"))
+    p.add_argument("--model", default=None, help="open_clip config (default ViT-B-32) or timm model name")
+    p.add_argument("--pretrained", default=None, help="open_clip tag, weights file, or omit for local-dir: models")
+    p.add_argument("--force-quick-gelu", action="store_true", help="open_clip: QuickGELU (OpenAI weights)")
+    p.add_argument("--normalize", action="store_true", help="unit-normalise features (the paper does not)")
+    p.add_argument("--checkpoint", default=None, help="timm: local weights")
+    p.add_argument("--input-size", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
+                   help="timm: input size fed to the model (default: its pretrained config)")
+    p.add_argument("--reference-dir", default=None, help="reference encoder folder (default runs/reference-<name>)")
+    p.add_argument("--reference-epochs", type=int, default=4)
+    p.add_argument("--s", default=None,
+                   help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
+                        "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the training split for --s auto")
+    p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"))
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--drop-incomplete", action="store_true",
+                   help="drop groups that lack members of the lambda grid (reported) instead of failing")
+    p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
+    p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    return p.parse_args(argv)
+
+
+def _split_holdout(train, fraction: float, seed: int):
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(train))
+    n_val = max(1, int(round(fraction * len(train))))
+    return train.subset(np.sort(order[n_val:])), train.subset(np.sort(order[:n_val]))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import timm_csm
+    from timm_csm.annotation import (OpenClipEncoder, TimmEncoder, annotate, check_class_names, compute_prototypes,
+                                     dataset_fingerprint, default_scale, encode_images, load_or_compute_prototypes,
+                                     pairwise_true_lambda, scale_nll, select_scale, train_reference_encoder)
+    from timm_csm.data import load_image_arrays
+    from timm_csm.generation.writer import load_generated
+    from timm_csm.hub import csm_dataset_name, install_dataset, provenance_from_plan, save_csm_dataset
+
+    generated, plan = load_generated(args.generated)
+    dataset = args.dataset or (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
+    name = args.name or csm_dataset_name(dataset)
+    train = load_image_arrays(dataset, "train", args.image_column, args.label_column)
+    check_class_names(plan["class_names"], train.class_names, "generation plan", f"the real dataset {dataset!r}")
+
+    s_arg = args.s
+    if s_arg is None:
+        try:
+            s_arg = str(default_scale(dataset))
+        except ValueError:  # no published value for this dataset
+            s_arg = "auto"
+    auto = s_arg == "auto"
+    fit, val = _split_holdout(train, args.val_fraction, args.seed) if auto else (train, None)
+
+    if args.encoder == "reference":
+        short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
+        ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if auto else ''}"
+        try:
+            test = load_image_arrays(dataset, "test", args.image_column, args.label_column)
+        except Exception:  # some datasets have no test split; the accuracy is then not reported
+            test = None
+        # with --s auto the encoder must not see the held-out images that fit s
+        encoder = train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test, device=args.device)
+    elif args.encoder == "open_clip":
+        kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
+        encoder = OpenClipEncoder(args.model or "ViT-B-32", args.pretrained, normalize=args.normalize,
+                                  device=args.device, **kw)
+    else:
+        if not args.model:
+            sys.exit("--encoder timm needs --model (and usually --checkpoint)")
+        encoder = TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
+                              input_size=args.input_size)
+    print(f"encoder: {encoder.identity}")
+
+    # prototypes over all real training images (the paper's choice), cached
+    protos = load_or_compute_prototypes(encoder, train, cache_dir=args.cache_dir, batch_size=args.batch_size)
+    selection = None
+    if auto:
+        fit_protos = compute_prototypes(encoder, fit, batch_size=args.batch_size)
+        val_feats = encode_images(encoder, val.images, batch_size=args.batch_size, progress=True, desc="held-out")
+        s = select_scale(val_feats, val.labels, fit_protos.means)
+        lam = pairwise_true_lambda(val_feats, val.labels, fit_protos.means)
+        selection = {"criterion": "maximum likelihood of the true class on held-out real images (select_scale)",
+                     "held_out_images": len(val), "nll": round(scale_nll(s, lam), 6), "seed": args.seed}
+        print(f"s = {s:.4f} (fitted on {len(val)} held-out real images, NLL {selection['nll']:.4f})")
+    else:
+        s = float(s_arg)
+
+    annotated = annotate(generated, plan["class_names"], encoder, protos, s, lambdas=plan["lambdas"],
+                         label_mode=args.label_mode, batch_size=args.batch_size,
+                         drop_incomplete=args.drop_incomplete)
+    provenance = {
+        "dataset": dataset,
+        "dataset_revision": dataset_fingerprint(train),
+        "real_counts": {c: int(n) for c, n in zip(train.class_names, protos.counts.tolist())},
+        **provenance_from_plan(plan),
+        "encoder": encoder.describe(),
+        "s": round(float(s), 6),
+        "s_selection": selection,
+        "label_mode": args.label_mode,
+        "dropped_groups": annotated.info.description or None,
+        "package": f"timm-csm {timm_csm.__version__}",
+    }
+    folder = save_csm_dataset(annotated, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},
+                              class_names=train.class_names, lambdas=plan["lambdas"])
+    print(f"saved {len(annotated)} images to {folder}")
+    if args.install:
+        install_dataset(folder)
+        print(f"installed: datasets.load_dataset({folder.name!r}) now works offline from any directory")
+    return folder
+
+
+if __name__ == "__main__":
+    main()

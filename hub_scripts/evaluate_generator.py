@@ -1,0 +1,57 @@
+"""Measure a generator: how often a real-data classifier recognises its pure-class samples (lambda = 0 and 1),
+next to that classifier's accuracy on real test images.
+
+    python hub_scripts/evaluate_generator.py --generator runs/generator-fmnist --classifier runs/encoder
+    python hub_scripts/evaluate_generator.py --checkpoint-of runs/generator-fmnist --profile fmnist --classifier ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--generator", help="a finished generator folder")
+    src.add_argument("--checkpoint-of", help="a generator-training folder: evaluate its latest checkpoint's EMA")
+    p.add_argument("--profile", default="fmnist", help="generator profile of --checkpoint-of")
+    p.add_argument("--classifier", required=True, help="a reference encoder folder (annotation.train_reference_encoder)")
+    p.add_argument("--dataset", default="fashion_mnist")
+    p.add_argument("--num-groups", type=int, default=200)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance-scale", type=float, default=1.0)
+    p.add_argument("--output", default=None, help="write the result as JSON here")
+    args = p.parse_args(argv)
+
+    from diffusers import DDIMScheduler
+
+    from timm_csm.annotation import load_reference_encoder
+    from timm_csm.data import load_image_arrays
+    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, pure_class_accuracy
+    from timm_csm.generation.training import load_checkpoint_ema
+
+    classifier = load_reference_encoder(args.classifier)
+    test = load_image_arrays(args.dataset, "test")
+    real_acc = float((classifier.classify(test.images).argmax(1).numpy() == test.labels).mean())
+    if args.generator:
+        pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps,
+                                                      guidance_scale=args.guidance_scale)
+        step = None
+    else:
+        cfg = GENERATOR_PROFILES[args.profile]
+        unet, step = load_checkpoint_ema(args.checkpoint_of, test.num_classes, cfg)
+        sched = DDIMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule=cfg.beta_schedule)
+        pipe = SemanticMixingPipeline(unet, sched, test.num_classes, args.steps, args.guidance_scale)
+    quality = pure_class_accuracy(pipe, classifier.classify, num_groups=args.num_groups)
+    result = {"generated_pure_class_accuracy": quality["accuracy"], "per_class": quality["per_class"],
+              "num_images": quality["num_images"], "classifier_real_test_accuracy": real_acc,
+              "training_step": step, "sampler_steps": args.steps, "guidance_scale": args.guidance_scale}
+    print(json.dumps(result, indent=1))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
