@@ -252,7 +252,7 @@ def _train_config(profile: PipelineProfile, dataset: str, loss: str, csm_dataset
         "dataset": dataset, "model": profile.model, "loss": loss, "epochs": profile.epochs,
         "batch_size": profile.batch_size, "lr": profile.lr, "weight_decay": profile.weight_decay,
         "sched": profile.sched, "seed": profile.seed, "max_train_samples": profile.max_train_samples,
-        "max_test_samples": profile.max_test_samples, "progress": True,
+        "max_test_samples": profile.max_test_samples, "experiment": ".",
     }
     cfg.update(profile.train_extra)
     if loss == "csm":
