@@ -295,13 +295,12 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
 
 def _report_figures(output: Path, results: Dict, csm_dataset: Path) -> Dict[str, str]:
     figures = {}
-    for loss, res in results.items():
-        for name in ("reliability_pre_ts.png", "reliability_post_ts.png"):
-            src = Path(res["output"]) / name
-            if src.exists():
-                dst = output / f"{loss}_{name}"
-                shutil.copyfile(src, dst)
-                figures[f"{loss.upper()} {name[:-4].replace('_', ' ')}"] = dst.name
+    for loss, res in results.items():  # train.py's side-by-side diagram, before and after temperature scaling
+        src = Path(res["output"]) / "reliability.png"
+        if src.exists():
+            dst = output / f"reliability_{loss}.png"
+            shutil.copyfile(src, dst)
+            figures[f"Reliability diagrams: {loss.upper()} (before / after temperature scaling)"] = dst.name
     groups_png = output / "groups.png"
     from .hub import load_csm_dataset
 
