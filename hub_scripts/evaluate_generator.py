@@ -20,7 +20,8 @@ def main(argv=None):
     p.add_argument("--dataset", default="fashion_mnist")
     p.add_argument("--num-groups", type=int, default=200)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance-scale", type=float, default=1.0)
+    p.add_argument("--guidance-scale", type=float, default=None,
+                   help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--output", default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
 
@@ -42,11 +43,11 @@ def main(argv=None):
         cfg = GENERATOR_PROFILES[args.profile]
         unet, step = load_checkpoint_ema(args.checkpoint_of, test.num_classes, cfg)
         sched = DDIMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule=cfg.beta_schedule)
-        pipe = SemanticMixingPipeline(unet, sched, test.num_classes, args.steps, args.guidance_scale)
+        pipe = SemanticMixingPipeline(unet, sched, test.num_classes, args.steps, args.guidance_scale or 1.0)
     quality = pure_class_accuracy(pipe, classifier.classify, num_groups=args.num_groups)
     result = {"generated_pure_class_accuracy": quality["accuracy"], "per_class": quality["per_class"],
               "num_images": quality["num_images"], "classifier_real_test_accuracy": real_acc,
-              "training_step": step, "sampler_steps": args.steps, "guidance_scale": args.guidance_scale}
+              "training_step": step, "sampler_steps": args.steps, "guidance_scale": pipe.guidance_scale}
     print(json.dumps(result, indent=1))
     if args.output:
         with open(args.output, "w") as f:

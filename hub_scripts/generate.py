@@ -16,7 +16,8 @@ def parse_args(argv=None):
     p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
     p.add_argument("--steps", type=int, default=50, help="sampler steps")
     p.add_argument("--scheduler", default="ddim", choices=["ddim", "dpm"])
-    p.add_argument("--guidance-scale", type=float, default=1.0, help="1 = no classifier-free guidance (the paper)")
+    p.add_argument("--guidance-scale", type=float, default=None,
+                   help="classifier-free guidance; 1 = none (the paper); default: the generator's recommendation")
     p.add_argument("--groups-per-shard", type=int, default=64)
     p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
     p.add_argument("--seed-offset", type=int, default=0)

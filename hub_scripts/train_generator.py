@@ -24,6 +24,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-train-samples", type=int, default=None)
     p.add_argument("--no-grid", action="store_true", help="skip the PNG grid of samples at the end")
+    p.add_argument("--guidance-scale", type=float, default=1.0,
+                   help="classifier-free guidance recorded as the generator's recommended scale (and used for the "
+                        "grid); 1 = none. Measure it with hub_scripts/evaluate_generator.py")
     return p.parse_args(argv)
 
 
@@ -40,10 +43,12 @@ def main(argv=None):
     data = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)
     if args.max_train_samples:
         data = data.subset(range(min(args.max_train_samples, len(data))))
-    meta = {"dataset": args.dataset, "profile": args.profile, "num_train_images": len(data)}
+    meta = {"dataset": args.dataset, "profile": args.profile, "num_train_images": len(data),
+            "recommended_guidance_scale": args.guidance_scale, "name": f"timm-csm-{args.profile}-ddpm"}
     unet, scheduler = train_generator(data.images, data.labels, data.class_names, args.output, config, meta=meta)
     if not args.no_grid:
-        save_sample_grid(unet, scheduler, data.num_classes, f"{args.output}/samples.png")
+        save_sample_grid(unet, scheduler, data.num_classes, f"{args.output}/samples.png",
+                         guidance_scale=args.guidance_scale)
 
 
 if __name__ == "__main__":

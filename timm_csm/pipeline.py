@@ -39,7 +39,7 @@ class PipelineProfile:
     num_groups: int = 450
     num_lambdas: int = 8
     sampler_steps: int = 20
-    guidance_scale: float = 1.0
+    guidance_scale: Optional[float] = None  # None: the generator's recommended scale
     # re-annotation
     encoder: str = "reference"  # "reference" or "open_clip:<model>:<weights file>"
     encoder_epochs: int = 4

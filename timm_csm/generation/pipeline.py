@@ -7,7 +7,7 @@ The model and its sampler are kept apart (diffusers' split): :class:`SemanticMix
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -61,8 +61,11 @@ class SemanticMixingPipeline:
 
     @classmethod
     def from_pretrained(cls, folder, scheduler: str = "ddim", num_inference_steps: int = 50,
-                        guidance_scale: float = 1.0, device="cpu") -> "SemanticMixingPipeline":
+                        guidance_scale: Optional[float] = None, device="cpu") -> "SemanticMixingPipeline":
         """Load a generator folder (see ``load_generator``) with a DDIM (eta 0) or DPM-Solver++ scheduler.
+
+        ``guidance_scale=None`` takes the folder's ``recommended_guidance_scale`` (measured with
+        ``pure_class_accuracy`` when the generator was shipped), else 1 (no guidance, as the paper).
 
         ``pipeline.provenance`` records the generator's name, weight digest, sampler and steps for the dataset card.
         """
@@ -71,6 +74,8 @@ class SemanticMixingPipeline:
         from .models import load_generator, weights_digest
 
         unet, sched, meta = load_generator(folder, device)
+        if guidance_scale is None:
+            guidance_scale = float(meta.get("recommended_guidance_scale", 1.0))
         if scheduler == "dpm":
             sched = DPMSolverMultistepScheduler.from_config(sched.config)
         elif scheduler != "ddim":

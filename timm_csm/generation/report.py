@@ -25,7 +25,7 @@ def tile_images(images_uint8: np.ndarray, rows: int, cols: int, pad: int = 1) ->
 
 @torch.no_grad()
 def save_sample_grid(unet, scheduler, num_classes: int, path, num_lambdas: int = 8, seed: int = 0,
-                     num_inference_steps: int = 50) -> Path:
+                     num_inference_steps: int = 50, guidance_scale: float = 1.0) -> Path:
     """Row k morphs class k (lambda = 1, left) into class (k + 1) mod K (lambda = 0, right), same noise per row."""
     from PIL import Image
 
@@ -37,7 +37,7 @@ def save_sample_grid(unet, scheduler, num_classes: int, path, num_lambdas: int =
     w = mix_weights(a, b, lams.repeat(num_classes), num_classes)
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(num_classes, ch, size, size, generator=g).repeat_interleave(num_lambdas, 0)
-    x = sample_with_scheduler(unet, scheduler, w.to(device), noise.to(device), num_inference_steps)
+    x = sample_with_scheduler(unet, scheduler, w.to(device), noise.to(device), num_inference_steps, guidance_scale)
     grid = tile_images(to_uint8(x).cpu().numpy(), num_classes, num_lambdas)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
