@@ -18,8 +18,9 @@ def test_smoke_pipeline_end_to_end_and_cached_rerun(tmp_path):
     for row in ("| CE | before", "| CE | after", "| CSM | before", "| CSM | after"):
         assert row in report
     assert (out / "groups.png").stat().st_size > 1000
+    assert "Generator quality: the reference classifier" in report
     stages = sorted(p.name.rsplit("-", 1)[0] for p in out.iterdir() if (p / "DONE.json").exists())
-    assert stages == ["annotated", "encoder", "generated", "generator", "train-ce", "train-csm"]
+    assert stages == ["annotated", "encoder", "generated", "generator", "quality", "train-ce", "train-csm"]
     ce = json.loads(next(out.glob("train-ce-*/results.json")).read_text())
     assert 0.0 <= ce["test"]["pre_ts"]["ece"] <= 1.0 and ce["temperature"] is not None
 
@@ -36,5 +37,5 @@ def test_smoke_pipeline_end_to_end_and_cached_rerun(tmp_path):
     # a re-run skips every finished stage and rewrites the same table
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("done already") == 6
+    assert again.stdout.count("done already") == 7
     assert (out / "report.md").read_text().split("## ")[0] == report.split("## ")[0]

@@ -177,6 +177,22 @@ def run_pipeline(profile: PipelineProfile, output, log: Callable[[str], None] = 
                                 test=test_real, max_steps=profile.encoder_max_steps, log=log)
 
     encoder_dir = stage("encoder", enc_cfg, train_encoder) if profile.encoder == "reference" else None
+    quality = None
+    if encoder_dir is not None:
+        def measure_quality(out: Path):
+            from .annotation import load_reference_encoder
+            from .generation import SemanticMixingPipeline, pure_class_accuracy
+
+            classifier = load_reference_encoder(encoder_dir / "encoder")
+            pipe = SemanticMixingPipeline.from_pretrained(generator_dir, num_inference_steps=profile.sampler_steps,
+                                                          guidance_scale=profile.guidance_scale)
+            q = pure_class_accuracy(pipe, classifier.classify, num_groups=min(90, profile.num_groups))
+            q["classifier_real_test_accuracy"] = classifier.test_accuracy
+            q["guidance_scale"] = pipe.guidance_scale
+            (out / "quality.json").write_text(json.dumps(q, indent=1))
+
+        quality_dir = stage("quality", {"generated": gen_key, "encoder": enc_cfg}, measure_quality)
+        quality = json.loads((quality_dir / "quality.json").read_text())
 
     # 4. re-annotation -> Hugging Face dataset, installed under its bare name
     name = f"csm-{short}-aug"
@@ -219,8 +235,7 @@ def run_pipeline(profile: PipelineProfile, output, log: Callable[[str], None] = 
         results[loss] = json.loads((out / "results.json").read_text())
         results[loss]["output"] = str(out)
 
-    report = write_report(output, results, annotated_dir / name, generator_dir, stage.timings,
-                          encoder_dir=encoder_dir)
+    report = write_report(output, results, annotated_dir / name, generator_dir, stage.timings, quality)
     log(report["table"])
     return report
 
@@ -261,7 +276,7 @@ def _train_config(profile: PipelineProfile, dataset: str, loss: str, csm_dataset
 
 
 def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: Path, timings: Dict,
-                 encoder_dir=None) -> Dict:
+                 quality: Optional[Dict] = None) -> Dict:
     """``report.md``: the CE vs CSM table before and after temperature scaling, reliability diagrams, groups."""
     rows = []
     keys = [("accuracy", "acc"), ("ece", "ECE"), ("aece", "AECE"), ("cece", "CECE"), ("nll", "NLL"),
@@ -283,6 +298,10 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
              "Test-set calibration of the same classifier trained with cross-entropy and with CSM "
              "(accuracy and calibration errors in %, 15 bins; temperature fitted on the validation split).", "",
              table, "", f"Generator: `{generator_dir.name}`. CSM dataset: `{csm_dataset.name}`.", ""]
+    if quality:
+        lines += [f"Generator quality: the reference classifier ({100 * (quality['classifier_real_test_accuracy'] or 0):.1f}% "
+                  f"on real test images) recognises {100 * quality['accuracy']:.1f}% of {quality['num_images']} "
+                  f"generated pure-class images (guidance scale {quality['guidance_scale']}).", ""]
     for title, path in figures.items():
         lines += [f"## {title}", "", f"![{title}]({path})", ""]
     lines += ["## Stage times (s, this run)", "", json.dumps(timings, indent=1), ""]
