@@ -1,6 +1,6 @@
 """Calibration metrics side by side: timm_csm against torchmetrics 1.9, netcal 1.4 and relplot 1.0.3.
 
-    OMP_NUM_THREADS=1 python benchmarks/metrics_bench.py [--quick] [--sizes 1e4x10 1e5x100 ...] [--repeats 2]
+    OMP_NUM_THREADS=1 python benchmarks/metrics_bench.py [--goals] [--quick] [--sizes 1e4x10 1e5x100 ...] [--repeats 2]
                                                          [--output benchmarks/metrics.md]
 
 Every (method, N, C) runs in its own process, one after the other, with one thread: the process imports its
@@ -87,7 +87,6 @@ def softmax_inplace(z, rows=10_000):
 
 def build(metric, method, n, c):
     """Import, make the inputs, and return (closure, input_bytes)."""
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -267,7 +266,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=f"sizes {' '.join(QUICK_SIZES)}, no slow peers")
-    parser.add_argument("--goals", action="store_true", help="only the goal sizes of the issue")
+    parser.add_argument("--goals", action="store_true",
+                        help="the goal sizes of the issue (alone, or before --quick / --sizes)")
     parser.add_argument("--sizes", nargs="*", help="NxC sizes, e.g. 1e5x100 (default: the full grid)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per job")
@@ -276,10 +276,9 @@ def main(argv=None):
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    if args.goals:
-        jobs = list(GOAL_JOBS)
-    else:
-        jobs = jobs_for(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES), args.quick)
+    jobs = list(GOAL_JOBS) if args.goals else []
+    if args.sizes or args.quick or not args.goals:
+        jobs += jobs_for(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES), args.quick)
     start = time.time()
     results = []
     for job in jobs:

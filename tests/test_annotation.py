@@ -389,3 +389,15 @@ def test_encode_images_streams_batches(timm_pair, real):
     assert encode_images(encoder, real.images, batch_size=5, reduce=lambda f, rows: seen.append((rows, f))) is None
     torch.testing.assert_close(torch.cat([f for _, f in seen]), whole, rtol=1e-5, atol=1e-6)
     assert [r.start for r, _ in seen] == list(range(0, len(real), 5))
+
+
+def test_reference_augmentation_is_a_flip_and_shift():
+    from timm_csm.annotation.reference import _augment
+
+    x = torch.randint(1, 256, (6, 1, 8, 8), dtype=torch.uint8)
+    out = _augment(x, torch.Generator().manual_seed(0), pad=2)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for i in range(6):
+        candidates = [src[:, dy: dy + 8, dx: dx + 8] for src in (padded[i], padded[i].flip(-1))
+                      for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(out[i], c) for c in candidates)

@@ -199,7 +199,8 @@ class FakeHub:
         return DirFileSystem(path=str(self.root), fs=LocalFileSystem())
 
     def patch(self):
-        return [mock.patch("datasets.dataset_dict.HfApi", self.api), mock.patch("datasets.arrow_dataset.HfApi", self.api),
+        return [mock.patch("datasets.dataset_dict.HfApi", self.api),
+                mock.patch("datasets.arrow_dataset.HfApi", self.api),
                 mock.patch("datasets.dataset_dict.HfFileSystem", self.filesystem),
                 mock.patch("timm_csm.hub.push.HfApi", self.api)]
 
@@ -325,6 +326,7 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     np.testing.assert_allclose(soft.sum(1), 1.0, atol=1e-6)
 
     hub = FakeHub(tmp_path / "fake-hub")
-    _with(hub.patch(), lambda: publish_script.main(["--repo-id", "org/csm-digits-aug", "--root", str(tmp_path / "hub")]))
+    _with(hub.patch(),
+          lambda: publish_script.main(["--repo-id", "org/csm-digits-aug", "--root", str(tmp_path / "hub")]))
     pushed = datasets.load_dataset(str(hub.repo_dir("org/csm-digits-aug")), split="train")
     assert rows_of(pushed) == rows_of(ds)

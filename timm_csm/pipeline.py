@@ -36,7 +36,7 @@ class PipelineProfile:
     # generator: "shipped" (package weights for the dataset) or a generator-training profile name
     generator: str = "shipped"
     generator_steps: Optional[int] = None
-    num_groups: int = 450
+    num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
     num_lambdas: int = 8
     sampler_steps: int = 20
     guidance_scale: Optional[float] = None  # None: the generator's recommended scale

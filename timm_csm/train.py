@@ -1123,6 +1123,9 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_text(out_dir / "results.json", json.dumps(results, indent=2))
         _write_text(out_dir / "results.md", results_markdown(results))
+        # test logits and labels, so that reports can redraw or re-score them without the model
+        save_model_file(out_dir / "test_predictions.safetensors", {"logits": test_logits, "targets": test_y},
+                        {"temperature": results["temperature"]})
         _reliability_plots(out_dir, test_logits, test_y, post_logits, results, args.n_bins)
         accelerator.print(results_markdown(results))
     return results

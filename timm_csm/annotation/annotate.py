@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -158,8 +158,9 @@ def decode_images(items, first_row: int = 0, group_ids=None) -> np.ndarray:
     return np.stack(arrays)
 
 
-def _column(ds, name: str) -> np.ndarray:
-    return np.asarray(ds.with_format("numpy", columns=[name])[:][name])
+def _columns(ds, names) -> dict:
+    batch = ds.with_format("numpy", columns=list(names))[:]
+    return {n: np.asarray(batch[n]) for n in names}
 
 
 def annotate(
@@ -197,7 +198,6 @@ def annotate(
         ``datasets.Dataset`` with the features of :func:`csm_features` (``dataset.info.description`` notes the
         number of dropped groups).
     """
-    import datasets
     from tqdm.auto import tqdm
 
     if label_mode not in LABEL_MODES:
@@ -215,7 +215,7 @@ def annotate(
     if proto.ndim != 2 or proto.shape[0] != k:
         raise ValueError(f"prototypes must be (K={k}, D), got {tuple(proto.shape)}")
 
-    cols = {c: _column(generated, c) for c in ("group_id", "seed", "class_a", "class_b", "lambda_gen")}
+    cols = _columns(generated, ("group_id", "seed", "class_a", "class_b", "lambda_gen"))
     a_all, b_all, lam_all = cols["class_a"].astype(np.int64), cols["class_b"].astype(np.int64), cols["lambda_gen"]
     n = len(a_all)
     if n == 0:
@@ -257,7 +257,7 @@ def annotate(
                              "reference classifier)")
         if hasattr(encoder, "text_classifier"):
             classifier = encoder.text_classifier(class_names, zero_shot_templates)
-    images = generated.select_columns(["image"]).with_format("arrow")
+    images = generated.with_format("arrow", columns=["image"])
     lambda_hat = torch.empty(n, dtype=torch.float64)
     probs = torch.empty(n, k, dtype=torch.float32) if label_mode == "zero_shot" else None
     starts = list(range(0, n, batch_size))
@@ -311,11 +311,17 @@ def _soft_label_array(soft: np.ndarray):
 
 
 def _assemble(generated, class_names, label, soft, a, b, lam_gen, lam_hat, group_id, seed):
+    """The output table from Arrow arrays: the image column is reused as stored (no copy of the bytes), and the
+    fingerprint is derived from the input's and the new columns' bytes (``from_dict`` would hash every image)."""
+    import hashlib
+
     import datasets
     import pyarrow as pa
+    from datasets.table import InMemoryTable
 
-    image = generated.select_columns(["image"]).with_format("arrow")[:].column("image")
-    columns = {
+    features = csm_features(class_names)
+    image = generated.with_format("arrow", columns=["image"])[:].column("image")
+    arrays = {
         "image": image,
         "label": pa.array(np.asarray(label, dtype=np.int64)),
         "soft_label": _soft_label_array(soft),
@@ -326,7 +332,14 @@ def _assemble(generated, class_names, label, soft, a, b, lam_gen, lam_hat, group
         "group_id": pa.array(np.asarray(group_id, dtype=np.int64)),
         "seed": pa.array(np.asarray(seed, dtype=np.int64)),
     }
-    return datasets.Dataset.from_dict({c: columns[c] for c in CSM_COLUMNS}, features=csm_features(class_names))
+    schema = features.arrow_schema
+    table = pa.Table.from_arrays([arrays[c] for c in CSM_COLUMNS], schema=schema)
+    h = hashlib.sha256(str(getattr(generated, "_fingerprint", "")).encode())
+    for c in CSM_COLUMNS[1:]:
+        h.update(np.ascontiguousarray(arrays[c].to_numpy(zero_copy_only=False)
+                                      if c != "soft_label" else soft).tobytes())
+    return datasets.Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=features),
+                            fingerprint=h.hexdigest()[:16])
 
 
 def rescale_soft_labels(dataset, s: float):

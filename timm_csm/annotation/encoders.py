@@ -134,7 +134,13 @@ class OpenClipEncoder(ImageEncoder):
         if pretrained is not None and ("/" in pretrained or "\\" in pretrained or Path(pretrained).suffix):
             if not Path(pretrained).is_file():
                 raise FileNotFoundError(f"open_clip weights file not found: {pretrained}")
-        model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **create_kwargs)
+        try:
+            model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **create_kwargs)
+        except RuntimeError as e:
+            if pretrained and not Path(pretrained).is_file():
+                raise RuntimeError(f"open_clip could not load weights {pretrained!r} for {model_name} ({e}); offline, "
+                                   "pass a local weights file as pretrained= or a 'local-dir:' model") from e
+            raise
         cfg = dict(model.visual.preprocess_cfg)
         pre = ImagePreprocessor(size=cfg.get("size", 224), mean=cfg.get("mean"), std=cfg.get("std"), channels=3,
                                 interpolation=cfg.get("interpolation", "bicubic"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -137,12 +137,12 @@ class ImagePreprocessor:
             x = x.to(device, non_blocking=True)
         x = x.float()
         c = x.shape[1]
-        if c == 1 and self.channels == 3:
-            x = x.expand(-1, 3, -1, -1)
-        elif c == 3 and self.channels == 1:
+        if c == 3 and self.channels == 1:
             x = (x * torch.tensor(_LUMA, device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True).round_()
-        elif c != self.channels:
+        elif c != self.channels and not (c == 1 and self.channels == 3):
             raise ValueError(f"images have {c} channels, the model expects {self.channels}")
-        x = self._geometry(x)
+        x = self._geometry(x)  # grey images are resized before they are repeated to 3 channels: 3x less work
+        if x.shape[1] == 1 and self.channels == 3:
+            x = x.expand(-1, 3, -1, -1)
         x = (x - 255.0 * self._mean.to(x.device)) * self._scale.to(x.device)
         return x.to(dtype).contiguous()

@@ -38,10 +38,22 @@ def bin_edges(n_bins: int, device=None) -> torch.Tensor:
     return torch.linspace(0.0, 1.0, check_n_bins(n_bins) + 1, dtype=torch.float64, device=device)
 
 
-def bin_index(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = True) -> torch.Tensor:
     """Bin of each value for right-closed bins ``(e[b], e[b+1]]``; values <= e[1] (0 included) go to bin 0 and
-    values > e[-2] (1.0 included) to the last bin. ``values`` are compared in the dtype of ``edges`` (float64)."""
-    return torch.bucketize(values.to(edges.dtype), edges[1:-1], right=False)
+    values > e[-2] (1.0 included) to the last bin. ``values`` are compared in the dtype of ``edges`` (float64).
+
+    For the equal-width edges of :func:`bin_edges` the bin is computed arithmetically (``ceil(v B) - 1``) and then
+    corrected by exact comparisons with the edges (``v B`` can round across an edge), several times faster than a
+    binary search on large inputs; other edges (``equal_width=False``) use ``torch.bucketize``.
+    """
+    v = values.to(edges.dtype)
+    if not equal_width:
+        return torch.bucketize(v, edges[1:-1], right=False)
+    n_bins = edges.numel() - 1
+    idx = (v * n_bins).ceil_().sub_(1).clamp_(0, n_bins - 1).long()
+    idx -= ((v <= edges[idx]) & (idx > 0)).long()
+    idx += ((v > edges[idx + 1]) & (idx < n_bins - 1)).long()
+    return idx
 
 
 def equal_mass_edges(sorted_values: torch.Tensor, n_bins: int) -> torch.Tensor:

@@ -11,7 +11,9 @@ Common arguments:
 * ``num_classes``: optional check of ``C``; classes absent from ``target`` are fine.
 * ``ignore_index``: class-index value to drop (e.g. 255 in segmentation).
 
-All sums are accumulated in float64; results are Python floats (fractions, not percent). With soft targets the
+Per-sample values are computed in the input's precision (float64 inputs in float64, others in float32) and all sums
+over samples and bins are accumulated in float64; results are Python floats (fractions, not percent). Logits may be
+``-inf`` (a masked class, probability 0, as in ``torch.softmax``); NaN and ``+inf`` raise. With soft targets the
 accuracy of a sample is the target mass on the predicted class, NLL is the cross-entropy ``-Σ y_k log p_k`` and the
 Brier score is ``Σ_k (p_k - y_k)^2``.
 """
@@ -115,7 +117,7 @@ def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor
         raise ValueError("no samples: the calibration error of an empty set is undefined")
     conf = confidences.to(torch.float64)
     edges = equal_mass_edges(conf.sort().values, n_bins)
-    b = bin_index(conf, edges)
+    b = bin_index(conf, edges, equal_width=False)
     count = torch.zeros(n_bins, dtype=torch.float64, device=conf.device)
     count.index_add_(0, b, torch.ones_like(conf))
     conf_sum = torch.zeros_like(count).index_add_(0, b, conf)
@@ -222,7 +224,8 @@ def nll(preds, target, *, input_type: str = "logits", task: str = "multiclass", 
         ignore_index: Optional[int] = None) -> float:
     """Mean negative log-likelihood ``-(1/N) Σ_i Σ_k y_ik log p_ik`` (cross-entropy for soft targets).
 
-    Logits use an exact log-softmax; given probabilities are floored at 1e-12 before the log.
+    Logits use a max-shifted log-softmax (equal to ``torch.nn.functional.cross_entropy``); given probabilities are
+    floored at 1e-12 before the log.
     """
     st = _state(preds, target, 1, input_type, task, num_classes, ignore_index, nll=True)
     st.require("nll", "NLL")

@@ -130,7 +130,7 @@ def prepare_inputs(preds, target, *, input_type: str = "logits", task: str = "mu
                    num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> PreparedInputs:
     """Convert and validate ``(preds, target)``; raises ``ValueError`` naming the problem.
 
-    Shape and label checks happen here; value checks on the (possibly huge) prediction matrix (NaN/inf, rows that
+    Shape and label checks happen here; value checks on the (possibly huge) prediction matrix (NaN/+inf, rows that
     do not sum to 1) happen block by block while the statistics are accumulated, so the matrix is read once.
     """
     _check_choice(input_type, INPUT_TYPES, "input_type")

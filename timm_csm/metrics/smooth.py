@@ -39,19 +39,20 @@ class _SmoothECE:
         self.r = self.f - acc.to(_F64)
         self._splats: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _splat(self, M: int):
+    def _splat(self, M: int, block: int = 1 << 18):
+        """Spread r and 1 onto M grid points by linear interpolation (in blocks: O(block) temporary memory)."""
         if M not in self._splats:
-            pos = self.f * (M - 1)
-            lo = pos.long().clamp(0, M - 2)  # truncation == floor for f >= 0
-            frac = pos - lo.to(_F64)
-            hi = lo + 1
-            ones = torch.ones_like(self.f)
-            # one bincount per signal: index lo gets (1 - frac) w, index hi gets frac w
-            idx = torch.cat([lo, hi])
-            w1 = torch.cat([1.0 - frac, frac])
-            res = torch.bincount(idx, weights=torch.cat([(1.0 - frac) * self.r, frac * self.r]), minlength=M)
-            den = torch.bincount(idx, weights=w1 * torch.cat([ones, ones]), minlength=M)
-            self._splats[M] = (res.to(_F64), den.to(_F64))
+            res = torch.zeros(M, dtype=_F64, device=self.f.device)
+            den = torch.zeros(M, dtype=_F64, device=self.f.device)
+            for a in range(0, self.f.numel(), block):
+                f, r = self.f[a:a + block], self.r[a:a + block]
+                pos = f * (M - 1)
+                lo = pos.long().clamp_(0, M - 2)  # truncation == floor for f >= 0
+                frac = pos.sub_(lo.to(_F64))
+                upper = lo + 1
+                res.index_add_(0, lo, r - frac * r).index_add_(0, upper, frac * r)
+                den.index_add_(0, lo, 1.0 - frac).index_add_(0, upper, frac)
+            self._splats[M] = (res, den)
         return self._splats[M]
 
     @staticmethod

@@ -124,11 +124,29 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
     if local.flags["classwise"]:
         cw_others = _ClasswiseOthers(inputs.num_classes, n_bins, inputs.device)
     buf = None
+    per_sample = _PerSample()
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
             if buf is None or buf.dtype != _compute_dtype(p.dtype) or buf.numel() < p.numel():
                 buf = torch.empty(max(max_elements, p.numel()), dtype=_compute_dtype(p.dtype), device=p.device)
-            _reduce_block(p, t, inputs, edges, local, cw_others, buf)
+            _reduce_block(p, t, inputs, edges, local.flags, per_sample, cw_others, buf)
+    if per_sample.conf:
+        conf, acc = torch.cat(per_sample.conf), torch.cat(per_sample.acc)
+        local.n += conf.numel()
+        local.correct += acc.sum()
+        local.confidence += conf.sum()
+        if per_sample.nll:
+            local.nll += torch.cat(per_sample.nll).sum()
+        if per_sample.brier:
+            local.brier += torch.cat(per_sample.brier).sum()
+        if local.flags["binned"]:
+            b = bin_index(conf, edges)
+            local.count.index_add_(0, b, torch.ones_like(conf))
+            local.conf_sum.index_add_(0, b, conf)
+            local.acc_sum.index_add_(0, b, acc)
+        if local.flags["points"]:
+            local.conf_points.append(conf)
+            local.acc_points.append(acc)
     if cw_others is not None:
         cw_others.finalize(local)
     if state is None:
@@ -190,9 +208,16 @@ def _first_above(threshold: float, dtype: torch.dtype) -> float:
     return float(v)
 
 
+class _PerSample:
+    """Per-sample float64 vectors of one ``accumulate`` call, reduced once at its end (few large ops instead of
+    many small ones per block)."""
+
+    def __init__(self):
+        self.conf, self.acc, self.nll, self.brier = [], [], [], []
+
+
 def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: torch.Tensor,
-                  st: CalibrationState, cw: Optional[_ClasswiseOthers], buf: torch.Tensor):
-    flags = st.flags
+                  flags: dict, out: _PerSample, cw: Optional[_ClasswiseOthers], buf: torch.Tensor):
     n, C = p_raw.shape
     input_type = inputs.input_type
     soft = inputs.soft
@@ -206,9 +231,10 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
 
     nll_i = None
     if input_type == "logits":
-        if not bool(torch.isfinite(c.sum())):  # one reduction catches NaN and +-inf anywhere in the block
-            raise ValueError("preds (logits) contain NaN or inf (or values so large that their sum overflows)")
         m = c.amax(1)
+        # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
+        if not bool(torch.isfinite(m).all()):
+            raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
         torch.sub(c, m.view(-1, 1), out=x)
         x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
         s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
@@ -216,7 +242,8 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
         if flags["nll"]:
             lse = m.to(_F64) + s.log()
             if soft:
-                nll_i = lse * t.sum(1) - (t * c).sum(1)
+                tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
+                nll_i = lse * t.sum(1) - tz.sum(1)
             else:
                 nll_i = lse - c.gather(1, y).view(-1).to(_F64)
         row_max, tie_possible = 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
@@ -260,11 +287,16 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
         maybe_tie = top & tie_possible
         if bool(maybe_tie.any()):
             # count the entries equal to the row maximum; for logits x = exp(z - max) <= 1, so floor(x) marks them
+            cand = maybe_tie.nonzero().view(-1)
+            sub = x.index_select(0, cand) if cand.numel() < n // 2 else x
             if input_type == "logits":
-                n_max = x.floor().sum(1)
+                n_max = sub.floor().sum(1)
             else:
-                n_max = (x == row_max).sum(1)
-            rows = (maybe_tie & (n_max >= 2)).nonzero().view(-1)
+                n_max = (sub == (row_max if sub is x else row_max.index_select(0, cand))).sum(1)
+            if sub is x:
+                rows = (maybe_tie & (n_max >= 2)).nonzero().view(-1)
+            else:
+                rows = cand[n_max >= 2]
             if rows.numel():
                 maxima = x[rows] == (row_max if isinstance(row_max, float) else row_max[rows])
                 top[rows] = maxima.to(torch.uint8).argmax(1) == y.view(-1)[rows]
@@ -273,25 +305,16 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
     if input_type == "logits" and (flags["brier"] or flags["classwise"]):
         x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
 
-    st.n += n
-    st.correct += acc.sum()
-    st.confidence += conf.sum()
+    out.conf.append(conf)
+    out.acc.append(acc)
     if nll_i is not None:
-        st.nll += nll_i.sum()
+        out.nll.append(nll_i)
     if flags["brier"]:
         if soft:
-            st.brier += (x - t).pow_(2).sum()
+            out.brier.append((x - t).pow_(2).sum(1))
         else:
-            sq = torch.einsum("ij,ij->i", x, x).sum(dtype=_F64)
-            st.brier += sq - 2.0 * x.gather(1, y).sum(dtype=_F64) + n
-    if flags["binned"]:
-        b = bin_index(conf, edges)
-        st.count.index_add_(0, b, torch.ones_like(conf))
-        st.conf_sum.index_add_(0, b, conf)
-        st.acc_sum.index_add_(0, b, acc)
-    if flags["points"]:
-        st.conf_points.append(conf)
-        st.acc_points.append(acc)
+            sq = torch.einsum("ij,ij->i", x, x).to(_F64)
+            out.brier.append(sq - 2.0 * x.gather(1, y).view(-1).to(_F64) + 1.0)
     if cw is not None:
         _classwise_block(x, t, soft, edges, cw)
 

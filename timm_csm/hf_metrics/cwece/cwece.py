@@ -1,10 +1,10 @@
-"""Classwise expected calibration error as a Hugging Face `evaluate` module (a thin wrapper over timm_csm.metrics).
+"""Classwise expected calibration error: a Hugging Face `evaluate` module,
+a thin wrapper over timm_csm.metrics.
 
 Load with ``timm_csm.load_metric("cwece")`` or, after ``import timm_csm`` once, ``evaluate.load("cwece")``.
 Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
 ``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
 """
-import evaluate  # noqa: F401  (evaluate's loader checks that the dependencies import)
 from timm_csm.hf_metrics import _base
 
 

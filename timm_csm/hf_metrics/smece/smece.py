@@ -1,10 +1,10 @@
-"""Smooth expected calibration error as a Hugging Face `evaluate` module (a thin wrapper over timm_csm.metrics).
+"""Smooth expected calibration error: a Hugging Face `evaluate` module,
+a thin wrapper over timm_csm.metrics.
 
 Load with ``timm_csm.load_metric("smece")`` or, after ``import timm_csm`` once, ``evaluate.load("smece")``.
 Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
 ``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
 """
-import evaluate  # noqa: F401  (evaluate's loader checks that the dependencies import)
 from timm_csm.hf_metrics import _base
 
 

@@ -1,0 +1,555 @@
+"""Calibration benchmark: CSM against the calibration baselines on Fashion-MNIST, before and after temperature scaling.
+
+Every method trains the same backbone with the same recipe on the same data (the ``demo`` profile of
+:mod:`timm_csm.pipeline`: the model, subset, epochs and optimiser chosen so that the CE baseline is measurably
+over-confident), for several seeds. Methods: CE, label smoothing, focal, FLSD-53, MbLS, ACLS, MDCA, Mixup, RegMixup,
+CSM, and the CSM ablations (soft-CE and soft-focal losses on the generated batch; generated images with one-hot
+labels of the dominant generation class, "variant 2").
+
+Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<method>-s<seed>/``: a cell with a
+``results.json`` is skipped, a killed cell resumes from its ``last.safetensors``, so the benchmark can run in pieces
+(``--max-cells``) and the table fills in as cells finish. After every invocation the table (mean and standard
+deviation over the finished seeds) is re-assembled from all finished cells into ``--report`` with a reliability
+figure of CE against CSM.
+
+    python benchmarks/calibration_bench.py                        # all cells (hours on 2 CPU cores)
+    python benchmarks/calibration_bench.py --max-cells 3          # three more cells, then the table so far
+    python benchmarks/calibration_bench.py --methods ce csm --seeds 0 1 2 --epochs 5
+    python benchmarks/calibration_bench.py --report-only          # re-assemble the report only
+
+The CSM cells read the generated dataset ``--csm-dataset`` (default: ``csm-fmnist-aug``, installed by ``make demo``);
+the hard-label ablation reads ``--csm-dataset-hard`` or, when that is not given, a copy of ``--csm-dataset`` whose
+soft labels are replaced by the one-hot dominant generation class (``a`` when lambda_gen >= 1/2, else ``b``: the
+annotation's ``label_mode="generation"``), written once under ``<output>/``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["BenchMethod", "METHODS", "base_recipe", "cell_config", "run_cells", "collect_cells", "matches_recipe",
+           "summarize",
+           "write_report", "derive_hard_label_dataset", "build_parser", "main"]
+
+RESULTS = "results.json"
+CELL_META = "cell.json"
+PREDICTIONS = "test_predictions.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchMethod:
+    """One row of the table: its label, the :func:`timm_csm.train.run` options it adds to the shared recipe, and
+    which generated dataset it reads (``None``, ``"soft"``: ``--csm-dataset``, ``"hard"``: the hard-label copy)."""
+
+    name: str
+    label: str
+    options: Dict[str, Any]
+    csm: Optional[str] = None
+
+
+# Hyper-parameters: the settings of each method's paper / released configs (spec/baselines.md); one value each, no
+# per-method search, so that every method gets the same tuning effort.
+METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
+    BenchMethod("ce", "CE", {"loss": "ce"}),
+    BenchMethod("ls", "Label smoothing (eps 0.05)", {"loss": "ls", "loss_kwargs": {"smoothing": 0.05}}),
+    BenchMethod("focal", "Focal (gamma 3)", {"loss": "focal", "loss_kwargs": {"gamma": 3.0}}),
+    BenchMethod("flsd53", "FLSD-53", {"loss": "flsd53"}),
+    BenchMethod("mbls", "MbLS (m 10, alpha 0.1)", {"loss": "mbls", "loss_kwargs": {"margin": 10.0, "alpha": 0.1}}),
+    BenchMethod("acls", "ACLS", {"loss": "acls"}),
+    BenchMethod("mdca", "NLL + MDCA (beta 1)", {"loss": "mdca", "loss_kwargs": {"beta": 1.0}}),
+    BenchMethod("mixup", "Mixup (alpha 0.4)", {"loss": "ce", "mixup": 0.4}),
+    BenchMethod("regmixup", "RegMixup (alpha 20)", {"loss": "ce", "regmixup": 20.0}),
+    BenchMethod("csm", "CSM", {"loss": "csm"}, csm="soft"),
+    BenchMethod("csm_soft_ce", "CSM, soft-CE loss", {"loss": "csm_soft_ce"}, csm="soft"),
+    BenchMethod("csm_soft_focal", "CSM, soft-focal loss", {"loss": "csm_soft_focal"}, csm="soft"),
+    BenchMethod("csm_hard", "CSM data, hard labels (variant 2)", {"loss": "csm"}, csm="hard"),
+)}
+
+# options that do not change what a cell computes (where it writes, how it shows progress)
+_NOT_KEYED = ("output", "experiment", "progress", "resume")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# recipe and cells
+# ---------------------------------------------------------------------------------------------------------------
+def base_recipe(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The shared training options: the ``demo`` pipeline profile, then ``overrides`` (None values ignored)."""
+    from timm_csm.pipeline import PROFILES
+
+    p = PROFILES["demo"]
+    recipe: Dict[str, Any] = {
+        "dataset": p.dataset, "model": p.model, "epochs": p.epochs, "batch_size": p.batch_size, "lr": p.lr,
+        "weight_decay": p.weight_decay, "sched": p.sched, "max_train_samples": p.max_train_samples,
+        "max_test_samples": p.max_test_samples, "n_aug": p.n_aug,
+    }
+    recipe.update(p.train_extra)
+    recipe.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if isinstance(recipe.get("model_kwargs"), (list, tuple)):
+        recipe["model_kwargs"] = dict(recipe["model_kwargs"])
+    return recipe
+
+
+def cell_name(method: str, seed: int) -> str:
+    return f"{method}-s{seed}"
+
+
+def cell_config(recipe: Dict[str, Any], method: BenchMethod, seed: int, cell_dir: Path,
+                csm_paths: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The :func:`timm_csm.train.run` options of one cell."""
+    cfg = {k: v for k, v in recipe.items() if k != "n_aug"}
+    cfg.update(method.options)
+    if method.csm is not None:
+        path = (csm_paths or {}).get(method.csm)
+        if not path:
+            raise ValueError(f"method {method.name!r} needs the {method.csm}-label CSM dataset")
+        cfg.update(csm_dataset=str(path), n_aug=recipe.get("n_aug", 1))
+    cfg.update(seed=int(seed), output=str(cell_dir), experiment=".")
+    return cfg
+
+
+def _keyed(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in _NOT_KEYED}, sort_keys=True, default=str))
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def cell_state(cell_dir: Path, cfg: Dict[str, Any]) -> str:
+    """"done", "partial" (a ``last.safetensors`` to resume from) or "new"; ValueError when the folder holds a cell
+    trained with other options (the cache is keyed by the configuration)."""
+    meta_path = cell_dir / CELL_META
+    if meta_path.exists():
+        saved = _read_json(meta_path).get("config", {})
+        want = _keyed(cfg)
+        if saved != want:
+            diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
+            raise ValueError(f"{cell_dir} holds a cell trained with other options (they differ in {diff}); "
+                             "choose another --output for this recipe")
+    elif (cell_dir / RESULTS).exists():
+        raise ValueError(f"{cell_dir} has a {RESULTS} but no {CELL_META}: it was not written by this benchmark")
+    if (cell_dir / RESULTS).exists():
+        return "done"
+    if (cell_dir / "last.safetensors").exists():
+        return "partial"
+    return "new"
+
+
+def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print) -> Dict[str, Any]:
+    """Train and evaluate one cell (resuming a killed one); returns its results."""
+    from timm_csm.train import load_state, run
+
+    state = cell_state(cell_dir, cfg)
+    if state == "done":
+        return _read_json(cell_dir / RESULTS)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    earlier = 0.0
+    cfg = dict(cfg)
+    if state == "partial":
+        last = cell_dir / "last.safetensors"
+        earlier = sum(float(h.get("epoch_time", 0.0)) for h in load_state(last)["history"])
+        cfg["resume"] = str(last)
+        log(f"[{cell_dir.name}] resuming from {last}")
+    _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": False})
+    t0 = time.time()
+    results = run(cfg)
+    seconds = earlier + time.time() - t0
+    _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": True,
+                                       "seconds": round(seconds, 1)})
+    return results
+
+
+def derive_hard_label_dataset(source, folder) -> Path:
+    """A copy of the CSM dataset ``source`` whose soft labels are the one-hot dominant generation class (the
+    annotation's ``label_mode="generation"``, variant 2 of the ablation): same images, groups and companions, no
+    semantic soft labels. Written once to ``folder``; rewritten when the source dataset changes."""
+    import numpy as np
+
+    from timm_csm.annotation.soft_labels import generation_class_labels
+    from timm_csm.hub import load_csm_dataset, save_csm_dataset
+
+    folder = Path(folder)
+    dd = load_csm_dataset(str(source))
+    ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
+    marker = folder / "derived_from.json"
+    stamp = {"source": str(source), "fingerprint": getattr(ds, "_fingerprint", None), "label_mode": "generation"}
+    if marker.exists() and _read_json(marker) == stamp:
+        return folder
+    k = len(ds.features["label"].names)
+
+    def relabel(lambda_gen, class_a, class_b):
+        q = generation_class_labels(np.asarray(lambda_gen, np.float64), np.asarray(class_a), np.asarray(class_b), k)
+        return {"soft_label": q.numpy().astype(np.float32).tolist(), "label": q.argmax(1).tolist()}
+
+    hard = ds.map(relabel, batched=True, input_columns=["lambda_gen", "class_a", "class_b"], features=ds.features,
+                  desc="hard labels")
+    save_csm_dataset(hard, folder, provenance={"label_mode": "generation", "derived_from": str(source)})
+    _write_json(marker, stamp)
+    return folder
+
+
+def _check_csm_dataset(path) -> Optional[str]:
+    """None when ``path`` loads as a CSM dataset, else why not."""
+    from timm_csm.hub import load_csm_dataset
+
+    try:
+        load_csm_dataset(str(path))
+    except Exception as e:  # missing folder, not installed, offline Hub
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def plan_cells(methods: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, int]]:
+    """Seed-major order: every method's first seed before any second seed, so a partial run covers all rows."""
+    return [(m, s) for s in seeds for m in methods]
+
+
+def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[int], output: Path,
+              csm_dataset: Optional[str] = None, csm_dataset_hard: Optional[str] = None,
+              max_cells: Optional[int] = None, log=print) -> Dict[str, Any]:
+    """Run the unfinished cells (at most ``max_cells`` of them); returns counts and the skipped cells' reasons."""
+    from tqdm.auto import tqdm
+
+    output = Path(output)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    csm_paths: Dict[str, str] = {}
+    blocked: Dict[str, str] = {}
+    kinds = {METHODS[m].csm for m in methods} - {None}
+    if kinds:
+        problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
+        if problem is None:
+            csm_paths["soft"] = str(csm_dataset)
+        else:
+            blocked["soft"] = f"CSM dataset {csm_dataset!r} not available ({problem})"
+        if "hard" in kinds:
+            if csm_dataset_hard:
+                problem = _check_csm_dataset(csm_dataset_hard)
+                if problem is None:
+                    csm_paths["hard"] = str(csm_dataset_hard)
+                else:
+                    blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
+            elif "soft" in csm_paths:
+                csm_paths["hard"] = str(derive_hard_label_dataset(csm_paths["soft"], output / "csm-hard-labels"))
+            else:
+                blocked["hard"] = blocked["soft"] + "; the hard-label copy is derived from it"
+    todo, skipped = [], {}
+    for m, s in plan_cells(methods, seeds):
+        kind = METHODS[m].csm
+        if kind in blocked:
+            skipped[cell_name(m, s)] = blocked[kind]
+            continue
+        cell_dir = output / "cells" / cell_name(m, s)
+        cfg = cell_config(recipe, METHODS[m], s, cell_dir, csm_paths)
+        if cell_state(cell_dir, cfg) != "done":
+            todo.append((m, s, cell_dir, cfg))
+    if max_cells is not None:
+        todo = todo[:max(0, max_cells)]
+    for reason in sorted(set(skipped.values())):
+        log(f"skipping {sum(v == reason for v in skipped.values())} cell(s): {reason}")
+    bar = tqdm(todo, desc="cells", unit="cell", dynamic_ncols=True, disable=not todo)
+    for m, s, cell_dir, cfg in bar:
+        bar.set_postfix(cell=cell_name(m, s))
+        run_cell(cfg, cell_dir, m, s, log=log)
+    return {"ran": len(todo), "skipped": skipped}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# table and report
+# ---------------------------------------------------------------------------------------------------------------
+def collect_cells(output: Path) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``{method: {seed: {"results": ..., "seconds": ..., "dir": ...}}}`` of every finished cell under ``output``."""
+    found: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    cells = Path(output) / "cells"
+    if not cells.is_dir():
+        return found
+    for d in sorted(cells.iterdir()):
+        meta_path, res_path = d / CELL_META, d / RESULTS
+        if not (meta_path.exists() and res_path.exists()):
+            continue
+        meta = _read_json(meta_path)
+        found.setdefault(meta["method"], {})[int(meta["seed"])] = {
+            "results": _read_json(res_path), "seconds": meta.get("seconds"), "dir": d, "config": meta["config"]}
+    return found
+
+
+# (key in the metrics dict, column header, scale): accuracy and calibration errors in %
+_COLUMNS = (("accuracy", "Acc (%)", 100.0), ("ece", "ECE (%)", 100.0), ("aece", "AECE (%)", 100.0),
+            ("cece", "CECE (%)", 100.0), ("nll", "NLL", 1.0))
+_HIGHER_IS_BETTER = {"accuracy"}
+
+
+def _mean_std(values: Sequence[float]) -> Tuple[float, Optional[float]]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def matches_recipe(cell: Dict[str, Any], method: str, seed: int, recipe: Dict[str, Any]) -> bool:
+    """Whether a finished cell was trained with ``recipe`` (the generated dataset's path aside)."""
+    if method not in METHODS:
+        return False
+    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], {"soft": "-", "hard": "-"}))
+    actual = dict(cell["config"])
+    expected.pop("csm_dataset", None)
+    actual.pop("csm_dataset", None)
+    return expected == actual
+
+
+def summarize(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
+    """Per method: seeds and ``{phase: {metric: (mean, sample std or None)}}`` for phase pre_ts / post_ts, plus the
+    temperature and the mean seconds per cell."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for method in [m for m in METHODS if m in cells] + sorted(m for m in cells if m not in METHODS):
+        runs = cells[method]
+        seeds = sorted(runs)
+        row: Dict[str, Any] = {"seeds": seeds}
+        for phase in ("pre_ts", "post_ts"):
+            metrics = [runs[s]["results"]["test"].get(phase) for s in seeds]
+            metrics = [m for m in metrics if m]
+            row[phase] = {k: _mean_std([m[k] for m in metrics]) for k, _, _ in _COLUMNS} if metrics else {}
+        temps = [runs[s]["results"].get("temperature") for s in seeds]
+        temps = [t for t in temps if t is not None]
+        row["temperature"] = _mean_std(temps) if temps else None
+        secs = [runs[s]["seconds"] for s in seeds if runs[s].get("seconds") is not None]
+        row["seconds"] = sum(secs) / len(secs) if secs else None
+        out[method] = row
+    return out
+
+
+def _fmt(ms: Optional[Tuple[float, Optional[float]]], scale: float, digits: int) -> str:
+    if ms is None:
+        return "-"
+    mean, std = ms
+    text = f"{mean * scale:.{digits}f}"
+    return text + (f" ± {std * scale:.{digits}f}" if std is not None else "")
+
+
+def _table(summary: Dict[str, Dict[str, Any]], phase: str, with_temperature: bool) -> List[str]:
+    heads = [h for _, h, _ in _COLUMNS] + (["T"] if with_temperature else []) + ["s / cell"]
+    lines = ["| method | seeds | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    best = {}
+    for key, _, _ in _COLUMNS:
+        vals = [row[phase][key][0] for row in summary.values() if row.get(phase)]
+        if vals:
+            best[key] = max(vals) if key in _HIGHER_IS_BETTER else min(vals)
+    for method, row in summary.items():
+        label = METHODS[method].label if method in METHODS else method
+        cells = []
+        for key, _, scale in _COLUMNS:
+            ms = row[phase].get(key) if row.get(phase) else None
+            text = _fmt(ms, scale, 4 if scale == 1.0 else 2)
+            if ms is not None and len(summary) > 1 and ms[0] == best.get(key):
+                text = f"**{text}**"
+            cells.append(text)
+        if with_temperature:
+            cells.append(_fmt(row["temperature"], 1.0, 2))
+        cells.append("-" if row["seconds"] is None else f"{row['seconds']:.0f}")
+        lines.append(f"| {label} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def machine_description() -> str:
+    """CPU model and core count, or the GPU when torch sees one; the load average at report time."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            cpu = names[0]
+    except OSError:
+        pass
+    text = f"{os.cpu_count()}-core CPU ({cpu})"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            text += f", GPU {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    if hasattr(os, "getloadavg"):
+        text += f"; load average {os.getloadavg()[0]:.1f} when the report was written"
+    return text
+
+
+def reliability_figure(cells: Dict[str, Dict[int, Dict[str, Any]]], path: Path, n_bins: int = 15,
+                       methods: Sequence[str] = ("ce", "csm")) -> Optional[int]:
+    """CE against CSM reliability diagrams (test split, before temperature scaling) of the first seed both
+    finished with saved test predictions; returns that seed, or None when there is none (or no matplotlib)."""
+    from safetensors.torch import load_file
+
+    common = sorted(set.intersection(*[set(cells.get(m, {})) for m in methods]))
+    for seed in common:
+        files = [cells[m][seed]["dir"] / PREDICTIONS for m in methods]
+        if not all(f.exists() for f in files):
+            continue
+        try:
+            from timm_csm.metrics.plots import reliability_diagrams
+        except ImportError:
+            return None
+        runs = {}
+        for m, f in zip(methods, files):
+            t = load_file(str(f))
+            runs[f"{METHODS[m].label if m in METHODS else m} (seed {seed})"] = (t["logits"], t["targets"])
+        try:
+            reliability_diagrams(runs, path, n_bins=n_bins, title="Test reliability before temperature scaling")
+        except ImportError:  # matplotlib is an optional extra
+            return None
+        return seed
+    return None
+
+
+def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
+                 wall_seconds: float, skipped: Optional[Dict[str, str]] = None,
+                 methods: Sequence[str] = tuple(METHODS)) -> str:
+    """(Re)write the markdown report from every finished cell under ``output``; returns its text."""
+    cells, excluded = {}, []
+    for m, runs in collect_cells(output).items():
+        for s, cell in runs.items():
+            if matches_recipe(cell, m, s, recipe):
+                cells.setdefault(m, {})[s] = cell
+            else:
+                excluded.append(cell_name(m, s))
+    summary = summarize(cells)
+    report = Path(report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    figure = report.with_name(report.stem + "_reliability.png")
+    seed = reliability_figure(cells, figure, n_bins=int(recipe.get("n_bins", 15)))
+    total = sum(c["seconds"] or 0.0 for runs in cells.values() for c in runs.values())
+    n_done = sum(len(r) for r in cells.values())
+    pending = [cell_name(m, s) for m, s in plan_cells(methods, seeds) if s not in cells.get(m, {})]
+    shown = {k: v for k, v in recipe.items() if k != "progress"}
+    lines = ["## Calibration benchmark: CSM against the baselines on Fashion-MNIST", "",
+             "Same backbone, recipe, data and seeds for every method; test split; calibration errors with 15 "
+             "equal-width bins (AECE: equal-mass bins, CECE: classwise); temperature T fitted on the validation "
+             "split (grid search by ECE). Mean ± sample standard deviation over the finished seeds; best mean of "
+             "each column in bold. `s / cell`: training and evaluation time of one cell.", "",
+             "Command:", "", f"    {command}", "",
+             f"Machine: {machine_description()}.", "",
+             f"Cells finished: {n_done} ({total / 3600:.2f} h of cell time in all); this invocation: "
+             f"{wall_seconds / 60:.1f} min wall time.", "",
+             "Recipe (every cell): `" + json.dumps(shown, sort_keys=True) + "`.", "",
+             "### Before temperature scaling", ""]
+    if summary:
+        lines += _table(summary, "pre_ts", with_temperature=False)
+        lines += ["", "### After temperature scaling", ""]
+        lines += _table(summary, "post_ts", with_temperature=True)
+    else:
+        lines += ["No cell has finished yet."]
+    lines += ["", "Methods (options added to the recipe):", ""]
+    for m in methods:
+        bm = METHODS[m]
+        data = {"soft": "; generated data: `--csm-dataset`", "hard": "; generated data: hard-label copy"}.get(
+            bm.csm or "", "")
+        lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
+    if seed is not None:
+        lines += ["", f"![Reliability diagrams, CE against CSM, seed {seed}]({figure.name})"]
+    if pending:
+        lines += ["", f"Pending cells ({len(pending)}): " + ", ".join(pending) + "."]
+    if excluded:
+        lines += ["", f"Left out ({len(excluded)}, trained with another recipe): " + ", ".join(excluded) + "."]
+    for reason in sorted(set((skipped or {}).values())):
+        lines += ["", f"Not run: {reason}."]
+    text = "\n".join(lines) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=report.name + ".", suffix=".tmp", dir=report.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, report)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------------------------
+def _key_value(text: str) -> Tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    import yaml
+
+    key, value = text.split("=", 1)
+    return key.strip().replace("-", "_"), yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default="runs/calibration_bench", help="cell cache: <output>/cells/<method>-s<seed>/")
+    p.add_argument("--report", default="benchmarks/calibration.md",
+                   help="markdown report (the figure is written beside it as <stem>_reliability.png)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
+                   help=f"methods to run (default: all of {', '.join(METHODS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells this time")
+    p.add_argument("--report-only", action="store_true", help="only re-assemble the report from finished cells")
+    p.add_argument("--csm-dataset", default="csm-fmnist-aug",
+                   help="generated CSM dataset (folder, installed name or Hub id) of the CSM rows")
+    p.add_argument("--csm-dataset-hard", default=None,
+                   help="the same generated images annotated with label_mode='generation' (hard labels); default: "
+                        "derived from --csm-dataset")
+    g = p.add_argument_group("recipe overrides (default: the demo pipeline profile)")
+    g.add_argument("--dataset", default=None)
+    g.add_argument("--model", default=None)
+    g.add_argument("--model-kwargs", nargs="*", type=_key_value, default=None, metavar="KEY=VALUE")
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--weight-decay", type=float, default=None)
+    g.add_argument("--sched", default=None)
+    g.add_argument("--max-train-samples", type=int, default=None)
+    g.add_argument("--max-test-samples", type=int, default=None)
+    g.add_argument("--n-aug", type=int, default=None)
+    g.add_argument("--train-opt", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="any other train.py option for every cell, e.g. --train-opt val_split=0.2 amp=true")
+    g.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    args = build_parser().parse_args(argv)
+    t0 = time.time()
+    overrides = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "batch_size", "lr", "weight_decay",
+                                               "sched", "max_train_samples", "max_test_samples", "n_aug")}
+    if args.model_kwargs is not None:
+        overrides["model_kwargs"] = dict(args.model_kwargs)
+    overrides.update(dict(args.train_opt))
+    if args.no_progress:
+        overrides["progress"] = False
+    recipe = base_recipe(overrides)
+    methods = list(dict.fromkeys(args.methods))
+    seeds = list(dict.fromkeys(args.seeds))
+    skipped: Dict[str, str] = {}
+    if not args.report_only:
+        done = run_cells(recipe, methods, seeds, Path(args.output), csm_dataset=args.csm_dataset,
+                         csm_dataset_hard=args.csm_dataset_hard, max_cells=args.max_cells)
+        skipped = done["skipped"]
+    command = "python benchmarks/calibration_bench.py" + "".join(
+        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    text = write_report(Path(args.output), Path(args.report), recipe, seeds, command, time.time() - t0,
+                        skipped=skipped, methods=methods)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
