@@ -8,9 +8,11 @@ labels of the dominant generation class, "variant 2").
 
 Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<method>-s<seed>/``: a cell with a
 ``results.json`` is skipped, a killed cell resumes from its ``last.safetensors``, so the benchmark can run in pieces
-(``--max-cells``) and the table fills in as cells finish. After every invocation the table (mean and standard
-deviation over the finished seeds) is re-assembled from all finished cells into ``--report`` with a reliability
-figure of CE against CSM.
+(``--max-cells``) and the table fills in as cells finish. The cache is keyed by the cell's training options (the
+generated dataset by its name or path, not its content: use a fresh ``--output`` after regenerating it); a folder
+trained with other options is refused. After every invocation the table (mean and standard deviation over the
+finished seeds) is re-assembled from the finished cells into this script's section of ``--report`` (the rest of
+the file is kept), with a reliability figure of CE against CSM beside it.
 
     python benchmarks/calibration_bench.py                        # all cells (hours on 2 CPU cores)
     python benchmarks/calibration_bench.py --max-cells 3          # three more cells, then the table so far
@@ -424,7 +426,8 @@ def reliability_figure(cells: Dict[str, Dict[int, Dict[str, Any]]], path: Path, 
 def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
                  wall_seconds: float, skipped: Optional[Dict[str, str]] = None,
                  methods: Sequence[str] = tuple(METHODS)) -> str:
-    """(Re)write the markdown report from every finished cell under ``output``; returns its text."""
+    """(Re)write this script's section of the markdown ``report`` (other sections of the file are kept) from every
+    finished cell under ``output`` trained with ``recipe``; returns the section."""
     cells, excluded = {}, []
     for m, runs in collect_cells(output).items():
         for s, cell in runs.items():
@@ -473,11 +476,27 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
     for reason in sorted(set((skipped or {}).values())):
         lines += ["", f"Not run: {reason}."]
     text = "\n".join(lines) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=report.name + ".", suffix=".tmp", dir=report.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, report)
+    _replace_section(report, text)
     return text
+
+
+_BEGIN, _END = "<!-- calibration_bench: begin -->", "<!-- calibration_bench: end -->"
+
+
+def _replace_section(path: Path, section: str) -> None:
+    """Write ``section`` between this script's markers in ``path``, keeping whatever else the file holds."""
+    block = f"{_BEGIN}\n{section}{_END}\n"
+    old = path.read_text() if path.exists() else ""
+    if _BEGIN in old and _END in old:
+        head, rest = old.split(_BEGIN, 1)
+        tail = rest.split(_END, 1)[1].lstrip("\n")
+        new = head + block + ("\n" + tail if tail else "")
+    else:
+        new = old + ("\n" if old and not old.endswith("\n\n") else "") + block
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(new)
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

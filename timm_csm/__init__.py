@@ -20,6 +20,7 @@ _LAZY = {
     "register_loss": "timm_csm.losses",
     "calibration_metrics": "timm_csm.metrics",
     "TemperatureScaling": "timm_csm.calibration",
+    "create_calibrator": "timm_csm.calibration",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -33,15 +34,9 @@ def __getattr__(name):
 
 
 def _on_import():
-    try:
-        from . import models  # noqa: F401  registers timm models (timm is a core dependency)
-    except ImportError as e:  # only while the models module is being written
-        if "timm_csm.models" not in str(e) and "models" not in str(e):
-            raise
-    try:
-        from .hf_metrics import install_evaluate_modules
-    except ImportError:
-        return
+    from . import models  # noqa: F401  registers the small-image timm models
+    from .hf_metrics import install_evaluate_modules
+
     try:
         install_evaluate_modules()
     except OSError:  # a read-only cache: load_metric(name) still works by path

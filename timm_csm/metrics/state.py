@@ -286,20 +286,16 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
         top = (x.gather(1, y) == row_max).view(-1)
         maybe_tie = top & tie_possible
         if bool(maybe_tie.any()):
-            # count the entries equal to the row maximum; for logits x = exp(z - max) <= 1, so floor(x) marks them
-            cand = maybe_tie.nonzero().view(-1)
-            sub = x.index_select(0, cand) if cand.numel() < n // 2 else x
             if input_type == "logits":
-                n_max = sub.floor().sum(1)
+                # x = exp(z - max z) <= 1, so floor(x) is 1 exactly at the row maxima and 0 elsewhere; in place
+                # when the probabilities are not needed any more
+                keep_x = flags["brier"] or flags["classwise"]
+                marks = torch.floor(x) if keep_x else x.floor_()
             else:
-                n_max = (sub == (row_max if sub is x else row_max.index_select(0, cand))).sum(1)
-            if sub is x:
-                rows = (maybe_tie & (n_max >= 2)).nonzero().view(-1)
-            else:
-                rows = cand[n_max >= 2]
-            if rows.numel():
-                maxima = x[rows] == (row_max if isinstance(row_max, float) else row_max[rows])
-                top[rows] = maxima.to(torch.uint8).argmax(1) == y.view(-1)[rows]
+                marks = (x == row_max).to(x.dtype)
+            rows = (maybe_tie & (marks.sum(1) >= 2)).nonzero().view(-1)
+            if rows.numel():  # argmax of the 0/1 marks is the first maximum
+                top[rows] = marks[rows].argmax(1) == y.view(-1)[rows]
         acc = top.to(_F64)
 
     if input_type == "logits" and (flags["brier"] or flags["classwise"]):

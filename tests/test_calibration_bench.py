@@ -1,0 +1,171 @@
+"""The calibration benchmark at toy scale: cached and resumable cells, the mean ± std table, the hard-label copy."""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from csm_testdata import make_csm_dataset, save_csm_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGIT_NAMES = [str(i) for i in range(10)]
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("calibration_bench", ROOT / "benchmarks" / "calibration_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+# toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
+TOY = ["--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
+       "--batch-size", "32", "--lr", "0.05", "--max-train-samples", "320", "--max-test-samples", "200",
+       "--train-opt", "val_split=0.25", "hflip=0.0", "crop_pad=1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def csm_folder(tmp_path_factory):
+    """Generated groups for the digits: members blend the class-mean images of the pair."""
+    from timm_csm.data import load_digits
+
+    digits = load_digits("train")
+    protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
+    ds = make_csm_dataset(DIGIT_NAMES, prototypes=protos, img_shape=(1, 8, 8))
+    return save_csm_folder(ds, tmp_path_factory.mktemp("csm") / "csm-digits-aug")
+
+
+def _row(text: str, label: str):
+    """Cells of the first table row of ``label`` after the heading ``### Before temperature scaling``."""
+    for line in text.splitlines():
+        if line.startswith(f"| {label} |"):
+            return [c.strip().strip("*") for c in line.strip("|").split("|")]
+    raise AssertionError(f"no row {label!r} in\n{text}")
+
+
+def _mean_sd(values):
+    m = sum(values) / len(values)
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
+    out, report = tmp_path / "bench", tmp_path / "calibration.md"
+    common = TOY + ["--output", str(out), "--report", str(report), "--csm-dataset", csm_folder,
+                    "--methods", "ce", "csm", "csm_hard", "--seeds", "0", "1"]
+
+    text = bench.main(common + ["--max-cells", "2"])  # seed-major: every method's seed 0 first
+    done = sorted(p.parent.name for p in (out / "cells").glob("*/results.json"))
+    assert done == ["ce-s0", "csm-s0"]
+    assert "Pending cells (4): csm_hard-s0, ce-s1, csm-s1, csm_hard-s1." in text
+    assert _row(text, "CE")[1] == "1"
+
+    # a killed cell (training state, no results) resumes: no epoch is trained again, the evaluation is the same
+    cell = out / "cells" / "ce-s0"
+    first = json.loads((cell / "results.json").read_text())
+    log_stamp = (cell / "log.json").stat().st_mtime_ns  # rewritten after every trained epoch
+    (cell / "results.json").unlink()
+    bench.main(common + ["--max-cells", "1"])
+    again = json.loads((cell / "results.json").read_text())
+    assert again["test"] == first["test"] and (cell / "log.json").stat().st_mtime_ns == log_stamp
+    assert not (out / "cells" / "csm_hard-s0" / "results.json").exists()  # the resumed cell was the one new cell
+
+    text = bench.main(common)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/results.json")}
+    assert len(stamps) == 6 and "Pending" not in text
+    text = bench.main(common)  # everything cached: nothing retrains
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/results.json")} == stamps
+
+    # the table is the mean ± sample std over the two seeds of each cell's results.json
+    for method, label in (("ce", "CE"), ("csm", "CSM"), ("csm_hard", bench.METHODS["csm_hard"].label)):
+        res = [json.loads((out / "cells" / f"{method}-s{s}" / "results.json").read_text()) for s in (0, 1)]
+        row = _row(text, label)
+        assert row[1] == "2"
+        for col, key in ((2, "accuracy"), (3, "ece"), (4, "aece"), (5, "cece")):
+            m, sd = _mean_sd([100 * r["test"]["pre_ts"][key] for r in res])
+            assert row[col] == f"{m:.2f} ± {sd:.2f}"
+        m, sd = _mean_sd([r["test"]["pre_ts"]["nll"] for r in res])
+        assert row[6] == f"{m:.4f} ± {sd:.4f}"
+    post = text.split("### After temperature scaling")[1]
+    res = [json.loads((out / "cells" / f"ce-s{s}" / "results.json").read_text()) for s in (0, 1)]
+    m, sd = _mean_sd([r["temperature"] for r in res])
+    assert _row(post, "CE")[7] == f"{m:.2f} ± {sd:.2f}"
+    m, sd = _mean_sd([100 * r["test"]["post_ts"]["ece"] for r in res])
+    assert _row(post, "CE")[3] == f"{m:.2f} ± {sd:.2f}"
+
+    # saved test predictions reproduce the reported metrics; the figure is drawn from them
+    from safetensors.torch import load_file
+
+    from timm_csm.metrics import calibration_metrics
+
+    pred = load_file(str(out / "cells" / "csm-s1" / "test_predictions.safetensors"))
+    res = json.loads((out / "cells" / "csm-s1" / "results.json").read_text())
+    assert pred["logits"].shape == (200, 10) and pred["targets"].dtype == torch.int64
+    assert calibration_metrics(pred["logits"], pred["targets"])["ece"] == pytest.approx(res["test"]["pre_ts"]["ece"])
+    png = report.with_name("calibration_reliability.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.name in text
+
+    # the cache is keyed by the recipe: another recipe in the same folder is refused, naming the difference
+    with pytest.raises(ValueError, match="epochs"):
+        bench.main(common + ["--epochs", "2"])
+    # --report-only with another recipe leaves the other recipe's cells out
+    text = bench.main(common + ["--report-only", "--lr", "0.01"])
+    assert "No cell has finished yet." in text and "Left out (6" in text
+
+
+def test_hard_label_copy_is_the_one_hot_generation_class(tmp_path, csm_folder):
+    from timm_csm.hub import load_csm_dataset
+
+    folder = bench.derive_hard_label_dataset(csm_folder, tmp_path / "csm-hard")
+    soft = load_csm_dataset(csm_folder)["train"]
+    hard = load_csm_dataset(str(folder))["train"]
+    assert len(hard) == len(soft) and hard["group_id"] == soft["group_id"]
+    q = np.asarray(hard["soft_label"])
+    lam, a, b = np.asarray(soft["lambda_gen"]), np.asarray(soft["class_a"]), np.asarray(soft["class_b"])
+    expected = np.where(lam >= 0.5, a, b)
+    assert np.array_equal(q.argmax(1), expected) and np.array_equal(q.sum(1), np.ones(len(q)))
+    assert np.array_equal(np.asarray(hard["label"]), expected) and set(np.unique(q)) == {0.0, 1.0}
+    # the soft source really was soft, so the copy changed something
+    assert not np.array_equal(np.asarray(soft["soft_label"]), q)
+    # the images are the source's
+    assert hard[5]["image"].tobytes() == soft[5]["image"].tobytes()
+    stamp = (folder / "derived_from.json").stat().st_mtime_ns
+    assert bench.derive_hard_label_dataset(csm_folder, folder) == folder  # cached
+    assert (folder / "derived_from.json").stat().st_mtime_ns == stamp
+
+
+def test_missing_csm_dataset_skips_the_csm_rows_and_the_report_keeps_other_sections(tmp_path):
+    out, report = tmp_path / "bench", tmp_path / "calibration.md"
+    report.write_text("## Choosing the recipe\n\nkept above\n")
+    argv = TOY + ["--output", str(out), "--report", str(report), "--methods", "ce", "csm", "csm_hard",
+                  "--seeds", "3", "--csm-dataset", str(tmp_path / "nowhere"), "--max-cells", "0"]
+    text = bench.main(argv)
+    assert "Not run: CSM dataset" in text and "hard-label copy is derived from it" in text
+    assert "Pending cells (3): ce-s3, csm-s3, csm_hard-s3." in text
+    assert not (out / "cells").exists()
+    report.write_text(report.read_text() + "\n## Notes\n\nkept below\n")
+    bench.main(argv)
+    full = report.read_text()
+    assert full.startswith("## Choosing the recipe\n\nkept above\n") and full.endswith("## Notes\n\nkept below\n")
+    assert full.count("## Calibration benchmark") == 1 and full.count("Pending cells (3)") == 1
+
+
+def test_recipe_defaults_to_the_demo_profile():
+    from timm_csm.pipeline import PROFILES
+
+    demo = PROFILES["demo"]
+    recipe = bench.base_recipe({"epochs": 3, "lr": None})
+    assert recipe["epochs"] == 3 and recipe["lr"] == demo.lr and recipe["model"] == demo.model
+    assert recipe["max_train_samples"] == demo.max_train_samples
+    for k, v in demo.train_extra.items():
+        assert recipe[k] == (dict(v) if k == "model_kwargs" else v)
+    cfg = bench.cell_config(recipe, bench.METHODS["mixup"], 7, Path("x"))
+    assert cfg["mixup"] == 0.4 and cfg["seed"] == 7 and "n_aug" not in cfg and "csm_dataset" not in cfg
+    with pytest.raises(ValueError, match="needs the soft-label CSM dataset"):
+        bench.cell_config(recipe, bench.METHODS["csm"], 0, Path("x"))
