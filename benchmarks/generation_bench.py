@@ -21,6 +21,8 @@ def main(argv=None):
     p.add_argument("--num-lambdas", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--guidance-scale", type=float, default=1.0,
+                   help="with guidance != 1 the model runs on 2x the batch, and so does the raw-forward reference")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
 
@@ -32,16 +34,18 @@ def main(argv=None):
 
     if args.generator:
         pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps,
-                                                      device=args.device)
+                                                      guidance_scale=args.guidance_scale, device=args.device)
     else:
         unet = create_class_unet(GENERATOR_PROFILES["fmnist"], 10).to(args.device).eval()
-        pipe = SemanticMixingPipeline(unet, DDIMScheduler(beta_schedule="squaredcos_cap_v2"), 10, args.steps)
+        pipe = SemanticMixingPipeline(unet, DDIMScheduler(beta_schedule="squaredcos_cap_v2"), 10, args.steps,
+                                      args.guidance_scale)
     lams = lambda_grid(args.num_lambdas)
     groups = plan_groups(pipe.num_classes, args.batch_groups)
     batch = args.batch_groups * len(lams)
-    x = torch.randn(batch, *pipe.image_shape, device=args.device)
-    w = torch.rand(batch, pipe.num_classes, device=args.device)
-    t = torch.full((batch,), 500, device=args.device)
+    model_batch = batch * (2 if args.guidance_scale != 1.0 else 1)  # guidance: conditional + null branches
+    x = torch.randn(model_batch, *pipe.image_shape, device=args.device)
+    w = torch.rand(model_batch, pipe.num_classes, device=args.device)
+    t = torch.full((model_batch,), 500, device=args.device)
 
     def sync():
         if args.device.startswith("cuda"):
@@ -63,11 +67,12 @@ def main(argv=None):
         encode_png(img)
     png = time.perf_counter() - t0
     raw_s, full_s = min(raw), min(full)
-    print(f"| device | batch (images) | steps | raw forward img/s | pipeline img/s | overhead | PNG encode img/s |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| device | batch (images) | guidance | steps | raw forward img/s | pipeline img/s | overhead "
+          "| PNG encode img/s |")
+    print("|---|---|---|---|---|---|---|---|")
     print(f"| {args.device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)) "
-          f"| {batch} | {args.steps} | {batch / raw_s:.1f} | {batch / full_s:.1f} | {full_s / raw_s - 1:+.1%} "
-          f"| {batch / png:.0f} |")
+          f"| {batch} | {args.guidance_scale} | {args.steps} | {batch / raw_s:.1f} | {batch / full_s:.1f} "
+          f"| {full_s / raw_s - 1:+.1%} | {batch / png:.0f} |")
 
 
 if __name__ == "__main__":

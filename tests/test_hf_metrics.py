@@ -105,6 +105,10 @@ def test_add_batch_streams_arrays_without_arrow_and_lists_through_it(modules):
         assert module.compute() == {name: pytest.approx(REFERENCE[name](z, y), abs=1e-6)}
         with pytest.raises(ValueError, match="nothing to compute"):
             module.compute()
+    # batches accumulated with the load-time options cannot be re-binned at compute time
+    modules["ece"].add_batch(predictions=z, references=y)
+    with pytest.raises(ValueError, match="differ from the options"):
+        modules["ece"].compute(n_bins=10)
 
 
 def test_combine_loaded_modules_and_errors(modules):

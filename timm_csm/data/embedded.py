@@ -85,7 +85,7 @@ def read_idx(path) -> np.ndarray:
     expected = int(np.prod(shape))
     if len(data) - offset != expected:
         raise ValueError(f"{path} is truncated or corrupt: header says {expected} values, file holds {len(data) - offset}")
-    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape).copy()  # writable, owns its memory
 
 
 def fashion_mnist_root() -> Optional[Path]:

@@ -32,7 +32,7 @@ def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
 
 
-def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses) -> None:
+def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses, seconds: float) -> None:
     """Atomic: build ``checkpoint.tmp``, then swap it in with renames (the old one survives until the swap)."""
     from safetensors.torch import save_file
 
@@ -42,7 +42,7 @@ def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losse
     save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, tmp / "model.safetensors")
     torch.save({"ema": ema.state_dict(), "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict()},
                tmp / "training_state.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "train_seconds": seconds}))
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -119,7 +119,7 @@ def train_generator(
     lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
     ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
 
-    start, losses = 0, []
+    start, losses, seconds_before = 0, [], 0.0
     ckpt = _find_checkpoint(out)
     if ckpt is not None:
         state = json.loads((ckpt / "state.json").read_text())
@@ -128,7 +128,7 @@ def train_generator(
         ema.load_state_dict(training_state["ema"])
         optimizer.load_state_dict(training_state["optimizer"])
         lr_sched.load_state_dict(training_state["lr_sched"])
-        start, losses = state["step"], state["losses"]
+        start, losses, seconds_before = state["step"], state["losses"], state.get("train_seconds", 0.0)
         log(f"resuming generator training from step {start}")
 
     unet, optimizer = accelerator.prepare(unet, optimizer)
@@ -169,7 +169,8 @@ def train_generator(
             bar.set_postfix(loss=f"{losses[-1][1]:.4f}")
             window = []
         if accelerator.is_main_process and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            _save_checkpoint(out, step + 1, accelerator.unwrap_model(unet), ema, optimizer, lr_sched, losses)
+            _save_checkpoint(out, step + 1, accelerator.unwrap_model(unet), ema, optimizer, lr_sched, losses,
+                             seconds_before + time.time() - t0)
         accelerator.wait_for_everyone()
     bar.close()
 
@@ -180,6 +181,6 @@ def train_generator(
     if accelerator.is_main_process:
         info = dict(meta or {})
         info.update(class_names=list(class_names), recipe=config.to_dict(), losses=losses,
-                    train_seconds_this_run=round(time.time() - t0, 1))
+                    train_seconds=round(seconds_before + time.time() - t0, 1))
         save_generator(out, model, scheduler, info)
     return model, scheduler

@@ -92,6 +92,9 @@ class CalibrationMetric(evaluate.Metric):
             opts = self._merged(kwargs)
             acc = self._fast
             self._fast = None
+            if acc is not None and opts != self.options:
+                raise ValueError(f"{self.name}: compute options {kwargs} differ from the options the added batches "
+                                 "were accumulated with; give options to evaluate.load(...) when using add_batch")
             if predictions is not None:
                 if acc is None:
                     acc = self._accumulator(opts)
