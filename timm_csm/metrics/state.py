@@ -130,23 +130,9 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
             if buf is None or buf.dtype != _compute_dtype(p.dtype) or buf.numel() < p.numel():
                 buf = torch.empty(max(max_elements, p.numel()), dtype=_compute_dtype(p.dtype), device=p.device)
             _reduce_block(p, t, inputs, edges, local.flags, per_sample, cw_others, buf)
-    if per_sample.conf:
-        conf, acc = torch.cat(per_sample.conf), torch.cat(per_sample.acc)
-        local.n += conf.numel()
-        local.correct += acc.sum()
-        local.confidence += conf.sum()
-        if per_sample.nll:
-            local.nll += torch.cat(per_sample.nll).sum()
-        if per_sample.brier:
-            local.brier += torch.cat(per_sample.brier).sum()
-        if local.flags["binned"]:
-            b = bin_index(conf, edges)
-            local.count.index_add_(0, b, torch.ones_like(conf))
-            local.conf_sum.index_add_(0, b, conf)
-            local.acc_sum.index_add_(0, b, acc)
-        if local.flags["points"]:
-            local.conf_points.append(conf)
-            local.acc_points.append(acc)
+            if per_sample.count >= _FLUSH_SAMPLES:
+                per_sample.flush(local, edges)
+    per_sample.flush(local, edges)
     if cw_others is not None:
         cw_others.finalize(local)
     if state is None:
@@ -208,12 +194,38 @@ def _first_above(threshold: float, dtype: torch.dtype) -> float:
     return float(v)
 
 
+_FLUSH_SAMPLES = 1 << 16
+
+
 class _PerSample:
-    """Per-sample float64 vectors of one ``accumulate`` call, reduced once at its end (few large ops instead of
-    many small ones per block)."""
+    """Per-sample float64 vectors of the last few blocks, reduced into the state every ``_FLUSH_SAMPLES`` samples
+    (a few large ops instead of many small ones per block, on vectors that stay in cache)."""
 
     def __init__(self):
         self.conf, self.acc, self.nll, self.brier = [], [], [], []
+        self.count = 0
+
+    def flush(self, st: CalibrationState, edges: torch.Tensor) -> None:
+        if not self.conf:
+            return
+        conf, acc = torch.cat(self.conf), torch.cat(self.acc)
+        st.n += conf.numel()
+        st.correct += acc.sum()
+        st.confidence += conf.sum()
+        if self.nll:
+            st.nll += torch.cat(self.nll).sum()
+        if self.brier:
+            st.brier += torch.cat(self.brier).sum()
+        if st.flags["binned"]:
+            b = bin_index(conf, edges)
+            st.count.index_add_(0, b, torch.ones_like(conf))
+            st.conf_sum.index_add_(0, b, conf)
+            st.acc_sum.index_add_(0, b, acc)
+        if st.flags["points"]:
+            st.conf_points.append(conf)
+            st.acc_points.append(acc)
+        self.conf, self.acc, self.nll, self.brier = [], [], [], []
+        self.count = 0
 
 
 def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: torch.Tensor,
@@ -303,6 +315,7 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
 
     out.conf.append(conf)
     out.acc.append(acc)
+    out.count += n
     if nll_i is not None:
         out.nll.append(nll_i)
     if flags["brier"]:
