@@ -300,16 +300,21 @@ def _unflatten_state(skeleton, tensors: Dict[str, torch.Tensor]):
 
 def save_state(path, state: Dict[str, Any]) -> None:
     """Write a nested dict of tensors and JSON values to one safetensors file (atomically)."""
-    from safetensors.torch import save_file
-
     tensors: Dict[str, torch.Tensor] = {}
     skeleton = _flatten_state(state, "s", tensors)
+    _save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_state": json.dumps(skeleton)})
+
+
+def _save_safetensors_atomic(path, tensors: Dict[str, torch.Tensor], metadata: Dict[str, str]) -> None:
+    """``save_file`` to a temporary name in the same folder, then ``os.replace``: readers never see a partial file."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={"format": "pt", "timm_csm_state": json.dumps(skeleton)})
+        save_file(tensors, tmp, metadata=metadata)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -332,20 +337,8 @@ def load_state(path) -> Dict[str, Any]:
 def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, Any]) -> None:
     """Write model weights as a plain safetensors state dict (loadable by ``timm.models.load_checkpoint`` and
     ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt", "timm_csm_meta": json.dumps(meta)})
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    _save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_meta": json.dumps(meta)})
 
 
 def _write_text(path, text: str) -> None:
