@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ._io import save_safetensors_atomic
+
 __all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "save_state", "load_state",
            "save_model_file", "load_model_weights", "create_train_model", "create_criterion", "load_data", "predict",
            "results_markdown", "TrainingModule"]
@@ -302,24 +304,7 @@ def save_state(path, state: Dict[str, Any]) -> None:
     """Write a nested dict of tensors and JSON values to one safetensors file (atomically)."""
     tensors: Dict[str, torch.Tensor] = {}
     skeleton = _flatten_state(state, "s", tensors)
-    _save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_state": json.dumps(skeleton)})
-
-
-def _save_safetensors_atomic(path, tensors: Dict[str, torch.Tensor], metadata: Dict[str, str]) -> None:
-    """``save_file`` to a temporary name in the same folder, then ``os.replace``: readers never see a partial file."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_state": json.dumps(skeleton)})
 
 
 def load_state(path) -> Dict[str, Any]:
@@ -338,7 +323,7 @@ def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, 
     """Write model weights as a plain safetensors state dict (loadable by ``timm.models.load_checkpoint`` and
     ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
-    _save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_meta": json.dumps(meta)})
+    save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_meta": json.dumps(meta)})
 
 
 def _write_text(path, text: str) -> None:

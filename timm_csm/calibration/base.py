@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Dict
 
 import torch
@@ -63,23 +62,12 @@ class PostHocCalibrator:
 
     def save(self, path) -> None:
         """Write the fitted state and config to ``path`` (safetensors; atomic replace)."""
-        from safetensors.torch import save_file
+        from .._io import save_safetensors_atomic
 
         self._require_fitted()
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         metadata = {"calibrator": self.kind, "config": json.dumps(self.config(), sort_keys=True)}
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=metadata)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        save_safetensors_atomic(path, tensors, metadata)
 
     @classmethod
     def load(cls, path) -> "PostHocCalibrator":
