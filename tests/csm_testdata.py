@@ -75,3 +75,15 @@ def save_csm_folder(ds, folder):
     from timm_csm.hub import save_csm_dataset
 
     return str(save_csm_dataset(ds, folder))
+
+
+DIGIT_NAMES = [str(i) for i in range(10)]
+
+
+def save_digits_csm_folder(folder):
+    """A CSM dataset for scikit-learn's digits whose group members blend the class-mean images of their pair."""
+    from timm_csm.data import load_digits
+
+    digits = load_digits("train")
+    protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
+    return save_csm_folder(make_csm_dataset(DIGIT_NAMES, prototypes=protos, img_shape=(1, 8, 8)), folder)

@@ -9,22 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from csm_testdata import make_csm_dataset, save_csm_folder, write_parquet_folder
+from csm_testdata import make_csm_dataset, save_csm_folder, save_digits_csm_folder, write_parquet_folder
 from timm_csm.train import build_parser, load_state, parse_args, run
 
 ROOT = Path(__file__).resolve().parents[1]
-DIGIT_NAMES = [str(i) for i in range(10)]
 
 
 @pytest.fixture(scope="module")
 def csm_folder(tmp_path_factory):
-    """Generated data for the digits: group members blend the class-mean images of the pair."""
-    from timm_csm.data import load_digits
-
-    digits = load_digits("train")
-    protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
-    ds = make_csm_dataset(DIGIT_NAMES, prototypes=protos, img_shape=(1, 8, 8))
-    return save_csm_folder(ds, tmp_path_factory.mktemp("csm") / "csm-digits-aug")
+    return save_digits_csm_folder(tmp_path_factory.mktemp("csm") / "csm-digits-aug")
 
 
 def _config(tmp_path, name, **overrides):
