@@ -262,6 +262,20 @@ def speedups(results):
     return "\n".join(out)
 
 
+NOTES = """Notes:
+
+- Values agree to the digits shown; the float64 sums of timm_csm and netcal differ from torchmetrics in the 7th
+  digit at most (torchmetrics accumulates in float32). No confidence of these inputs sits on a bin edge or at 1.0,
+  where torchmetrics' binning differs (its hidden extra bin for 1.0, torchmetrics#3510).
+- "extra peak MiB" includes the first-call allocations of torch (about 8-10 MiB at any size).
+- netcal is given probabilities (it takes no logits), so it skips the softmax the others compute.
+- Not run here: N x C = 1e6 x 1000 (4 GB of float32 logits, plus 4-8 GB for torchmetrics / netcal, does not fit
+  next to the other jobs on this 23 GB machine); the evaluate list route above 1e6 values (a no-op module
+  fed 2e5 x 1000 that way took 123 s and +8.7 GB on a similar machine); TorchUncertainty (not installed: it pulls in Lightning), whose
+  classwise metric is the per-class torchmetrics loop timed above plus input re-validation per class.
+"""
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -298,7 +312,7 @@ def main(argv=None):
         f"load average at the end {load}; {elapsed:.0f} s in all. Best of {args.repeats} runs per method, each "
         "method in its own process. The machine was shared with a long training job and other test runs, so "
         "wall times are inflated and noisy; CPU times are the better comparison.", "",
-        table(results), "", speedups(results), ""])
+        table(results), "", speedups(results), "", NOTES])
     print(text)
     if args.output:
         tmp = args.output + ".tmp"
