@@ -8,18 +8,17 @@ training epoch of 10k Fashion-MNIST images takes a few seconds on one CPU core (
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._cfg import FASHION_MNIST_MEAN, FASHION_MNIST_STD, adapt_pretrained_cfg, small_image_cfg
+from ._head import PooledLinearHead
 
 __all__ = ["SmallCNN"]
-
 
 def _norm(kind: str, channels: int) -> nn.Module:
     if kind == "batchnorm":
@@ -28,8 +27,7 @@ def _norm(kind: str, channels: int) -> nn.Module:
         return nn.GroupNorm(math.gcd(8, channels), channels)
     raise ValueError(f"norm_layer must be 'batchnorm' or 'groupnorm', got {kind!r}")
 
-
-class SmallCNN(nn.Module):
+class SmallCNN(PooledLinearHead, nn.Module):
     """Stages of ``depth`` conv3x3-norm-ReLU layers of widths ``widths``; 2x2 max-pool between stages.
 
     ``norm_layer``: "batchnorm" (default) or "groupnorm" (8 groups).
@@ -69,29 +67,8 @@ class SmallCNN(nn.Module):
         if enable:
             raise ValueError("SmallCNN does not support gradient checkpointing")
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
-        self.fc = (nn.Linear(self.num_features * self.global_pool.feat_mult(), num_classes)
-                   if num_classes > 0 else nn.Identity())
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.global_pool(x)
-        if self.drop_rate > 0:
-            x = F.dropout(x, p=self.drop_rate, training=self.training)
-        return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
 
 default_cfgs = generate_default_cfgs({
     "small_cnn.untrained": small_image_cfg(input_size=(1, 28, 28), pool_size=(7, 7), mean=FASHION_MNIST_MEAN,
@@ -100,18 +77,15 @@ default_cfgs = generate_default_cfgs({
                                                 std=FASHION_MNIST_STD, first_conv="stages.0.0"),
 })
 
-
 def _create(variant: str, pretrained: bool = False, **kwargs) -> SmallCNN:
     model = build_model_with_cfg(SmallCNN, variant, pretrained, feature_cfg=dict(flatten_sequential=True), **kwargs)
     adapt_pretrained_cfg(model, model.in_chans)
     return model
 
-
 @register_model
 def small_cnn(pretrained: bool = False, **kwargs) -> SmallCNN:
     """SmallCNN, widths (16, 32, 64), one convolution per stage (24 k parameters at 10 classes)."""
     return _create("small_cnn", pretrained, **kwargs)
-
 
 @register_model
 def small_cnn_wide(pretrained: bool = False, **kwargs) -> SmallCNN:

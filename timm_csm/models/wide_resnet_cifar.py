@@ -7,8 +7,6 @@ convolution projects the shortcut where the shape changes. WRN-28-10 is the stan
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,9 +14,9 @@ from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._cfg import adapt_pretrained_cfg, small_image_cfg
+from ._head import PooledLinearHead
 
 __all__ = ["WideResNet"]
-
 
 class WideBasicBlock(nn.Module):
     """Pre-activation wide basic block; the shortcut takes the pre-activated input when it is projected."""
@@ -43,8 +41,7 @@ class WideBasicBlock(nn.Module):
             out = F.dropout(out, p=self.drop_rate, training=self.training)
         return self.conv2(out) + shortcut
 
-
-class WideResNet(nn.Module):
+class WideResNet(PooledLinearHead, nn.Module):
     """WRN-``depth``-``widen_factor`` for small images, with timm's model interface.
 
     Args:
@@ -95,17 +92,6 @@ class WideResNet(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True):
         self.grad_checkpointing = enable
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
-        self.fc = (nn.Linear(self.num_features * self.global_pool.feat_mult(), num_classes)
-                   if num_classes > 0 else nn.Identity())
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv1(x)
         for layer in (self.layer1, self.layer2, self.layer3):
@@ -115,22 +101,11 @@ class WideResNet(nn.Module):
                 x = layer(x)
         return F.relu(self.bn_final(x))
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.global_pool(x)
-        if self.drop_rate > 0:
-            x = F.dropout(x, p=self.drop_rate, training=self.training)
-        return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-
 def _create(variant: str, depth: int, widen_factor: int, pretrained: bool = False, **kwargs) -> WideResNet:
     model = build_model_with_cfg(WideResNet, variant, pretrained, depth=depth, widen_factor=widen_factor,
                                  feature_cfg=dict(flatten_sequential=True), **kwargs)
     adapt_pretrained_cfg(model, model.in_chans)
     return model
-
 
 _WRN_CFG = dict(first_conv="conv1", classifier="fc", pool_size=(8, 8))
 default_cfgs = generate_default_cfgs({
@@ -139,18 +114,15 @@ default_cfgs = generate_default_cfgs({
     "wrn16_4_cifar.untrained": small_image_cfg(**_WRN_CFG),
 })
 
-
 @register_model
 def wrn28_10_cifar(pretrained: bool = False, **kwargs) -> WideResNet:
     """WRN-28-10 (36.5 M parameters): the standard wide ResNet for CIFAR."""
     return _create("wrn28_10_cifar", 28, 10, pretrained, **kwargs)
 
-
 @register_model
 def wrn28_2_cifar(pretrained: bool = False, **kwargs) -> WideResNet:
     """WRN-28-2 (1.5 M parameters)."""
     return _create("wrn28_2_cifar", 28, 2, pretrained, **kwargs)
-
 
 @register_model
 def wrn16_4_cifar(pretrained: bool = False, **kwargs) -> WideResNet:
