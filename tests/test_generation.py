@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from gloo_launch import launch_two_processes
+
 from timm_csm.generation import (
     EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline, class_pair, create_class_unet,
     enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
@@ -200,12 +202,9 @@ def test_generate_resumes_after_sigkill_with_identical_output(tiny_generator, tm
 
 
 def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), ACCELERATE_USE_CPU="1")
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run(_generate_cmd(tiny_generator, tmp_path / "one"), check=True, env=env, capture_output=True)
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", *_generate_cmd(tiny_generator, tmp_path / "two")[1:]]
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    launch_two_processes(*_generate_cmd(tiny_generator, tmp_path / "two")[1:])
     one, _ = _rows(tmp_path / "one")
     two, _ = _rows(tmp_path / "two")
     assert [r[:5] for r in one] == [r[:5] for r in two]

@@ -677,3 +677,32 @@ def test_validation_errors():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         create_loss("bce")(z, torch.full((3, 4), 2.0))
     assert ce.__class__(validate=False)(z, torch.tensor([0, 1, 2])).isfinite()
+
+
+def test_aslp_levels_sync_across_two_gloo_processes(tmp_path):
+    """Each of 2 processes updates the levels of its samples (sample 0 on both); after the per-epoch sync every
+    process holds the table a single process computes over all samples."""
+    import json
+
+    from aslp_sync_worker import new_loss, run_epochs, NUM_SAMPLES
+    from gloo_launch import SCRIPTS, launch_two_processes
+
+    launch_two_processes(SCRIPTS / "aslp_sync_worker.py", tmp_path / "levels")
+    tables = [json.loads((tmp_path / f"levels.{rank}.json").read_text()) for rank in (0, 1)]
+    assert [t["world"] for t in tables] == [2, 2]
+    expected = run_epochs(new_loss(), lambda epoch: torch.arange(NUM_SAMPLES))
+    assert (expected > 0).sum() >= NUM_SAMPLES // 4  # the levels moved, so the comparison means something
+    for t in tables:
+        assert torch.tensor(t["level"]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_aslp_sync_is_a_no_op_on_one_process():
+    from accelerate import Accelerator
+
+    loss = create_loss("aslp", num_samples=6, warmup_epochs=0, lr=0.1)
+    loss(torch.randn(3, 4) * 3, torch.tensor([0, 1, 2]), index=torch.tensor([0, 2, 4]))
+    before = loss.level.clone()
+    assert loss.touched.tolist() == [True, False, True, False, True, False]
+    loss.sync(Accelerator(cpu=True))
+    assert torch.equal(loss.level, before) and not loss.touched.any()
+    assert "touched" not in loss.state_dict()

@@ -156,21 +156,11 @@ def test_sync_across_two_gloo_processes(tmp_path):
     """2 processes with uneven shares, synced: the same metrics as one pass over all rows (adaptive and smooth ECE
     included, which need the gathered per-sample confidences)."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent / "scripts"))
     from accumulator_sync_worker import shared_data
+    from gloo_launch import SCRIPTS, launch_two_processes
 
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(root / "tests" / "scripts" / "accumulator_sync_worker.py"), str(tmp_path / "synced.json")]
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(SCRIPTS / "accumulator_sync_worker.py", tmp_path / "synced.json")
     synced = json.loads((tmp_path / "synced.json").read_text())
     assert synced["num_processes"] == 2
     z, y = shared_data()

@@ -974,6 +974,8 @@ def _train(args, mode, model, criterion, data, train_tf, accelerator, out_dir, m
         row: Dict[str, Any] = {"epoch": epoch, "lr": lr}
         row.update(_train_one_epoch(args, mode, train_module, model, criterion, optimizer, loader, accelerator,
                                     epoch, regmix_loss))
+        if hasattr(criterion, "sync"):  # per-sample loss state (ASLP) written by each process for its samples
+            criterion.sync(accelerator)
         if val_loader is not None:
             val_logits, val_y = predict(model, val_loader, accelerator)
             row.update(_metric_row("val", calibration_metrics(val_logits, val_y, n_bins=args.n_bins)))

@@ -16,7 +16,8 @@ Interface: ``needs_index = True``; ``forward(logits, target, index=...)`` takes 
 ``warmup_epochs`` epoch ends). Hook: ``on_epoch_end(val_logits, val_targets)`` sets Acc_val and counts epochs. Until
 the first hook call the enforcer is inactive. The per-sample table is a buffer (grown on demand when ``num_samples``
 is not given), saved by ``state_dict``. Under data parallelism each process updates the entries of the samples it
-sees; gather or reduce the buffer across processes if the table must stay identical.
+sees; ``sync(accelerator)`` (train.py calls it after every epoch) merges the tables so that all processes hold the
+same levels again.
 """
 from __future__ import annotations
 
@@ -44,6 +45,37 @@ class _PerSampleState(LossBase):
         self.register_buffer("level", torch.zeros(self.num_samples or 0, dtype=torch.float32))
         self.register_buffer("val_accuracy", torch.tensor(0.0, dtype=torch.float32))
         self.register_buffer("epoch", torch.tensor(0, dtype=torch.int64))
+        # entries written since the last sync (not saved: tables are synced at epoch ends, where state is saved)
+        self.register_buffer("touched", torch.zeros(self.num_samples or 0, dtype=torch.bool), persistent=False)
+
+    def _set_levels(self, index: torch.Tensor, new: torch.Tensor) -> None:
+        self.level[index] = new.to(self.level.dtype)
+        if self.touched.numel() != self.level.numel():
+            self.touched = self._resized(self.touched, self.level.numel())
+        self.touched[index] = True
+
+    @staticmethod
+    def _resized(table: torch.Tensor, size: int) -> torch.Tensor:
+        grown = torch.zeros(size, dtype=table.dtype, device=table.device)
+        grown[: min(size, table.numel())] = table[:size]
+        return grown
+
+    @torch.no_grad()
+    def sync(self, accelerator) -> None:
+        """Merge the per-sample tables of all processes of an ``accelerate.Accelerator`` (call on every process,
+        between epochs). An entry written by one or more processes since the last sync takes the mean of their
+        values (two only when a distributed sampler repeated a sample to even out the last batch); the others keep
+        their common value."""
+        if accelerator.num_processes > 1:
+            device = accelerator.device
+            size = int(accelerator.gather(torch.tensor([self.level.numel()], device=device)).max())
+            level = self._resized(self.level, size).to(device, torch.float64)
+            touched = self._resized(self.touched, size).to(device, torch.float64)
+            sums = accelerator.reduce(torch.stack([level * touched, touched]), reduction="sum")
+            written = sums[1] > 0
+            level[written] = sums[0][written] / sums[1][written]
+            self.level = level.to(self.level.device, self.level.dtype)
+        self.touched = torch.zeros(self.level.numel(), dtype=torch.bool, device=self.level.device)
 
     def _check_index(self, index: Optional[torch.Tensor], num_groups: int) -> Optional[torch.Tensor]:
         name = type(self).__name__
@@ -64,10 +96,7 @@ class _PerSampleState(LossBase):
         elif index.numel():
             needed = int(index.max()) + 1
             if needed > self.level.numel():
-                grown = torch.zeros(max(needed, 2 * self.level.numel()), dtype=self.level.dtype,
-                                    device=self.level.device)
-                grown[: self.level.numel()] = self.level
-                self.level = grown
+                self.level = self._resized(self.level, max(needed, 2 * self.level.numel()))
         return index
 
     def _updating(self, index) -> bool:
@@ -134,7 +163,7 @@ class AdaptiveLabelPerturbation(_PerSampleState):
         enforcer = torch.clamp((1.0 - self.val_accuracy.double()) - loss_of_conf, max=0.0)
         eps_max = (num_classes - 1) / num_classes if self.eps_max is None else self.eps_max
         new = (eps + self.lr * (ascent.double().to(eps.device) + self.lam * enforcer)).clamp(0.0, eps_max)
-        self.level[index] = new.to(self.level.dtype)
+        self._set_levels(index, new)
 
     @torch.no_grad()
     def on_epoch_end(self, val_logits: torch.Tensor, val_targets: torch.Tensor) -> None:
@@ -196,7 +225,7 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
                 enforcer = torch.clamp((1.0 - self.val_accuracy.double()) - self.beta * alpha, max=0.0)
                 step = ascent.double().to(alpha.device) / self.beta + self.lam * enforcer
                 new = (alpha + self.lr * step).clamp(0.0, 1.0 / (2.0 * self.beta) - 0.01)
-                self.level[index] = new.to(self.level.dtype)
+                self._set_levels(index, new)
         return loss
 
     @torch.no_grad()
