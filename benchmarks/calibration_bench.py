@@ -46,6 +46,8 @@ __all__ = ["BenchMethod", "METHODS", "base_recipe", "cell_config", "run_cells", 
 RESULTS = "results.json"
 CELL_META = "cell.json"
 PREDICTIONS = "test_predictions.safetensors"
+DEFAULT_OUTPUT = "runs/calibration_bench"
+DEFAULT_REPORT = Path("benchmarks/calibration.md")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,9 +515,11 @@ def _key_value(text: str) -> Tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default="runs/calibration_bench", help="cell cache: <output>/cells/<method>-s<seed>/")
-    p.add_argument("--report", default="benchmarks/calibration.md",
-                   help="markdown report (the figure is written beside it as <stem>_reliability.png)")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, help="cell cache: <output>/cells/<method>-s<seed>/")
+    p.add_argument("--report", default=None,
+                   help="markdown report (the figure is written beside it as <stem>_reliability.png); default: "
+                        "benchmarks/calibration.md for the default --output, else <output>/calibration.md, so that "
+                        "side experiments never overwrite the committed report")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
                    help=f"methods to run (default: all of {', '.join(METHODS)})")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -564,7 +568,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         skipped = done["skipped"]
     command = "python benchmarks/calibration_bench.py" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    text = write_report(Path(args.output), Path(args.report), recipe, seeds, command, time.time() - t0,
+    report = args.report or (DEFAULT_REPORT if args.output == DEFAULT_OUTPUT else Path(args.output) / "calibration.md")
+    text = write_report(Path(args.output), Path(report), recipe, seeds, command, time.time() - t0,
                         skipped=skipped, methods=methods)
     print(text)
     return text
