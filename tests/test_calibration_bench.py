@@ -162,3 +162,35 @@ def test_recipe_defaults_to_the_demo_profile():
     assert cfg["mixup"] == 0.4 and cfg["seed"] == 7 and "n_aug" not in cfg and "csm_dataset" not in cfg
     with pytest.raises(ValueError, match="needs the soft-label CSM dataset"):
         bench.cell_config(recipe, bench.METHODS["csm"], 0, Path("x"))
+
+
+def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
+    """A CSM run trained on half of the groups: the diagnostics score the other half as unseen and reload the run's
+    best checkpoint exactly (its real-test accuracy is the one train.py reported)."""
+    from csm_testdata import DIGIT_NAMES, make_csm_dataset, save_csm_folder
+    from timm_csm.data import load_digits
+    from timm_csm.train import run
+
+    spec = importlib.util.spec_from_file_location("csm_diagnostics", ROOT / "benchmarks" / "csm_diagnostics.py")
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+
+    digits = load_digits("train")
+    protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])
+    full = make_csm_dataset(DIGIT_NAMES, prototypes=protos, seeds_per_pair=2)
+    seen = save_csm_folder(full.filter(lambda r: r["group_id"] < 45), tmp_path / "seen" / "csm-digits-aug")
+    every = save_csm_folder(full, tmp_path / "all" / "csm-digits-aug")
+    results = run(dict(dataset="digits", model="small_cnn", loss="csm", csm_dataset=seen, epochs=3, batch_size=32,
+                       lr=0.05, hflip=0.0, crop_pad=0, max_train_samples=400, val_split=0.25, seed=0,
+                       progress=False, output=str(tmp_path), experiment="csm"))
+    rows = diag.diagnose([tmp_path / "csm"], Path(seen), Path(every))
+    assert len(rows) == 1 and rows[0]["loss"] == "csm"
+    r = rows[0]
+    assert r["real"]["accuracy"] == pytest.approx(results["test"]["pre_ts"]["accuracy"], abs=1e-9)
+    assert r["seen"]["n"] == r["unseen"]["n"] == 45 * 8
+    for part in ("seen", "unseen"):
+        assert 0 <= r[part]["sq_err"] <= 2 and 0 < r[part]["n_interior"] <= r[part]["n"]
+        assert r[part]["interior_target_conf"] < diag.INTERIOR
+    assert "| csm | csm |" in diag.to_markdown(rows)
+    with pytest.raises(ValueError, match="both groups"):
+        diag.diagnose([tmp_path / "csm"], Path(every), Path(every))

@@ -1,0 +1,139 @@
+"""Why does (or doesn't) CSM calibrate? Fit of trained classifiers on real and on generated images.
+
+For each trained run (a folder with ``model_best.safetensors``, e.g. a cell of ``calibration_bench.py``) this reports,
+with the checkpoint the benchmark evaluates:
+
+* real test images: accuracy, mean confidence, ECE;
+* generated images of the groups the run trained on ("seen") and of groups it never saw ("unseen", same generator,
+  same annotation): the squared error sum_k (p_k - q_k)^2 against the annotated soft labels, and mean confidence
+  against the mean of max_k q_k over the interior members (soft labels with max_k q_k < 0.9).
+
+A run that fits seen generated images but not unseen ones memorised the generated set (too few groups); one that
+fits unseen generated images but stays over-confident on real test images separates the two domains (the
+generator's images are told apart from real ones, so their soft labels do not transfer).
+
+    python benchmarks/csm_diagnostics.py --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
+        --seen runs/demo/annotated-<key>/csm-fmnist-aug --generated runs/csm900/csm-fmnist-aug --output diag.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+INTERIOR = 0.9  # soft labels with max_k q_k below this are "interior" (not an endpoint-like member)
+
+
+def load_run(folder: Path):
+    """(model, meta) of a run's ``model_best.safetensors``."""
+    from timm_csm.train import _read_meta, create_train_model, load_model_weights
+
+    path = folder / "model_best.safetensors"
+    meta = _read_meta(path)
+    if meta is None:
+        raise ValueError(f"{path} carries no timm-csm metadata")
+    model = create_train_model(meta["model"], meta["num_classes"], meta["in_chans"], meta["img_size"],
+                               model_kwargs=dict(meta.get("model_kwargs") or []))
+    load_model_weights(model, path)
+    return model.eval(), meta
+
+
+@torch.no_grad()
+def probabilities(model, images: torch.Tensor, meta: Dict, batch: int = 500) -> torch.Tensor:
+    mean = torch.tensor(meta["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(meta["std"]).view(1, -1, 1, 1)
+    out = []
+    for i in range(0, len(images), batch):
+        x = (images[i:i + batch].float() / 255.0 - mean) / std
+        out.append(model(x).float().softmax(1))
+    return torch.cat(out)
+
+
+def generated_fit(p: torch.Tensor, q: torch.Tensor) -> Dict[str, float]:
+    interior = q.max(1).values < INTERIOR
+    return {
+        "sq_err": float(((p - q) ** 2).sum(1).mean()),
+        "interior_sq_err": float(((p[interior] - q[interior]) ** 2).sum(1).mean()),
+        "interior_conf": float(p[interior].max(1).values.mean()),
+        "interior_target_conf": float(q[interior].max(1).values.mean()),
+        "n": int(len(q)), "n_interior": int(interior.sum()),
+    }
+
+
+def load_generated_rows(folder):
+    from timm_csm.data import CSMGroups
+    from timm_csm.hub import load_csm_dataset
+
+    groups = CSMGroups.from_dataset(load_csm_dataset(str(folder), split="train"))
+    rows = groups.members.reshape(-1)
+    gid = groups.group_ids.repeat_interleave(groups.group_size)
+    return groups.images[rows], groups.soft_labels[rows], gid
+
+
+def diagnose(runs: List[Path], seen_folder: Path, generated_folder: Path) -> List[Dict]:
+    from timm_csm.data import load_image_arrays
+    from timm_csm.metrics import calibration_metrics
+
+    seen_ids = set(load_generated_rows(seen_folder)[2].tolist())
+    images, q, gid = load_generated_rows(generated_folder)
+    seen = torch.tensor([g in seen_ids for g in gid.tolist()])
+    if seen.all() or not seen.any():
+        raise ValueError(f"{generated_folder} must hold both groups of {seen_folder} and others "
+                         f"({int(seen.sum())} of {len(seen)} rows are seen)")
+    rows = []
+    test = None
+    for folder in runs:
+        model, meta = load_run(folder)
+        if test is None or test.images.shape[1] != meta["in_chans"]:
+            test = load_image_arrays(meta["dataset"], "test")
+        p_test = probabilities(model, torch.as_tensor(test.images), meta)
+        real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
+        p_gen = probabilities(model, images, meta)
+        rows.append({"run": folder.name, "loss": meta["loss"],
+                     "real": {k: real[k] for k in ("accuracy", "confidence", "ece")},
+                     "seen": generated_fit(p_gen[seen], q[seen]),
+                     "unseen": generated_fit(p_gen[~seen], q[~seen])})
+    return rows
+
+
+def to_markdown(rows: List[Dict]) -> str:
+    lines = ["| run | loss | real acc | real conf | real ECE | gen seen sq.err | gen unseen sq.err | "
+             "interior conf seen / unseen / target |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, u = r["seen"], r["unseen"]
+        lines.append(f"| {r['run']} | {r['loss']} | {100 * r['real']['accuracy']:.2f} | "
+                     f"{100 * r['real']['confidence']:.2f} | {100 * r['real']['ece']:.2f} | {s['sq_err']:.4f} | "
+                     f"{u['sq_err']:.4f} | {100 * s['interior_conf']:.1f} / {100 * u['interior_conf']:.1f} / "
+                     f"{100 * u['interior_target_conf']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, type=Path, help="run folders with model_best.safetensors")
+    p.add_argument("--seen", required=True, type=Path, help="the CSM dataset the runs trained on")
+    p.add_argument("--generated", required=True, type=Path,
+                   help="a CSM dataset with the seen groups and further groups of the same generator")
+    p.add_argument("--output", type=Path, default=None, help="write the table (markdown) and rows (json) here")
+    args = p.parse_args(argv)
+    rows = diagnose(args.runs, args.seen, args.generated)
+    table = to_markdown(rows)
+    print(table)
+    if args.output:
+        args.output.write_text(table + "\n")
+        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
