@@ -13,7 +13,7 @@ fits unseen generated images but stays over-confident on real test images separa
 generator's images are told apart from real ones, so their soft labels do not transfer).
 
     python benchmarks/csm_diagnostics.py --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
-        --seen runs/demo/annotated-<key>/csm-fmnist-aug --generated runs/csm900/csm-fmnist-aug --output diag.md
+        --seen runs/demo/annotated-<key>/csm-fmnist-aug --generated runs/csm-heldout/csm-fmnist-aug --output diag.md
 """
 from __future__ import annotations
 
@@ -71,25 +71,37 @@ def generated_fit(p: torch.Tensor, q: torch.Tensor) -> Dict[str, float]:
     }
 
 
-def load_generated_rows(folder):
+def load_generated_rows(folders):
+    """Images (M, C, H, W), soft labels (M, K) and group keys (seed, class_a, class_b) of the datasets in
+    ``folders``: the key names a generated group in any plan (a plan's seeds are ``seed_offset + g``)."""
     from timm_csm.data import CSMGroups
     from timm_csm.hub import load_csm_dataset
 
-    groups = CSMGroups.from_dataset(load_csm_dataset(str(folder), split="train"))
-    rows = groups.members.reshape(-1)
-    gid = groups.group_ids.repeat_interleave(groups.group_size)
-    return groups.images[rows], groups.soft_labels[rows], gid
+    images, q, keys = [], [], []
+    for folder in folders:
+        ds = load_csm_dataset(str(folder), split="train")
+        if "seed" not in ds.column_names:
+            raise ValueError(f"{folder} has no 'seed' column: cannot tell its groups from other datasets' groups")
+        groups = CSMGroups.from_dataset(ds)
+        rows = groups.members.reshape(-1)
+        seeds = np.asarray(ds["seed"], dtype=np.int64)[rows.numpy()]
+        a = groups.class_a.repeat_interleave(groups.group_size).numpy()
+        b = groups.class_b.repeat_interleave(groups.group_size).numpy()
+        images.append(groups.images[rows])
+        q.append(groups.soft_labels[rows])
+        keys += list(zip(seeds.tolist(), a.tolist(), b.tolist()))
+    return torch.cat(images), torch.cat(q), keys
 
 
-def diagnose(runs: List[Path], seen_folder: Path, generated_folder: Path) -> List[Dict]:
+def diagnose(runs: List[Path], seen_folder: Path, generated: List[Path]) -> List[Dict]:
     from timm_csm.data import load_image_arrays
     from timm_csm.metrics import calibration_metrics
 
-    seen_ids = set(load_generated_rows(seen_folder)[2].tolist())
-    images, q, gid = load_generated_rows(generated_folder)
-    seen = torch.tensor([g in seen_ids for g in gid.tolist()])
-    if seen.all() or not seen.any():
-        raise ValueError(f"{generated_folder} must hold both groups of {seen_folder} and others "
+    seen_keys = set(load_generated_rows([seen_folder])[2])
+    images, q, keys = load_generated_rows(generated)
+    seen = torch.tensor([k in seen_keys for k in keys])
+    if not seen.any() or seen.all():
+        raise ValueError(f"the generated datasets must hold both groups of {seen_folder} and others "
                          f"({int(seen.sum())} of {len(seen)} rows are seen)")
     rows = []
     test = None
@@ -100,7 +112,7 @@ def diagnose(runs: List[Path], seen_folder: Path, generated_folder: Path) -> Lis
         p_test = probabilities(model, torch.as_tensor(test.images), meta)
         real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
         p_gen = probabilities(model, images, meta)
-        rows.append({"run": folder.name, "loss": meta["loss"],
+        rows.append({"run": str(folder), "loss": meta["loss"],
                      "real": {k: real[k] for k in ("accuracy", "confidence", "ece")},
                      "seen": generated_fit(p_gen[seen], q[seen]),
                      "unseen": generated_fit(p_gen[~seen], q[~seen])})
@@ -123,8 +135,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, type=Path, help="run folders with model_best.safetensors")
     p.add_argument("--seen", required=True, type=Path, help="the CSM dataset the runs trained on")
-    p.add_argument("--generated", required=True, type=Path,
-                   help="a CSM dataset with the seen groups and further groups of the same generator")
+    p.add_argument("--generated", required=True, nargs="+", type=Path,
+                   help="CSM datasets of the same generator and annotation with groups the runs did not see "
+                        "(groups of --seen among them count as seen)")
     p.add_argument("--output", type=Path, default=None, help="write the table (markdown) and rows (json) here")
     args = p.parse_args(argv)
     rows = diagnose(args.runs, args.seen, args.generated)

@@ -183,14 +183,14 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     results = run(dict(dataset="digits", model="small_cnn", loss="csm", csm_dataset=seen, epochs=3, batch_size=32,
                        lr=0.05, hflip=0.0, crop_pad=0, max_train_samples=400, val_split=0.25, seed=0,
                        progress=False, output=str(tmp_path), experiment="csm"))
-    rows = diag.diagnose([tmp_path / "csm"], Path(seen), Path(every))
-    assert len(rows) == 1 and rows[0]["loss"] == "csm"
+    rows = diag.diagnose([tmp_path / "csm"], Path(seen), [Path(every)])
+    assert len(rows) == 1 and rows[0]["loss"] == "csm" and rows[0]["run"] == str(tmp_path / "csm")
     r = rows[0]
     assert r["real"]["accuracy"] == pytest.approx(results["test"]["pre_ts"]["accuracy"], abs=1e-9)
     assert r["seen"]["n"] == r["unseen"]["n"] == 45 * 8
     for part in ("seen", "unseen"):
         assert 0 <= r[part]["sq_err"] <= 2 and 0 < r[part]["n_interior"] <= r[part]["n"]
         assert r[part]["interior_target_conf"] < diag.INTERIOR
-    assert "| csm | csm |" in diag.to_markdown(rows)
+    assert f"| {tmp_path / 'csm'} | csm |" in diag.to_markdown(rows)
     with pytest.raises(ValueError, match="both groups"):
-        diag.diagnose([tmp_path / "csm"], Path(every), Path(every))
+        diag.diagnose([tmp_path / "csm"], Path(every), [Path(seen)])
