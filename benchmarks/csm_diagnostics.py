@@ -13,7 +13,7 @@ fits unseen generated images but stays over-confident on real test images separa
 generator's images are told apart from real ones, so their soft labels do not transfer).
 
     python benchmarks/csm_diagnostics.py --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
-        --seen runs/demo/annotated-<key>/csm-fmnist-aug --generated runs/csm-heldout/csm-fmnist-aug --output diag.md
+        --seen runs/demo/annotated-<key>/csm-fmnist-aug --heldout runs/csm-heldout/csm-fmnist-aug --output diag.md
 """
 from __future__ import annotations
 
@@ -93,16 +93,19 @@ def load_generated_rows(folders):
     return torch.cat(images), torch.cat(q), keys
 
 
-def diagnose(runs: List[Path], seen_folder: Path, generated: List[Path]) -> List[Dict]:
+def diagnose(runs: List[Path], seen_folder: Path, heldout: List[Path]) -> List[Dict]:
+    """Rows of the table: every run scored on the real test split, on ``seen_folder`` (the generated dataset the runs
+    trained on) and on the groups of ``heldout`` that are not in ``seen_folder``."""
     from timm_csm.data import load_image_arrays
     from timm_csm.metrics import calibration_metrics
 
-    seen_keys = set(load_generated_rows([seen_folder])[2])
-    images, q, keys = load_generated_rows(generated)
-    seen = torch.tensor([k in seen_keys for k in keys])
-    if not seen.any() or seen.all():
-        raise ValueError(f"the generated datasets must hold both groups of {seen_folder} and others "
-                         f"({int(seen.sum())} of {len(seen)} rows are seen)")
+    seen_images, seen_q, seen_keys = load_generated_rows([seen_folder])
+    images, q, keys = load_generated_rows(heldout)
+    seen_keys = set(seen_keys)
+    unseen = torch.tensor([k not in seen_keys for k in keys])
+    if not unseen.any():
+        raise ValueError(f"every group of the held-out datasets is in {seen_folder}: nothing unseen to score")
+    images, q = images[unseen], q[unseen]
     rows = []
     test = None
     for folder in runs:
@@ -111,11 +114,10 @@ def diagnose(runs: List[Path], seen_folder: Path, generated: List[Path]) -> List
             test = load_image_arrays(meta["dataset"], "test")
         p_test = probabilities(model, torch.as_tensor(test.images), meta)
         real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
-        p_gen = probabilities(model, images, meta)
         rows.append({"run": str(folder), "loss": meta["loss"],
                      "real": {k: real[k] for k in ("accuracy", "confidence", "ece")},
-                     "seen": generated_fit(p_gen[seen], q[seen]),
-                     "unseen": generated_fit(p_gen[~seen], q[~seen])})
+                     "seen": generated_fit(probabilities(model, seen_images, meta), seen_q),
+                     "unseen": generated_fit(probabilities(model, images, meta), q)})
     return rows
 
 
@@ -135,12 +137,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, type=Path, help="run folders with model_best.safetensors")
     p.add_argument("--seen", required=True, type=Path, help="the CSM dataset the runs trained on")
-    p.add_argument("--generated", required=True, nargs="+", type=Path,
+    p.add_argument("--heldout", required=True, nargs="+", type=Path,
                    help="CSM datasets of the same generator and annotation with groups the runs did not see "
-                        "(groups of --seen among them count as seen)")
+                        "(groups of --seen among them are left out)")
     p.add_argument("--output", type=Path, default=None, help="write the table (markdown) and rows (json) here")
     args = p.parse_args(argv)
-    rows = diagnose(args.runs, args.seen, args.generated)
+    rows = diagnose(args.runs, args.seen, args.heldout)
     table = to_markdown(rows)
     print(table)
     if args.output:

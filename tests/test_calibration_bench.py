@@ -192,5 +192,5 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
         assert 0 <= r[part]["sq_err"] <= 2 and 0 < r[part]["n_interior"] <= r[part]["n"]
         assert r[part]["interior_target_conf"] < diag.INTERIOR
     assert f"| {tmp_path / 'csm'} | csm |" in diag.to_markdown(rows)
-    with pytest.raises(ValueError, match="both groups"):
+    with pytest.raises(ValueError, match="nothing unseen"):
         diag.diagnose([tmp_path / "csm"], Path(every), [Path(seen)])
