@@ -12,7 +12,6 @@ from typing import Sequence
 
 import torch
 import torch.nn as nn
-from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._cfg import FASHION_MNIST_MEAN, FASHION_MNIST_STD, adapt_pretrained_cfg, small_image_cfg
@@ -52,8 +51,7 @@ class SmallCNN(PooledLinearHead, nn.Module):
             self.feature_info.append(dict(num_chs=out_chs, reduction=2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
         self.num_features = self.head_hidden_size = in_chs
-        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
-        self.fc = nn.Linear(in_chs * self.global_pool.feat_mult(), num_classes) if num_classes > 0 else nn.Identity()
+        self.reset_classifier(num_classes, global_pool)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._cfg import adapt_pretrained_cfg, small_image_cfg
@@ -73,8 +72,7 @@ class WideResNet(PooledLinearHead, nn.Module):
             in_chs = out_chs
         self.bn_final = nn.BatchNorm2d(in_chs)
         self.num_features = self.head_hidden_size = in_chs
-        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
-        self.fc = nn.Linear(in_chs * self.global_pool.feat_mult(), num_classes) if num_classes > 0 else nn.Identity()
+        self.reset_classifier(num_classes, global_pool)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
