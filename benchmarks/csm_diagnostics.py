@@ -12,7 +12,8 @@ A run that fits seen generated images but not unseen ones memorised the generate
 fits unseen generated images but stays over-confident on real test images separates the two domains (the
 generator's images are told apart from real ones, so their soft labels do not transfer).
 
-    python benchmarks/csm_diagnostics.py --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
+    python benchmarks/csm_diagnostics.py \\
+        --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
         --seen runs/demo/annotated-<key>/csm-fmnist-aug --heldout runs/csm-heldout/csm-fmnist-aug --output diag.md
 """
 from __future__ import annotations
@@ -93,18 +94,18 @@ def load_generated_rows(folders):
     return torch.cat(images), torch.cat(q), keys
 
 
-def diagnose(runs: List[Path], seen_folder: Path, heldout: List[Path]) -> List[Dict]:
-    """Rows of the table: every run scored on the real test split, on ``seen_folder`` (the generated dataset the runs
-    trained on) and on the groups of ``heldout`` that are not in ``seen_folder``."""
+def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
+    """Rows of the table: every run scored on the real test split, on ``seen`` (the generated dataset the runs trained
+    on) and on the groups of ``heldout`` that are not in ``seen``; both as returned by :func:`load_generated_rows`."""
     from timm_csm.data import load_image_arrays
     from timm_csm.metrics import calibration_metrics
 
-    seen_images, seen_q, seen_keys = load_generated_rows([seen_folder])
-    images, q, keys = load_generated_rows(heldout)
+    seen_images, seen_q, seen_keys = seen
+    images, q, keys = heldout
     seen_keys = set(seen_keys)
     unseen = torch.tensor([k not in seen_keys for k in keys])
     if not unseen.any():
-        raise ValueError(f"every group of the held-out datasets is in {seen_folder}: nothing unseen to score")
+        raise ValueError("every held-out group is also in the training set: nothing unseen to score")
     images, q = images[unseen], q[unseen]
     rows = []
     test = None
@@ -174,14 +175,14 @@ def main(argv=None):
     p.add_argument("--output", type=Path, default=None, help="write the table (markdown) and rows (json) here")
     p.add_argument("--dataset", default="fashion_mnist", help="real images of the two-sample test")
     args = p.parse_args(argv)
-    rows = diagnose(args.runs, args.seen, args.heldout)
+    seen = load_generated_rows([args.seen])
+    rows = diagnose(args.runs, seen, load_generated_rows(args.heldout))
     table = to_markdown(rows)
     from timm_csm.data import load_image_arrays
 
-    c2st = real_vs_generated_accuracy(torch.as_tensor(load_image_arrays(args.dataset, "train").images),
-                                      load_generated_rows([args.seen])[0])
-    table += (f"\n\nReal vs generated two-sample test ({args.seen.name}): a small_cnn tells held-out real from generated "
-              f"images apart with {100 * c2st:.1f}% accuracy (50% = indistinguishable).")
+    c2st = real_vs_generated_accuracy(torch.as_tensor(load_image_arrays(args.dataset, "train").images), seen[0])
+    table += (f"\n\nReal vs generated two-sample test ({args.seen.name}): a small_cnn tells held-out real from "
+              f"generated images apart with {100 * c2st:.1f}% accuracy (50% = indistinguishable).")
     print(table)
     if args.output:
         args.output.write_text(table + "\n")

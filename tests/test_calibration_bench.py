@@ -183,7 +183,7 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     results = run(dict(dataset="digits", model="small_cnn", loss="csm", csm_dataset=seen, epochs=3, batch_size=32,
                        lr=0.05, hflip=0.0, crop_pad=0, max_train_samples=400, val_split=0.25, seed=0,
                        progress=False, output=str(tmp_path), experiment="csm"))
-    rows = diag.diagnose([tmp_path / "csm"], Path(seen), [Path(every)])
+    rows = diag.diagnose([tmp_path / "csm"], diag.load_generated_rows([seen]), diag.load_generated_rows([every]))
     assert len(rows) == 1 and rows[0]["loss"] == "csm" and rows[0]["run"] == str(tmp_path / "csm")
     r = rows[0]
     assert r["real"]["accuracy"] == pytest.approx(results["test"]["pre_ts"]["accuracy"], abs=1e-9)
@@ -193,7 +193,7 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
         assert r[part]["interior_target_conf"] < diag.INTERIOR
     assert f"| {tmp_path / 'csm'} | csm |" in diag.to_markdown(rows)
     with pytest.raises(ValueError, match="nothing unseen"):
-        diag.diagnose([tmp_path / "csm"], Path(every), [Path(seen)])
+        diag.diagnose([tmp_path / "csm"], diag.load_generated_rows([every]), diag.load_generated_rows([seen]))
 
 
 def test_two_sample_test_separates_shifted_images_and_not_identical_ones():

@@ -165,8 +165,8 @@ def run_pipeline(profile: PipelineProfile, output, log: Callable[[str], None] = 
     from .generation.models import weights_digest
 
     # keyed by the weights, not their path: a moved checkout or another copy of the same generator reuses the stage
-    gen_key = {"generator": weights_digest(generator_dir), "num_groups": profile.num_groups, "lambdas": profile.num_lambdas,
-               "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
+    gen_key = {"generator": weights_digest(generator_dir), "num_groups": profile.num_groups,
+               "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
 
     def generate(out: Path):
         from .generation import SemanticMixingPipeline, generate_to_folder, lambda_grid, make_plan
