@@ -312,9 +312,11 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
              "(accuracy and calibration errors in %, 15 bins; temperature fitted on the validation split).", "",
              table, "", f"Generator: `{generator_dir.name}`. CSM dataset: `{csm_dataset.name}`.", ""]
     if quality:
-        lines += [f"Generator quality: the reference classifier ({100 * (quality['classifier_real_test_accuracy'] or 0):.1f}% "
-                  f"on real test images) recognises {100 * quality['accuracy']:.1f}% of {quality['num_images']} "
-                  f"generated pure-class images (guidance scale {quality['guidance_scale']}).", ""]
+        real_acc = quality["classifier_real_test_accuracy"]  # None when the encoder was trained without a test split
+        on_real = f" ({100 * real_acc:.1f}% on real test images)" if real_acc is not None else ""
+        lines += [f"Generator quality: the reference classifier{on_real} recognises "
+                  f"{100 * quality['accuracy']:.1f}% of {quality['num_images']} generated pure-class images "
+                  f"(guidance scale {quality['guidance_scale']}).", ""]
     for title, path in figures.items():
         lines += [f"## {title}", "", f"![{title}]({path})", ""]
     lines += ["## Stage times (s, this run)", "", json.dumps(timings, indent=1), ""]
