@@ -165,6 +165,37 @@ def to_markdown(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _short_name(run: str) -> str:
+    path = Path(run)
+    return f"{path.parent.parent.name}/{path.name}" if path.parent.name == "cells" else path.name
+
+
+def save_figure(rows: List[Dict], path: Path) -> Path:
+    """Two panels: squared error against the soft labels on seen and held-out generated groups, and real-test ECE."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = [_short_name(r["run"]) for r in rows]
+    x = np.arange(len(rows))
+    fig = Figure(figsize=(4 + 1.1 * len(rows), 4.2))
+    FigureCanvasAgg(fig)
+    ax_fit, ax_real = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    ax_fit.bar(x - 0.2, [r["seen"]["sq_err"] for r in rows], 0.4, label="generated set of the CSM runs")
+    ax_fit.bar(x + 0.2, [r["unseen"]["sq_err"] for r in rows], 0.4, label="held-out generated groups")
+    ax_fit.set_ylabel("sum_k (p_k - q_k)^2 on generated images")
+    ax_fit.set_title("fit of the soft labels")
+    ax_fit.legend(fontsize=8)
+    ax_real.bar(x, [100 * r["real"]["ece"] for r in rows], 0.6, color="tab:red")
+    ax_real.set_ylabel("ECE on real test images (%)")
+    ax_real.set_title("calibration on real images")
+    for ax in (ax_fit, ax_real):
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, type=Path, help="run folders with model_best.safetensors")
@@ -172,7 +203,8 @@ def main(argv=None):
     p.add_argument("--heldout", required=True, nargs="+", type=Path,
                    help="CSM datasets of the same generator and annotation with groups the runs did not see "
                         "(groups of --seen among them are left out)")
-    p.add_argument("--output", type=Path, default=None, help="write the table (markdown) and rows (json) here")
+    p.add_argument("--output", type=Path, default=None,
+                   help="write the table (markdown) here, the rows beside it (.json) and a figure (.png)")
     p.add_argument("--dataset", default="fashion_mnist", help="real images of the two-sample test")
     args = p.parse_args(argv)
     seen = load_generated_rows([args.seen])
@@ -187,6 +219,7 @@ def main(argv=None):
     if args.output:
         args.output.write_text(table + "\n")
         args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        save_figure(rows, args.output.with_suffix(".png"))
 
 
 if __name__ == "__main__":
