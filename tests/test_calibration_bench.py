@@ -192,6 +192,8 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
         assert 0 <= r[part]["sq_err"] <= 2 and 0 < r[part]["n_interior"] <= r[part]["n"]
         assert r[part]["interior_target_conf"] < diag.INTERIOR
     assert f"| {tmp_path / 'csm'} | csm |" in diag.to_markdown(rows)
+    png = diag.save_figure(rows, tmp_path / "diag.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     with pytest.raises(ValueError, match="nothing unseen"):
         diag.diagnose([tmp_path / "csm"], diag.load_generated_rows([every]), diag.load_generated_rows([seen]))
 
