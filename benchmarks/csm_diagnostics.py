@@ -14,7 +14,7 @@ generator's images are told apart from real ones, so their soft labels do not tr
 
     python benchmarks/csm_diagnostics.py \\
         --runs runs/calibration_bench/cells/ce-s0 runs/calibration_bench/cells/csm-s0 \\
-        --seen runs/demo/annotated-<key>/csm-fmnist-aug --heldout runs/csm-heldout/csm-fmnist-aug --output diag.md
+        --seen runs/demo/annotated-<key>/csm-fmnist-aug --heldout runs/csm_heldout/csm-fmnist-aug --output diag.md
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ INTERIOR = 0.9  # soft labels with max_k q_k below this are "interior" (not an e
 
 def load_run(folder: Path):
     """(model, meta) of a run's ``model_best.safetensors``."""
-    from timm_csm.train import _read_meta, create_train_model, load_model_weights
+    from timm_csm.train import create_train_model, load_model_weights, read_model_meta
 
     path = folder / "model_best.safetensors"
-    meta = _read_meta(path)
+    meta = read_model_meta(path)
     if meta is None:
         raise ValueError(f"{path} carries no timm-csm metadata")
     model = create_train_model(meta["model"], meta["num_classes"], meta["in_chans"], meta["img_size"],
@@ -52,13 +52,12 @@ def load_run(folder: Path):
 
 @torch.no_grad()
 def probabilities(model, images: torch.Tensor, meta: Dict, batch: int = 500) -> torch.Tensor:
-    mean = torch.tensor(meta["mean"]).view(1, -1, 1, 1)
-    std = torch.tensor(meta["std"]).view(1, -1, 1, 1)
-    out = []
-    for i in range(0, len(images), batch):
-        x = (images[i:i + batch].float() / 255.0 - mean) / std
-        out.append(model(x).float().softmax(1))
-    return torch.cat(out)
+    """Softmax of ``model`` on uint8 images, through the evaluation transform train.py used for the run."""
+    from timm_csm.data import BatchTransform
+
+    transform = BatchTransform(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
+    return torch.cat([model(transform.apply(images[i:i + batch])).float().softmax(1)
+                      for i in range(0, len(images), batch)])
 
 
 def generated_fit(p: torch.Tensor, q: torch.Tensor) -> Dict[str, float]:
@@ -108,11 +107,12 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
         raise ValueError("every held-out group is also in the training set: nothing unseen to score")
     images, q = images[unseen], q[unseen]
     rows = []
-    test = None
+    tests = {}  # the whole test split of each dataset, loaded once
     for folder in runs:
         model, meta = load_run(folder)
-        if test is None or test.images.shape[1] != meta["in_chans"]:
-            test = load_image_arrays(meta["dataset"], "test")
+        if meta["dataset"] not in tests:
+            tests[meta["dataset"]] = load_image_arrays(meta["dataset"], "test")
+        test = tests[meta["dataset"]]
         p_test = probabilities(model, torch.as_tensor(test.images), meta)
         real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
         rows.append({"run": str(folder), "loss": meta["loss"],

@@ -172,9 +172,9 @@ def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
                    max_test_samples=8, val_split=0.5, progress=False, output=str(tmp_path), experiment="swin"))
     args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
     assert args["model"] == "swin_tiny"
-    from timm_csm.train import _read_meta
+    from timm_csm.train import read_model_meta
 
-    meta = _read_meta(tmp_path / "swin" / "model_best.safetensors")
+    meta = read_model_meta(tmp_path / "swin" / "model_best.safetensors")
     assert (meta["img_size"], meta["in_chans"]) == (32, 1)
     assert res["n_test"] == 8 and np.isfinite(res["history"][0]["train_loss"])
 

@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ._io import save_safetensors_atomic
 
-__all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "save_state", "load_state",
+__all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "read_model_meta", "save_state", "load_state",
            "save_model_file", "load_model_weights", "create_train_model", "create_criterion", "load_data", "predict",
            "results_markdown", "TrainingModule"]
 
@@ -776,7 +776,7 @@ def _build_train_loader(args, mode, data: DataSplits, train_tf, accelerator, com
 
 def _checkpoint_meta_args(args) -> None:
     """For --eval-only: fill options the user did not give from the checkpoint's metadata."""
-    state = _read_meta(args.checkpoint)
+    state = read_model_meta(args.checkpoint)
     if not state:
         return
     for k, v in state.items():
@@ -790,7 +790,7 @@ def _checkpoint_meta_args(args) -> None:
             setattr(args, k, list(v))
 
 
-def _read_meta(path) -> Optional[Dict[str, Any]]:
+def read_model_meta(path) -> Optional[Dict[str, Any]]:
     """The run metadata of a model file or a training-state file (None for other weight files)."""
     try:
         from safetensors import safe_open
