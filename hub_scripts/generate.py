@@ -2,6 +2,15 @@
 
     accelerate launch hub_scripts/generate.py --generator runs/generator-fmnist --num-groups 900 --output runs/gen
 Run the same command again after an interruption: finished shards are kept, the rest is generated.
+
+Real-anchored mode: ``--strength t`` (< 1) starts every group from a real training image of one of its two classes,
+noised to strength t with the group's noise (SDEdit), instead of pure noise. The anchors are the training images of
+the classifier run they are made for: ``--anchor-dataset`` with the run's ``--anchor-max-train-samples``,
+``--anchor-val-split`` and ``--anchor-seed`` (train.py's ``--max-train-samples``, ``--val-split``, ``--seed``), so no
+validation or test image is ever an anchor.
+
+    python hub_scripts/generate.py --generator G --num-groups 900 --output runs/gen-t06 --strength 0.6 \
+        --anchor-dataset fashion_mnist --anchor-max-train-samples 2500 --anchor-seed 0
 """
 from __future__ import annotations
 
@@ -21,7 +30,31 @@ def parse_args(argv=None):
     p.add_argument("--groups-per-shard", type=int, default=64)
     p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
     p.add_argument("--seed-offset", type=int, default=0)
-    return p.parse_args(argv)
+    g = p.add_argument_group("real-anchored mode")
+    g.add_argument("--strength", type=float, default=1.0,
+                   help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = start from real anchors")
+    g.add_argument("--anchor-dataset", default=None, help="dataset of the anchors (train.py's --dataset)")
+    g.add_argument("--anchor-max-train-samples", type=int, default=None, help="train.py's --max-train-samples")
+    g.add_argument("--anchor-val-split", type=float, default=0.1, help="train.py's --val-split")
+    g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
+    args = p.parse_args(argv)
+    if args.strength < 1.0 and not args.anchor_dataset:
+        p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")
+    return args
+
+
+def training_anchors(dataset: str, max_train_samples=None, val_split: float = 0.1, seed: int = 0):
+    """The training images of the train.py run with these options, as an anchor pool."""
+    from timm_csm.generation.anchors import AnchorPool
+    from timm_csm.train import build_parser, load_data
+
+    argv = ["--dataset", dataset, "--val-split", str(val_split), "--seed", str(seed)]
+    if max_train_samples is not None:
+        argv += ["--max-train-samples", str(max_train_samples)]
+    train = load_data(build_parser().parse_args(argv)).train
+    source = {"dataset": dataset, "split": "train", "max_train_samples": max_train_samples, "val_split": val_split,
+              "seed": seed}
+    return AnchorPool(train.images, train.labels, source)
 
 
 def main(argv=None):
@@ -31,10 +64,16 @@ def main(argv=None):
     from timm_csm.generation import SemanticMixingPipeline, generate_to_folder, lambda_grid, make_plan
 
     accelerator = Accelerator()
+    anchors = plan_anchors = None
+    if args.strength < 1.0:
+        anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_split,
+                                   args.anchor_seed)
+        plan_anchors = {**anchors.describe(), "strength": args.strength}
     pipeline = SemanticMixingPipeline.from_pretrained(args.generator, args.scheduler, args.steps, args.guidance_scale,
-                                                      device=accelerator.device)
+                                                      device=accelerator.device, anchors=anchors,
+                                                      strength=args.strength)
     plan = make_plan(pipeline.num_classes, args.num_groups, lambda_grid(args.num_lambdas), pipeline.class_names,
-                     args.groups_per_shard, args.seed_offset, generator=pipeline.provenance)
+                     args.groups_per_shard, args.seed_offset, generator=pipeline.provenance, anchors=plan_anchors)
     generate_to_folder(pipeline, args.output, plan, args.batch_groups, accelerator)
 
 

@@ -38,10 +38,14 @@ class SemanticMixingPipeline:
     """A diffusers model + scheduler that generates semantic-mixing groups.
 
     ``num_classes`` is K; the model's class table has K rows, or K + 1 with the null class of guidance last.
+
+    Real-anchored mode: with an :class:`~timm_csm.generation.anchors.AnchorPool` and ``strength`` t < 1, each group
+    starts from its anchor (a real image of class a or b) noised to strength t with the group's noise, instead of
+    pure noise; ``strength = 1`` (the default) is the paper's mode.
     """
 
     def __init__(self, model, scheduler, num_classes: int, num_inference_steps: int = 50,
-                 guidance_scale: float = 1.0):
+                 guidance_scale: float = 1.0, anchors=None, strength: float = 1.0):
         table = find_soft_class_table(model)
         if table.num_embeddings not in (num_classes, num_classes + 1):
             raise ValueError(f"the model's class table has {table.num_embeddings} rows, which does not fit "
@@ -54,6 +58,22 @@ class SemanticMixingPipeline:
         self.guidance_scale = guidance_scale
         cfg = model.config
         self.image_shape = (cfg.in_channels, cfg.sample_size, cfg.sample_size)
+        self.set_anchors(anchors, strength)
+
+    def set_anchors(self, anchors, strength: float = 1.0) -> None:
+        """Switch to the real-anchored mode (``anchors`` and ``strength < 1``) or back to pure noise."""
+        if not 0.0 < strength <= 1.0:
+            raise ValueError(f"strength must lie in (0, 1], got {strength}")
+        if strength < 1.0 and anchors is None:
+            raise ValueError(f"strength {strength} < 1 needs an anchor pool of real images")
+        if anchors is not None and tuple(anchors.images.shape[1:]) != self.image_shape:
+            raise ValueError(f"anchor images are {tuple(anchors.images.shape[1:])}, the generator makes "
+                             f"{self.image_shape}")
+        self.anchors, self.strength = (anchors if strength < 1.0 else None), float(strength)
+
+    def anchor_index(self, group: Group) -> int:
+        """The anchor pool row ``group`` starts from; -1 in the paper's mode (pure noise)."""
+        return -1 if self.anchors is None else self.anchors.index_for(group)
 
     @property
     def device(self):
@@ -61,13 +81,15 @@ class SemanticMixingPipeline:
 
     @classmethod
     def from_pretrained(cls, folder, scheduler: str = "ddim", num_inference_steps: int = 50,
-                        guidance_scale: Optional[float] = None, device="cpu") -> "SemanticMixingPipeline":
+                        guidance_scale: Optional[float] = None, device="cpu", anchors=None,
+                        strength: float = 1.0) -> "SemanticMixingPipeline":
         """Load a generator folder (see ``load_generator``) with a DDIM (eta 0) or DPM-Solver++ scheduler.
 
         ``guidance_scale=None`` takes the folder's ``recommended_guidance_scale`` (measured with
         ``pure_class_accuracy`` when the generator was shipped), else 1 (no guidance, as the paper).
 
-        ``pipeline.provenance`` records the generator's name, weight digest, sampler and steps for the dataset card.
+        ``pipeline.provenance`` records the generator's name, weight digest, sampler, steps and start (pure noise, or
+        real anchors at strength t) for the dataset card.
         """
         from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 
@@ -80,7 +102,7 @@ class SemanticMixingPipeline:
             sched = DPMSolverMultistepScheduler.from_config(sched.config)
         elif scheduler != "ddim":
             raise ValueError(f"unknown scheduler {scheduler!r}; choose 'ddim' or 'dpm'")
-        pipe = cls(unet, sched, len(meta["class_names"]), num_inference_steps, guidance_scale)
+        pipe = cls(unet, sched, len(meta["class_names"]), num_inference_steps, guidance_scale, anchors, strength)
         pipe.class_names = list(meta["class_names"])
         pipe.provenance = {
             "name": meta.get("name", Path(folder).name),
@@ -91,14 +113,20 @@ class SemanticMixingPipeline:
             "dataset": meta.get("dataset", ""),
             "recipe": meta.get("recipe", {}),
         }
+        if pipe.anchors is not None:
+            pipe.provenance["start"] = f"real anchors, strength {pipe.strength:g}"
         return pipe
 
     @torch.no_grad()
     def __call__(self, groups: Sequence[Group], lambdas: Sequence[float]) -> Tuple[torch.Tensor, List]:
         """Returns uint8 images (G * L, C, H, W) in group-major order and the (group, lambda) of each row."""
         w, noise, members = expand_groups(groups, lambdas, self.num_classes, self.image_shape)
+        init = None
+        if self.anchors is not None:
+            init = self.anchors.images_for(groups).repeat_interleave(len(lambdas), 0).to(self.device)
         x = sample_with_scheduler(self.model, self.scheduler, w.to(self.device), noise.to(self.device),
-                                  self.num_inference_steps, self.guidance_scale)
+                                  self.num_inference_steps, self.guidance_scale, init_images=init,
+                                  strength=self.strength)
         return to_uint8(x).cpu(), members
 
 
@@ -109,6 +137,11 @@ class EDMSemanticMixingPipeline:
     def __init__(self, denoiser: Callable, num_classes: int, image_shape, num_steps: int = 18, device="cpu"):
         self.denoiser, self.num_classes = denoiser, num_classes
         self.image_shape, self.num_steps, self.device = tuple(image_shape), num_steps, device
+        self.strength = 1.0
+
+    def anchor_index(self, group: Group) -> int:
+        """Always -1: the EDM route samples from pure noise (the paper's mode)."""
+        return -1
 
     @torch.no_grad()
     def __call__(self, groups: Sequence[Group], lambdas: Sequence[float]):

@@ -1,7 +1,9 @@
 """Samplers that carry a soft class condition.
 
 * :func:`sample_with_scheduler`: a loop over any diffusers scheduler (DDIM with eta 0 by default, DPM-Solver, ...),
-  for epsilon / v-prediction UNets; with optional classifier-free guidance (scale 1 = none, as the paper).
+  for epsilon / v-prediction UNets; with optional classifier-free guidance (scale 1 = none, as the paper), from pure
+  noise or, with ``init_images`` and ``strength < 1``, from real images noised part of the way (SDEdit, Meng et al.,
+  ICLR 2022).
 * :func:`edm_heun_sample`: EDM's deterministic 2nd-order Heun sampler (Karras et al. 2022, Algorithm 1 with
   S_churn = 0; sigma 0.002..80, rho 7, float64), for EDM-preconditioned denoisers ``D(x, sigma, class_weights) -> x0``
   (CSM spec section 2.4). Plug in an EDM checkpoint through any loader returning such a callable.
@@ -32,15 +34,23 @@ def sample_with_scheduler(
     num_inference_steps: int = 50,
     guidance_scale: float = 1.0,
     eta: float = 0.0,
+    init_images: Optional[torch.Tensor] = None,
+    strength: float = 1.0,
 ) -> torch.Tensor:
     """Denoise ``noise`` (B, C, H, W) under soft conditions ``class_weights`` (B, K); returns x0 in [-1, 1].
 
     ``model(x, t, class_labels=w).sample`` must take float class weights (see ``enable_soft_class_conditioning``).
     With ``guidance_scale != 1`` the unconditional branch uses the null class (the last embedding row).
+
+    ``init_images`` (B, C, H, W) in [-1, 1] with ``strength`` t in (0, 1) start the chain from the real images noised
+    with ``noise`` to the time step reached after the first ``(1 - t) N`` of the N steps (``scheduler.add_noise``),
+    then run the last ``round(t N)`` steps (diffusers' img2img convention). ``strength = 1`` ignores ``init_images``
+    and starts from pure noise: the paper's mode, bit-identical to calling without them.
     """
     if class_weights.ndim != 2 or class_weights.shape[0] != noise.shape[0]:
         raise ValueError(f"class_weights must be (B, K) with B = {noise.shape[0]}, got {tuple(class_weights.shape)}")
     scheduler.set_timesteps(num_inference_steps)
+    timesteps, x = _start(scheduler, noise, num_inference_steps, init_images, strength)
     device = noise.device
     w = class_weights.to(device=device, dtype=torch.float32)
     if guidance_scale != 1.0:
@@ -48,9 +58,8 @@ def sample_with_scheduler(
         w_full = torch.zeros(w.shape[0], table, device=device)
         w_full[:, : w.shape[1]] = w
         w = torch.cat([w_full, _null_weights(w_full, table)])
-    x = noise * scheduler.init_noise_sigma
     step_kwargs = {"eta": eta} if "eta" in scheduler.step.__code__.co_varnames else {}
-    for t in scheduler.timesteps:
+    for t in timesteps:
         x_in = torch.cat([x, x]) if guidance_scale != 1.0 else x
         x_in = scheduler.scale_model_input(x_in, t)
         out = model(x_in, t.to(device).expand(x_in.shape[0]), class_labels=w).sample
@@ -60,6 +69,27 @@ def sample_with_scheduler(
             out = uncond + guidance_scale * (cond - uncond)
         x = scheduler.step(out, t, x, **step_kwargs).prev_sample
     return x.clamp(-1, 1)
+
+
+def _start(scheduler, noise: torch.Tensor, num_steps: int, init_images: Optional[torch.Tensor], strength: float):
+    """The time steps to run and the starting sample: pure noise, or ``init_images`` noised to strength t."""
+    if not 0.0 < strength <= 1.0:
+        raise ValueError(f"strength must lie in (0, 1], got {strength}")
+    if strength == 1.0:
+        return scheduler.timesteps, noise * scheduler.init_noise_sigma
+    if init_images is None:
+        raise ValueError(f"strength {strength} < 1 needs init_images (the real images to start from)")
+    if init_images.shape != noise.shape:
+        raise ValueError(f"init_images must have the noise's shape {tuple(noise.shape)}, got "
+                         f"{tuple(init_images.shape)}")
+    n_run = min(num_steps, max(1, round(strength * num_steps)))
+    begin = num_steps - n_run
+    order = getattr(scheduler, "order", 1)
+    timesteps = scheduler.timesteps[begin * order:]
+    if hasattr(scheduler, "set_begin_index"):  # multistep solvers index their step history from here
+        scheduler.set_begin_index(begin * order)
+    x0 = init_images.to(device=noise.device, dtype=noise.dtype)
+    return timesteps, scheduler.add_noise(x0, noise, timesteps[:1].repeat(noise.shape[0]))
 
 
 def edm_sigmas(num_steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> torch.Tensor:

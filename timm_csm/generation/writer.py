@@ -33,8 +33,12 @@ def encode_png(image_chw: np.ndarray) -> bytes:
 
 
 def make_plan(num_classes: int, num_groups: int, lambdas: Sequence[float], class_names: Sequence[str],
-              groups_per_shard: int = 64, seed_offset: int = 0, generator: Optional[Dict] = None) -> Dict:
-    """Everything that determines the output; stored as ``plan.json`` and compared on restart."""
+              groups_per_shard: int = 64, seed_offset: int = 0, generator: Optional[Dict] = None,
+              anchors: Optional[Dict] = None) -> Dict:
+    """Everything that determines the output; stored as ``plan.json`` and compared on restart.
+
+    ``anchors`` (real-anchored mode only): the pool's provenance (``AnchorPool.describe()``) and ``strength``.
+    """
     if len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
     if groups_per_shard < 1:
@@ -48,6 +52,8 @@ def make_plan(num_classes: int, num_groups: int, lambdas: Sequence[float], class
         "seed_offset": int(seed_offset),
         "generator": generator or {},
     }
+    if anchors is not None:
+        plan["anchors"] = dict(anchors)
     plan["num_shards"] = max(1, -(-plan["num_groups"] // plan["groups_per_shard"]))
     plan["plan_hash"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
     return plan
@@ -84,6 +90,8 @@ def _features(class_names):
         "lambda_gen": datasets.Value("float32"),
         "generator": datasets.Value("string"),
         "generator_revision": datasets.Value("string"),
+        "anchor_index": datasets.Value("int64"),  # row of the real anchor pool the group started from; -1: noise
+        "anchor_strength": datasets.Value("float32"),  # SDEdit strength t of that start; 1: pure noise
     })
 
 
@@ -130,6 +138,8 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
                 rows["lambda_gen"].append(lam)
                 rows["generator"].append(gen_name)
                 rows["generator_revision"].append(gen_rev)
+                rows["anchor_index"].append(pipeline.anchor_index(g))
+                rows["anchor_strength"].append(pipeline.strength)
             bar.update(len(batch) * world if world > 1 else len(batch))
         path = shard_path(folder, k, k_total)
         tmp = path.with_name(path.name + f".tmp{rank}")
