@@ -1,11 +1,29 @@
-# Set-up and checks. `make test` and `make demo` work on a fresh machine: each creates .venv when missing.
+# Set-up and checks. `make test` and `make demo` work on a fresh machine: each installs Debian's Fashion-MNIST when
+# missing (as root with apt-get; otherwise it stops at once, naming the command) and creates .venv when missing.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 OMP_NUM_THREADS=1
 
-.PHONY: install test demo benchmark clean
+# the real dataset the tests and the demo use; TIMM_CSM_FASHION_MNIST moves it, as it does for the package
+FASHION_MNIST_DIR ?= $(or $(TIMM_CSM_FASHION_MNIST),/usr/share/datasets/fashion-mnist)
+FASHION_MNIST_INSTALL := apt-get update && apt-get install -y dataset-fashion-mnist
+
+.PHONY: install fashion-mnist test demo benchmark clean
+
+fashion-mnist:
+	@if [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "Fashion-MNIST is missing from $(FASHION_MNIST_DIR). Install it, then re-run make:" >&2; \
+	  echo "  sudo sh -c '$(FASHION_MNIST_INSTALL)'" >&2; \
+	  echo "(or set TIMM_CSM_FASHION_MNIST to a folder holding its four IDX files)" >&2; exit 1; \
+	fi; \
+	echo "Fashion-MNIST is missing: $(FASHION_MNIST_INSTALL)"; \
+	$(FASHION_MNIST_INSTALL) || exit 1; \
+	if [ ! -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ]; then \
+	  echo "dataset-fashion-mnist is installed but $(FASHION_MNIST_DIR) has no IDX files" >&2; exit 1; \
+	fi
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,12 +35,12 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: fashion-mnist $(STAMP)
 	HF_HOME=$$(mktemp -d) $(OFFLINE) $(BIN)/python -m pytest -q tests
 
 # the demo is the only job on the machine: let torch use both cores (DEMO_THREADS=1 leaves one free)
 DEMO_THREADS ?= 2
-demo: $(STAMP)
+demo: fashion-mnist $(STAMP)
 	$(OFFLINE) OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python hub_scripts/pipeline.py --profile demo
 
 benchmark: $(STAMP)

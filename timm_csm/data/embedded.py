@@ -1,7 +1,7 @@
 """Real image-classification data that works offline.
 
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (the four original IDX files), read with numpy.
-* scikit-learn's ``load_digits`` (8x8 digits shipped inside the wheel), the fallback when Debian's package is absent.
+* scikit-learn's ``load_digits`` (8x8 digits shipped inside the wheel), always available; chosen explicitly.
 
 Both return an :class:`ImageArrays` of uint8 images (N, C, H, W), int64 labels and class names, the format every
 stage of the pipeline shares.
@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "ImageArrays",
     "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_INSTALL",
     "fashion_mnist_root",
     "load_fashion_mnist",
     "load_digits",
@@ -29,6 +30,8 @@ FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]
 _DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+# what installs Debian's copy (as root; a fresh machine's package lists are empty until the update)
+FASHION_MNIST_INSTALL = "apt-get update && apt-get install -y dataset-fashion-mnist"
 
 
 @dataclass
@@ -102,8 +105,9 @@ def load_fashion_mnist(split: str = "train", root=None) -> ImageArrays:
     root = Path(root) if root is not None else fashion_mnist_root()
     if root is None:
         raise FileNotFoundError(
-            "Fashion-MNIST not found: install Debian's package (apt-get install dataset-fashion-mnist) "
-            "or set TIMM_CSM_FASHION_MNIST to a folder holding the IDX files"
+            f"Fashion-MNIST not found in {os.environ.get('TIMM_CSM_FASHION_MNIST', _DEBIAN_FASHION_MNIST)}: install "
+            f"Debian's package as root ({FASHION_MNIST_INSTALL}) or set TIMM_CSM_FASHION_MNIST to a folder holding "
+            "the IDX files"
         )
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:

@@ -1,7 +1,8 @@
 """Resolve a dataset argument to in-memory :class:`ImageArrays`.
 
-``fashion_mnist`` (Debian's embedded copy, else the Hub when online), ``digits`` (scikit-learn), or any Hugging Face
-dataset name or folder with an image column and a label column (detected, or named explicitly).
+``fashion_mnist`` (Debian's embedded copy, else the Hub when online; offline its absence is an error naming the
+install command), ``digits`` (scikit-learn), or any Hugging Face dataset name or folder with an image column and a
+label column (detected, or named explicitly).
 """
 from __future__ import annotations
 
@@ -60,11 +61,17 @@ def hf_split_to_arrays(ds, image_column: Optional[str] = None, label_column: Opt
     return ImageArrays(images, labels, names, source)
 
 
+def _offline() -> bool:
+    import datasets
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
 def load_image_arrays(name: str, split: str = "train", image_column=None, label_column=None) -> ImageArrays:
     """Load split ``split`` of ``name`` into memory (see the module docstring for what ``name`` may be)."""
     if name == "fashion_mnist":
-        if fashion_mnist_root() is not None:
-            return load_fashion_mnist(split)
+        if fashion_mnist_root() is not None or _offline():
+            return load_fashion_mnist(split)  # offline without Debian's copy: the error naming the install command
         name = "zalando-datasets/fashion_mnist"
     elif name == "digits":
         return load_digits(split)
