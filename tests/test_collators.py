@@ -148,7 +148,7 @@ def test_dataset_validation_errors():
         CSMGroups.from_dataset(ds, class_names=["a", "b", "c"])
     with pytest.raises(ValueError, match="lacks column.*soft_label"):
         CSMGroups.from_dataset(ds.remove_columns("soft_label"))
-    images = np.zeros((4, 1, 2, 2), np.uint8)
+    images = np.arange(16, dtype=np.uint8).reshape(4, 1, 2, 2)  # distinct members
     q = np.tile(np.array([[0.7, 0.2, 0.0, 0.0]], np.float32), (4, 1))
     with pytest.raises(ValueError, match="sum to 1"):
         CSMGroups.from_arrays(images, q, [0] * 4, [1] * 4, [0] * 4, NAMES4)
@@ -163,6 +163,31 @@ def test_incomplete_groups_are_left_out():
     with pytest.warns(UserWarning, match="1 of 3 groups"):
         groups = CSMGroups.from_arrays(images, q, [0] * 7, [1] * 7, [0, 0, 0, 1, 1, 1, 2], ["x", "y"])
     assert groups.group_ids.tolist() == [0, 1] and groups.group_size == 3
+
+
+def test_duplicated_rows_or_groups_are_errors_naming_the_group():
+    import datasets
+
+    ds = make_csm_dataset(NAMES4, n_lambdas=4)
+    group3 = ds.filter(lambda r: r["group_id"] == 3)
+    # one group's rows appended again: before, the other groups were left out as "incomplete" with a warning
+    with pytest.raises(ValueError, match="group 3 holds the same lambda_gen [0-9.]+ 2 times.*4 duplicate row"):
+        CSMGroups.from_dataset(datasets.concatenate_datasets([ds, group3]))
+    with pytest.raises(ValueError, match="holds the same lambda_gen .* 2 times.*24 duplicate row"):
+        CSMGroups.from_dataset(datasets.concatenate_datasets([ds, ds]))  # every row twice: no warning before
+    other = make_csm_dataset(NAMES4, n_lambdas=4, pairs=[(2, 3)], shuffle_seed=1)  # group_id 0 again, another pair
+    with pytest.raises(ValueError, match="group 0 holds the same lambda_gen.*two groups share group_id 0"):
+        CSMGroups.from_dataset(datasets.concatenate_datasets([ds, other]))
+    # without lambda_gen: identical rows, or more members than the common group size
+    images = np.arange(9, dtype=np.uint8).reshape(9, 1, 1, 1)
+    q = np.array([soft_label_row(2, 0, 1, lam) for lam in (0, .5, 1) * 3])
+    gid = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    dup = np.concatenate([images, images[4:5]]), np.concatenate([q, q[4:5]]), gid + [1]
+    with pytest.raises(ValueError, match="group 1 holds the same image and soft label 2 times"):
+        CSMGroups.from_arrays(dup[0], dup[1], [0] * 10, [1] * 10, dup[2], ["x", "y"])
+    with pytest.raises(ValueError, match="group 2 has 6 members where most groups have 3"):
+        CSMGroups.from_arrays(np.arange(12, dtype=np.uint8).reshape(12, 1, 1, 1), np.concatenate([q, q[:3]]),
+                              [0] * 12, [1] * 12, gid + [2, 2, 2], ["x", "y"])
 
 
 # ---- collators ------------------------------------------------------------------------------------------------
@@ -315,3 +340,32 @@ def test_plain_collator_and_errors():
         MixupCollator(images, labels, BatchTransform(8), 4, alpha=0)
     with pytest.raises(IndexError):
         IndexDataset(3)[5]
+
+
+def test_regmixup_objective_matches_the_released_training_step():
+    from timm_csm.losses import create_loss, regmixup_objective
+
+    n, k = 6, 3
+    images, labels = _constant_images(n), torch.tensor([0, 1, 2, 0, 1, 1])
+    out = RegMixupCollator(images, labels, _identity_tf(), k, alpha=20.0, seed=4)(list(range(n)))
+    lam = float(out["lam"][0])
+    own = 2 * torch.arange(n).double() + 1
+    partner = (out["mix_pixel_values"][:, 0, 0, 0].double() - lam * own) / (1 - lam)
+    perm = torch.round((partner - 1) / 2).long()
+    assert sorted(perm.tolist()) == list(range(n))
+    head = torch.nn.Linear(4, k).double()
+    torch.nn.init.normal_(head.weight, generator=torch.Generator().manual_seed(0))
+    logits = head(torch.cat([out["pixel_values"], out["mix_pixel_values"]]).double().flatten(1) / 10)
+    # the released step: one batch [x; x~], mixup criterion with targets [y; y] and [y; y_perm], mean over 2n rows
+    released = 0.0
+    targets_a, targets_b = torch.cat([labels, labels]).tolist(), torch.cat([labels, labels[perm]]).tolist()
+    for row, (ya, yb) in enumerate(zip(targets_a, targets_b)):
+        log_p = torch.log_softmax(logits[row], 0)
+        released -= (lam * log_p[ya] + (1 - lam) * log_p[yb]).item() / (2 * n)
+    ce = create_loss("ce")
+    clean, mixed = ce(logits[:n], out["labels"]), ce(logits[n:], out["mix_targets"])
+    assert regmixup_objective(clean, mixed).item() == pytest.approx(released, abs=1e-12)
+    assert regmixup_objective(clean, mixed, reduction="sum").item() == pytest.approx(2 * released, abs=1e-12)
+    assert regmixup_objective(clean, mixed, 0.5).item() == pytest.approx((clean + 0.5 * mixed).item() / 2)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        regmixup_objective(clean, mixed, reduction="batch")

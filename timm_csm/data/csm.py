@@ -12,7 +12,9 @@ non-zeros). For a real sample of class y:
 
 Each chosen image carries its annotated soft label (K values) as target. The draw is O(1) per sample: a flat
 class -> groups table with per-class offsets and counts, no rejection loop. Groups with fewer than S members
-(S = the largest group size) are left out, as the reference keeps only groups with all members.
+(S = the largest group size) are left out, as the reference keeps only groups with all members. Duplicates are
+errors naming the group, never a reason to leave groups out: a member held twice (its ``lambda_gen`` repeated), or
+two groups under one ``group_id``.
 """
 from __future__ import annotations
 
@@ -49,6 +51,50 @@ def check_class_names(csm_names: Sequence[str], real_names: Sequence[str]) -> No
     shown = ", ".join(f"{i}: {a!r} != {b!r}" for i, a, b in diff[:8])
     raise ValueError(f"class names of the CSM dataset differ from the real dataset's at {len(diff)} position(s): "
                      f"{shown}")
+
+
+def _check_duplicate_rows(images: torch.Tensor, q: torch.Tensor, gid: torch.Tensor, lambda_gen) -> None:
+    """ValueError naming the first group that holds a member twice: its ``lambda_gen`` repeated when given, else an
+    identical (image, soft label) row."""
+    m = len(gid)
+    gid_np = gid.numpy()
+    if lambda_gen is not None:
+        lam = np.round(np.asarray(lambda_gen, dtype=np.float64) * 1e6).astype(np.int64)
+        if lam.shape != (m,):
+            raise ValueError(f"lambda_gen must have shape ({m},), got {lam.shape}")
+        key, what = np.stack([gid_np, lam], 1), "lambda_gen"
+    else:
+        key = np.concatenate([gid_np.astype("<i8").view(np.uint8).reshape(m, 8), images.reshape(m, -1).numpy(),
+                              q.numpy().astype("<f4").view(np.uint8).reshape(m, -1)], 1)
+        what = "image and soft label"
+    _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    repeated = first[counts > 1]
+    if len(repeated):
+        i = int(repeated.min())
+        value = f" {lam[i] / 1e6:g}" if lambda_gen is not None else ""
+        g = int(gid_np[i])
+        raise ValueError(f"group {g} holds the same {what}{value} {int(counts[first == i][0])} times: its rows are "
+                         f"duplicated or two groups share group_id {g} ({int((counts - 1).sum())} duplicate row(s) "
+                         f"in {len(repeated)} place(s)); keep each member once, one group_id per group")
+
+
+def _group_size(uniq: torch.Tensor, counts: torch.Tensor, lambda_known: bool) -> int:
+    """The group size S. With ``lambda_gen`` known, repeated members are caught before and S is the largest count
+    (the grid). Without it S is the most common count, and a group with more members is an error naming it (two
+    groups under one ``group_id``). Groups with fewer members than S are incomplete."""
+    if int(counts.max()) < 2:
+        raise ValueError("every group has a single member; a CSM group needs at least 2 (the endpoints)")
+    if lambda_known:
+        return int(counts.max())
+    values, freq = torch.unique(counts, return_counts=True)
+    size = int(values[torch.argmax(freq)])  # ties: the smaller count
+    larger = (counts > size).nonzero().flatten()
+    if len(larger):
+        g = int(larger[0])
+        raise ValueError(f"group {int(uniq[g])} has {int(counts[g])} members where most groups have {size}: "
+                         f"{len(larger)} group(s) hold two groups under one group_id (or extra rows); give every "
+                         "group its own group_id and each member once")
+    return size
 
 
 @dataclass
@@ -89,8 +135,11 @@ class CSMGroups:
                     lambda_gen=None) -> "CSMGroups":
         """Group rows by ``group_id`` and sort each group (see the module docstring).
 
-        Raises ValueError on bad shapes, soft labels that are not distributions, class indices out of range, or a
-        group whose members disagree on (class_a, class_b).
+        Raises ValueError on bad shapes, soft labels that are not distributions, class indices out of range, a
+        group whose members disagree on (class_a, class_b), and duplicates: a group holding one member twice (the
+        same ``lambda_gen`` twice when given, else an identical image and soft label) or, without ``lambda_gen``,
+        more members than the common group size (two groups sharing one ``group_id``). Only groups with fewer
+        members than the others are left out, with a warning.
         """
         images = torch.as_tensor(np.asarray(images))
         q = torch.as_tensor(np.asarray(soft_labels, dtype=np.float32))
@@ -120,11 +169,10 @@ class CSMGroups:
             if (t < 0).any() or (t >= k).any():
                 raise ValueError(f"{name} must lie in [0, {k}), got range [{int(t.min())}, {int(t.max())}]")
 
+        _check_duplicate_rows(images, q, gid, lambda_gen)
         order = torch.argsort(gid, stable=True)
         uniq, counts = torch.unique_consecutive(gid[order], return_counts=True)
-        size = int(counts.max())
-        if size < 2:
-            raise ValueError("every group has a single member; a CSM group needs at least 2 (the endpoints)")
+        size = _group_size(uniq, counts, lambda_gen is not None)
         complete = counts == size
         n_incomplete = int((~complete).sum())
         if n_incomplete:
