@@ -100,7 +100,7 @@ def test_defaults_match_spec():
     mmce = create_loss("mmce")
     assert (mmce.lam, mmce.weighted, mmce.kernel_width) == (1.0, False, 0.4)
     mdca = create_loss("mdca")
-    assert (mdca.beta, mdca.base) == (1.0, "ce")
+    assert (mdca.beta, mdca.base, mdca.smoothing, mdca.gamma) == (1.0, "ce", 0.1, 1.0)
     ecp = create_loss("entropy_penalty")
     assert (ecp.alpha, ecp.class_mean) == (0.1, True)
     assert create_loss("l1_penalty").alpha == 1.0
@@ -108,14 +108,16 @@ def test_defaults_match_spec():
     assert (mbls.margin, mbls.alpha) == (10.0, 0.1)
     acls = create_loss("acls")
     assert (acls.pos_lambda, acls.neg_lambda, acls.alpha, acls.margin) == (1.0, 0.1, 0.1, 10.0)
+    assert not acls.regularize_ignored
     cals = create_loss("cals")
     assert (cals.margin, cals.penalty, cals.lambd_min, cals.lambd_max, cals.rho_max, cals.rho_step, cals.gamma,
             cals.tau, cals.normalize) == (10.0, "phr", 1e-6, 1e6, 10.0, 10, 1.2, 0.9, True)
-    assert float(cals.rho) == 1.0
+    assert (cals.rho_init, cals.class_sum, cals.rho_update, cals.regularize_ignored) == (1.0, False, "class", False)
+    assert torch.equal(create_loss("cals", num_classes=3).rho, torch.ones(3))
     bce_aslp = create_loss("aslp_bce")
     assert (bce_aslp.beta, bce_aslp.lr, bce_aslp.lam, bce_aslp.warmup_epochs) == (2.0, 0.002, 2000.0, 5)
     mrl = create_loss("mrl")
-    assert (mrl.margin, mrl.alpha) == (2.0, 0.1) and mrl.needs_mixed
+    assert (mrl.margin, mrl.alpha, mrl.mask) == (2.0, 0.1, "row") and mrl.needs_mixed
     assert create_loss("mndcg").alpha == 0.1 and create_loss("mndcg").needs_mixed
     csm = create_loss("csm")
     assert (csm.kind, csm.weight) == ("l2", 1.0) and csm.is_csm
@@ -242,13 +244,14 @@ def test_cals_penalty_functions(penalty):
         else:
             want = (lam * x / (1 - rho * x), lam / (1 - rho * x) ** 2)
         assert (v, g) == pytest.approx(want, abs=1e-12)
-    # the loss sums the penalty over classes and averages over samples, whichever penalty is used
-    loss = create_loss("cals", margin=4, penalty=penalty)
-    loss.lambd = torch.full((4,), lam)
-    loss.rho.fill_(rho)
-    hs = t([2.0, 1.25, 0.75, -1.0])
-    total = augmented_lagrangian_penalty(hs, t([lam] * 4), t(rho), penalty)[0].sum().item()
-    assert loss(MARGIN_LOGITS, torch.tensor([3])).item() == pytest.approx(MARGIN_CE + total, abs=1e-6)
+    # the loss averages the penalty over all N * K entries (class_sum=True: sums over classes), whichever penalty
+    for class_sum, scale in ((False, 1 / 4), (True, 1.0)):
+        loss = create_loss("cals", margin=4, penalty=penalty, class_sum=class_sum)
+        loss.lambd = torch.full((4,), lam)
+        loss.rho = torch.full((4,), rho)
+        hs = t([2.0, 1.25, 0.75, -1.0])
+        total = augmented_lagrangian_penalty(hs, t([lam] * 4), t(rho), penalty)[0].sum().item()
+        assert loss(MARGIN_LOGITS, torch.tensor([3])).item() == pytest.approx(MARGIN_CE + scale * total, abs=1e-6)
 
 
 def test_acls_negative_term_treats_max_as_constant():
@@ -267,22 +270,22 @@ def test_cals_value_and_multiplier_update():
     lam = 1e-6
     h = [2.0, 1.25, 0.75, -1.0]  # (d - 4) / 4 for d = 12, 9, 7, 0
     phr = [((lam + v) ** 2 - lam ** 2) / 2 if lam + v >= 0 else -lam ** 2 / 2 for v in h]
-    assert loss(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + sum(phr), abs=1e-7)
+    assert loss(MARGIN_LOGITS, y).item() == pytest.approx(MARGIN_CE + sum(phr) / 4, abs=1e-7)
     loss.on_epoch_end(MARGIN_LOGITS, y)
     expected = torch.tensor([2.0 + lam, 1.25 + lam, 0.75 + lam, lam])
     assert torch.allclose(loss.lambd.double(), expected.double(), rtol=1e-6, atol=1e-9)
-    assert int(loss.epoch) == 1 and float(loss.rho) == 1.0
+    assert int(loss.epoch) == 1 and torch.equal(loss.rho, torch.ones(4))
 
 
-def test_cals_rho_grows_when_the_penalty_does_not_drop():
-    loss = create_loss("cals", margin=4, rho_step=1)
+def test_cals_scalar_rho_grows_when_the_penalty_does_not_drop():
+    loss = create_loss("cals", margin=4, rho_step=1, rho_update="scalar")
     y = torch.tensor([3])
     loss.on_epoch_end(MARGIN_LOGITS, y)  # sets the reference penalty
-    assert float(loss.rho) == 1.0
+    assert torch.equal(loss.rho, torch.ones(4))
     loss.on_epoch_end(MARGIN_LOGITS, y)  # same logits, larger multipliers: penalty > 0.9 * previous
-    assert float(loss.rho) == pytest.approx(1.2)
+    assert torch.allclose(loss.rho, torch.full((4,), 1.2))  # one value shared by every class
     loss.on_epoch_end(MARGIN_LOGITS * 0, y)  # constraint satisfied: penalty <= 0, rho kept
-    assert float(loss.rho) == pytest.approx(1.2)
+    assert torch.allclose(loss.rho, torch.full((4,), 1.2))
 
 
 def test_adafocal_initial_value_update_and_switch():
@@ -706,3 +709,180 @@ def test_aslp_sync_is_a_no_op_on_one_process():
     loss.sync(Accelerator(cpu=True))
     assert torch.equal(loss.level, before) and not loss.touched.any()
     assert "touched" not in loss.state_dict()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parity with the authors' released code: each reference below is re-derived entry by entry from the released
+# formula (plain Python loops), independently of the package's vectorised code
+
+
+def _phr(h, lambd, rho):
+    x = lambd + rho * h
+    return ((x * x - lambd * lambd) / (2 * rho) if x >= 0 else -lambd * lambd / (2 * rho)), max(x, 0.0)
+
+
+def _released_cals_penalty(z, lambd, rho, margin):
+    """AugLagrangianClass.get: mean over every (sample, class) entry of PHR(h; lambda_k, rho_k)."""
+    rows = z.tolist()
+    total = 0.0
+    for row in rows:
+        top = max(row)
+        for k, value in enumerate(row):
+            total += _phr((top - value - margin) / margin, lambd[k], rho[k])[0]
+    return total / (len(rows) * len(rows[0]))
+
+
+def _released_cals_epoch(z, lambd, rho, prev, epoch, margin, rho_step, gamma, tau, rho_min=1.0, rho_max=10.0,
+                         lambd_min=1e-6, lambd_max=1e6):
+    """update_lambd over the validation rows, then set_lambd and update_rho at the end of 0-based ``epoch``."""
+    rows = z.tolist()
+    n, k = len(rows), len(rows[0])
+    grad_sum, h_sum = [0.0] * k, [0.0] * k
+    for row in rows:
+        top = max(row)
+        for c in range(k):
+            h = (top - row[c] - margin) / margin
+            grad_sum[c] += min(max(_phr(h, lambd[c], rho[c])[1], lambd_min), lambd_max)
+            h_sum[c] += h
+    new_lambd = [min(max(g / n, lambd_min), lambd_max) for g in grad_sum]
+    current = [v / n for v in h_sum]
+    new_rho = list(rho)
+    if (epoch + 1) % rho_step == 0 and prev is not None:
+        new_rho = [min(max(gamma * r if cur > max(p, 0.0) * tau else r, rho_min), rho_max)
+                   for r, cur, p in zip(rho, current, prev)]
+    return new_lambd, new_rho, current
+
+
+def test_cals_matches_the_released_class_over_epochs():
+    g = torch.Generator().manual_seed(21)
+    margin, rho_step, gamma = 2.0, 2, 1.5
+    loss = create_loss("cals", margin=margin, rho_step=rho_step, gamma=gamma)
+    train_z = torch.randn(6, 4, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 4, (6,), generator=g)
+    lambd, rho, prev = [1e-6] * 4, [1.0] * 4, None
+    grew = set()
+    for epoch in range(6):
+        ce = F.cross_entropy(train_z, y).item()
+        want = ce + _released_cals_penalty(train_z, lambd, rho, margin)
+        assert loss(train_z, y).item() == pytest.approx(want, rel=1e-6, abs=1e-9), epoch
+        val_z = torch.randn(8, 4, generator=g, dtype=torch.float64) * (1.0 + epoch % 3)
+        val_z[:, 3] = 20.0  # always predicted: its mean constraint stays at -1, so its rho never grows
+        lambd, new_rho, prev = _released_cals_epoch(val_z, lambd, rho, prev, epoch, margin, rho_step, gamma, 0.9)
+        grew |= {k for k in range(4) if new_rho[k] > rho[k]}
+        rho = new_rho
+        loss.on_epoch_end(val_z, torch.zeros(8, dtype=torch.long))
+        assert torch.allclose(loss.lambd.double(), t(lambd), rtol=1e-5), epoch
+        assert torch.allclose(loss.rho.double(), t(rho), rtol=1e-6), epoch
+    assert 0 < len(grew) < 4 and rho[3] == 1.0  # per-class rho: some classes grew, class 3 did not
+
+
+def test_cals_tied_maxima_share_the_gradient():
+    margin = 1.0
+    z = t([[5.0, 5.0, 0.0, 1.5], [2.0, 0.0, 3.0, 3.0]]).requires_grad_()
+    y = torch.tensor([0, 3])
+    lambd, rho = [0.5, 0.2, 1.0, 0.3], [1.0, 2.0, 1.5, 1.2]
+    loss = create_loss("cals", margin=margin)
+    loss.lambd, loss.rho = t(lambd).float(), t(rho).float()
+    loss(z, y).backward()
+    n, k = z.shape
+    want = (torch.softmax(z.detach(), 1) - F.one_hot(y, k).double()) / n
+    for i, row in enumerate(z.detach().tolist()):
+        top = max(row)
+        ties = [c for c in range(k) if row[c] == top]
+        grads = [_phr((top - row[c] - margin) / margin, lambd[c], rho[c])[1] / margin for c in range(k)]
+        for c in range(k):
+            # d h_ic / d z_ic = -1 / margin; d max / d z_ij = 1 / |ties| for each tied j (amax)
+            share = sum(grads) / len(ties) if c in ties else 0.0
+            want[i, c] += (share - grads[c]) / (n * k)
+    assert torch.allclose(z.grad, want, atol=1e-6)
+
+
+def test_acls_regularize_ignored_matches_the_released_class():
+    g = torch.Generator().manual_seed(22)
+    z = torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64) * 6
+    y = torch.randint(0, 4, (2, 3, 3), generator=g)
+    y[0, 0, 0] = y[1, 2, 1] = -100
+    margin, pos_lambda, neg_lambda, alpha = 2.0, 1.0, 0.1, 0.1
+    rows = z.movedim(1, -1).reshape(-1, 4)
+    pos = neg = 0.0
+    for row in rows.tolist():  # every row, ignored pixels included
+        top = max(row)
+        for value in row:
+            if value == top:
+                pos += max(top - margin, 0.0) ** 2
+            else:
+                neg += max(top - value - margin, 0.0) ** 2
+    m = len(rows)
+    reg = pos_lambda * pos / m + neg_lambda * neg / (m * 3)
+    ce = F.cross_entropy(rows, y.reshape(-1), ignore_index=-100).item()
+    ours = create_loss("acls", margin=margin, regularize_ignored=True)(z, y).item()
+    assert ours == pytest.approx(ce + alpha * reg, rel=1e-9)
+    assert create_loss("acls", margin=margin)(z, y).item() != pytest.approx(ours, rel=1e-6)
+
+
+def test_cals_regularize_ignored_keeps_every_pixel():
+    g = torch.Generator().manual_seed(23)
+    z = torch.randn(2, 3, 2, 2, generator=g, dtype=torch.float64) * 4
+    y = torch.randint(0, 3, (2, 2, 2), generator=g)
+    y[0, 1, 1] = -100
+    rows = z.movedim(1, -1).reshape(-1, 3)
+    lambd, rho = [0.4, 0.1, 0.7], [1.0, 1.0, 1.0]
+    loss = create_loss("cals", margin=1.0, regularize_ignored=True)
+    loss.lambd = t(lambd).float()
+    want = F.cross_entropy(rows, y.reshape(-1)).item() + _released_cals_penalty(rows, lambd, rho, 1.0)
+    assert loss(z, y).item() == pytest.approx(want, rel=1e-6)
+
+
+def test_mrl_broadcast_mask_matches_the_released_code():
+    logits = t([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0], [0.5, 0.5, 1.0]])
+    y = torch.tensor([2, 0, 2])
+    mixed = t([[0.0, 2.0, 2.5], [5.0, 0.0, 0.0], [0.0, 1.0, 0.2]])
+    target_mixed = t([[0.0, 0.4, 0.6], [1.0, 0.0, 0.0], [0.3, 0.0, 0.7]])  # the second copy mixed the same class
+    margin, alpha = 2.0, 0.1
+    mask = [float(all(v != 1.0 for v in row)) for row in target_mixed.tolist()]
+    diff = [max(m) - max(c) for m, c in zip(mixed.tolist(), logits.tolist())]
+    b = len(mask)
+    # released: mask (B,) times hinge (B, 1) broadcasts to (B, B) before the mean
+    rank = sum(mask[j] * max(diff[i] + margin, 0.0) for i in range(b) for j in range(b)) / (b * b)
+    want = F.cross_entropy(logits, y).item() + alpha * rank
+    ours = create_loss("mrl", mask="broadcast")(logits, y, mixed, target_mixed).item()
+    assert ours == pytest.approx(want, abs=1e-12)
+    row_rank = sum(mask[i] * max(diff[i] + margin, 0.0) for i in range(b)) / b
+    assert create_loss("mrl")(logits, y, mixed, target_mixed).item() == pytest.approx(
+        F.cross_entropy(logits, y).item() + alpha * row_rank, abs=1e-12)
+    with pytest.raises(ValueError, match="mask must be"):
+        create_loss("mrl", mask="rows")
+
+
+def test_mdca_label_smoothing_base_matches_the_released_code():
+    g = torch.Generator().manual_seed(24)
+    z = torch.randn(7, 4, generator=g, dtype=torch.float64) * 2
+    y = torch.randint(0, 4, (7,), generator=g)
+    eps, k = 0.1, 4
+    p = torch.softmax(z, 1).tolist()
+    cls = 0.0
+    for row, label in zip(p, y.tolist()):  # 1 - eps on the label, eps / (K - 1) on each other class
+        cls -= sum((1 - eps if c == label else eps / (k - 1)) * math.log(row[c]) for c in range(k))
+    cls /= len(p)
+    reg = sum(abs(sum(row[c] for row in p) / len(p) - sum(lb == c for lb in y.tolist()) / len(p))
+              for c in range(k)) / k
+    assert create_loss("mdca", base="ls", smoothing=eps)(z, y).item() == pytest.approx(cls + reg, abs=1e-12)
+
+
+def test_aslp_bce_level_cap_matches_the_released_code():
+    beta, lr = 2.0, 0.1
+    loss = create_loss("aslp_bce", warmup_epochs=0, lr=lr, beta=beta)
+    z = t([[1.0, -0.5], [1.0, 2.0], [-3.0, 0.5]])
+    y = t([[1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    start = [0.21, 0.2, 0.05]
+    loss.level = t(start).float()
+    loss(z, y, index=torch.arange(3))
+    want = []
+    for alpha, zs, ys in zip(start, z.tolist(), y.tolist()):
+        ps = [1 / (1 + math.exp(-v)) for v in zs]
+        bce = sum(-t_ * math.log(p_) - (1 - t_) * math.log(1 - p_) for p_, t_ in zip(ps, ys)) / len(ps)
+        ent = sum(-math.log(p_ * (1 - p_)) for p_ in ps) / len(ps)
+        a = alpha + lr * (ent - 2 * bce) / beta  # the enforcer is 0 before the first validation accuracy
+        want.append(0.0 if a < 0 else (1 / (2 * beta) - 0.01 if a >= 1 / (2 * beta) else a))
+    assert 0.24 < want[0] < 0.25 and want[1] == 0.24 and want[2] == 0.0  # the three branches
+    assert torch.allclose(loss.level.double(), t(want), atol=1e-6)

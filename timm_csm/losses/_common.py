@@ -14,7 +14,7 @@ gives a loss of 0 rather than NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import torch
@@ -77,6 +77,11 @@ class FlatBatch:
     def target_dominant(self) -> torch.Tensor:
         """(M,) class index of the target: the hard label, or the argmax of a soft target."""
         return self.hard if self.hard is not None else self.soft.argmax(dim=1)
+
+    def unmasked(self) -> "FlatBatch":
+        """The same rows with the ignore mask dropped: every row counts, ignored ones included (for label-free
+        regularisers that the released code applies to every pixel)."""
+        return replace(self, weight=None)
 
 
 def _is_int(t: torch.Tensor) -> bool:

@@ -42,8 +42,7 @@ class LabelSmoothingLoss(LossBase):
 
     ``smoothing`` eps defaults to 0.05, the MbLS/CALS/ACLS configs (the MDCA scripts use 0.1, RankMixup's
     ``ls.yaml`` 0.2). timm's ``LabelSmoothingCrossEntropy`` uses the same target; the MDCA repository instead puts
-    eps/(K-1) on the non-targets only. Soft targets are smoothed the same way. Reference: Szegedy et al., CVPR 2016;
-    spec/baselines.md section 4.
+    eps/(K-1) on the non-targets only. Soft targets are smoothed the same way. Reference: Szegedy et al., CVPR 2016.
     """
 
     def __init__(self, smoothing: float = 0.05, reduction: str = "mean", ignore_index: int = -100,

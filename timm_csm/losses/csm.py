@@ -35,8 +35,9 @@ class CSMLoss(LossBase):
     * ``kind="soft_ce"`` ("csm_soft_ce"): G = -sum_k q_k log p_k;
     * ``kind="soft_focal"`` ("csm_soft_focal"): G = -sum_k q_k (1 - p_k)^gamma log p_k with gamma = 1.
 
-    weight = 1.0 (spec/csm_method.md section 5). The two batches are separate arguments because the method runs
-    two forward passes (separate batch-norm statistics). An empty generated batch contributes 0.
+    weight = 1.0 (the released ``CeL2Loss`` of E-Galois/CSM has no weight). The two batches are separate arguments
+    because the method runs two forward passes (separate batch-norm statistics). An empty generated batch
+    contributes 0.
     """
 
     is_csm = True

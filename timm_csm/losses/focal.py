@@ -47,7 +47,7 @@ def _true_class_prob(log_probs: torch.Tensor, batch: FlatBatch, soft_rule: str =
 class FocalLoss(LossBase):
     """Focal loss ``L = -(1/N) sum_i (1 - p_t)^gamma log p_t`` (Lin et al. 2017; calibration: Mukhoti et al.,
     NeurIPS 2020, "FL-3"). Soft targets use ``-sum_k y_k (1 - p_k)^gamma log p_k``. gamma defaults to 3
-    (spec/baselines.md section 5); focal_calibration sums over the batch, the MbLS lineage averages."""
+    ("FL-3" of the MbLS/CALS/RankMixup configs); focal_calibration sums over the batch, the MbLS lineage averages."""
 
     def __init__(self, gamma: float = 3.0, reduction: str = "mean", ignore_index: int = -100, validate: bool = True):
         super().__init__(ignore_index, validate)

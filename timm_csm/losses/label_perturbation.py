@@ -183,12 +183,18 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
     alpha_i beta, and the loss is BCE-with-logits against it (pixel mean over non-ignored pixels). After each
     training step past ``warmup_epochs``:
 
-        alpha_i <- clip(alpha_i + lr * [(H_i - 2 BCE_i) / beta + lam * min((1 - Acc_val) - beta alpha_i, 0)],
-                        0, 1 / (2 beta) - 0.01),
+        a = alpha_i + lr * [(H_i - 2 BCE_i) / beta + lam * min((1 - Acc_val) - beta alpha_i, 0)],
+        alpha_i <- 0 if a < 0, 1 / (2 beta) - 0.01 if a >= 1 / (2 beta), else a,
 
-    with BCE_i the pixel-mean BCE against the clean mask and H_i = mean(-log(p (1 - p))) = 2 BCE(p, 1/2). Acc_val is
-    the validation pixel accuracy at threshold 0.5, set by ``on_epoch_end``. Defaults are the official code's:
-    beta = 2, lr = 0.002, lam = 2000, 5 warm-up epochs. ``level`` stores alpha_i.
+    with BCE_i the pixel-mean BCE against the clean mask and H_i = mean(-log(p (1 - p))) = 2 BCE(p, 1/2). The cap
+    is the released one (``main_ASLP.py`` of Carlisle-Liu/ASLP): a level that reaches 1 / (2 beta) drops to 0.01
+    below it, while levels in between are kept (so with beta = 2 they lie in [0, 0.25)). Acc_val is the validation
+    pixel accuracy at threshold 0.5, set by ``on_epoch_end``. Defaults are the official code's: beta = 2,
+    lr = 0.002, lam = 2000, 5 warm-up epochs. ``level`` stores alpha_i.
+
+    Deviations: the loss uses the expected perturbed target (module docstring) instead of one random draw per
+    image; H_i and BCE_i use exact log-sigmoids, where the released code clamps p to [1e-7, 1 - 1e-7] (the two
+    differ only for |logit| > 16).
     """
 
     def __init__(self, beta: float = 2.0, lr: float = 0.002, lam: float = 2000.0, warmup_epochs: int = 5,
@@ -224,9 +230,13 @@ class BinaryAdaptiveLabelPerturbation(_PerSampleState):
                 alpha = self.level[index].double()
                 enforcer = torch.clamp((1.0 - self.val_accuracy.double()) - self.beta * alpha, max=0.0)
                 step = ascent.double().to(alpha.device) / self.beta + self.lam * enforcer
-                new = (alpha + self.lr * step).clamp(0.0, 1.0 / (2.0 * self.beta) - 0.01)
-                self._set_levels(index, new)
+                self._set_levels(index, self._capped(alpha + self.lr * step))
         return loss
+
+    def _capped(self, alpha: torch.Tensor) -> torch.Tensor:
+        """The released bounds: negative levels become 0, levels >= 1 / (2 beta) become 1 / (2 beta) - 0.01."""
+        top = 1.0 / (2.0 * self.beta)
+        return torch.where(alpha >= top, alpha.new_tensor(top - 0.01), alpha.clamp_min(0.0))
 
     @torch.no_grad()
     def on_epoch_end(self, val_logits: torch.Tensor, val_targets: torch.Tensor) -> None:

@@ -2,10 +2,13 @@
 
 All three penalise logit distances d_ik = max_j z_ij - z_ik measured from the *predicted* class (not the label),
 so the regulariser needs no target and works unchanged with soft targets; only the cross-entropy term sees y.
-Dense inputs are flattened to pixels, and ignored pixels are excluded from both terms.
+Dense inputs are flattened to pixels, and ignored pixels are excluded from both terms (as the released MbLS code
+does for ``ignore_index >= 0``); ACLS and CALS take ``regularize_ignored=True`` to regularise them too, as their
+released code does.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -51,12 +54,18 @@ class ACLSLoss(LossBase):
 
     with j_i the predicted class (ties all count as positives, decided on detached logits). The winning logit is
     pulled down once it exceeds the margin; losing logits are pulled up once their gap to the (detached) max exceeds
-    it. Defaults pos_lambda = 1.0, neg_lambda = 0.1, alpha = 0.1, margin = 10 (``configs/loss/acls.yaml``).
+    it. Defaults pos_lambda = 1.0, neg_lambda = 0.1, alpha = 0.1, margin = 10 (``configs/loss/acls.yaml`` of
+    cvlab-yonsei/ACLS).
+
+    Deviation: ignored pixels are left out of R (N counts the kept rows). The released class never reads its
+    ``ignore_index``: its R runs over every row, ignored pixels included, while its CE skips PyTorch's default
+    ignore index -100; ``regularize_ignored=True`` reproduces that.
     """
 
     def __init__(self, pos_lambda: float = 1.0, neg_lambda: float = 0.1, alpha: float = 0.1, margin: float = 10.0,
-                 ignore_index: int = -100, validate: bool = True):
+                 regularize_ignored: bool = False, ignore_index: int = -100, validate: bool = True):
         super().__init__(ignore_index, validate)
+        self.regularize_ignored = bool(regularize_ignored)
         self.pos_lambda = check_finite_number("pos_lambda", pos_lambda, 0.0)
         self.neg_lambda = check_finite_number("neg_lambda", neg_lambda, 0.0)
         self.alpha = check_finite_number("alpha", alpha, 0.0)
@@ -75,8 +84,9 @@ class ACLSLoss(LossBase):
         pos = (z_max - self.margin).clamp_min(0.0).square() * ties  # (M, 1)
         neg = ((z_max_detached - self.margin) - z).clamp_min(0.0).square()  # (M, K)
         # mean over rows of the sum over classes = K * mean over all entries
-        reg = (self.pos_lambda * masked_mean(pos, batch)
-               + self.neg_lambda * num_classes / (num_classes - 1) * masked_mean(neg, batch))
+        reg_batch = batch.unmasked() if self.regularize_ignored else batch
+        reg = (self.pos_lambda * masked_mean(pos, reg_batch)
+               + self.neg_lambda * num_classes / (num_classes - 1) * masked_mean(neg, reg_batch))
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
@@ -109,93 +119,119 @@ def augmented_lagrangian_penalty(h: torch.Tensor, lambd: torch.Tensor, rho: torc
     return torch.where(positive, sup_value, inf_value), torch.where(positive, sup_grad, inf_grad)
 
 
+_RHO_UPDATES = ("class", "scalar")
+
+
 @register_loss("cals")
 class CALSLoss(LossBase):
-    """Class-adaptive label smoothing via an augmented Lagrangian (Liu et al., CVPR 2023).
+    """Class-adaptive label smoothing via an augmented Lagrangian (Liu et al., CVPR 2023), as released
+    (``AugLagrangianClass`` of by-liu/CALS).
 
     Constraints per sample i and class k: h_ik = (max_j z_ij - z_ik - margin) / margin <= 0 (unnormalised with
-    ``normalize=False``). Training minimises
+    ``normalize=False``; the max is ``amax``, so tied maxima share its gradient). Training minimises
 
-        L = CE + mean_i sum_k P(h_ik; lambda_k, rho)
+        L = CE + mean_{i,k} P(h_ik; lambda_k, rho_k),
 
-    (sum over classes, mean over samples/pixels, as the official ``AugLagrangianClass.get``) with the PHR penalty by
-    default (:func:`augmented_lagrangian_penalty`). The per-class multipliers lambda_k (initially ``lambd_min``,
-    so training starts close to plain CE) and the scalar rho are the state.
+    the mean over all N*K entries (pixels too), with the PHR penalty by default (:func:`augmented_lagrangian_penalty`).
+    The per-class multipliers lambda_k (initially ``lambd_min``, so training starts close to plain CE) and the
+    per-class penalty parameters rho_k (initially ``rho_init``) are the state.
 
-    Hook: ``on_epoch_end(val_logits, val_targets=None)`` runs the outer ALM step on the validation logits
-    (targets are not used): every ``lambd_step`` epochs, lambda_k <- mean_i clamp(P'(h_ik; lambda_k, rho),
-    lambd_min, lambd_max); every ``rho_step`` epochs, rho <- min(gamma * rho, rho_max) if the validation penalty
-    (computed with the old multipliers) did not drop below tau times its value at the previous rho step.
-    ``rho_step <= 0`` disables the rho update. Defaults: margin 10 (README command; the yaml default is 20),
-    PHR, lambda in [1e-6, 1e6], rho_init 1, rho_max 10, rho_step 10, gamma 1.2, tau 0.9 (spec/baselines.md
-    section 12). State is in buffers (``lambd`` sized lazily to the number of classes).
+    Hook: ``on_epoch_end(val_logits, val_targets=None)`` runs the outer ALM step on the validation logits (targets
+    only mark ignored pixels): every ``lambd_step`` epochs, lambda_k <- clamp(mean_i clamp(P'(h_ik; lambda_k, rho_k),
+    lambd_min, lambd_max), lambd_min, lambd_max); with ``rho_step > 0``, every epoch records the mean validation
+    constraint c_k = mean_i h_ik, and every ``rho_step`` epochs rho_k <- clamp(gamma rho_k, rho_init, rho_max) for the
+    classes whose c_k exceeds tau * max(c_k of the previous epoch, 0). ``rho_step <= 0`` disables the rho update.
+
+    Options for the earlier form of this package (and of the released class's commented-out line):
+    ``class_sum=True`` sums the penalty over classes (K times the released mean); ``rho_update="scalar"`` keeps one
+    rho for all classes, raised every ``rho_step`` epochs if the validation penalty did not drop below tau times its
+    value at the previous rho step (``AugLagrangian.update_rho_by_val`` of the same repository).
+
+    Ignored pixels are left out of the penalty and of the hook; ``regularize_ignored=True`` includes them, as the
+    released trainers do (they pass every pixel's logits to the Lagrangian). Defaults: margin 10 (the README command;
+    the yaml default is 20), PHR, lambda in [1e-6, 1e6], rho_init 1, rho_max 10, rho_step 10, gamma 1.2, tau 0.9.
+    State is in buffers (sized lazily to the number of classes).
     """
 
     def __init__(self, margin: float = 10.0, penalty: str = "phr", lambd_min: float = 1e-6, lambd_max: float = 1e6,
                  lambd_step: int = 1, rho_init: float = 1.0, rho_max: float = 10.0, rho_step: int = 10,
-                 gamma: float = 1.2, tau: float = 0.9, normalize: bool = True, num_classes: Optional[int] = None,
+                 gamma: float = 1.2, tau: float = 0.9, normalize: bool = True, class_sum: bool = False,
+                 rho_update: str = "class", regularize_ignored: bool = False, num_classes: Optional[int] = None,
                  ignore_index: int = -100, validate: bool = True):
         super().__init__(ignore_index, validate)
         if penalty not in ("phr", "p2", "p3"):
             raise ValueError(f"penalty must be 'phr', 'p2' or 'p3', got {penalty!r}")
+        if rho_update not in _RHO_UPDATES:
+            raise ValueError(f"rho_update must be one of {_RHO_UPDATES}, got {rho_update!r}")
         self.margin = check_finite_number("margin", margin, 0.0, low_open=True)
         self.penalty = penalty
         self.lambd_min = check_finite_number("lambd_min", lambd_min, 0.0)
         self.lambd_max = check_finite_number("lambd_max", lambd_max, self.lambd_min)
         self.lambd_step = max(int(lambd_step), 1)
         self.rho_max = check_finite_number("rho_max", rho_max, 0.0, low_open=True)
-        rho_init = check_finite_number("rho_init", rho_init, 0.0, self.rho_max, low_open=True)
+        self.rho_init = check_finite_number("rho_init", rho_init, 0.0, self.rho_max, low_open=True)
         self.rho_step = int(rho_step)
         self.gamma = check_finite_number("gamma", gamma, 1.0)
         self.tau = check_finite_number("tau", tau, 0.0)
         self.normalize = bool(normalize)
+        self.class_sum = bool(class_sum)
+        self.rho_update = rho_update
+        self.regularize_ignored = bool(regularize_ignored)
         size = 0 if num_classes is None else int(num_classes)
         self.register_buffer("lambd", torch.full((size,), self.lambd_min, dtype=torch.float32))
-        self.register_buffer("rho", torch.tensor(rho_init, dtype=torch.float32))
+        self.register_buffer("rho", torch.full((size,), self.rho_init, dtype=torch.float32))
+        # mean validation constraint per class at the previous epoch (NaN: none yet), for rho_update="class"
+        self.register_buffer("prev_constraint", torch.full((size,), float("nan"), dtype=torch.float32))
+        # validation penalty at the previous rho step, for rho_update="scalar"
         self.register_buffer("prev_penalty", torch.tensor(float("nan"), dtype=torch.float32))
         self.register_buffer("epoch", torch.tensor(0, dtype=torch.int64))
 
     def _ensure_classes(self, num_classes: int) -> None:
-        if self.lambd.numel() == 0:
-            self.lambd = torch.full((num_classes,), self.lambd_min, dtype=self.lambd.dtype, device=self.lambd.device)
-        elif self.lambd.numel() != num_classes:
-            raise ValueError(f"CALSLoss holds multipliers for {self.lambd.numel()} classes, got {num_classes}")
+        for name, value in (("lambd", self.lambd_min), ("rho", self.rho_init), ("prev_constraint", math.nan)):
+            buf = getattr(self, name)
+            if buf.numel() == 0:
+                setattr(self, name, torch.full((num_classes,), value, dtype=buf.dtype, device=buf.device))
+            elif buf.numel() != num_classes:
+                raise ValueError(f"CALSLoss holds {name} for {buf.numel()} classes, got {num_classes}")
 
     def constraints(self, logits2d: torch.Tensor) -> torch.Tensor:
-        h = logits2d.max(dim=1, keepdim=True).values - logits2d - self.margin
+        h = logits2d.amax(dim=1, keepdim=True) - logits2d - self.margin
         return h / self.margin if self.normalize else h
 
     def _penalty(self, h: torch.Tensor):
         lambd = self.lambd.to(h).unsqueeze(0)
-        rho = self.rho.to(h)
+        rho = self.rho.to(h).unsqueeze(0)
         return augmented_lagrangian_penalty(h, lambd, rho, self.penalty)
 
     def _phr_penalty(self, batch) -> torch.Tensor:
-        """mean_i sum_k P_phr(h_ik), using P = (ReLU(lambda + rho h)^2 - lambda^2) / (2 rho) so the constant
-        -lambda^2 part is summed once instead of per entry."""
+        """mean_{i,k} P_phr(h_ik), using P = ReLU(lambda + rho h)^2 / (2 rho) - lambda^2 / (2 rho): the factor
+        1 / sqrt(2 rho_k) is folded into the affine map of the logits, and the constant part is averaged once."""
         z = batch.logits
         lambd = self.lambd.to(z)  # state buffers follow the logits (dtype and device)
         rho = self.rho.to(z)
+        root = (2.0 * rho).rsqrt()
         scale = rho / self.margin if self.normalize else rho
-        # lambda + rho * h = scale * (max - z) + (lambda - scale * margin)
-        x = (z.max(dim=1, keepdim=True).values - z) * scale + (lambd - scale * self.margin)
-        active = z.shape[1] * masked_mean(x.clamp_min(0.0).square(), batch)
-        constant = lambd.square().sum()
+        # (lambda + rho h) / sqrt(2 rho) = (max - z) * scale / sqrt(2 rho) + (lambda - scale * margin) / sqrt(2 rho)
+        x = (z.amax(dim=1, keepdim=True) - z) * (scale * root) + (lambd - scale * self.margin) * root
+        active = masked_mean(x.clamp_min(0.0).square(), batch)
+        constant = (lambd.square() / (2.0 * rho)).mean()
         if batch.weight is not None:  # an all-ignored batch has an empty mean: 0
             constant = constant * (batch.weight.sum() > 0).to(z.dtype)
         elif batch.num_rows == 0:
             constant = constant * 0.0
-        return (active - constant) / (2.0 * rho)
+        return active - constant
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
         self._ensure_classes(batch.num_classes)
         ce = mean_ce(batch)
+        reg_batch = batch.unmasked() if self.regularize_ignored else batch
         if self.penalty == "phr":
-            reg = self._phr_penalty(batch)
+            reg = self._phr_penalty(reg_batch)
         else:
-            value, _ = self._penalty(self.constraints(batch.logits))
-            reg = batch.num_classes * masked_mean(value, batch)
+            reg = masked_mean(self._penalty(self.constraints(batch.logits))[0], reg_batch)
+        if self.class_sum:
+            reg = reg * batch.num_classes
         self._record(ce=ce, reg=reg)
         return ce + reg
 
@@ -207,20 +243,35 @@ class CALSLoss(LossBase):
             val_targets = torch.zeros(shape, dtype=torch.long, device=val_logits.device)
         batch = flatten_batch(val_logits, val_targets, self.ignore_index, True, "CALSLoss.on_epoch_end")
         self._ensure_classes(batch.num_classes)
-        keep = batch.row_weight() > 0
-        z = batch.logits.double()[keep]
+        z = batch.logits.double()
+        if not self.regularize_ignored:
+            z = z[batch.row_weight() > 0]
         if z.shape[0] == 0:
             raise ValueError("CALSLoss.on_epoch_end: no validation samples")
         h = self.constraints(z)
         value, grad = self._penalty(h)
-        val_penalty = float(value.sum(dim=1).mean())
         epoch = int(self.epoch) + 1  # 1-based count of finished epochs
         if epoch % self.lambd_step == 0:
             new = grad.clamp(self.lambd_min, self.lambd_max).mean(dim=0).clamp(self.lambd_min, self.lambd_max)
             self.lambd.copy_(new.to(self.lambd))
-        if self.rho_step > 0 and epoch % self.rho_step == 0:
-            prev = float(self.prev_penalty)
-            if prev == prev and prev > 0 and val_penalty > 0 and val_penalty > self.tau * prev:
-                self.rho.fill_(min(self.rho_max, float(self.rho) * self.gamma))
-            self.prev_penalty.fill_(val_penalty)
+        if self.rho_step > 0 and self.rho_update == "class":
+            self._rho_step_per_class(h.mean(dim=0), epoch)
+        elif self.rho_step > 0:
+            self._rho_step_scalar(float(value.mean()), epoch)  # the sign and ratios do not depend on the scale
         self.epoch.fill_(epoch)
+
+    def _rho_step_per_class(self, constraint: torch.Tensor, epoch: int) -> None:
+        prev = self.prev_constraint.to(constraint)
+        if epoch % self.rho_step == 0 and not bool(prev.isnan().any()):
+            rho = self.rho.to(constraint)
+            rho = torch.where(constraint > prev.clamp_min(0.0) * self.tau, rho * self.gamma, rho)
+            self.rho.copy_(rho.clamp(self.rho_init, self.rho_max).to(self.rho))
+        self.prev_constraint.copy_(constraint.to(self.prev_constraint))
+
+    def _rho_step_scalar(self, val_penalty: float, epoch: int) -> None:
+        if epoch % self.rho_step:
+            return
+        prev = float(self.prev_penalty)
+        if prev == prev and prev > 0 and val_penalty > 0 and val_penalty > self.tau * prev:
+            self.rho.copy_((self.rho * self.gamma).clamp(max=self.rho_max))
+        self.prev_penalty.fill_(val_penalty)

@@ -22,12 +22,16 @@ def mdca_penalty(probs: torch.Tensor, target_probs: torch.Tensor, weight: torch.
 
 @register_loss("mdca")
 class MDCALoss(LossBase):
-    """``L = L_cls + beta * MDCA`` with the batch-level MDCA regulariser (:func:`mdca_penalty`).
+    """``L = L_cls + beta * MDCA`` with the batch-level MDCA regulariser (:func:`mdca_penalty`), following
+    ``ClassficationAndMDCA`` of mdca-loss/MDCA-Calibration.
 
-    ``base`` picks L_cls: ``"ce"`` (NLL+MDCA, default), ``"ls"`` (label smoothing with ``smoothing``, 0.1 in the
-    MDCA scripts) or ``"focal"`` (``gamma``, 1 in the MDCA scripts). beta = 1. Soft targets replace the indicator by
-    y_ik. This is the official MDCA form (softmax probabilities into the regulariser, logits into L_cls), not the
-    RankMixup copy that applies softmax twice (spec/baselines.md section 9).
+    ``base`` picks L_cls: ``"ce"`` (NLL+MDCA, default), ``"ls"`` (LS+MDCA, ``smoothing`` eps = 0.1 as in the MDCA
+    scripts) or ``"focal"`` (FL+MDCA, ``gamma`` = 1 as in the MDCA scripts). beta = 1. The label smoothing is the
+    released one: 1 - eps on the target class and eps / (K - 1) on each other class (not the uniform eps / K of the
+    "ls" loss); a soft target y becomes (1 - eps) y + eps (1 - y) / (K - 1). Soft targets replace the class
+    indicator by y_ik in the regulariser. This is the official MDCA form (softmax probabilities into the regulariser,
+    logits into L_cls), not the copy in cvlab-yonsei/RankMixup that smooths the softmax output (softmax applied
+    twice).
     """
 
     def __init__(self, beta: float = 1.0, base: str = "ce", smoothing: float = 0.1, gamma: float = 1.0,
@@ -46,9 +50,16 @@ class MDCALoss(LossBase):
         if self.base == "ce":
             cls = mean_nll(log_probs, batch)
         elif self.base == "ls":
-            cls = (1.0 - self.smoothing) * mean_nll(log_probs, batch) - self.smoothing * masked_mean(log_probs, batch)
+            cls = self._smoothed_nll(log_probs, batch)
         else:
             cls = reduce_rows(focal_rows(log_probs, batch, self.gamma), batch)
         reg = mdca_penalty(log_probs.exp(), batch.target_probs(), batch.row_weight())
         self._record(cls=cls, reg=reg)
         return cls + self.beta * reg
+
+    def _smoothed_nll(self, log_probs: torch.Tensor, batch) -> torch.Tensor:
+        """-sum_k y'_k log p_k with y' = (1 - eps) y + eps (1 - y) / (K - 1), as
+        (1 - eps - eps / (K - 1)) NLL - eps K / (K - 1) mean_k log p_k (one reduction over the logits)."""
+        off = self.smoothing / (batch.num_classes - 1)
+        return ((1.0 - self.smoothing - off) * mean_nll(log_probs, batch)
+                - off * batch.num_classes * masked_mean(log_probs, batch))

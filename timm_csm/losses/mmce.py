@@ -41,7 +41,7 @@ class MMCELoss(LossBase):
     """Cross-entropy plus MMCE: ``L = CE + lam * MMCE`` (Kumar et al., ICML 2018).
 
     Defaults follow the MbLS/CALS code base that the CSM tables descend from: unweighted MMCE_m with lam = 1.
-    ``weighted=True`` with ``lam=2`` is the focal_calibration setting (spec/baselines.md section 8). Correctness
+    ``weighted=True`` with ``lam=2`` is the focal_calibration setting (torrvision/focal_calibration). Correctness
     c_i = 1[argmax p_i = y_i]; for soft targets c_i = y_i[argmax p_i] (a generalisation, not in the paper).
     Batch-level: memory is O(M^2) in the number of rows M (pixels for dense inputs).
     """

@@ -60,12 +60,21 @@ class MRLLoss(_RankMixupBase):
     comparing max *logits*, as the released code does (so the margin is in logit units: 2.0 for CIFAR, the default,
     1.0 for Tiny-ImageNet). s_qi = 0 masks copies whose mixed target has an entry equal to 1 (mixed with the same
     class). alpha = 0.1. Signature in the module docstring.
+
+    ``mask="row"`` (default) applies s_qi to its own copy, so a same-class mix contributes nothing. In the released
+    ``RankMixup_MRL`` the mask has shape (B,) and the hinge (B, 1), so their product broadcasts to (B, B) and the
+    term is mean(s) * mean(ReLU(...)): the hinges of same-class mixes count, and every hinge is scaled by the share
+    of distinct mixes. ``mask="broadcast"`` reproduces that (over all M * B copies).
     """
 
-    def __init__(self, margin: float = 2.0, alpha: float = 0.1, ignore_index: int = -100, validate: bool = True):
+    def __init__(self, margin: float = 2.0, alpha: float = 0.1, mask: str = "row", ignore_index: int = -100,
+                 validate: bool = True):
         super().__init__(ignore_index, validate)
+        if mask not in ("row", "broadcast"):
+            raise ValueError(f"mask must be 'row' (per copy) or 'broadcast' (the released code's), got {mask!r}")
         self.margin = check_finite_number("margin", margin)
         self.alpha = check_finite_number("alpha", alpha, 0.0)
+        self.mask = mask
 
     def forward(self, logits, target, logits_mixed, target_mixed) -> torch.Tensor:
         batch, mixed, copies = self._inputs(logits, target, logits_mixed, target_mixed)
@@ -73,7 +82,8 @@ class MRLLoss(_RankMixupBase):
         clean_max = batch.logits.max(dim=1).values.repeat(copies)
         mixed_max = mixed.logits.max(dim=1).values
         distinct = (mixed.soft < 1.0 - _SAME_CLASS_TOL).all(dim=1).to(logits.dtype)
-        rank = (distinct * (mixed_max - clean_max + self.margin).clamp_min(0.0)).mean()
+        hinge = (mixed_max - clean_max + self.margin).clamp_min(0.0)
+        rank = (distinct * hinge).mean() if self.mask == "row" else distinct.mean() * hinge.mean()
         self._record(ce=ce, rank=rank)
         return ce + self.alpha * rank
 
