@@ -14,7 +14,8 @@ Pipeline of one run (``run(config)``; ``main(argv)`` is the command line):
    * CSM (``is_csm`` losses): one forward pass on the real batch and one on the companions (separate batch-norm
      statistics, as the method specifies), one backward pass of ``loss(logits_real, y, logits_gen, q_gen)``;
    * Mixup (``--mixup ALPHA``): the loss on mixed images and soft targets;
-   * RegMixup (``--regmixup ALPHA``): ``loss(f(x), y) + w * CE(f(x~), y~)``, clean and mixed in one pass;
+   * RegMixup (``--regmixup ALPHA``): ``(loss(f(x), y) + w * CE(f(x~), y~)) / 2``, clean and mixed in one pass
+     (the released code's mean over both halves; ``--regmixup-reduction sum`` drops the 1/2);
    * RankMixup (``needs_mixed`` losses "mrl", "mndcg"): clean and mixed copies in two passes.
    After each epoch: validation logits (gathered over processes), the loss's ``on_epoch_end`` hook, the
    scheduler step, the per-epoch log, ``last.safetensors`` (model, optimizer, scheduler, loss state, RNG) and
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--regmixup", type=float, default=0.0,
                    help="RegMixup alpha (0: off; 20 for CIFAR-10, 10 for CIFAR-100)")
     g.add_argument("--regmixup-weight", type=float, default=1.0, help="weight eta of RegMixup's mixed term")
+    g.add_argument("--regmixup-reduction", default="mean", choices=("mean", "sum"),
+                   help="RegMixup: 'mean' (clean + eta * mixed) / 2, the released code's mean over the 2B batch; "
+                        "'sum' clean + eta * mixed, the paper's equation")
     g.add_argument("--rankmixup-alpha", type=float, default=2.0, help="Mixup alpha of RankMixup losses (mrl, mndcg)")
     g.add_argument("--num-mixup", type=int, default=None,
                    help="mixed copies per sample for RankMixup losses (default: 1 for mrl, 3 for mndcg)")
@@ -692,6 +696,8 @@ def _train_one_epoch(args, mode, train_module, model, criterion, optimizer, load
                      regmix_loss=None):
     from tqdm.auto import tqdm
 
+    from .losses import regmixup_objective
+
     train_module.train()
     device = accelerator.device
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -716,7 +722,8 @@ def _train_one_epoch(args, mode, train_module, model, criterion, optimizer, load
                 clean = criterion(logits, y, index=batch["index"])
             else:
                 clean = criterion(logits, y)
-            loss = clean + args.regmixup_weight * regmix_loss(logits_mix, batch["mix_targets"])
+            loss = regmixup_objective(clean, regmix_loss(logits_mix, batch["mix_targets"]), args.regmixup_weight,
+                                      args.regmixup_reduction)
         else:  # plain or mixup (soft targets in batch["labels"])
             logits = train_module(x)
             if getattr(criterion, "needs_index", False):

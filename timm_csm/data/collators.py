@@ -193,8 +193,9 @@ class MixupCollator(_MixCollatorBase):
 
 class RegMixupCollator(_MixCollatorBase):
     """RegMixup (Pinto et al., NeurIPS 2022): the clean batch plus one mixed copy used as a regulariser,
-    L = CE(f(x), y) + eta * CE(f(x~), y~), lam ~ Beta(alpha, alpha) with large alpha (20 for CIFAR-10, 10 for
-    CIFAR-100), one lam per batch as the reference."""
+    lam ~ Beta(alpha, alpha) with large alpha (20 for CIFAR-10, 10 for CIFAR-100), one lam per batch as the
+    reference. The objective is :func:`timm_csm.losses.regmixup_objective`, (CE(f(x), y) + eta CE(f(x~), y~)) / 2
+    by default, the released code's mean over the concatenated batch."""
 
     def __init__(self, images, labels, transform, num_classes: int, alpha: float = 20.0, seed: int = 0):
         super().__init__(images, labels, transform, num_classes, alpha, seed)

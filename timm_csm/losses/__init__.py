@@ -12,10 +12,14 @@ Call conventions (class attributes tell a training loop which one applies):
   :mod:`timm_csm.losses.rankmixup`);
 * ``is_csm``: ``loss(logits_real, y_real, logits_gen, q_gen)`` ("csm", "csm_soft_ce", "csm_soft_focal").
 
+RegMixup is not a loss of its own: :func:`regmixup_objective` combines a loss on the clean batch with
+cross-entropy on the mixed copy.
+
 Stateful losses ("adafocal", "cals", "aslp", "aslp_bce") define ``on_epoch_end(val_logits, val_targets)``, to be
 called once per epoch with the validation logits; their state is saved by ``state_dict()``.
 """
-from . import binary, brier, cross_entropy, csm, focal, label_perturbation, margin, mdca, mmce, penalty, rankmixup
+from . import (binary, brier, cross_entropy, csm, focal, label_perturbation, margin, mdca, mmce, penalty, rankmixup,
+               regmixup)
 from ._common import LossBase
 from .binary import BinaryCrossEntropyLoss, BinaryFocalLoss, BinaryLabelSmoothingLoss
 from .brier import BrierLoss
@@ -28,6 +32,7 @@ from .mdca import MDCALoss
 from .mmce import MMCELoss
 from .penalty import EntropyPenalty, L1Penalty
 from .rankmixup import MNDCGLoss, MRLLoss
+from .regmixup import REGMIXUP_REDUCTIONS, regmixup_objective
 from .registry import create_loss, get_loss_entrypoint, is_loss, list_losses, register_loss
 
 __all__ = [
@@ -35,5 +40,5 @@ __all__ = [
     "CrossEntropyLoss", "LabelSmoothingLoss", "FocalLoss", "FLSDLoss", "AdaFocalLoss", "BrierLoss", "MMCELoss",
     "MDCALoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss", "AdaptiveLabelPerturbation",
     "BinaryAdaptiveLabelPerturbation", "MRLLoss", "MNDCGLoss", "CSMLoss", "BinaryCrossEntropyLoss",
-    "BinaryLabelSmoothingLoss", "BinaryFocalLoss",
+    "BinaryLabelSmoothingLoss", "BinaryFocalLoss", "regmixup_objective", "REGMIXUP_REDUCTIONS",
 ]
