@@ -3,8 +3,8 @@
 For each (scheduler, steps, guidance scale) the shipped Fashion-MNIST generator makes the two pure endpoints
 (lambda = 0 and 1) of ``--num-groups`` groups (seeds disjoint from any dataset's), and a reference classifier trained
 on real images says how many show their intended class. The figure of merit is recognised images per second of
-generation (accuracy x images/s), on one CPU thread, 64 groups (128 images) per forward batch; the classifier's own
-time is excluded.
+generation (accuracy x images per CPU-second), on one CPU thread, 64 groups (128 images) per forward batch. Time is
+the process's CPU time (so other jobs on the machine do not inflate it), the classifier's own time excluded.
 
     OMP_NUM_THREADS=1 python benchmarks/sampler_study.py                  # every cell (about 15 min on one thread)
     python benchmarks/sampler_study.py --report-only                      # re-assemble the page from the cells
@@ -45,14 +45,14 @@ def measure_cell(generator, scheduler: str, steps: int, guidance: float, classif
     spent = {"classify": 0.0}
 
     def timed_classify(images):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = classify(images)
-        spent["classify"] += time.perf_counter() - t0
+        spent["classify"] += time.process_time() - t0
         return out
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     quality = pure_class_accuracy(pipe, timed_classify, num_groups=num_groups, batch_groups=64)
-    seconds = time.perf_counter() - t0 - spent["classify"]
+    seconds = time.process_time() - t0 - spent["classify"]
     ips = quality["num_images"] / seconds
     return {"scheduler": scheduler, "steps": steps, "guidance_scale": guidance, "accuracy": quality["accuracy"],
             "num_images": quality["num_images"], "seconds": round(seconds, 2), "images_per_s": ips,
@@ -66,9 +66,9 @@ def to_markdown(rows: List[Dict], real_acc: float, command: str) -> str:
         "The shipped Fashion-MNIST generator (`timm_csm/assets/generator-fmnist`) makes the two pure endpoints of "
         f"{rows[0]['num_images'] // 2} groups per setting; the reference classifier (accuracy on real test images: "
         f"{100 * real_acc:.1f}%) reads their class. One CPU thread "
-        f"({platform.processor() or platform.machine()}), generation time only.", "",
+        f"({platform.processor() or platform.machine()}); CPU time of generation only.", "",
         "Command:", "", f"    {command}", "",
-        "| scheduler | steps | guidance | recognised (%) | images / s | recognised / s |",
+        "| scheduler | steps | guidance | recognised (%) | images / CPU-s | recognised / CPU-s |",
         "|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["scheduler"], r["guidance_scale"], r["steps"])):
@@ -77,7 +77,7 @@ def to_markdown(rows: List[Dict], real_acc: float, command: str) -> str:
                      f"{r['images_per_s']:.2f} | {mark}{r['recognised_per_s']:.2f}{mark} |")
     lines += ["", f"Best by recognised images per second: {best['scheduler']}, {best['steps']} steps, guidance "
               f"{best['guidance_scale']:g} ({100 * best['accuracy']:.1f}% recognised, {best['images_per_s']:.2f} "
-              "images/s).", ""]
+              "images per CPU-second).", ""]
     return "\n".join(lines)
 
 
