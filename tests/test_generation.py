@@ -201,6 +201,40 @@ def test_generate_resumes_after_sigkill_with_identical_output(tiny_generator, tm
     assert res.returncode != 0 and "different generation plan" in res.stderr
 
 
+def _pixel_mixing(groups, lambdas):
+    """A stand-in generator: each member is a constant image whose grey level encodes (group, lambda)."""
+    images, members = [], []
+    for g in groups:
+        for lam in lambdas:
+            images.append(np.full((1, 4, 4), (7 * g.group_id + round(10 * lam)) % 256, np.uint8))
+            members.append((g, lam))
+    return torch.from_numpy(np.stack(images)), members
+
+
+def test_damaged_shards_are_named_and_generated_again(tmp_path):
+    import pyarrow.parquet as pq
+
+    from timm_csm.generation.writer import shard_path
+
+    plan = make_plan(K, 6, [0.0, 0.5, 1.0], [f"c{i}" for i in range(K)], groups_per_shard=2)
+    folder = generate_to_folder(_pixel_mixing, tmp_path / "gen", plan, progress=False, log=lambda line: None)
+    expected, _ = _rows(folder)
+    truncated, short = shard_path(folder, 1, 3), shard_path(folder, 2, 3)
+    truncated.write_bytes(truncated.read_bytes()[:-100])  # no Parquet footer
+    pq.write_table(pq.read_table(short).slice(0, 4), short)  # a readable file with 4 of its 6 rows
+    with pytest.raises(ValueError, match=f"shard .*{truncated.name} is damaged .*footer"):
+        load_generated(folder)
+    lines = []
+    generate_to_folder(_pixel_mixing, folder, plan, progress=False, log=lines.append)
+    assert len(lines) == 2  # before: both counted as done (6/6, rc 0)
+    assert truncated.name in lines[0] and "footer" in lines[0]
+    assert short.name in lines[1] and "4 rows, the plan 6" in lines[1]
+    assert _rows(folder)[0] == expected
+    lines.clear()
+    generate_to_folder(_pixel_mixing, folder, plan, progress=False, log=lines.append)
+    assert lines == []  # verified shards are kept
+
+
 def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run(_generate_cmd(tiny_generator, tmp_path / "one"), check=True, env=env, capture_output=True)

@@ -3,7 +3,9 @@
 Shard ``k`` holds groups ``[k * S, (k + 1) * S)`` of the global plan (S = groups per shard). Processes take the
 shards ``k = rank, rank + world, ...``; each shard is written to a temporary name and renamed into place, so a shard
 file exists only when complete. A restarted job skips the shards that exist, so after any kill (SIGKILL included)
-it finishes with exactly the dataset an uninterrupted run writes: no duplicate and no missing group.
+it finishes with exactly the dataset an uninterrupted run writes: no duplicate and no missing group. A shard file
+that exists but is damaged (truncated or overwritten by something else: its Parquet footer does not read, or it
+holds another number of rows than its groups x lambdas) is named in the log and generated again.
 """
 from __future__ import annotations
 
@@ -12,13 +14,13 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
 from .plan import plan_groups
 
-__all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "encode_png"]
+__all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "shard_problem", "encode_png"]
 
 PLAN_FILE = "plan.json"
 
@@ -63,6 +65,24 @@ def shard_path(folder, index: int, num_shards: int) -> Path:
     return Path(folder) / "shards" / f"shard-{index:05d}-of-{num_shards:05d}.parquet"
 
 
+def _shard_groups(plan: Dict, index: int) -> int:
+    per = plan["groups_per_shard"]
+    return min(per, plan["num_groups"] - index * per)
+
+
+def shard_problem(path: Path, plan: Dict, index: int) -> Optional[str]:
+    """Why the existing shard file ``path`` (shard ``index`` of ``plan``) is unusable, or None when its Parquet
+    footer reads and holds one row per group member (groups x lambdas)."""
+    import pyarrow.parquet as pq
+
+    expected = _shard_groups(plan, index) * len(plan["lambdas"])
+    try:
+        rows = pq.ParquetFile(str(path)).metadata.num_rows
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a truncated or foreign file
+        return f"its Parquet footer does not read: {e}"
+    return None if rows == expected else f"it holds {rows} rows, the plan {expected}"
+
+
 def _check_or_write_plan(folder: Path, plan: Dict, is_main: bool) -> None:
     path = folder / PLAN_FILE
     if path.exists():
@@ -95,11 +115,27 @@ def _features(class_names):
     })
 
 
+def _done_shards(folder: Path, plan: Dict, mine: Sequence[int], log: Callable[[str], None]) -> set:
+    """The shards that exist and verify; each damaged one of ``mine`` is logged (it is generated again)."""
+    done = set()
+    for k in range(plan["num_shards"]):
+        path = shard_path(folder, k, plan["num_shards"])
+        if not path.exists():
+            continue
+        problem = shard_problem(path, plan, k)
+        if problem is None:
+            done.add(k)
+        elif k in mine:
+            log(f"shard {path} is damaged ({problem}): generating it again")
+    return done
+
+
 def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, accelerator=None,
-                       progress: bool = True) -> Path:
-    """Generate every missing shard of ``plan`` into ``folder`` with ``pipeline(groups, lambdas)``.
+                       progress: bool = True, log: Callable[[str], None] = print) -> Path:
+    """Generate every missing or damaged shard of ``plan`` into ``folder`` with ``pipeline(groups, lambdas)``.
 
     ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar.
+    Existing shards are verified first (:func:`shard_problem`); ``log`` names each damaged one.
     """
     import datasets
     from tqdm.auto import tqdm
@@ -118,11 +154,15 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
     n, per, k_total = plan["num_groups"], plan["groups_per_shard"], plan["num_shards"]
     gen_name = str(plan["generator"].get("name", ""))
     gen_rev = str(plan["generator"].get("revision", ""))
-    mine = [k for k in range(rank, k_total, world) if not shard_path(folder, k, k_total).exists()]
-    done_groups = sum(min(per, n - k * per) for k in range(k_total) if shard_path(folder, k, k_total).exists())
+    done = _done_shards(folder, plan, range(rank, k_total, world), log)
+    mine = [k for k in range(rank, k_total, world) if k not in done]
+    done_groups = sum(_shard_groups(plan, k) for k in done)
     bar = tqdm(total=n, initial=done_groups, desc="generate groups", unit="group",
                disable=not (progress and is_main), dynamic_ncols=True)
     features = _features(plan["class_names"])
+    # a plain callable (no anchors) starts every group from noise: anchor -1 at strength 1
+    anchor_of = getattr(pipeline, "anchor_index", lambda group: -1)
+    strength = float(getattr(pipeline, "strength", 1.0))
     for k in mine:
         groups = plan_groups(plan["num_classes"], min(n, (k + 1) * per), plan["seed_offset"], start=k * per)
         rows = {name: [] for name in features}
@@ -138,8 +178,8 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
                 rows["lambda_gen"].append(lam)
                 rows["generator"].append(gen_name)
                 rows["generator_revision"].append(gen_rev)
-                rows["anchor_index"].append(pipeline.anchor_index(g))
-                rows["anchor_strength"].append(pipeline.strength)
+                rows["anchor_index"].append(anchor_of(g))
+                rows["anchor_strength"].append(strength)
             bar.update(len(batch) * world if world > 1 else len(batch))
         path = shard_path(folder, k, k_total)
         tmp = path.with_name(path.name + f".tmp{rank}")
@@ -170,6 +210,10 @@ def load_generated(folder):
     if missing:
         raise FileNotFoundError(f"{folder} is unfinished: {len(missing)} shard(s) missing (first: {missing[0]}); "
                                 "run the generation again to complete it")
+    for k, p in enumerate(paths):
+        problem = shard_problem(p, plan, k)
+        if problem is not None:
+            raise ValueError(f"shard {p} is damaged ({problem}); run the generation again to regenerate it")
     ds = datasets.Dataset.from_parquet([str(p) for p in paths], features=_features(plan["class_names"]),
                                        keep_in_memory=True)
     return ds, plan
