@@ -382,6 +382,54 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
     assert loaded.identity == full.identity
 
 
+def test_damaged_caches_are_named_and_rebuilt(timm_pair, real, tmp_path, monkeypatch):
+    import torch.nn.functional as F
+
+    from timm_csm.annotation import reference
+
+    encoder, _ = timm_pair
+    first = load_or_compute_prototypes(encoder, real, cache_dir=tmp_path, progress=False)
+    cache = next((tmp_path / "prototypes").glob("*.safetensors"))
+    cache.write_bytes(cache.read_bytes()[:-40])  # truncated: a bare SafetensorError before
+    lines = []
+    again = load_or_compute_prototypes(encoder, real, cache_dir=tmp_path, progress=False, log=lines.append)
+    assert len(lines) == 1 and str(cache) in lines[0] and "damaged (SafetensorError" in lines[0]
+    torch.testing.assert_close(again.means, first.means, rtol=0, atol=0)
+    torch.testing.assert_close(ClassPrototypes.load(cache).means, first.means, rtol=0, atol=0)  # rewritten
+
+    # the reference encoder: truncated weights are trained again (same seed, same weights)
+    data = synthetic_arrays(n_per_class=16)
+    kw = dict(epochs=2, batch_size=16, seed=3, progress=False)
+    full = train_reference_encoder(data, tmp_path / "ref", log=lambda m: None, **kw)
+    weights = tmp_path / "ref" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    lines.clear()
+    rebuilt = train_reference_encoder(data, tmp_path / "ref", log=lines.append, **kw)
+    assert str(weights) in lines[0] and "damaged" in lines[0] and not any("reusing" in m for m in lines)
+    for (k, v), (_, w) in zip(full.model.state_dict().items(), rebuilt.model.state_dict().items()):
+        torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
+
+    # a truncated checkpoint of an interrupted run: named, and the run starts over
+    calls, real_ce = {"n": 0}, F.cross_entropy
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:  # 3 steps per epoch: stops in epoch 2, after the epoch-1 checkpoint
+            raise KeyboardInterrupt
+        return real_ce(*a, **k)
+    monkeypatch.setattr(reference.F, "cross_entropy", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        train_reference_encoder(data, tmp_path / "cut", log=lambda m: None, **kw)
+    monkeypatch.setattr(reference.F, "cross_entropy", real_ce)
+    optimizer = tmp_path / "cut" / "checkpoint" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:64])
+    lines.clear()
+    restarted = train_reference_encoder(data, tmp_path / "cut", log=lines.append, **kw)
+    assert "checkpoint" in lines[0] and "damaged" in lines[0] and not any("resuming" in m for m in lines)
+    for (k, v), (_, w) in zip(full.model.state_dict().items(), restarted.model.state_dict().items()):
+        torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
+
+
 def test_encode_images_streams_batches(timm_pair, real):
     encoder, _ = timm_pair
     whole = encode_images(encoder, real.images, batch_size=1000)

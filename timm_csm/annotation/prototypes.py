@@ -3,7 +3,8 @@
     p_k = (1 / n_k) * sum_{i : y_i = k} f(x_i)
 
 Features are streamed in batches and summed in float64 (one (K, D) accumulator, never all N features), and the
-result is cached as safetensors keyed by the encoder identity and a fingerprint of the images and labels.
+result is cached as safetensors keyed by the encoder identity and a fingerprint of the images and labels. A cache
+file that does not read (truncated, half-copied, foreign) is named in the log and computed again.
 """
 from __future__ import annotations
 
@@ -12,15 +13,40 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Optional, TypeVar
 
 import numpy as np
 import torch
 
+from .._io import save_safetensors_atomic
 from ..data import ImageArrays
 from .encoders import ImageEncoder, encode_images
 
-__all__ = ["ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes", "dataset_fingerprint"]
+__all__ = ["ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes", "dataset_fingerprint",
+           "load_cache"]
+
+T = TypeVar("T")
+
+
+def _cache_errors() -> tuple:
+    import pickle
+
+    from safetensors import SafetensorError
+
+    # a damaged file: truncated safetensors (SafetensorError), unreadable (OSError), bad JSON (ValueError), a missing
+    # tensor or key (KeyError), a truncated torch.save file (RuntimeError, EOFError, UnpicklingError), weights of
+    # another shape (RuntimeError from load_state_dict)
+    return SafetensorError, OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError
+
+
+def load_cache(load: Callable[[], T], what: str, log: Callable[[str], None] = print) -> Optional[T]:
+    """``load()``, or None after logging ``what`` as damaged when reading the cached file fails; the caller then
+    builds the cache again."""
+    try:
+        return load()
+    except _cache_errors() as e:
+        log(f"{what} is damaged ({type(e).__name__}: {e}); building it again")
+        return None
 
 
 def dataset_fingerprint(data: ImageArrays) -> str:
@@ -56,15 +82,9 @@ class ClassPrototypes:
 
     def save(self, path) -> None:
         """Write safetensors atomically (tensors ``means`` float64, ``counts`` int64; the rest as metadata)."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"class_names": json.dumps(self.class_names), "encoder": self.encoder, "dataset": self.dataset,
                 "extra": json.dumps(self.extra)}
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        save_file({"means": self.means.contiguous(), "counts": self.counts.contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        save_safetensors_atomic(path, {"means": self.means.contiguous(), "counts": self.counts.contiguous()}, meta)
 
     @classmethod
     def load(cls, path) -> "ClassPrototypes":
@@ -107,17 +127,18 @@ def _cache_key(encoder: ImageEncoder, data: ImageArrays) -> str:
 
 
 def load_or_compute_prototypes(encoder: ImageEncoder, data: ImageArrays, cache_dir=None, batch_size: int = 256,
-                               progress: bool = True) -> ClassPrototypes:
+                               progress: bool = True, log: Callable[[str], None] = print) -> ClassPrototypes:
     """Prototypes from ``cache_dir`` when computed before with the same encoder and data, else computed and cached.
 
-    ``cache_dir`` defaults to ``$TIMM_CSM_CACHE`` or ``~/.cache/timm_csm``.
+    ``cache_dir`` defaults to ``$TIMM_CSM_CACHE`` or ``~/.cache/timm_csm``. A damaged cache file is named through
+    ``log`` and replaced.
     """
     if cache_dir is None:
         cache_dir = os.environ.get("TIMM_CSM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "timm_csm"))
     path = Path(cache_dir) / "prototypes" / _cache_key(encoder, data)
     if path.exists():
-        protos = ClassPrototypes.load(path)
-        if protos.encoder == encoder.identity and protos.dataset == dataset_fingerprint(data):
+        protos = load_cache(lambda: ClassPrototypes.load(path), f"prototype cache {path}", log)
+        if protos is not None and protos.encoder == encoder.identity and protos.dataset == dataset_fingerprint(data):
             return protos
     protos = compute_prototypes(encoder, data, batch_size=batch_size, progress=progress)
     protos.save(path)

@@ -6,7 +6,8 @@ generated images. The default network, :class:`ReferenceCNN`, follows timm's mod
 ``forward_head(pre_logits=...)``, ``pretrained_cfg``), and any timm model name can replace it.
 
 Training writes ``model.safetensors`` and ``config.json`` into the output folder; a finished folder with the same
-configuration is reused as is, an interrupted one resumes from its last finished epoch.
+configuration is reused as is, an interrupted one resumes from its last finished epoch. A folder whose files do not
+read (truncated weights, a half-written checkpoint) is named in the log and trained again.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from ..data import ImageArrays
 from .encoders import TimmEncoder
 from .preprocess import as_uint8_batch
-from .prototypes import dataset_fingerprint
+from .prototypes import dataset_fingerprint, load_cache
 
 __all__ = ["ReferenceCNN", "ReferenceEncoder", "train_reference_encoder", "load_reference_encoder",
            "REFERENCE_MODEL"]
@@ -253,16 +254,20 @@ def train_reference_encoder(
         "class_names": list(train.class_names), "mean": mean, "std": std,
         "max_steps": max_steps,
     }
-    if (out / CONFIG_FILE).exists():
-        old = json.loads((out / CONFIG_FILE).read_text())
+    old = load_cache(lambda: json.loads((out / CONFIG_FILE).read_text()), f"reference encoder config {out}",
+                     log) if (out / CONFIG_FILE).exists() else None
+    if old is not None:
         same = all(old.get(k) == config[k] for k in (*_TRAIN_KEYS, "max_steps"))
         if not same:
             diff = sorted(k for k in (*_TRAIN_KEYS, "max_steps") if old.get(k) != config[k])
             raise ValueError(f"{out} holds a reference encoder with a different configuration (differs in {diff}); "
                              "use another output folder")
+        enc = None
         if old.get("complete") is not None and (out / WEIGHTS_FILE).exists():
+            enc = load_cache(lambda: load_reference_encoder(out, device), f"reference encoder {out / WEIGHTS_FILE}",
+                             log)
+        if enc is not None:
             log(f"reference encoder: reusing {out}")
-            enc = load_reference_encoder(out, device)
             if test is not None and enc.test_accuracy is None:
                 enc.config.setdefault("results", {})["test_accuracy"] = _accuracy(enc, test)
                 _write_json(out / CONFIG_FILE, enc.config)
@@ -280,12 +285,22 @@ def train_reference_encoder(
     ckpt = out / "checkpoint"
     start_epoch, history = 0, []
     if (ckpt / "state.json").exists():
-        state = json.loads((ckpt / "state.json").read_text())
-        model.load_state_dict(load_file(str(ckpt / WEIGHTS_FILE)))
-        opt_state = torch.load(ckpt / "optimizer.pt", weights_only=False)
-        optimizer.load_state_dict(opt_state["optimizer"])
-        sched.load_state_dict(opt_state["sched"])
-        start_epoch, history = state["epoch"], state["history"]
+        def resume():
+            state = json.loads((ckpt / "state.json").read_text())
+            model.load_state_dict(load_file(str(ckpt / WEIGHTS_FILE)))
+            opt_state = torch.load(ckpt / "optimizer.pt", weights_only=False)
+            optimizer.load_state_dict(opt_state["optimizer"])
+            sched.load_state_dict(opt_state["sched"])
+            return state["epoch"], state["history"]
+
+        resumed = load_cache(resume, f"reference encoder checkpoint {ckpt}", log)
+        if resumed is None:  # start over from the seed (the model and optimizer may hold part of the checkpoint)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            return train_reference_encoder(
+                train, output_dir, model_name=model_name, epochs=epochs, seed=seed, batch_size=batch_size, lr=lr,
+                weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, test=test,
+                max_steps=max_steps, model_kwargs=model_kwargs, device=device, progress=progress, log=log)
+        start_epoch, history = resumed
         log(f"reference encoder: resuming from epoch {start_epoch}")
     _write_json(out / CONFIG_FILE, {**config, "complete": None})
 
