@@ -1,10 +1,12 @@
 """The `evaluate` modules: loading by path and by bare name (module cache), options, both input routes, combine."""
+import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +164,30 @@ def test_install_writes_the_cache_layout_atomically(tmp_path):
         install_evaluate_modules(["f1"], cache_dir=tmp_path)
 
 
+def stale_copy(cache: Path, name: str, ahead_s: float) -> Path:
+    """A cached copy of another version of module `name` (its value is -1), modified `ahead_s` seconds from now."""
+    code = Path(metric_path(name)).read_text().replace("    value = _base.",
+                                                       "    value = lambda self, acc, opts: -1.0  # was: _base.")
+    folder = cache / "metrics" / f"evaluate-metric--{name}" / ("0" * 64)
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").touch()
+    script = folder / f"{name}.py"
+    script.write_text(code)
+    when = time.time() + ahead_s
+    os.utime(script, (when, when))
+    return script
+
+
+@pytest.mark.parametrize("ahead_s", [0.0, 120.0])  # written in the same tick; refreshed by another installation
+def test_install_makes_the_installed_copy_the_one_evaluate_imports(tmp_path, ahead_s):
+    from evaluate.loading import CachedEvaluationModuleFactory
+
+    stale_copy(tmp_path, "ece", ahead_s)
+    install_evaluate_modules(["ece"], cache_dir=tmp_path)
+    picked = CachedEvaluationModuleFactory("evaluate-metric--ece", dynamic_modules_path=str(tmp_path)).get_module()
+    assert picked.hash == hashlib.sha256(Path(metric_path("ece")).read_bytes()).hexdigest()
+
+
 def test_cache_location_follows_evaluate_config(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_MODULES_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
@@ -186,6 +212,7 @@ def test_bare_evaluate_load_in_a_new_process_after_one_import(tmp_path):
     modules by bare name, from another directory, offline."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_MODULES_CACHE", "HF_EVALUATE_CACHE")}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_EVALUATE_OFFLINE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    stale_copy(tmp_path / "hf" / "modules" / "evaluate_modules", "ece", 60.0)  # an older release, refreshed later
     subprocess.run([sys.executable, "-c", "import timm_csm"], env=env, check=True, timeout=300)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -200,7 +227,8 @@ def test_bare_evaluate_load_in_a_new_process_after_one_import(tmp_path):
         out = {"ece": evaluate.load("ece").compute(predictions=z, references=y),
                "ece10": evaluate.load("ece", n_bins=10).compute(predictions=z.tolist(), references=y.tolist()),
                "combined": evaluate.combine(["ece", "nll"]).compute(predictions=z, references=y),
-               "namespaced": evaluate.load("timm-csm/brier").compute(predictions=z, references=y)}
+               "namespaced": evaluate.load("timm-csm/brier").compute(predictions=z, references=y),
+               "readme": evaluate.load("ece").compute(predictions=[[0.9, 0.1]], references=[0])}
         print(json.dumps(out))
     """)
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=elsewhere, capture_output=True, text=True,
@@ -211,3 +239,152 @@ def test_bare_evaluate_load_in_a_new_process_after_one_import(tmp_path):
     assert out["ece10"]["ece"] == pytest.approx(ece(z, y, 10), abs=1e-6)
     assert out["combined"] == {"ece": pytest.approx(ece(z, y), abs=1e-12), "nll": pytest.approx(nll(z, y), abs=1e-9)}
     assert out["namespaced"]["brier"] == pytest.approx(brier_score(z, y), abs=1e-9)
+    assert out["readme"]["ece"] == pytest.approx(0.1, abs=1e-6)
+
+
+# --- how predictions are read, and input validation on every route ------------------------------------------------
+def softmax_np(z):
+    return torch.softmax(torch.from_numpy(z).double(), 1).numpy()
+
+
+def test_readme_example_reads_probabilities_through_evaluate_load():
+    module = evaluate.load("ece")  # the bare name: the copy `import timm_csm` installed into evaluate's cache
+    assert module.compute(predictions=[[0.9, 0.1]], references=[0]) == {"ece": pytest.approx(0.1, abs=1e-6)}
+    assert module.compute(predictions=np.array([[0.9, 0.1]]), references=np.array([0])) == {
+        "ece": pytest.approx(0.1, abs=1e-12)}
+    # Python integers are numbers like any other (evaluate's float feature): one-hot rows are probabilities
+    assert module.compute(predictions=[[1, 0], [0, 1]], references=[0, 0]) == {"ece": pytest.approx(0.5, abs=1e-6)}
+    # an explicit input_type wins: the same numbers read as logits
+    as_logits = evaluate.load("ece", input_type="logits").compute(predictions=[[0.9, 0.1]], references=[0])
+    assert as_logits["ece"] == pytest.approx(1 - float(torch.softmax(torch.tensor([0.9, 0.1]), 0)[0]), abs=1e-6)
+
+
+@pytest.mark.parametrize("name", METRIC_NAMES)
+def test_probabilities_and_logits_give_one_value_on_every_route(name):
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    rng = np.random.RandomState(7)  # over-confident: confidence about 0.8, accuracy about 0.1
+    z, y = (5 * rng.randn(500, 10)).astype(np.float32), rng.randint(0, 10, 500)
+    p = softmax_np(z)
+    want = REFERENCE[name](z, y)
+    assert REFERENCE[name](p, y, input_type="probs") == pytest.approx(want, abs=1e-6)  # float32 logits
+    module = evaluate.load(name)
+    for preds, input_type in ((z, "logits"), (p, "probs")):
+        exact = REFERENCE[name](preds, y, input_type=input_type)
+        assert module.compute(predictions=preds, references=y)[name] == pytest.approx(exact, abs=1e-12)
+        assert module.compute(predictions=preds.tolist(), references=y.tolist())[name] == pytest.approx(
+            want, abs=1e-5)
+        for a in range(0, 500, 125):
+            module.add_batch(predictions=preds[a:a + 125], references=y[a:a + 125])
+        assert module.compute()[name] == pytest.approx(exact, abs=1e-12)
+    if name == "ece":  # torchmetrics applies the softmax to logits only, like this rule
+        tm = float(multiclass_calibration_error(torch.from_numpy(p), torch.from_numpy(y), 10, n_bins=15))
+        assert want == pytest.approx(tm, abs=1e-5)
+    # probabilities read as logits: what the explicit option gives, and far from the right value
+    forced = evaluate.load(name, input_type="logits").compute(predictions=p, references=y)[name]
+    assert forced == pytest.approx(REFERENCE[name](p, y), abs=1e-9)
+    if name in ("ece", "aece", "smece"):
+        assert want > 0.5 and forced < want - 0.3
+
+
+def test_input_type_reading_rule():
+    from timm_csm.metrics.inputs import infer_input_type, infer_task
+
+    assert infer_input_type([[0.9, 0.1], [0.5, 0.5]]) == "probs"
+    assert infer_input_type([[0.9, 0.2]]) == "logits"  # in [0, 1], but the row sums to 1.1
+    assert infer_input_type([[1.5, -0.5]]) == "logits"  # sums to 1, outside [0, 1]
+    assert infer_input_type([[float("nan"), 1.0]]) == "logits"
+    assert infer_input_type(np.log([[0.9, 0.1]])) == "logits"  # same softmax as the probabilities
+    assert infer_input_type(torch.tensor([0.2, 0.7]), "binary") == "probs"
+    assert infer_input_type(torch.tensor([0.2, 1.7]), "binary") == "logits"
+    assert infer_input_type(np.zeros((0, 3))) == "logits"  # the emptiness is reported by the validation
+    assert infer_task([0.2, 0.7]) == "binary" and infer_task([[0.2, 0.8]]) == "multiclass"
+
+
+def test_array_batches_must_read_alike():
+    module = load_metric("ece")
+    module.add_batch(predictions=np.array([[0.9, 0.1]]), references=np.array([0]))
+    with pytest.raises(ValueError, match="earlier batches as input_type='probs'"):
+        module.add_batch(predictions=np.array([[2.0, -1.0]]), references=np.array([0]))
+    module.compute()  # the first batch is still there
+    module = load_metric("ece", input_type="logits")  # nothing to guess
+    module.add_batch(predictions=np.array([[0.9, 0.1]]), references=np.array([0]))
+    module.add_batch(predictions=np.array([[2.0, -1.0]]), references=np.array([0]))
+    assert module.compute()["ece"] == pytest.approx(ece(np.array([[0.9, 0.1], [2.0, -1.0]]), [0, 0]), abs=1e-12)
+
+
+BAD_INPUTS = [
+    ("non-integral references", [[0.2, 0.8]] * 4, [1.7] * 4, "non-integer"),
+    ("label out of range", [[0.2, 0.8]] * 2, [0, 2], "label out of range"),
+    ("negative label", [[0.2, 0.8]] * 2, [0, -1], "label out of range"),
+    ("NaN predictions", [[float("nan"), 0.8], [0.2, 0.8]], [1, 1], "NaN"),
+    ("NaN references", [[0.2, 0.8]] * 2, [float("nan"), 1.0], "NaN"),
+    ("empty", [], [], "empty input"),
+    ("mismatched N", [[0.2, 0.8]] * 3, [0, 1], "mismatched N"),
+    ("wrong reference shape", [[0.2, 0.8]] * 2, [[0, 1, 0]] * 2, "does not fit preds shape"),
+    ("ragged predictions", [[0.2, 0.8], [1.0]], [0, 1], "ragged|could not be converted"),
+    ("one class", [[1.0]] * 2, [0, 0], "at least 2 classes"),
+    ("probs that do not sum to 1", [[0.2, 0.5]] * 2, [0, 1], "rows do not sum to 1"),
+]
+
+
+def _bad_calls(module, preds, refs, as_array):
+    convert = (lambda x: np.asarray(x, dtype=np.float64 if np.asarray(x).dtype.kind == "f" else None)) \
+        if as_array else (lambda x: x)
+    yield lambda: module.compute(predictions=convert(preds), references=convert(refs))
+    yield lambda: module.add_batch(predictions=convert(preds), references=convert(refs))
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_raises_a_clear_error_on_every_route(case):
+    _, preds, refs, message = case
+    ragged = "ragged" in case[0]
+    for name in METRIC_NAMES:
+        module = evaluate.load(name, input_type="probs" if "sum to 1" in case[0] else "auto")
+        for as_array in ((False,) if ragged else (False, True)):
+            for call in _bad_calls(module, preds, refs, as_array):
+                with pytest.raises(ValueError, match=message):
+                    call()
+                assert module.writer is None and module._fast is None  # nothing was stored
+    if preds and not ragged and "mismatched" not in case[0]:  # one example at a time
+        module = load_metric("ece", input_type="probs" if "sum to 1" in case[0] else "auto")
+        with pytest.raises(ValueError, match=message):
+            for p, r in zip(preds, refs):
+                module.add(prediction=p, reference=r)
+
+
+def test_list_route_keeps_soft_binary_references_and_refuses_mixed_kinds():
+    brier = evaluate.load("brier")
+    got = brier.compute(predictions=[0.3, 0.8], references=[0.2, 0.9])  # soft: not truncated to 0 / 0
+    assert got == {"brier": pytest.approx(0.01, abs=1e-6)}
+    brier.add_batch(predictions=[0.3, 0.8], references=[0, 1])
+    with pytest.raises(ValueError, match="compute\\(\\) them first"):
+        brier.add_batch(predictions=[0.3, 0.8], references=[0.2, 0.9])
+    assert brier.compute() == {"brier": pytest.approx((0.09 + 0.04) / 2, abs=1e-6)}
+    with pytest.raises(ValueError, match="dense predictions"):
+        load_metric("ece").compute(predictions=np.zeros((2, 3, 2, 2)).tolist(), references=np.zeros((2, 2, 2)).tolist())
+
+
+def test_brier_is_binary_for_binary_input_and_summed_over_classes_otherwise():
+    # evaluate's documented brier_score example: 0.3375
+    preds, refs = [0.1, 0.9, 0.8, 0.3], [0, 0, 1, 1]
+    binary = evaluate.load("brier")
+    assert binary.compute(predictions=preds, references=refs) == {"brier": pytest.approx(0.3375, abs=1e-6)}
+    assert binary.compute(predictions=np.array(preds), references=np.array(refs)) == {
+        "brier": pytest.approx(0.3375, abs=1e-12)}
+    explicit = evaluate.load("brier", task="binary")
+    assert explicit.compute(predictions=np.array(preds)[:, None], references=np.array(refs))["brier"] == \
+        pytest.approx(0.3375, abs=1e-12)
+    column = [[p] for p in preds]  # (N, 1) lists with the task given at compute time
+    assert evaluate.load("brier").compute(predictions=column, references=refs, task="binary")["brier"] == \
+        pytest.approx(0.3375, abs=1e-6)
+    logits = np.log(np.array(preds) / (1 - np.array(preds)))
+    assert evaluate.load("brier", input_type="logits").compute(predictions=logits, references=refs)["brier"] == \
+        pytest.approx(0.3375, abs=1e-9)
+    from sklearn.metrics import brier_score_loss
+    assert 0.3375 == pytest.approx(brier_score_loss(refs, preds), abs=1e-12)
+    # the same data as two-class rows is multiclass: the sum over both classes
+    two = np.stack([1 - np.array(preds), np.array(preds)], 1)
+    assert evaluate.load("brier").compute(predictions=two, references=refs) == {
+        "brier": pytest.approx(0.675, abs=1e-12)}
+    assert brier_score(two, refs, input_type="probs") == pytest.approx(0.675, abs=1e-12)

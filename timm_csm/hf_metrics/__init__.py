@@ -91,9 +91,12 @@ def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: O
     """Write the module scripts into evaluate's module cache; returns the written script paths.
 
     Layout (what evaluate's cached-module fallback reads): ``<cache>/metrics/<prefix>--<name>/<sha256>/<name>.py``
-    plus ``__init__.py`` files, for the prefixes ``evaluate-metric`` (bare names) and ``timm-csm``. The newest file
-    of a folder wins, so existing identical copies get their modification time refreshed. Writes are atomic
-    (temp file + ``os.replace``), safe with concurrent processes. Raises ``OSError`` if the cache is not writable.
+    plus ``__init__.py`` files, for the prefixes ``evaluate-metric`` (bare names) and ``timm-csm``. evaluate imports
+    the newest script of a module folder, so the installed package's copy is made the newest: an existing identical
+    copy gets its modification time refreshed, and it is set a second past any other cached version (an older
+    release, or one written in the same clock tick), whose script must not be used after an upgrade. Writes are
+    atomic (temp file + ``os.replace``), safe with concurrent processes. Raises ``OSError`` if the cache is not
+    writable.
     """
     root = Path(cache_dir) if cache_dir is not None else evaluate_modules_cache()
     selected = METRIC_NAMES if names is None else tuple(_check_name(n) for n in names)
@@ -120,8 +123,29 @@ def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: O
                 os.utime(target)
             else:
                 _write_atomic(target, code)
+            _make_newest(target, module_dir)
             written.append(target)
     return written
+
+
+def _make_newest(target: Path, module_dir: Path) -> None:
+    """Give ``target`` a modification time at least a second after every other cached copy of the module.
+
+    evaluate's cached-module fallback imports the copy whose script has the latest ``st_mtime`` (float seconds).
+    A copy of another version - written within the same clock tick, or refreshed later by another installation
+    sharing the cache - must not win over the code of the installed package.
+    """
+    others = []
+    for script in module_dir.glob(f"*/{target.name}"):
+        if script.parent != target.parent and len(script.parent.name) == 64:
+            try:
+                others.append(script.stat().st_mtime_ns)
+            except FileNotFoundError:  # removed meanwhile
+                pass
+    newest = max(others, default=None)
+    if newest is not None and target.stat().st_mtime_ns < newest + 10**9:
+        later = newest + 10**9
+        os.utime(target, ns=(later, later))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -2,8 +2,10 @@
 
 Every public metric goes through :func:`prepare_inputs`, which fixes the meaning of the arrays once:
 
-* ``preds`` are ``logits``, ``probs`` or ``log_probs``, as the caller says (``input_type``); values are never used to
-  guess. Multiclass predictions have shape ``(N, C)`` or, for dense tasks such as segmentation, ``(N, C, *S)``.
+* ``preds`` are ``logits``, ``probs`` or ``log_probs``, as the caller says (``input_type``); the metric functions
+  never guess from the values. :func:`infer_input_type` and :func:`infer_task` are the explicit, opt-in reading
+  rules (the ``evaluate`` modules apply them when given ``input_type="auto"`` / ``task="auto"``, their default).
+  Multiclass predictions have shape ``(N, C)`` or, for dense tasks such as segmentation, ``(N, C, *S)``.
   With ``task="binary"`` predictions hold one value per sample (the positive class), shape ``(N,)`` or ``(N, *S)``,
   and are expanded to two classes ``[1 - p, p]`` (logits ``[0, z]``, whose softmax is ``[1 - sigmoid(z),
   sigmoid(z)]``).
@@ -23,7 +25,8 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["INPUT_TYPES", "TASKS", "ROW_SUM_ATOL", "PreparedInputs", "prepare_inputs", "as_tensor"]
+__all__ = ["INPUT_TYPES", "TASKS", "ROW_SUM_ATOL", "PreparedInputs", "prepare_inputs", "as_tensor",
+           "infer_input_type", "infer_task"]
 
 INPUT_TYPES = ("logits", "probs", "log_probs")
 TASKS = ("multiclass", "binary")
@@ -33,6 +36,8 @@ ROW_SUM_ATOL = 1e-3
 
 def as_tensor(x, name: str) -> torch.Tensor:
     """A torch tensor view of ``x`` (torch tensor, NumPy array or nested list); NumPy arrays are not copied."""
+    if x is None:
+        raise ValueError(f"{name} is missing")
     if isinstance(x, torch.Tensor):
         return x.detach()
     if isinstance(x, np.ndarray):
@@ -48,6 +53,38 @@ def as_tensor(x, name: str) -> torch.Tensor:
     if arr.dtype == object:
         raise ValueError(f"{name} is ragged or not numeric (rows of different lengths?)")
     return torch.from_numpy(arr)
+
+
+def infer_task(preds) -> str:
+    """``"binary"`` for one score per sample (``preds`` of shape ``(N,)``), else ``"multiclass"``.
+
+    Dense binary predictions ``(N, *S)`` cannot be told from multiclass ``(N, C, *S)`` by shape: pass
+    ``task="binary"`` for them.
+    """
+    return "binary" if as_tensor(preds, "preds").ndim == 1 else "multiclass"
+
+
+def infer_input_type(preds, task: str = "multiclass") -> str:
+    """``"probs"`` when every row of ``preds`` looks like a probability vector, else ``"logits"``.
+
+    A row looks like probabilities when all its values lie in ``[0, 1]`` and it sums to 1 within ``ROW_SUM_ATOL``
+    (rows run along dim 1: ``(N, C)`` or ``(N, C, *S)``). With ``task="binary"`` the row is ``[1 - p, p]``, so every
+    value must lie in ``[0, 1]``: binary logits that all happen to lie in ``[0, 1]`` read as probabilities, hence
+    pass ``input_type="logits"`` for them. Log-probabilities read as logits, which gives the same softmax (only the
+    NLL floor of given probabilities differs). Inputs that are empty, not floating point or of the wrong rank read
+    as logits, and :func:`prepare_inputs` then reports the actual problem; NaN never reads as a probability.
+    """
+    _check_choice(task, TASKS, "task")
+    x = as_tensor(preds, "preds")
+    if not x.is_floating_point() or x.numel() == 0 or (task == "multiclass" and x.ndim < 2):
+        return "logits"
+    lo, hi = torch.aminmax(x)
+    if not (float(lo) >= 0.0 and float(hi) <= 1.0 + ROW_SUM_ATOL):  # written so that NaN fails it
+        return "logits"
+    if task == "binary":
+        return "probs"
+    deviation = float((x.sum(1, dtype=torch.float64) - 1.0).abs().amax())
+    return "probs" if deviation <= ROW_SUM_ATOL else "logits"
 
 
 @dataclass
