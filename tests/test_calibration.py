@@ -155,6 +155,29 @@ def test_save_and_load(tmp_path):
         TemperatureScaling().save(tmp_path / "unfitted.safetensors")
 
 
+@pytest.mark.parametrize("kind", ["vector_scaling", "temperature_scaling"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_load_refuses_non_finite_parameters_naming_the_file(tmp_path, kind, bad):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    z, y = overconfident_logits(seed=5)
+    path = tmp_path / f"{kind}.safetensors"
+    create_calibrator(kind).fit(z, y).save(path)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(path))
+    name = sorted(tensors)[-1]  # "weight" of vector scaling, "temperature"
+    tensors[name].view(-1)[0] = bad
+    save_file(tensors, str(path), metadata=metadata)
+    for load in (load_calibrator, PostHocCalibrator.load, type(create_calibrator(kind)).load):
+        with pytest.raises(ValueError, match=rf"{kind}\.safetensors: parameter '{name}' contains NaN or infinite"):
+            load(path)
+    if kind == "vector_scaling":  # the in-memory route refuses the same state
+        with pytest.raises(ValueError, match="'weight' contains NaN or infinite"):
+            VectorScaling().load_state_dict(tensors)
+
+
 def test_create_calibrator():
     assert list_calibrators() == ["temperature_scaling", "temperature_scaling_nll", "vector_scaling"]
     assert create_calibrator("temperature_scaling").method == "grid_ece"

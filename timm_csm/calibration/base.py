@@ -9,7 +9,7 @@ import torch
 
 from ._checks import as_logits
 
-__all__ = ["PostHocCalibrator", "load_calibrator"]
+__all__ = ["PostHocCalibrator", "load_calibrator", "check_finite_state"]
 
 _CALIBRATOR_CLASSES: Dict[str, type] = {}
 
@@ -79,7 +79,8 @@ class PostHocCalibrator:
 
 
 def load_calibrator(path) -> PostHocCalibrator:
-    """Restore any calibrator written by ``save``."""
+    """Restore any calibrator written by ``save``; a ``ValueError`` naming the file refuses an unknown kind and
+    non-finite parameters."""
     from safetensors import safe_open
 
     path = os.fspath(path)
@@ -90,5 +91,15 @@ def load_calibrator(path) -> PostHocCalibrator:
     if kind not in _CALIBRATOR_CLASSES:
         raise ValueError(f"{path} is not a saved calibrator (metadata 'calibrator'={kind!r}; known: "
                          f"{sorted(_CALIBRATOR_CLASSES)})")
+    check_finite_state(tensors, path)
     config = json.loads(metadata.get("config", "{}"))
     return _CALIBRATOR_CLASSES[kind](**config).load_state_dict(tensors)
+
+
+def check_finite_state(tensors: Dict[str, torch.Tensor], source: str) -> None:
+    """Refuse a state with NaN or infinite parameters (a corrupt file), whatever the calibrator; ``source`` (the
+    file) is named in the error."""
+    for name, tensor in sorted(tensors.items()):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{source}: parameter {name!r} contains NaN or infinite values (a corrupt file or "
+                             f"state); fit the calibrator again and save it")

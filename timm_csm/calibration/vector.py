@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_fit_inputs
-from .base import PostHocCalibrator
+from .base import PostHocCalibrator, check_finite_state
 
 __all__ = ["VectorScaling"]
 
@@ -62,6 +62,7 @@ class VectorScaling(PostHocCalibrator):
         if set(state) != {"weight", "bias"} or state["weight"].shape != state["bias"].shape \
                 or state["weight"].ndim != 1:
             raise ValueError(f"expected 'weight' and 'bias' vectors of one length, got keys {sorted(state)}")
+        check_finite_state(state, "VectorScaling state")
         self.weight = state["weight"].double().cpu()
         self.bias = state["bias"].double().cpu()
         return self
