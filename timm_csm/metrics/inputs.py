@@ -83,7 +83,8 @@ def infer_input_type(preds, task: str = "multiclass") -> str:
         return "logits"
     if task == "binary":
         return "probs"
-    deviation = float((x.sum(1, dtype=torch.float64) - 1.0).abs().amax())
+    sums = x.sum(1) if x.dtype == torch.float64 else x.sum(1, dtype=torch.float32)  # no float64 copy of x
+    deviation = float((sums.double() - 1.0).abs().amax())
     return "probs" if deviation <= ROW_SUM_ATOL else "logits"
 
 

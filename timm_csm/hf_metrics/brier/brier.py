@@ -16,11 +16,11 @@ from timm_csm.hf_metrics import _base
 class Brier(_base.CalibrationMetric):
     """Brier score (Brier, 1950).
 
-    Multiclass: 1/N sum_i sum_k (p_ik - y_ik)^2, summed over classes (range [0, 2]), as in Guo et al. (2017) and the
-    calibration-loss literature. Binary task (``task="binary"``, or (N,) predictions with ``task="auto"``): the
-    binary Brier score 1/N sum_i (p_i - y_i)^2 of the positive-class probability (range [0, 1]), as scikit-learn's
-    ``brier_score_loss`` and evaluate's ``brier_score``; it is half the two-class sum. Two-column (N, 2)
-    predictions with the multiclass task give the two-class sum.
+    Multiclass: 1/N sum_i sum_k (p_ik - y_ik)^2, summed over classes (range [0, 2]), Brier's (1950) definition and
+    that of the calibration-loss literature. Binary task (``task="binary"``, or (N,) predictions with
+    ``task="auto"``): the binary Brier score 1/N sum_i (p_i - y_i)^2 of the positive-class probability (range
+    [0, 1]), as scikit-learn's ``brier_score_loss`` and evaluate's ``brier_score``; it is half the two-class sum.
+    Two-column (N, 2) predictions with the multiclass task give the two-class sum.
     """
 
     metric_name = "brier"
