@@ -252,6 +252,9 @@ def test_readme_example_reads_probabilities_through_evaluate_load():
     assert module.compute(predictions=[[0.9, 0.1]], references=[0]) == {"ece": pytest.approx(0.1, abs=1e-6)}
     assert module.compute(predictions=np.array([[0.9, 0.1]]), references=np.array([0])) == {
         "ece": pytest.approx(0.1, abs=1e-12)}
+    module.add(prediction=[0.9, 0.1], reference=0)  # one example at a time, through evaluate's Arrow cache
+    module.add(prediction=[0.2, 0.8], reference=0)
+    assert module.compute() == {"ece": pytest.approx((0.1 + 0.8) / 2, abs=1e-6)}
     # Python integers are numbers like any other (evaluate's float feature): one-hot rows are probabilities
     assert module.compute(predictions=[[1, 0], [0, 1]], references=[0, 0]) == {"ece": pytest.approx(0.5, abs=1e-6)}
     # an explicit input_type wins: the same numbers read as logits
