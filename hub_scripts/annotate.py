@@ -11,6 +11,7 @@ on the real training split on first use and cached in ``--reference-dir``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -42,6 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--drop-incomplete", action="store_true",
                    help="drop groups that lack members of the lambda grid (reported) instead of failing")
+    p.add_argument("--drop-flagged", action="store_true",
+                   help="drop groups whose lambda-hat is not monotone in lambda (Spearman < --min-spearman) or whose "
+                        "pure endpoints project nearer the other class; the annotation report counts them either way")
+    p.add_argument("--min-spearman", type=float, default=0.8, help="monotonicity threshold of --drop-flagged")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
     p.add_argument("--device", default="cpu")
@@ -60,8 +65,8 @@ def _split_holdout(train, fraction: float, seed: int):
 def main(argv=None):
     args = parse_args(argv)
     import timm_csm
-    from timm_csm.annotation import (OpenClipEncoder, TimmEncoder, annotate, check_class_names, compute_prototypes,
-                                     dataset_fingerprint, default_scale, encode_images, load_or_compute_prototypes,
+    from timm_csm.annotation import (OpenClipEncoder, TimmEncoder, annotate, annotation_report, check_class_names,
+                                     compute_prototypes, dataset_fingerprint, drop_groups, default_scale, encode_images, load_or_compute_prototypes,
                                      pairwise_true_lambda, scale_nll, select_scale, train_reference_encoder)
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.writer import load_generated
@@ -119,6 +124,11 @@ def main(argv=None):
     annotated = annotate(generated, plan["class_names"], encoder, protos, s, lambdas=plan["lambdas"],
                          label_mode=args.label_mode, batch_size=args.batch_size,
                          drop_incomplete=args.drop_incomplete)
+    report = annotation_report(annotated, args.min_spearman)
+    print("annotation report: " + json.dumps({k: v for k, v in report.items() if k != "flagged_group_ids"}))
+    if args.drop_flagged and report["flagged"]:
+        annotated = drop_groups(annotated, report["flagged_group_ids"])
+        print(f"dropped {report['flagged']} flagged group(s) of {report['num_groups']}")
     provenance = {
         "dataset": dataset,
         "dataset_revision": dataset_fingerprint(train),
@@ -129,6 +139,8 @@ def main(argv=None):
         "s_selection": selection,
         "label_mode": args.label_mode,
         "dropped_groups": annotated.info.description or None,
+        "annotation_checks": {**{k: v for k, v in report.items() if k != "flagged_group_ids"},
+                              "flagged_dropped": bool(args.drop_flagged)},
         "package": f"timm-csm {timm_csm.__version__}",
     }
     folder = save_csm_dataset(annotated, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},

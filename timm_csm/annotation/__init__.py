@@ -6,6 +6,7 @@
 """
 from .annotate import (LABEL_MODES, GroupCheck, annotate, check_class_names, check_groups, decode_images,
                        rescale_soft_labels)
+from .checks import annotation_report, drop_groups, flag_groups, group_spearman, soft_label_confidence
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, create_encoder,
                        encode_images, weights_fingerprint)
 from .preprocess import ImagePreprocessor
@@ -25,4 +26,5 @@ __all__ = [
     "dominant_class", "select_scale", "scale_nll", "pairwise_true_lambda",
     "annotate", "check_groups", "check_class_names", "GroupCheck", "rescale_soft_labels", "decode_images",
     "LABEL_MODES", "CSM_COLUMNS", "RAW_COLUMNS", "csm_features",
+    "annotation_report", "drop_groups", "flag_groups", "group_spearman", "soft_label_confidence",
 ]

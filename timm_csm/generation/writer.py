@@ -136,6 +136,8 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
 
     ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar.
     Existing shards are verified first (:func:`shard_problem`); ``log`` names each damaged one.
+    A real-anchored pipeline (``SemanticMixingPipeline`` with anchors) also has ``anchor_index(group)`` and
+    ``strength``, recorded in the ``anchor_index`` / ``anchor_strength`` columns (-1 / 1 for pure noise).
     """
     import datasets
     from tqdm.auto import tqdm
