@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from csm_fixtures import CLASS_NAMES, LAMBDAS, annotated_by_hand
-from timm_csm.hub import (PushError, build_csm_dataset, csm_dataset_name, csm_features, install_dataset,
+from timm_csm.hub import (PushError, build_csm_dataset, csm_dataset_name, csm_features, data_files, install_dataset,
                           is_installed, load_csm_dataset, push_csm_dataset, save_csm_dataset, validate_csm_dataset)
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
@@ -70,15 +70,17 @@ def test_hub_layout_card_and_round_trip(saved, annotated):
     import yaml
 
     assert sorted(p.name for p in saved.iterdir()) == ["README.md", "data"]
-    assert [p.name for p in (saved / "data").iterdir()] == ["train-00000-of-00001.parquet"]
+    (version,) = [p.name for p in (saved / "data").iterdir()]  # data/<version>/: see test_replacing_a_saved_...
+    assert [p.name for p in (saved / "data" / version).iterdir()] == ["train-00000-of-00001.parquet"]
     text = (saved / "README.md").read_text()
     _, front, body = text.split("---\n", 2)
     meta = yaml.safe_load(front)
-    assert meta["configs"] == [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"}]}]
+    assert meta["configs"] == [{"config_name": "default",
+                                "data_files": [{"split": "train", "path": f"data/{version}/train-*"}]}]
     info = meta["dataset_info"]
     assert [f["name"] for f in info["features"]] == list(csm_features(CLASS_NAMES))
     assert info["splits"] == [{"name": "train", "num_bytes": info["dataset_size"], "num_examples": 40}]
-    assert info["download_size"] == (saved / "data" / "train-00000-of-00001.parquet").stat().st_size
+    assert info["download_size"] == (saved / "data" / version / "train-00000-of-00001.parquet").stat().st_size
     assert meta["license"] == "mit" and meta["task_categories"] == ["image-classification"]
     # provenance: real dataset and revision, generator, sampler and steps, lambda grid, encoder, s, counts, licences
     for needle in ("fashion_mnist-0123456789abcdef", "generator-test", "ddim (eta 0)", "| sampler steps | `50` |",
@@ -134,6 +136,107 @@ def test_reinstall_of_changed_data_wins(saved, tmp_path):
     # a folder with another base name installs under an explicit name
     install_dataset(other, name="csm-renamed-aug", cache_dir=cache)
     assert len(load_csm_dataset("csm-renamed-aug", split="train", cache_dir=cache)) == 24
+
+
+def _visible_rows(folder: Path):
+    """Rows of the copy a reader finds in ``folder`` now (the card's shards, all readable, as many rows as the card
+    says), or None when it finds no complete copy."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    try:
+        meta = yaml.safe_load((folder / "README.md").read_text().split("---\n", 2)[1])
+        expected = sum(s["num_examples"] for s in meta["dataset_info"]["splits"])
+        files = [p for paths in data_files(folder).values() for p in paths]
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    except Exception:  # absent or half-written: what a reader would trip over
+        return None
+    return rows if files and rows == expected else None
+
+
+def _watch_renames(monkeypatch, folder: Path, seen: list):
+    """Check the folder before and after every rename, replace and removal (each delayed, as a slow disk would)."""
+    import pathlib
+    import shutil
+    import time
+
+    def watched(fn):
+        def call(*args, **kwargs):
+            seen.append(_visible_rows(folder))
+            time.sleep(0.01)
+            out = fn(*args, **kwargs)
+            seen.append(_visible_rows(folder))
+            return out
+        return call
+    for owner, name in ((os, "replace"), (os, "rename"), (shutil, "rmtree"), (pathlib.Path, "unlink")):
+        monkeypatch.setattr(owner, name, watched(getattr(owner, name)))
+
+
+def test_replacing_a_saved_dataset_keeps_a_complete_copy_visible(annotated, tmp_path, monkeypatch):
+    folder = tmp_path / "csm-shapes-aug"
+    smaller = annotated_by_hand(num_groups=3, seed=1)
+    seen = []
+    with monkeypatch.context() as m:
+        _watch_renames(m, folder, seen)
+        save_csm_dataset(annotated, folder, PROVENANCE, class_names=CLASS_NAMES)  # new: appears whole
+        assert seen and set(seen) <= {None, 40} and seen[-1] == 40
+        seen.clear()
+        save_csm_dataset(smaller, folder, PROVENANCE, class_names=CLASS_NAMES)
+    assert seen and None not in seen and set(seen) == {40, 24}  # before: absent between the two renames
+    assert len(load_csm_dataset(folder, split="train")) == 24
+    versions = sorted(p.name for p in (folder / "data").iterdir())
+    assert len(versions) == 2  # the previous version stays for readers still on it
+    save_csm_dataset(annotated, folder, PROVENANCE, class_names=CLASS_NAMES)
+    assert versions[0] not in {p.name for p in (folder / "data").iterdir()}  # older ones go
+    assert len(load_csm_dataset(folder, split="train")) == 40
+
+    # a folder in the flat layout of earlier versions (data/train-*.parquet) is replaced the same way
+    legacy = tmp_path / "legacy" / "csm-shapes-aug"
+    save_csm_dataset(smaller, legacy, PROVENANCE, class_names=CLASS_NAMES)
+    (version,) = [p.name for p in (legacy / "data").iterdir()]
+    for shard in (legacy / "data" / version).iterdir():
+        shard.rename(legacy / "data" / shard.name)
+    (legacy / "data" / version).rmdir()
+    card = legacy / "README.md"
+    card.write_text(card.read_text().replace(f"data/{version}/train-*", "data/train-*"))
+    assert _visible_rows(legacy) == 24
+    seen.clear()
+    with monkeypatch.context() as m:
+        _watch_renames(m, legacy, seen)
+        save_csm_dataset(annotated, legacy, PROVENANCE, class_names=CLASS_NAMES)
+    assert seen and None not in seen and set(seen) == {24, 40}
+    assert len(load_csm_dataset(legacy, split="train")) == 40
+
+
+def test_a_folder_changed_in_place_is_read_again(annotated, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from timm_csm.data import CSMGroups
+
+    cache = tmp_path / "cache"
+    folder = save_csm_dataset(annotated, tmp_path / "csm-shapes-aug", PROVENANCE, class_names=CLASS_NAMES)
+    first = load_csm_dataset(folder, split="train", cache_dir=cache)
+    CSMGroups.from_dataset(first, class_names=CLASS_NAMES)
+    (shard,) = data_files(folder)["train"]
+    table = pq.read_table(shard)
+    soft = table.column("soft_label").to_pylist()
+    soft[5] = [0.5, 0.2, 0.2]  # the same number of rows, a label that no longer sums to 1
+    column = table.schema.get_field_index("soft_label")
+    pq.write_table(table.set_column(column, table.schema.field(column), pa.array(soft, table.schema.field(column).type)),
+                   shard)
+    changed = load_csm_dataset(folder, split="train", cache_dir=cache)
+    assert changed.cache_files[0]["filename"] == first.cache_files[0]["filename"]  # one entry, prepared again
+    assert changed["soft_label"][5] == pytest.approx([0.5, 0.2, 0.2])  # before: the stale copy
+    with pytest.raises(ValueError, match="sum to 1"):
+        CSMGroups.from_dataset(changed, class_names=CLASS_NAMES)
+    # installed copies follow the folder too
+    install_dataset(folder, cache_dir=cache)
+    assert load_csm_dataset("csm-shapes-aug", split="train", cache_dir=cache)["soft_label"][5] == pytest.approx(
+        [0.5, 0.2, 0.2])
+    shard.write_bytes(shard.read_bytes()[:-200])  # truncated: no Parquet footer
+    with pytest.raises(ValueError, match=f"dataset at {folder} does not load.*write it again"):
+        load_csm_dataset(folder, split="train", cache_dir=cache)
 
 
 class FakeHub:

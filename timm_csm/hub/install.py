@@ -6,6 +6,11 @@ can never be a Hub repository (Hub ids are ``org/name``). :func:`install_dataset
 through a path whose base name is the dataset name, which prepares exactly that cache entry; afterwards
 ``load_dataset("csm-fmnist-aug")`` works from any working directory (instantly with ``HF_HUB_OFFLINE=1`` or
 ``HF_DATASETS_OFFLINE=1``; without them ``datasets`` first retries the Hub).
+
+``datasets`` keys a folder's prepared copy by its ``README.md`` alone, so a shard changed in place (truncated,
+edited, overwritten) would keep loading the stale copy. Folders are therefore loaded through
+:func:`load_folder`, which stamps the prepared copy with :func:`~timm_csm.hub.layout.folder_fingerprint` (the
+content of the card and of every shard) and prepares it again from the files when the stamp differs.
 """
 from __future__ import annotations
 
@@ -15,19 +20,46 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from .layout import DATA_DIR, README
+from .layout import DATA_DIR, README, data_files, folder_fingerprint
 
-__all__ = ["install_dataset", "load_csm_dataset", "is_installed"]
+__all__ = ["install_dataset", "load_csm_dataset", "load_folder", "is_installed"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_STAMP = "timm_csm_fingerprint.txt"  # beside the prepared arrow files: the folder content they were prepared from
 
 
 def _check_layout(folder: Path) -> None:
     if not folder.is_dir():
         raise FileNotFoundError(f"dataset folder not found: {folder}")
-    if not (folder / README).is_file() or not any((folder / DATA_DIR).glob("*.parquet")):
-        raise ValueError(f"{folder} is not in the Hub layout (needs {README} and {DATA_DIR}/<split>-*.parquet); "
-                         "write it with timm_csm.hub.save_csm_dataset")
+    if not data_files(folder):
+        raise ValueError(f"{folder} is not in the Hub layout (needs {README} whose configs point to "
+                         f"{DATA_DIR}/.../<split>-*.parquet files); write it with timm_csm.hub.save_csm_dataset")
+
+
+def load_folder(folder, cache_dir=None, **builder_kwargs):
+    """``DatasetDict`` of the Hub-layout ``folder``, prepared again whenever its files changed since the cached copy
+    was prepared (see the module docstring). ``builder_kwargs`` go to ``datasets.load_dataset_builder``.
+
+    Raises ValueError naming the folder when its files no longer load (a truncated shard, rows that disagree with
+    the card's split sizes).
+    """
+    import datasets
+
+    folder = Path(folder)
+    _check_layout(folder)
+    fingerprint = folder_fingerprint(folder)
+    builder = datasets.load_dataset_builder(str(folder), cache_dir=cache_dir, **builder_kwargs)
+    stamp = Path(builder.cache_dir) / _STAMP
+    fresh = stamp.is_file() and stamp.read_text() == fingerprint
+    try:
+        builder.download_and_prepare(download_mode=None if fresh else "force_redownload")
+    except Exception as e:
+        raise ValueError(f"the dataset at {folder} does not load ({type(e).__name__}: {e}); its files changed or "
+                         "were damaged after it was written: write it again with timm_csm.hub.save_csm_dataset"
+                         ) from e
+    if not fresh:
+        stamp.write_text(fingerprint)
+    return builder.as_dataset()
 
 
 def _cache_root(cache_dir=None) -> Path:
@@ -48,11 +80,10 @@ def install_dataset(folder, name: Optional[str] = None, cache_dir=None):
     """Prepare the Hub-layout ``folder`` in the datasets cache under ``name`` (default: the folder's base name) so
     that ``datasets.load_dataset(name)`` works offline from any directory. Returns the loaded ``DatasetDict``.
 
-    Installing again after the data changed prepares a new cache entry, which becomes the one a bare name loads
-    (``datasets`` takes the most recently modified entry).
+    Installing again after the data changed prepares it again (a new card: a new cache entry; shards changed in
+    place: the same entry, prepared afresh, see :func:`load_folder`), and that entry becomes the one a bare name
+    loads (``datasets`` takes the most recently modified entry).
     """
-    import datasets
-
     folder = Path(folder).absolute()
     _check_layout(folder)
     name = name or folder.name
@@ -63,7 +94,7 @@ def install_dataset(folder, name: Optional[str] = None, cache_dir=None):
         if folder.name != name:  # datasets names the cache entry after the folder's base name
             path = Path(tmp) / name
             path.symlink_to(folder, target_is_directory=True)
-        dd = datasets.load_dataset(str(path), cache_dir=cache_dir)
+        dd = load_folder(path, cache_dir=cache_dir)
     # the newest entry wins when a bare name is resolved: make this one the newest even when it existed already
     for ds in dd.values():
         for f in ds.cache_files:
@@ -84,7 +115,8 @@ def _load_cached(name: str, cache_dir=None, split: Optional[str] = None):
 def load_csm_dataset(name_or_path, split: Optional[str] = None, cache_dir=None, **load_kwargs):
     """Load a CSM dataset from a folder, an installed bare name, or a Hub repository id.
 
-    * an existing folder (any working directory): ``load_dataset(<absolute path>)``;
+    * an existing folder (any working directory): :func:`load_folder` (``load_dataset(<absolute path>)``, prepared
+      again when the folder's files changed);
     * a bare name (``"csm-fmnist-aug"``): a folder of that name in the working directory, else the installed copy
       in the datasets cache (see :func:`install_dataset`), never the Hub;
     * ``"org/name"``: ``load_dataset`` (the Hub, or its cache when offline).
@@ -96,8 +128,8 @@ def load_csm_dataset(name_or_path, split: Optional[str] = None, cache_dir=None, 
     key = os.fspath(name_or_path)
     path = Path(key).expanduser()
     if path.is_dir():
-        _check_layout(path)
-        return datasets.load_dataset(str(path.absolute()), split=split, cache_dir=cache_dir, **load_kwargs)
+        dd = load_folder(path.absolute(), cache_dir=cache_dir, **load_kwargs)
+        return dd[split] if split is not None else dd
     if "/" not in key and "\\" not in key:
         if not is_installed(key, cache_dir):
             raise FileNotFoundError(

@@ -1,24 +1,65 @@
 """Write a CSM dataset in the Hub repository layout, offline.
 
-The layout is what ``DatasetDict.push_to_hub`` produces: ``data/<split>-0000K-of-0000N.parquet`` (images embedded as
-bytes, row groups sized as ``datasets`` sizes them for images) and a ``README.md`` whose YAML block holds
-``dataset_info`` (features, splits, sizes) and ``configs`` (``data_files`` per split). ``load_dataset(folder)`` and
-the Hub's viewer read it as is, and :func:`~timm_csm.hub.push.push_csm_dataset` uploads it unchanged in content.
+The layout is what ``DatasetDict.push_to_hub`` produces, with the shards in a versioned subfolder:
+``data/<version>/<split>-0000K-of-0000N.parquet`` (images embedded as bytes, row groups sized as ``datasets`` sizes
+them for images) and a ``README.md`` whose YAML block holds ``dataset_info`` (features, splits, sizes) and
+``configs`` (``data_files`` per split, ``data/<version>/<split>-*``). ``load_dataset(folder)`` and the Hub's viewer
+read it as is, and :func:`~timm_csm.hub.push.push_csm_dataset` uploads it (``push_to_hub`` writes the Hub copy's
+shards as ``data/<split>-*``).
+
+Replacing a saved dataset never leaves the folder without a complete copy: the new shards go into a new version
+subfolder, which no reader sees until ``README.md`` is replaced (one atomic ``os.replace``) by the card that points
+to them. The previous version is kept for readers still reading it; older ones are removed.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import shutil
+import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from .build import build_csm_dataset
 from .card import card_metadata, render_card_body
 
-__all__ = ["save_csm_dataset", "README", "DATA_DIR"]
+__all__ = ["save_csm_dataset", "data_files", "folder_fingerprint", "README", "DATA_DIR"]
 
 README = "README.md"
 DATA_DIR = "data"
+
+
+def data_files(folder) -> Dict[str, List[Path]]:
+    """The shard files of each split that ``folder``'s ``README.md`` points to (its ``configs`` ``data_files``);
+    empty when the folder has no card or the card names no existing file."""
+    from huggingface_hub.repocard import metadata_load
+
+    folder = Path(folder)
+    if not (folder / README).is_file():
+        return {}
+    configs = (metadata_load(folder / README) or {}).get("configs") or []
+    files: Dict[str, List[Path]] = {}
+    for entry in (configs[0].get("data_files") or []) if configs else []:
+        patterns = entry["path"] if isinstance(entry["path"], list) else [entry["path"]]
+        found = sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
+        if found:
+            files[entry["split"]] = found
+    return files
+
+
+def folder_fingerprint(folder) -> str:
+    """sha256 (20 hex) over ``README.md`` and the content of every shard it points to: changes whenever a byte of
+    the dataset does, and is the same for two copies of one dataset."""
+    folder = Path(folder)
+    h = hashlib.sha256((folder / README).read_bytes())
+    for split, paths in sorted(data_files(folder).items()):
+        for path in paths:
+            h.update(f"{split}:{path.relative_to(folder).as_posix()}:{path.stat().st_size}".encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:20]
 
 
 def _nbytes(ds) -> int:
@@ -47,6 +88,65 @@ def _write_split(ds, split: str, data_dir: Path, max_shard_size) -> tuple:
     return nbytes, written
 
 
+def _new_version() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _in_use(folder: Path) -> set:
+    """The entries of ``folder/data`` that the current card points to (a version subfolder, or legacy flat shards)."""
+    data = folder / DATA_DIR
+    return {p.relative_to(data).parts[0] for paths in data_files(folder).values() for p in paths
+            if p.is_relative_to(data)}
+
+
+def _prune(folder: Path, keep: set) -> None:
+    for entry in (folder / DATA_DIR).iterdir():
+        if entry.name not in keep:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def _card_text(dd, split_infos, prov: Dict, version: str) -> str:
+    from datasets.info import DatasetInfosDict
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCardData
+
+    card_data = DatasetCardData(**card_metadata(prov, sum(len(ds) for ds in dd.values())))
+    DatasetInfosDict({"default": split_infos}).to_dataset_card_data(card_data)
+    paths = [{"split": s, "path": f"{DATA_DIR}/{version}/{s}-*"} for s in dd]
+    MetadataConfigs({"default": {"data_files": paths}}).to_dataset_card_data(card_data)
+    return f"---\n{card_data.to_yaml()}\n---\n\n{render_card_body(dd, prov)}"
+
+
+def _write_version(dd, data_dir: Path, max_shard_size):
+    """Write every split's shards into ``data_dir``; returns the ``DatasetInfo`` with their sizes."""
+    import datasets
+    from datasets.info import DatasetInfo
+    from datasets.splits import SplitDict, SplitInfo
+
+    data_dir.mkdir(parents=True)
+    was_enabled = not datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()
+    try:
+        info = DatasetInfo(config_name="default", features=dd[next(iter(dd))].features, splits=SplitDict(),
+                           download_size=0, dataset_size=0)
+        for split, ds in dd.items():
+            nbytes, written = _write_split(ds, split, data_dir, max_shard_size)
+            info.splits.add(SplitInfo(name=split, num_bytes=nbytes, num_examples=len(ds)))
+            info.download_size += written
+            info.dataset_size += nbytes
+        info.size_in_bytes = info.download_size + info.dataset_size
+    finally:
+        if was_enabled:
+            datasets.utils.enable_progress_bars()
+    return info
+
+
 def save_csm_dataset(dataset, folder, provenance: Optional[Dict] = None,
                      class_names: Optional[Sequence[str]] = None, lambdas: Optional[Sequence[float]] = None,
                      max_shard_size: Union[int, str] = "500MB") -> Path:
@@ -54,14 +154,11 @@ def save_csm_dataset(dataset, folder, provenance: Optional[Dict] = None,
     ``folder`` in the Hub layout with a dataset card built from ``provenance``.
 
     ``folder`` should be named ``csm-<dataset>-aug`` (see :func:`~timm_csm.hub.build.csm_dataset_name`): its base
-    name is the name under which :func:`~timm_csm.hub.install.install_dataset` registers it. The folder is replaced
-    atomically: it holds either the previous complete copy or the new one.
+    name is the name under which :func:`~timm_csm.hub.install.install_dataset` registers it. A new folder appears
+    whole (written beside it, then renamed into place); an existing one holds a complete copy at every instant, the
+    previous one until the card is switched to the new version (see the module docstring).
     """
     import datasets
-    from datasets.info import DatasetInfo, DatasetInfosDict
-    from datasets.splits import SplitDict, SplitInfo
-    from datasets.utils.metadata import MetadataConfigs
-    from huggingface_hub import DatasetCardData
 
     folder = Path(folder).absolute()
     if class_names is None:
@@ -73,36 +170,18 @@ def save_csm_dataset(dataset, folder, provenance: Optional[Dict] = None,
     prov = dict(provenance or {})
     prov.setdefault("name", folder.name)
 
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / DATA_DIR).mkdir(parents=True)
+    version = _new_version()
+    fresh = not folder.exists()
+    root = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{version}" if fresh else folder
+    written = root if fresh else root / DATA_DIR / version
+    previous = set() if fresh else _in_use(folder)
     try:
-        was_enabled = not datasets.utils.are_progress_bars_disabled()
-        datasets.utils.disable_progress_bars()
-        try:
-            info = DatasetInfo(config_name="default", features=dd[next(iter(dd))].features, splits=SplitDict(),
-                               download_size=0, dataset_size=0)
-            for split, ds in dd.items():
-                nbytes, written = _write_split(ds, split, tmp / DATA_DIR, max_shard_size)
-                info.splits.add(SplitInfo(name=split, num_bytes=nbytes, num_examples=len(ds)))
-                info.download_size += written
-                info.dataset_size += nbytes
-            info.size_in_bytes = info.download_size + info.dataset_size
-        finally:
-            if was_enabled:
-                datasets.utils.enable_progress_bars()
-        card_data = DatasetCardData(**card_metadata(prov, sum(len(ds) for ds in dd.values())))
-        DatasetInfosDict({"default": info}).to_dataset_card_data(card_data)
-        MetadataConfigs({"default": {"data_files": [{"split": s, "path": f"{DATA_DIR}/{s}-*"} for s in dd]}}
-                        ).to_dataset_card_data(card_data)
-        text = f"---\n{card_data.to_yaml()}\n---\n\n{render_card_body(dd, prov)}"
-        (tmp / README).write_text(text, encoding="utf-8")
-        old = folder.parent / f".{folder.name}.old-{os.getpid()}"
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
+        info = _write_version(dd, root / DATA_DIR / version, max_shard_size)
+        _write_text(root / README, _card_text(dd, info, prov, version))  # the switch: readers see the new version
+        if fresh:
+            os.rename(root, folder)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(written, ignore_errors=True)
         raise
+    _prune(folder, previous | {version})
     return folder

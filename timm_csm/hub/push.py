@@ -13,7 +13,7 @@ from typing import Optional, Union
 from huggingface_hub import HfApi
 
 from .build import validate_csm_dataset
-from .install import _check_layout
+from .install import load_folder
 from .layout import README
 
 __all__ = ["push_csm_dataset", "PushError"]
@@ -33,14 +33,11 @@ def push_csm_dataset(folder, repo_id: str, token: Optional[str] = None, private:
     Returns the ``CommitInfo`` of the data commit. Raises :class:`PushError` (with the cause chained) when any
     step fails; the local folder is never modified.
     """
-    import datasets
-
     if not _REPO_ID.match(repo_id or ""):
         raise ValueError(f"repo_id must be 'namespace/name' (e.g. 'my-org/csm-cifar100-aug'), got {repo_id!r}; "
                          "bare names cannot be Hub repositories")
     folder = Path(folder).absolute()
-    _check_layout(folder)
-    dd = datasets.load_dataset(str(folder))
+    dd = load_folder(folder)
     for split, ds in dd.items():
         try:
             validate_csm_dataset(ds)
