@@ -122,37 +122,6 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
     return rows
 
 
-def real_vs_generated_accuracy(real: torch.Tensor, generated: torch.Tensor, epochs: int = 5, seed: int = 0) -> float:
-    """Classifier two-sample test: a ``small_cnn`` learns to tell real from generated uint8 images on half of an equal
-    number of each and is scored on the other half. 0.5: indistinguishable; 1.0: the two domains are separable, so
-    a classifier can be soft on generated images and sharp on real ones at the same time."""
-    import timm
-
-    import timm_csm.models  # noqa: F401  (registers small_cnn with timm)
-
-    g = torch.Generator().manual_seed(seed)
-    n = min(len(real), len(generated))
-    x = torch.cat([real[torch.randperm(len(real), generator=g)[:n]],
-                   generated[torch.randperm(len(generated), generator=g)[:n]]]).float() / 255.0 - 0.5
-    y = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
-    order = torch.randperm(2 * n, generator=g)
-    train, test = order[:n], order[n:]
-    torch.manual_seed(seed)
-    model = timm.create_model("small_cnn", num_classes=2, in_chans=x.shape[1])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(epochs):
-        model.train()
-        for batch in train[torch.randperm(n, generator=g)].split(128):
-            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    model.eval()
-    with torch.no_grad():
-        pred = torch.cat([model(x[b]).argmax(1) for b in test.split(500)])
-    return float((pred == y[test]).float().mean())
-
-
 def to_markdown(rows: List[Dict]) -> str:
     lines = ["| run | loss | real acc | real conf | real ECE | gen seen sq.err | gen unseen sq.err | "
              "interior conf seen / unseen / target |", "|---|---|---|---|---|---|---|---|"]
@@ -211,8 +180,9 @@ def main(argv=None):
     rows = diagnose(args.runs, seen, load_generated_rows(args.heldout))
     table = to_markdown(rows)
     from timm_csm.data import load_image_arrays
+    from timm_csm.generation import two_sample_accuracy
 
-    c2st = real_vs_generated_accuracy(torch.as_tensor(load_image_arrays(args.dataset, "train").images), seen[0])
+    c2st = two_sample_accuracy(torch.as_tensor(load_image_arrays(args.dataset, "train").images), seen[0])
     table += (f"\n\nReal vs generated two-sample test ({args.seen.name}): a small_cnn tells held-out real from "
               f"generated images apart with {100 * c2st:.1f}% accuracy (50% = indistinguishable).")
     print(table)

@@ -6,4 +6,4 @@ from .pipeline import EDMSemanticMixingPipeline, SemanticMixingPipeline
 from .plan import Group, class_pair, lambda_grid, plan_groups
 from .sampling import edm_heun_sample, sample_with_scheduler
 from .writer import generate_to_folder, load_generated, make_plan
-from .quality import pure_class_accuracy
+from .quality import pure_class_accuracy, two_sample_accuracy
