@@ -184,10 +184,12 @@ def test_replacing_a_saved_dataset_keeps_a_complete_copy_visible(annotated, tmp_
         save_csm_dataset(smaller, folder, PROVENANCE, class_names=CLASS_NAMES)
     assert seen and None not in seen and set(seen) == {40, 24}  # before: absent between the two renames
     assert len(load_csm_dataset(folder, split="train")) == 24
-    versions = sorted(p.name for p in (folder / "data").iterdir())
+    versions = {p.name for p in (folder / "data").iterdir()}
+    (current,) = {p.parent.name for p in data_files(folder)["train"]}
     assert len(versions) == 2  # the previous version stays for readers still on it
     save_csm_dataset(annotated, folder, PROVENANCE, class_names=CLASS_NAMES)
-    assert versions[0] not in {p.name for p in (folder / "data").iterdir()}  # older ones go
+    kept = {p.name for p in (folder / "data").iterdir()}
+    assert current in kept and not (versions - {current}) & kept and len(kept) == 2  # older ones go
     assert len(load_csm_dataset(folder, split="train")) == 40
 
     # a folder in the flat layout of earlier versions (data/train-*.parquet) is replaced the same way

@@ -89,7 +89,9 @@ def _write_split(ds, split: str, data_dir: Path, max_shard_size) -> tuple:
 
 
 def _new_version() -> str:
-    return f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+    """``<UTC time to the microsecond>-<random>``: in writing order, and unique across processes."""
+    now = time.time()
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{int(now % 1 * 1e6):06d}-{secrets.token_hex(3)}"
 
 
 def _write_text(path: Path, text: str) -> None:
