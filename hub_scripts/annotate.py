@@ -4,7 +4,7 @@
     python hub_scripts/annotate.py --generated runs/gen-c100 --dataset cifar100 \\
         --encoder open_clip --model ViT-B-32 --pretrained /weights/vit_b_32-openai.safetensors --force-quick-gelu
 
-Writes ``<output>/csm-<dataset>-aug`` (``data/train-*.parquet`` + ``README.md``). With ``--install`` a bare
+Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
 ``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
 on the real training split on first use and cached in ``--reference-dir``.
 """

@@ -225,8 +225,8 @@ def test_a_folder_changed_in_place_is_read_again(annotated, tmp_path):
     soft = table.column("soft_label").to_pylist()
     soft[5] = [0.5, 0.2, 0.2]  # the same number of rows, a label that no longer sums to 1
     column = table.schema.get_field_index("soft_label")
-    pq.write_table(table.set_column(column, table.schema.field(column), pa.array(soft, table.schema.field(column).type)),
-                   shard)
+    field = table.schema.field(column)
+    pq.write_table(table.set_column(column, field, pa.array(soft, field.type)), shard)
     changed = load_csm_dataset(folder, split="train", cache_dir=cache)
     assert changed.cache_files[0]["filename"] == first.cache_files[0]["filename"]  # one entry, prepared again
     assert changed["soft_label"][5] == pytest.approx([0.5, 0.2, 0.2])  # before: the stale copy
