@@ -44,22 +44,28 @@ def load_folder(folder, cache_dir=None, **builder_kwargs):
     the card's split sizes).
     """
     import datasets
+    from filelock import FileLock
 
     folder = Path(folder)
     _check_layout(folder)
     fingerprint = folder_fingerprint(folder)
     builder = datasets.load_dataset_builder(str(folder), cache_dir=cache_dir, **builder_kwargs)
-    stamp = Path(builder.cache_dir) / _STAMP
-    fresh = stamp.is_file() and stamp.read_text() == fingerprint
-    try:
-        builder.download_and_prepare(download_mode=None if fresh else "force_redownload")
-    except Exception as e:
-        raise ValueError(f"the dataset at {folder} does not load ({type(e).__name__}: {e}); its files changed or "
-                         "were damaged after it was written: write it again with timm_csm.hub.save_csm_dataset"
-                         ) from e
-    if not fresh:
-        stamp.write_text(fingerprint)
-    return builder.as_dataset()
+    entry = Path(builder.cache_dir)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    # one process at a time from the check to the open: another one (a training job's ranks) must not prepare the
+    # entry again while this one opens it
+    with FileLock(str(entry.parent / f".{entry.name}.timm_csm.lock")):
+        stamp = entry / _STAMP
+        fresh = stamp.is_file() and stamp.read_text() == fingerprint
+        try:
+            builder.download_and_prepare(download_mode=None if fresh else "force_redownload")
+        except Exception as e:
+            raise ValueError(f"the dataset at {folder} does not load ({type(e).__name__}: {e}); its files changed "
+                             "or were damaged after it was written: write it again with "
+                             "timm_csm.hub.save_csm_dataset") from e
+        if not fresh:
+            stamp.write_text(fingerprint)
+        return builder.as_dataset()
 
 
 def _cache_root(cache_dir=None) -> Path:
