@@ -9,7 +9,7 @@ shards as ``data/<split>-*``).
 
 Replacing a saved dataset never leaves the folder without a complete copy: the new shards go into a new version
 subfolder, which no reader sees until ``README.md`` is replaced (one atomic ``os.replace``) by the card that points
-to them. The previous version is kept for readers still reading it; older ones are removed.
+to them. The previous version is kept for readers still reading it; every other entry of ``data/`` is removed.
 """
 from __future__ import annotations
 
@@ -96,8 +96,11 @@ def _new_version() -> str:
 
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _in_use(folder: Path) -> set:
