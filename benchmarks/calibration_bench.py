@@ -175,7 +175,7 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         log(f"[{cell_dir.name}] resuming from {last}")
     _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": False})
     t0 = time.time()
-    results = run(cfg)
+    results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
     seconds = earlier + time.time() - t0
     _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": True,
                                        "seconds": round(seconds, 1)})

@@ -78,4 +78,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from timm_csm.train import end_process_group
+
+    try:
+        main()
+    finally:  # a process exiting with a live gloo group can abort in gloo's worker thread (SIGABRT)
+        end_process_group()

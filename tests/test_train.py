@@ -133,6 +133,11 @@ def test_resume_equals_uninterrupted(tmp_path, csm_folder):
                            b["optimizer"]["state"][key]["momentum_buffer"])
     assert resumed["test"] == full["test"] and resumed["temperature"] == full["temperature"]
     assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in full["history"]]
+    # CSM options are part of the resumed configuration: other values are refused, flag by flag
+    other = save_digits_csm_folder(tmp_path / "csm-other-aug")
+    with pytest.raises(ValueError, match=r"--csm-dataset '.*csm-other-aug' \(the run has .*; --n-aug 2 \(the run has 1"):
+        run(_config(tmp_path, None, epochs=2, resume=str(tmp_path / "part" / "last.safetensors"),
+                    **dict(extra, csm_dataset=other, n_aug=2)))
 
 
 def test_eval_only_reproduces_and_reports_piece(tmp_path):
@@ -235,3 +240,158 @@ def test_two_processes_match_one(tmp_path, csm_folder):
 
 def two_history(tmp_path):
     return json.loads((tmp_path / "p2" / "log.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# run folders: ownership, lock, run id, resumed configuration, damaged files, process-group shutdown
+# ---------------------------------------------------------------------------------------------------------------
+def _run_ids(folder):
+    """The run id of every file of a run folder that records one."""
+    import yaml
+
+    from timm_csm.train import read_model_meta
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "test_predictions.safetensors"), framework="pt") as f:
+        predictions = json.loads(f.metadata()["timm_csm_meta"])["run_id"]
+    return {"args.yaml": yaml.safe_load((folder / "args.yaml").read_text())["run_id"],
+            "results.json": json.loads((folder / "results.json").read_text())["run_id"],
+            "last": load_state(folder / "last.safetensors")["meta"]["run_id"],
+            "model_best": read_model_meta(folder / "model_best.safetensors")["run_id"],
+            "test_predictions": predictions}
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != ".run.lock"}
+
+
+def test_a_new_run_never_writes_into_or_evaluates_another_runs_folder(tmp_path):
+    first = run(_config(tmp_path, "x", epochs=2))
+    x = tmp_path / "x"
+    ids = _run_ids(x)
+    assert set(ids.values()) == {first["run_id"]} and len(first["run_id"]) == 12
+    before = _snapshot(x)
+    # the same experiment again: a fresh numbered folder, evaluated on its own model
+    second = run(_config(tmp_path, "x", epochs=1, lr=0.2, seed=1))
+    assert second["output_dir"] == str(tmp_path / "x-1") and second["checkpoint"] == str(tmp_path / "x-1" /
+                                                                                            "model_best.safetensors")
+    assert set(_run_ids(tmp_path / "x-1").values()) == {second["run_id"]} != {first["run_id"]}
+    ref, _, _ = _recompute_test_metrics(tmp_path / "x-1")
+    assert second["test"]["pre_ts"]["accuracy"] == pytest.approx(ref["accuracy"])
+    # --epochs 0 evaluates its own untrained model, not a checkpoint found in a folder
+    zero = run(_config(tmp_path, "x", epochs=0))
+    assert zero["output_dir"] == str(tmp_path / "x-2") and zero["checkpoint"] is None
+    assert zero["checkpoint_epoch"] is None and not (tmp_path / "x-2" / "model_best.safetensors").exists()
+    assert _snapshot(x) == before  # args.yaml, last, logs and results of the first run untouched
+    # a fixed folder holding a run is refused, naming the way out
+    with pytest.raises(ValueError, match=r"x holds another run's files \(args.yaml, last.safetensors.*--resume"):
+        run(_config(x, ".", epochs=0))
+    assert _snapshot(x) == before
+    # a model_best of another run in a run's folder is never evaluated
+    (tmp_path / "x-1" / "model_best.safetensors").write_bytes(before["model_best.safetensors"])
+    with pytest.raises(ValueError, match=f"not this run's best checkpoint: it holds run {first['run_id']}"):
+        run(dict(resume=str(tmp_path / "x-1" / "last.safetensors"), progress=False))
+
+
+def test_a_folder_in_use_is_refused_and_a_new_run_takes_the_next(tmp_path):
+    from timm_csm.training import claim_run_dir
+
+    held = claim_run_dir(tmp_path / "busy", "feedc0ffee00")
+    try:
+        with pytest.raises(ValueError, match=r"busy is in use by run feedc0ffee00 \(pid \d+"):
+            run(_config(tmp_path / "busy", ".", epochs=0))
+        assert run(_config(tmp_path, "busy", epochs=0))["output_dir"] == str(tmp_path / "busy-1")
+    finally:
+        held.release()
+    assert run(_config(tmp_path / "busy", ".", epochs=0))["output_dir"] == str(tmp_path / "busy")  # released
+
+
+def test_auto_resume_continues_the_folders_run_or_replaces_one_that_never_finished_an_epoch(tmp_path):
+    one = run(_config(tmp_path / "a", ".", epochs=1))
+    two = run(_config(tmp_path / "a", ".", epochs=2, auto_resume=True))
+    assert two["run_id"] == one["run_id"] and len(two["history"]) == 2
+    assert two["history"][0] == one["history"][0]
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    (dead / "args.yaml").write_text("run_id: 0123456789ab\n")  # killed in its first epoch
+    with pytest.raises(ValueError, match="holds another run's files"):
+        run(_config(dead, ".", epochs=0))
+    fresh = run(_config(dead, ".", epochs=0, auto_resume=True))
+    assert fresh["run_id"] != "0123456789ab" and fresh["output_dir"] == str(dead)
+
+
+def test_resume_restores_the_whole_configuration_and_extends_the_schedule(tmp_path):
+    import math
+
+    import yaml
+
+    first = run(_config(tmp_path, "cos", epochs=3, sched="cosine", batch_size=48, lr=0.08))
+    last = tmp_path / "cos" / "last.safetensors"
+    (tmp_path / "cos" / ".log.json.0badc0ffee00.tmp").write_text("left by a kill")
+    res = run(parse_args(["--resume", str(last), "--epochs", "5", "--no-progress"]))
+    saved = yaml.safe_load((tmp_path / "cos" / "args.yaml").read_text())
+    assert (saved["batch_size"], saved["lr"], saved["sched"], saved["epochs"]) == (48, 0.08, "cosine", 5)
+    assert saved["run_id"] == res["run_id"] == first["run_id"] and res["dataset"] == "digits"
+    assert res["history"][:3] == first["history"]
+    # epochs 3 and 4 follow a cosine over the new total (not the finished schedule's final lr 0)
+    lrs = [row["lr"] for row in res["history"]]
+    assert lrs[3:] == pytest.approx([0.04 * (1 + math.cos(math.pi * e / 5)) for e in (3, 4)])
+    assert not list((tmp_path / "cos").glob("*.tmp"))  # a killed writer's leftover is removed
+    with pytest.raises(ValueError, match=r"--batch-size 16 \(the run has 48\); --lr 0.2 \(the run has 0.08\)"):
+        run(parse_args(["--resume", str(last), "--lr", "0.2", "-b", "16"]))
+    with pytest.raises(ValueError, match="--epochs 4: .* can extend a resumed run, not shorten it"):
+        run(parse_args(["--resume", str(last), "--epochs", "4"]))
+    with pytest.raises(ValueError, match="continues in the resumed run's folder"):
+        run(parse_args(["--resume", str(last), "--output", str(tmp_path / "elsewhere"), "--experiment", "e"]))
+
+
+def test_damaged_files_are_named_and_outputs_are_world_readable(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        run(_config(tmp_path, "ok", epochs=1))
+    finally:
+        os.umask(old)
+    for name in ("args.yaml", "results.json", "log.json", "last.safetensors", "model_best.safetensors"):
+        assert stat.S_IMODE((tmp_path / "ok" / name).stat().st_mode) == 0o644, name
+    for name, option in (("model_best.safetensors", "checkpoint"), ("last.safetensors", "resume")):
+        damaged = tmp_path / f"cut-{name}"
+        data = (tmp_path / "ok" / name).read_bytes()
+        damaged.write_bytes(data[:len(data) // 2])
+        cfg = dict(eval_only=True, checkpoint=str(damaged)) if option == "checkpoint" else dict(resume=str(damaged))
+        with pytest.raises(ValueError, match=f"cut-{name} is not a readable safetensors file \\(truncated"):
+            run(dict(cfg, output=str(tmp_path), experiment="bad", progress=False))
+
+
+def test_entry_points_end_their_process_group_also_on_errors(tmp_path):
+    """train.py's main, hub_scripts/generate.py and the 2-process test workers destroy their process group before
+    the process exits: one left alive can abort the process in gloo's worker thread during shutdown."""
+    import runpy
+    import sys
+
+    import torch.distributed as dist
+
+    from gloo_launch import run_worker
+    from timm_csm.train import main
+
+    def failing_worker():
+        raise RuntimeError("worker failed")
+
+    argv = sys.argv
+    calls = [lambda: main(["--model", "no_such_model", "--output", str(tmp_path)]),
+             lambda: runpy.run_path(str(ROOT / "hub_scripts" / "generate.py"), run_name="__main__"),
+             lambda: run_worker(failing_worker)]
+    try:
+        sys.argv = ["generate.py", "--generator", str(tmp_path / "missing"), "--num-groups", "1", "--output",
+                    str(tmp_path / "gen")]
+        for i, call in enumerate(calls):
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg{i}", rank=0, world_size=1)
+            with pytest.raises((SystemExit, RuntimeError, OSError, ValueError)):
+                call()
+            assert not dist.is_initialized(), i
+    finally:
+        sys.argv = argv
+        if dist.is_initialized():
+            dist.destroy_process_group()

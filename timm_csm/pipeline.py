@@ -249,7 +249,7 @@ def run_pipeline(profile: PipelineProfile, output, log: Callable[[str], None] = 
         def train_stage(out: Path, cfg=train_cfg):
             from .train import run
 
-            run(dict(cfg, output=str(out)))
+            run(dict(cfg, output=str(out), auto_resume=True))  # a killed stage resumes its own run
 
         out = stage(f"train-{loss}", key, train_stage)
         results[loss] = json.loads((out / "results.json").read_text())

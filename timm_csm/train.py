@@ -37,7 +37,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -48,11 +47,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ._io import save_safetensors_atomic
+from ._io import save_safetensors_atomic, write_text_atomic
 
 __all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "read_model_meta", "save_state", "load_state",
            "save_model_file", "load_model_weights", "create_train_model", "create_criterion", "load_data", "predict",
-           "results_markdown", "TrainingModule"]
+           "results_markdown", "TrainingModule", "end_process_group"]
 
 PAPER_SEED = 12345
 CHECKPOINT_LAST = "last.safetensors"
@@ -178,10 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("Checkpoints and output")
     g.add_argument("--output", default="output/train", help="parent folder of the experiment folders")
     g.add_argument("--experiment", default=None,
-                   help="experiment folder name under --output ('.': --output itself; default: "
-                        "<dataset>-<model>-<loss>; with --resume, the resumed folder; with --eval-only, "
-                        "eval-<dataset>-<split> beside the checkpoint)")
-    g.add_argument("--resume", default="", help="continue training from this last.safetensors")
+                   help="experiment folder name under --output ('.': --output itself, refused when it holds "
+                        "another run; default: <dataset>-<model>-<loss>; with --eval-only, eval-<dataset>-<split> "
+                        "beside the checkpoint). A folder that holds a run gives way to <name>-1, <name>-2, ...; "
+                        "--resume continues in the resumed run's folder")
+    g.add_argument("--resume", default="",
+                   help="continue the run of this last.safetensors, in its folder and with its stored configuration "
+                        "(flags that conflict with it are errors; --epochs may extend it)")
+    g.add_argument("--auto-resume", action="store_true",
+                   help="resume the run in the experiment folder itself when it left a last.safetensors, else "
+                        "start the run there (instead of a new numbered folder)")
     g.add_argument("--checkpoint-hist", type=int, default=0,
                    help="also keep the N most recent per-epoch checkpoints checkpoint-<epoch>.safetensors")
     g.add_argument("--eval-only", action="store_true", help="only evaluate --checkpoint (no training)")
@@ -211,6 +216,7 @@ def _load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, A
         cfg = yaml.safe_load(f) or {}
     if not isinstance(cfg, dict):
         raise ValueError(f"config {path} must be a mapping of flag names to values")
+    cfg.pop("run_id", None)  # a run's args.yaml works as a config; its run id stays with that run
     return _normalise_keys(cfg, parser, f"config {path}")
 
 
@@ -259,7 +265,7 @@ def _resolve_config(config) -> argparse.Namespace:
         if not hasattr(config, "_explicit"):  # built by hand: options that differ from the defaults count as given
             defaults = vars(parser.parse_args([]))
             explicit = sorted(k for k, v in vars(config).items() if k not in defaults or defaults[k] != v)
-            config = argparse.Namespace(**vars(config), _explicit=explicit)
+            config = argparse.Namespace(**dict(defaults, **vars(config)), _explicit=explicit)
         return config
     if not isinstance(config, dict):
         raise TypeError(f"config must be an argparse.Namespace or a dict, got {type(config).__name__}")
@@ -311,14 +317,32 @@ def save_state(path, state: Dict[str, Any]) -> None:
     save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_state": json.dumps(skeleton)})
 
 
+def _safetensors_metadata(path) -> Optional[Dict[str, str]]:
+    """The header metadata of a safetensors file (``{}`` when it has none); None for a file in another format (a
+    torch checkpoint). A file that is named ``*.safetensors`` or starts like one (8-byte header length, then
+    ``{``) but cannot be read, e.g. truncated by a kill or a full disk, is a ``ValueError`` naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except SafetensorError as e:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        if str(path).endswith(".safetensors") or head[8:9] == b"{":
+            raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); write it "
+                             "again or choose another file") from e
+        return None
+
+
 def load_state(path) -> Dict[str, Any]:
-    """Read a file written by :func:`save_state`."""
+    """Read a file written by :func:`save_state` (``ValueError`` naming a truncated / corrupt or foreign file)."""
     from safetensors import safe_open
 
+    meta = _safetensors_metadata(path)
+    if meta is None or "timm_csm_state" not in meta:
+        raise ValueError(f"{path} is not a timm-csm training state file (no 'timm_csm_state' metadata)")
     with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if "timm_csm_state" not in meta:
-            raise ValueError(f"{path} is not a timm-csm state file (no 'timm_csm_state' metadata)")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     return _unflatten_state(json.loads(meta["timm_csm_state"]), tensors)
 
@@ -328,14 +352,6 @@ def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, 
     ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
     save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_meta": json.dumps(meta)})
-
-
-def _write_text(path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -545,6 +561,7 @@ def _create_scheduler(args, optimizer):
 # the run
 # ---------------------------------------------------------------------------------------------------------------
 def _make_accelerator(args, out_dir: Optional[Path]):
+    """An ``Accelerator`` for ``args``; its trackers (``--log-with``) only with the run folder ``out_dir``."""
     from accelerate import Accelerator
 
     kwargs = {}
@@ -552,17 +569,16 @@ def _make_accelerator(args, out_dir: Optional[Path]):
         kwargs["mixed_precision"] = "bf16" if args.amp_dtype == "bfloat16" else "fp16"
     if args.cpu:
         kwargs["cpu"] = True
-    if args.log_with:
+    if args.log_with and out_dir is not None:
         kwargs["log_with"] = args.log_with
-        kwargs["project_dir"] = str(out_dir) if out_dir else None
+        kwargs["project_dir"] = str(out_dir)
     return Accelerator(**kwargs)
 
 
 def _experiment_dir(args) -> Path:
+    """The experiment folder a new run asks for (a taken one gives way to ``<name>-1``, ...; see run_dir)."""
     if args.experiment:
         return Path(args.output) / args.experiment
-    if args.resume:
-        return Path(args.resume).parent
     if args.eval_only and args.checkpoint and "output" not in args._explicit:  # beside the checkpoint
         return Path(args.checkpoint).parent / f"eval-{Path(str(args.dataset)).name}-{args.test_split}"
     name = f"{Path(str(args.dataset)).name}-{args.model}-{args.loss}"
@@ -650,7 +666,7 @@ def _is_better(value: float, best: Optional[float], select_by: str) -> bool:
 
 
 def _write_log(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
-    _write_text(out_dir / "log.json", json.dumps(rows, indent=1))
+    write_text_atomic(out_dir / "log.json", json.dumps(rows, indent=1))
     keys: List[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
@@ -658,7 +674,7 @@ def _write_log(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
     w = csv.DictWriter(buf, fieldnames=keys)
     w.writeheader()
     w.writerows(rows)
-    _write_text(out_dir / "log.csv", buf.getvalue())
+    write_text_atomic(out_dir / "log.csv", buf.getvalue())
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -798,14 +814,9 @@ def _checkpoint_meta_args(args) -> None:
 
 
 def read_model_meta(path) -> Optional[Dict[str, Any]]:
-    """The run metadata of a model file or a training-state file (None for other weight files)."""
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception:
-        return None
+    """The run metadata of a model file or a training-state file (None for other weight files); a truncated or
+    corrupt safetensors file is a ``ValueError`` naming it."""
+    meta = _safetensors_metadata(path) or {}
     if "timm_csm_meta" in meta:
         return json.loads(meta["timm_csm_meta"])
     if "timm_csm_state" not in meta:
@@ -821,13 +832,7 @@ class _NoTensors(dict):
 
 
 def _is_state_file(path) -> bool:
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            return "timm_csm_state" in (f.metadata() or {})
-    except Exception:
-        return False
+    return "timm_csm_state" in (_safetensors_metadata(path) or {})
 
 
 def load_model_weights(model: nn.Module, path) -> None:
@@ -841,48 +846,74 @@ def load_model_weights(model: nn.Module, path) -> None:
     load_checkpoint(model, str(path))
 
 
-def run(config) -> Dict[str, Any]:
-    """Train (unless ``eval_only``) and evaluate; returns the results dict also written to results.json.
+def _load_resumed(args) -> Dict[str, Any]:
+    """The training state of ``--resume``, with its stored configuration restored into ``args``."""
+    from .training import restore_config
 
-    ``config``: an ``argparse.Namespace`` from :func:`parse_args` or a dict of option names (``"batch_size"`` or
-    ``"batch-size"``); options not given take the command-line defaults.
-    """
-    args = _resolve_config(config)
+    if not os.path.exists(args.resume):
+        raise FileNotFoundError(f"--resume {args.resume} does not exist")
+    state = load_state(args.resume)
+    meta = state.get("meta") or {}
+    if "config" not in meta or "run_id" not in meta:
+        raise ValueError(f"--resume {args.resume}: the state stores no run configuration (written by an earlier "
+                         "timm-csm); it cannot be resumed, start a new run")
+    folder, explicit = Path(args.resume).resolve().parent, set(args._explicit)
+    named = Path(args.output) / args.experiment if "experiment" in explicit and args.experiment else None
+    if (named is not None and named.resolve() != folder) or (named is None and "output" in explicit and Path(
+            args.output).resolve() not in (folder, folder.parent)):
+        raise ValueError(f"--resume continues in the resumed run's folder {folder}; --output / --experiment name "
+                         f"another ({named or args.output})")
+    state["restored"] = restore_config(args, meta["config"])
+    return state
+
+
+def _prepare_args(args) -> Optional[Dict[str, Any]]:
+    """Complete and check ``args`` before anything is built: a checkpoint's metadata (eval-only), the configuration
+    of a resumed run (``--resume``, or ``--auto-resume`` finding one); returns the resumed state (None: new run)."""
     if args.eval_only:
         if not args.checkpoint:
             raise ValueError("--eval-only needs --checkpoint PATH")
         if not os.path.exists(args.checkpoint):
             raise FileNotFoundError(f"--checkpoint {args.checkpoint} does not exist")
         _checkpoint_meta_args(args)
-    resume_state = None
-    if args.resume:
-        if not os.path.exists(args.resume):
-            raise FileNotFoundError(f"--resume {args.resume} does not exist")
-        resume_state = load_state(args.resume)
-        saved = resume_state["meta"]
-        for k in ("model", "dataset", "loss", "seed", "val_split", "max_train_samples"):
-            if k in args._explicit and saved.get(k) != getattr(args, k):
-                raise ValueError(f"--resume: the checkpoint was trained with {k}={saved.get(k)!r}, "
-                                 f"this run asks for {getattr(args, k)!r}")
-            setattr(args, k, saved.get(k))
+    elif args.auto_resume and not args.resume and (_experiment_dir(args) / CHECKPOINT_LAST).exists():
+        args.resume = str(_experiment_dir(args) / CHECKPOINT_LAST)
+    resume_state = _load_resumed(args) if args.resume and not args.eval_only else None
     for name, value in (("batch_size", args.batch_size), ("epochs", args.epochs), ("n_bins", args.n_bins)):
         if value is None or value < (0 if name == "epochs" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return resume_state
 
-    from accelerate.utils import set_seed
 
-    import timm_csm  # noqa: F401  (registers models)
+def _take_run_dir(args, accelerator, resume_state):
+    """(lock, folder, run id): the main process takes the run folder (see :mod:`timm_csm.training.run_dir`), every
+    process learns which; the lock is None on the other processes. A refusal is raised on every process."""
+    from accelerate.utils import broadcast_object_list
 
-    _check_model_name(args.model)
-    if not args.eval_only:
-        from .losses import get_loss_entrypoint
+    from .training import claim_run_dir, new_run_id
 
-        get_loss_entrypoint(args.loss)  # unknown names list the registered losses
-    out_dir = _experiment_dir(args)
-    accelerator = _make_accelerator(args, out_dir)
-    set_seed(args.seed)
+    lock, message = None, [None, None, None]  # folder, run id, error
+    if accelerator.is_main_process:
+        try:
+            if resume_state is not None:
+                run_id = resume_state["meta"]["run_id"]
+                lock = claim_run_dir(Path(args.resume).parent, run_id, resumes=run_id)
+            else:
+                run_id, auto = new_run_id(), args.auto_resume and not args.eval_only
+                fixed = args.experiment is not None and Path(args.experiment) == Path(".")
+                lock = claim_run_dir(_experiment_dir(args), run_id, numbered=not (fixed or auto),
+                                     replace_unfinished=auto)
+            message = [str(lock.path), run_id, None]
+        except ValueError as e:
+            message[2] = str(e)
+    broadcast_object_list(message)
+    if message[2] is not None:
+        raise ValueError(message[2])
+    return lock, Path(message[0]), message[1]
 
-    # ---- everything that can fail fast, before any training --------------------------------------------------
+
+def _build(args):
+    """Data, loss, batch mode, CSM companions, model and transforms: everything that can fail before training."""
     data = load_data(args)
     k = len(data.class_names)
     if args.num_classes is not None and args.num_classes != k:
@@ -906,40 +937,121 @@ def run(config) -> Dict[str, Any]:
                                           hflip=args.hflip)
     data_info = {"num_classes": k, "in_chans": in_chans, "img_size": img_size, "mean": list(mean), "std": list(std),
                  "class_names": data.class_names}
-    meta = _model_meta(args, data_info)
-    if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cfg = {kk: v for kk, v in vars(args).items() if not kk.startswith("_")}
-        cfg["model_kwargs"] = dict(args.model_kwargs or [])
-        cfg["loss_kwargs"] = dict(args.loss_kwargs or [])
-        import yaml
+    return data, criterion, mode, companions, model, train_tf, eval_tf, data_info
 
-        _write_text(out_dir / "args.yaml", yaml.safe_dump(cfg, sort_keys=False))
 
-    eval_bs = args.validation_batch_size or args.batch_size
-    val_loader = _eval_loader(data.val, eval_tf, eval_bs, args, accelerator) if len(data.val) else None
-    test_loader = _eval_loader(data.test, eval_tf, eval_bs, args, accelerator)
+def run(config) -> Dict[str, Any]:
+    """Train (unless ``eval_only``) and evaluate; returns the results dict also written to results.json.
 
-    history: List[Dict[str, Any]] = []
-    best: Dict[str, Any] = {"value": None, "epoch": None, "metric": args.select_by}
+    ``config``: an ``argparse.Namespace`` from :func:`parse_args` or a dict of option names (``"batch_size"`` or
+    ``"batch-size"``); options not given take the command-line defaults. The run writes into a folder of its own
+    (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml, the training states, the model files
+    and results.json; ``resume`` continues a run in its folder with its stored configuration.
+    """
+    args = _resolve_config(config)
+    resume_state = _prepare_args(args)
+    from accelerate.utils import set_seed
+
+    import timm_csm  # noqa: F401  (registers models)
+
+    _check_model_name(args.model)
     if not args.eval_only:
-        history, best = _train(args, mode, model, criterion, data, train_tf, accelerator, out_dir, meta, companions,
-                               val_loader, resume_state)
-        best_path = out_dir / CHECKPOINT_BEST
+        from .losses import get_loss_entrypoint
+
+        get_loss_entrypoint(args.loss)  # unknown names list the registered losses
+    accelerator = _make_accelerator(args, None)
+    _check_resumed_processes(resume_state, accelerator)
+    set_seed(args.seed)
+    data, criterion, mode, companions, model, train_tf, eval_tf, data_info = _build(args)
+    lock, out_dir, args._run_id = _take_run_dir(args, accelerator, resume_state)
+    try:
+        if args.log_with:  # trackers write into the run folder, known only now
+            accelerator = _make_accelerator(args, out_dir)
+        from .training import config_record
+
+        meta = dict(_model_meta(args, data_info), run_id=args._run_id, config=config_record(args),
+                    num_processes=accelerator.num_processes)
+        if accelerator.is_main_process:
+            import yaml
+
+            write_text_atomic(out_dir / "args.yaml", yaml.safe_dump(dict(run_id=args._run_id, **meta["config"]),
+                                                                    sort_keys=False))
+        eval_bs = args.validation_batch_size or args.batch_size
+        val_loader = _eval_loader(data.val, eval_tf, eval_bs, args, accelerator) if len(data.val) else None
+        test_loader = _eval_loader(data.test, eval_tf, eval_bs, args, accelerator)
+        history: List[Dict[str, Any]] = []
+        best: Dict[str, Any] = {"value": None, "epoch": None, "metric": args.select_by}
+        if not args.eval_only:
+            history, best = _train(args, mode, model, criterion, data, train_tf, accelerator, out_dir, meta,
+                                   companions, val_loader, resume_state)
+            accelerator.wait_for_everyone()
+            weights_path = _load_best(model, out_dir, best, args._run_id)
+        else:
+            load_model_weights(model, args.checkpoint)
+            weights_path = Path(args.checkpoint)
+        model = model.to(accelerator.device)
+        results = _evaluate(args, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path)
+        results["history"] = history
         accelerator.wait_for_everyone()
-        if best_path.exists():
-            load_model_weights(model, best_path)
-        weights_path = best_path
-    else:
-        load_model_weights(model, args.checkpoint)
-        weights_path = Path(args.checkpoint)
-    model = model.to(accelerator.device)
-    results = _evaluate(args, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path)
-    results["history"] = history
-    accelerator.wait_for_everyone()
-    if args.log_with:
-        accelerator.end_training()
-    return results
+        for tracker in accelerator.trackers:
+            tracker.finish()
+        return results
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _check_resumed_processes(resume_state, accelerator) -> None:
+    trained_on = (resume_state or {}).get("meta", {}).get("num_processes", accelerator.num_processes)
+    if trained_on != accelerator.num_processes:
+        raise ValueError(f"--resume: the run was trained on {trained_on} processes, this launch has "
+                         f"{accelerator.num_processes}; --batch-size is per process, so the global batch would "
+                         f"change. Launch {trained_on} processes")
+    restored = (resume_state or {}).get("restored")
+    if restored:
+        accelerator.print(f"--resume: {', '.join(restored)} taken from the resumed run's configuration")
+
+
+def _load_best(model, out_dir: Path, best: Dict[str, Any], run_id: str) -> Optional[Path]:
+    """Load this run's best checkpoint into ``model``; its path, or None when no epoch was selected (the model is
+    evaluated as it is, e.g. ``--epochs 0``). A model file of another run or epoch is an error, never evaluated."""
+    if best.get("epoch") is None:
+        return None
+    path = out_dir / CHECKPOINT_BEST
+    meta = (read_model_meta(path) if path.exists() else None) or {}
+    found = (meta.get("run_id"), meta.get("epoch"))
+    if found != (run_id, best["epoch"]):
+        raise ValueError(f"{path} is not this run's best checkpoint: it holds run {found[0]}, epoch {found[1]}; "
+                         f"expected run {run_id}, epoch {best['epoch']}")
+    load_model_weights(model, path)
+    return path
+
+
+def _probe_schedule(args, epochs: int) -> Dict[str, Any]:
+    """The state of a fresh schedule of ``epochs`` epochs (on a throw-away optimizer)."""
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.lr)
+    return _create_scheduler(argparse.Namespace(**dict(vars(args), epochs=epochs)), probe).state_dict()
+
+
+def _restore_scheduler(args, scheduler, resume_state, start_epoch: int, accelerator) -> None:
+    """Load the resumed scheduler state. When ``--epochs`` extends the run, the schedule is rebuilt for the new
+    total: the settings that depend on the number of epochs (a cosine's length, ...) are those of a schedule of
+    ``--epochs`` epochs, and the next epoch takes that schedule's lr; trained epochs keep the lr they had."""
+    planned = int(resume_state["meta"]["config"]["epochs"])
+    state = dict(resume_state["scheduler"])
+    changed = {}
+    if args.epochs != planned:
+        old = _probe_schedule(args, planned)
+        changed = {k: v for k, v in _probe_schedule(args, args.epochs).items() if k not in old or old[k] != v}
+    scheduler.load_state_dict(dict(state, **changed))
+    if changed:
+        scheduler.step(start_epoch)
+        accelerator.print(f"--epochs {args.epochs} extends the run from {planned} epochs: the {args.sched} schedule "
+                          f"is rebuilt for {args.epochs} epochs; epoch {start_epoch} starts at lr "
+                          f"{scheduler.optimizer.param_groups[0]['lr']:.6g}")
+    elif args.epochs != planned:
+        accelerator.print(f"--epochs {args.epochs} extends the run from {planned} epochs: the {args.sched} schedule "
+                          "does not depend on the number of epochs and continues as it was")
 
 
 def _train(args, mode, model, criterion, data, train_tf, accelerator, out_dir, meta, companions, val_loader,
@@ -954,10 +1066,10 @@ def _train(args, mode, model, criterion, data, train_tf, accelerator, out_dir, m
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
         optimizer.load_state_dict(resume_state["optimizer"])
-        scheduler.load_state_dict(resume_state["scheduler"])
+        start_epoch = int(resume_state["epoch"]) + 1
+        _restore_scheduler(args, scheduler, resume_state, start_epoch, accelerator)
         criterion.load_state_dict(resume_state["loss"])
         _set_rng_state(resume_state["rng"])
-        start_epoch = int(resume_state["epoch"]) + 1
         history = list(resume_state["history"])
         best = dict(resume_state["best"])
     criterion = criterion.to(accelerator.device)
@@ -1042,7 +1154,8 @@ def results_markdown(results: Dict[str, Any]) -> str:
               f"{'-' if t is None else f'{t:.2f}'} |", ""]
     lines += [f"Test split: {results['n_test']} images; temperature fitted on {results['n_val']} validation "
               f"images ({results['ts_method']}); {results['n_bins']} bins; checkpoint: epoch "
-              f"{results.get('checkpoint_epoch')} selected by validation {results.get('select_by')}.", ""]
+              f"{results.get('checkpoint_epoch')} selected by validation {results.get('select_by')}; run "
+              f"{results.get('run_id')}.", ""]
     lines += ["| metric | before TS | after TS |", "|---|---|---|"]
     for key, label, scale in _REPORT_ROWS:
         if key in pre:
@@ -1070,8 +1183,8 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
     results: Dict[str, Any] = {
         "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),
         "n_val": len(data.val), "n_test": len(data.test), "n_bins": args.n_bins, "ts_method": args.ts_method,
-        "select_by": args.select_by, "checkpoint": str(weights_path), "checkpoint_epoch": best.get("epoch"),
-        "num_processes": accelerator.num_processes, "output_dir": str(out_dir),
+        "select_by": args.select_by, "checkpoint": None if weights_path is None else str(weights_path), "checkpoint_epoch": best.get("epoch"),
+        "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": args._run_id,
         "temperature": None, "test": {"pre_ts": {k: float(v) for k, v in pre.items()}, "post_ts": None},
         "val": None,
     }
@@ -1108,11 +1221,11 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
         warnings.warn("--piece needs a validation split (the reference set of the proximity); skipped")
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(out_dir / "results.json", json.dumps(results, indent=2))
-        _write_text(out_dir / "results.md", results_markdown(results))
+        write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2))
+        write_text_atomic(out_dir / "results.md", results_markdown(results))
         # test logits and labels, so that reports can redraw or re-score them without the model
         save_model_file(out_dir / "test_predictions.safetensors", {"logits": test_logits, "targets": test_y},
-                        {"temperature": results["temperature"]})
+                        {"temperature": results["temperature"], "run_id": args._run_id})
         _reliability_plots(out_dir, test_logits, test_y, post_logits, results, args.n_bins)
         accelerator.print(results_markdown(results))
     return results
@@ -1142,12 +1255,24 @@ def evaluate_checkpoint(checkpoint, **options) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Command-line entry point (``train.py`` / ``accelerate launch train.py``)."""
-    args = parse_args(argv)
     try:
-        return run(args)
+        return run(parse_args(argv))
     except (ValueError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    finally:
+        end_process_group()
+
+
+def end_process_group() -> None:
+    """Destroy the default ``torch.distributed`` process group if one is initialised (no-op otherwise).
+
+    A process that exits with a live gloo group can abort (SIGABRT): gloo's worker thread
+    (``ProcessGroupGloo::runLoop``) frees the last work object while the interpreter finalises. Entry points call
+    this before they exit, also on errors, as accelerate's ``Accelerator.end_training`` does.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -33,4 +33,6 @@ def main(out_path: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from gloo_launch import run_worker
+
+    run_worker(main, sys.argv[1])

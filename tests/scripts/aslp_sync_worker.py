@@ -48,4 +48,6 @@ def main(out_prefix: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from gloo_launch import run_worker
+
+    run_worker(main, sys.argv[1])

@@ -1,0 +1,177 @@
+"""Run folders: a folder belongs to one run, which locks it while it runs and stamps its run id on what it writes.
+
+* A new run whose experiment folder already holds a run (or is locked) takes the first free ``<name>-1``,
+  ``<name>-2``, ... beside it, as timm's ``get_outdir(..., inc=True)`` numbers experiment folders. A fixed folder
+  (``--experiment .``) that holds another run is refused instead: the caller chose that exact folder.
+* ``--resume`` continues in the resumed run's own folder, with the configuration stored in its training state
+  (:func:`restore_config`); ``--auto-resume`` does so for the run found in the experiment folder itself.
+* The lock is an exclusive ``flock`` on ``<folder>/.run.lock`` (POSIX). The kernel drops it when its process ends,
+  so a killed run leaves no stale lock; the file names the holder (run id, pid, host) for the error message.
+* Taking a folder removes the temporary files a killed writer left in it (:func:`timm_csm._io.remove_temp_files`).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .._io import remove_temp_files
+
+__all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
+           "claim_run_dir", "config_record", "restore_config"]
+
+LOCK_FILE = ".run.lock"
+#: the files whose presence means a folder holds a run (args.yaml is written first, when the folder is taken)
+RUN_FILES = ("args.yaml", "last.safetensors", "model_best.safetensors", "results.json")
+#: options a resumed run may change when given: where and how fast it runs, how it reports, the number of epochs
+RUN_LOCAL_OPTIONS = frozenset({"epochs", "output", "experiment", "workers", "pin_mem", "progress", "log_with",
+                               "validation_batch_size", "checkpoint_hist", "cpu"})
+#: options of one invocation, never taken from the resumed run
+_INVOCATION_OPTIONS = frozenset({"config", "resume", "auto_resume", "eval_only", "checkpoint"})
+_KEY_VALUE_OPTIONS = ("model_kwargs", "loss_kwargs")
+
+
+def new_run_id() -> str:
+    """A random run id: 12 hexadecimal digits of a UUID4."""
+    return uuid.uuid4().hex[:12]
+
+
+def folder_run_id(folder) -> Optional[str]:
+    """The run id in ``<folder>/args.yaml`` (None: no such file, or written before runs had ids)."""
+    import yaml
+
+    path = Path(folder) / "args.yaml"
+    if not path.is_file():
+        return None
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not readable YAML ({e}); it cannot tell which run owns {folder}") from e
+    return cfg.get("run_id") if isinstance(cfg, dict) else None
+
+
+class RunDirLock:
+    """A run folder held by this process: ``path``, and the lock released by :meth:`release` (or process exit)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _try_lock(folder: Path, run_id: str) -> Optional[int]:
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname()}).encode())
+    return fd
+
+
+def _holder(folder: Path) -> str:
+    try:
+        info = json.loads((folder / LOCK_FILE).read_text())
+        return f"run {info['run_id']} (pid {info['pid']} on {info['host']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another run"
+
+
+def _ownership_problem(folder: Path, resumes: Optional[str], replace_unfinished: bool) -> Optional[str]:
+    """None when the locked ``folder`` may be used, else why not."""
+    files = [name for name in RUN_FILES if (folder / name).exists()]
+    if not files:
+        return None
+    owner = folder_run_id(folder)
+    if resumes is not None:
+        if owner in (None, resumes):
+            return None
+        return f"{folder} belongs to run {owner}, but the resumed training state is from run {resumes}"
+    if replace_unfinished and not {"last.safetensors", "results.json"} & set(files):
+        for name in files:  # a run killed before it finished an epoch: nothing of it can be resumed
+            (folder / name).unlink()
+        return None
+    hint = (f"resume it (--resume {folder / 'last.safetensors'} or --auto-resume), or "
+            if "last.safetensors" in files else "")
+    return (f"{folder} holds another run's files ({', '.join(files)}; run {owner or 'without a run id'}): a run "
+            f"folder belongs to one run; {hint}choose another --output / --experiment")
+
+
+def claim_run_dir(folder, run_id: str, *, numbered: bool = False, resumes: Optional[str] = None,
+                  replace_unfinished: bool = False) -> RunDirLock:
+    """Lock ``folder`` (created when missing) for run ``run_id`` and return it, or raise ``ValueError`` saying why not.
+
+    ``numbered``: when ``folder`` holds a run or is locked, take the first free ``folder-1``, ``folder-2``, ...
+    ``resumes``: the run id a resumed state carries; the folder must be that run's (or hold no run id).
+    ``replace_unfinished``: a folder whose run left neither ``last.safetensors`` nor ``results.json`` (killed in its
+    first epoch) is taken over, its files removed. Otherwise a folder that holds a run is refused.
+    """
+    base = Path(folder)
+    for i in itertools.count():
+        candidate = base if i == 0 else base.with_name(f"{base.name}-{i}")
+        fd = _try_lock(candidate, run_id)
+        if fd is None:
+            problem = (f"{candidate} is in use by {_holder(candidate)}: wait for it to end, or choose another "
+                       f"--output / --experiment")
+        else:
+            problem = _ownership_problem(candidate, resumes, replace_unfinished)
+            if problem is None:
+                remove_temp_files(candidate)
+                return RunDirLock(candidate, fd)
+            os.close(fd)
+        if not numbered:
+            raise ValueError(problem)
+    raise AssertionError("unreachable")
+
+
+def config_record(args) -> Dict[str, Any]:
+    """The options of ``args`` as JSON values (key=value lists as dicts, paths as strings): args.yaml and the state."""
+    cfg = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    for key in _KEY_VALUE_OPTIONS:
+        if key in cfg:
+            cfg[key] = {str(k): v for k, v in (cfg[key] or [])}
+    return json.loads(json.dumps(cfg, default=str))
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def restore_config(args, stored: Dict[str, Any]) -> List[str]:
+    """Give ``args`` the configuration ``stored`` by the resumed run (its :func:`config_record`).
+
+    Every option not given explicitly (``args._explicit``) takes its stored value, except the options of the
+    invocation itself (``resume``, ``config``, ...). An explicit option with another value than the stored one is a
+    ``ValueError`` naming its flag, unless it is one of :data:`RUN_LOCAL_OPTIONS`; ``--epochs`` may extend the run,
+    not shorten it. Returns the flags whose stored value replaced the command line's.
+    """
+    given, explicit = config_record(args), set(getattr(args, "_explicit", ()))
+    conflicts = [f"{_flag(k)} {given[k]!r} (the run has {v!r})" for k, v in stored.items()
+                 if k in explicit and k in given and k not in RUN_LOCAL_OPTIONS | _INVOCATION_OPTIONS
+                 and given[k] != v]
+    if conflicts:
+        raise ValueError("--resume continues a run with the configuration stored in its state; these options "
+                         f"conflict with it: {'; '.join(conflicts)}. Drop them, or start a new run")
+    restored = []
+    for key, value in stored.items():
+        if key in explicit or key in _INVOCATION_OPTIONS or key not in given:
+            continue
+        if given[key] != value:
+            restored.append(_flag(key))
+        setattr(args, key, list(value.items()) if key in _KEY_VALUE_OPTIONS else value)
+    if args.epochs < stored["epochs"]:
+        raise ValueError(f"--epochs {args.epochs}: the resumed run was set to {stored['epochs']} epochs; --epochs "
+                         "can extend a resumed run, not shorten it")
+    return restored
