@@ -16,22 +16,8 @@ from timm_csm.generation.anchors import AnchorPool
 from timm_csm.generation.sampling import sample_with_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
-K = 4
+K = 4  # classes of the tiny_generator fixture (conftest.py)
 LAMBDAS = [0.0, 0.5, 1.0]
-
-
-@pytest.fixture(scope="module")
-def tiny_generator(tmp_path_factory):
-    from diffusers import DDIMScheduler
-
-    torch.manual_seed(0)
-    unet = create_class_unet(GENERATOR_PROFILES["smoke"], K).eval()
-    for p in unet.parameters():  # random, non-trivial weights (diffusers zero-inits some output layers)
-        p.data.normal_(0, 0.05)
-    folder = tmp_path_factory.mktemp("gen")
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
-    save_generator(folder, unet, sched, {"class_names": [f"c{i}" for i in range(K)], "name": "tiny"})
-    return folder
 
 
 def _pool(n_per_class: int = 5, seed: int = 0) -> AnchorPool:

@@ -21,21 +21,7 @@ from timm_csm.generation import (
 from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas
 
 ROOT = Path(__file__).resolve().parents[1]
-K = 4
-
-
-@pytest.fixture(scope="module")
-def tiny_generator(tmp_path_factory):
-    from diffusers import DDIMScheduler
-
-    torch.manual_seed(0)
-    unet = create_class_unet(GENERATOR_PROFILES["smoke"], K).eval()
-    for p in unet.parameters():  # random, non-trivial weights (diffusers zero-inits some output layers)
-        p.data.normal_(0, 0.05)
-    folder = tmp_path_factory.mktemp("gen")
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
-    save_generator(folder, unet, sched, {"class_names": [f"c{i}" for i in range(K)], "name": "tiny"})
-    return folder
+K = 4  # classes of the tiny_generator fixture (conftest.py)
 
 
 def test_class_pairs_are_lexicographic_and_wrap():
