@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from timm_csm.generation import (
-    GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet, generate_to_folder, load_generated, make_plan,
-    plan_groups, save_generator,
-)
+from timm_csm.generation import SemanticMixingPipeline, generate_to_folder, load_generated, make_plan, plan_groups
 from timm_csm.generation.anchors import AnchorPool
 from timm_csm.generation.sampling import sample_with_scheduler
 

@@ -14,7 +14,7 @@ import torch
 from gloo_launch import launch_two_processes
 
 from timm_csm.generation import (
-    EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline, class_pair, create_class_unet,
+    EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline, class_pair,
     enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
     load_generator, make_plan, mix_prompt_embeddings, mix_weights, plan_groups, save_generator,
 )
