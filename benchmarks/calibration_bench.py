@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["BenchMethod", "METHODS", "base_recipe", "cell_config", "run_cells", "collect_cells", "matches_recipe",
-           "summarize",
+           "summarize", "json_rows", "write_json_rows",
            "write_report", "derive_hard_label_dataset", "build_parser", "main"]
 
 RESULTS = "results.json"
@@ -425,11 +425,42 @@ def reliability_figure(cells: Dict[str, Dict[int, Dict[str, Any]]], path: Path, 
     return None
 
 
+_JSON_KEYS = {"accuracy": "acc", "ece": "ece", "aece": "aece", "cece": "cece", "nll": "nll"}
+
+
+def json_rows(summary: Dict[str, Dict[str, Any]], recipe_name: str, recipe: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per method: ``method``, ``recipe``, ``seeds``, ``{metric}_{pre|post}_ts`` as ``{"mean", "std"}`` for
+    acc / ece / aece / cece / nll (acc and the calibration errors in %), and ``T``."""
+    rows = []
+    for method, row in summary.items():
+        out: Dict[str, Any] = {"method": method, "label": METHODS[method].label if method in METHODS else method,
+                               "recipe": recipe_name, "recipe_options": recipe, "seeds": row["seeds"]}
+        for phase in ("pre_ts", "post_ts"):
+            for key, (mean, std) in row[phase].items():
+                scale = 1.0 if key == "nll" else 100.0
+                out[f"{_JSON_KEYS[key]}_{phase}"] = {"mean": mean * scale, "std": None if std is None else std * scale}
+        temp = row.get("temperature")
+        out["T"] = None if temp is None else {"mean": temp[0], "std": temp[1]}
+        rows.append(out)
+    return rows
+
+
+def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) -> None:
+    """Replace the rows of ``recipe_name`` in the JSON list at ``path``, keeping the other recipes' rows."""
+    old = _read_json(path) if path.exists() else []
+    new = [r for r in old if r.get("recipe") != recipe_name] + rows
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(new, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
                  wall_seconds: float, skipped: Optional[Dict[str, str]] = None,
-                 methods: Sequence[str] = tuple(METHODS)) -> str:
+                 methods: Sequence[str] = tuple(METHODS), recipe_name: str = "demo",
+                 json_path: Optional[Path] = None) -> str:
     """(Re)write this script's section of the markdown ``report`` (other sections of the file are kept) from every
-    finished cell under ``output`` trained with ``recipe``; returns the section."""
+    finished cell under ``output`` trained with ``recipe``; returns the section. With ``json_path`` the summary's
+    rows (:func:`json_rows`) replace that recipe's rows there."""
     cells, excluded = {}, []
     for m, runs in collect_cells(output).items():
         for s, cell in runs.items():
@@ -440,6 +471,8 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
     summary = summarize(cells)
     report = Path(report)
     report.parent.mkdir(parents=True, exist_ok=True)
+    if json_path is not None and summary:
+        write_json_rows(Path(json_path), recipe_name, json_rows(summary, recipe_name, recipe))
     figure = report.with_name(report.stem + "_reliability.png")
     seed = reliability_figure(cells, figure, n_bins=int(recipe.get("n_bins", 15)))
     total = sum(c["seconds"] or 0.0 for runs in cells.values() for c in runs.values())
@@ -525,6 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells this time")
     p.add_argument("--report-only", action="store_true", help="only re-assemble the report from finished cells")
+    p.add_argument("--recipe-name", default="demo", help="name of the recipe in the JSON rows")
+    p.add_argument("--json", default=None,
+                   help="JSON rows of the summary (one per method and recipe; other recipes' rows are kept); "
+                        "default: benchmarks/calibration.json beside the default report, else none")
     p.add_argument("--csm-dataset", default="csm-fmnist-aug",
                    help="generated CSM dataset (folder, installed name or Hub id) of the CSM rows")
     p.add_argument("--csm-dataset-hard", default=None,
@@ -569,8 +606,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     command = "python benchmarks/calibration_bench.py" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     report = args.report or (DEFAULT_REPORT if args.output == DEFAULT_OUTPUT else Path(args.output) / "calibration.md")
+    json_path = args.json or (DEFAULT_REPORT.with_suffix(".json") if Path(report) == DEFAULT_REPORT else None)
     text = write_report(Path(args.output), Path(report), recipe, seeds, command, time.time() - t0,
-                        skipped=skipped, methods=methods)
+                        skipped=skipped, methods=methods, recipe_name=args.recipe_name, json_path=json_path)
     print(text)
     return text
 

@@ -87,10 +87,24 @@ def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
         assert row[6] == f"{m:.4f} ± {sd:.4f}"
     post = text.split("### After temperature scaling")[1]
     res = [json.loads((out / "cells" / f"ce-s{s}" / "results.json").read_text()) for s in (0, 1)]
+    m_ece, sd_ece = _mean_sd([100 * r["test"]["post_ts"]["ece"] for r in res])
+    assert _row(post, "CE")[3] == f"{m_ece:.2f} ± {sd_ece:.2f}"
     m, sd = _mean_sd([r["temperature"] for r in res])
     assert _row(post, "CE")[7] == f"{m:.2f} ± {sd:.2f}"
+
+    # the JSON rows carry the same numbers, per method and recipe; another recipe's rows are kept
+    js = tmp_path / "calibration.json"
+    js.write_text(json.dumps([{"method": "ce", "recipe": "other", "seeds": [0]}]))
+    bench.main(common + ["--report-only", "--json", str(js), "--recipe-name", "toy"])
+    rows = {(r["method"], r["recipe"]): r for r in json.loads(js.read_text())}
+    assert set(rows) == {("ce", "other"), ("ce", "toy"), ("csm", "toy"), ("csm_hard", "toy")}
+    ce = rows["ce", "toy"]
+    assert ce["seeds"] == [0, 1] and ce["T"]["mean"] == pytest.approx(m) and ce["T"]["std"] == pytest.approx(sd)
     m, sd = _mean_sd([100 * r["test"]["post_ts"]["ece"] for r in res])
-    assert _row(post, "CE")[3] == f"{m:.2f} ± {sd:.2f}"
+    assert ce["ece_post_ts"] == {"mean": pytest.approx(m), "std": pytest.approx(sd)}
+    m, sd = _mean_sd([r["test"]["pre_ts"]["nll"] for r in res])
+    assert ce["nll_pre_ts"] == {"mean": pytest.approx(m), "std": pytest.approx(sd)}
+    assert set(ce) >= {f"{k}_{p}" for k in ("acc", "ece", "aece", "cece", "nll") for p in ("pre_ts", "post_ts")}
 
     # saved test predictions reproduce the reported metrics; the figure is drawn from them
     from safetensors.torch import load_file
