@@ -135,7 +135,8 @@ def test_resume_equals_uninterrupted(tmp_path, csm_folder):
     assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in full["history"]]
     # CSM options are part of the resumed configuration: other values are refused, flag by flag
     other = save_digits_csm_folder(tmp_path / "csm-other-aug")
-    with pytest.raises(ValueError, match=r"--csm-dataset '.*csm-other-aug' \(the run has .*; --n-aug 2 \(the run has 1"):
+    conflict = r"--csm-dataset '.*csm-other-aug' \(the run has .*; --n-aug 2 \(the run has 1\)"
+    with pytest.raises(ValueError, match=conflict):
         run(_config(tmp_path, None, epochs=2, resume=str(tmp_path / "part" / "last.safetensors"),
                     **dict(extra, csm_dataset=other, n_aug=2)))
 

@@ -1002,6 +1002,7 @@ def run(config) -> Dict[str, Any]:
 
 
 def _check_resumed_processes(resume_state, accelerator) -> None:
+    """A resumed run continues on as many processes as it was trained on; say which options it took back."""
     trained_on = (resume_state or {}).get("meta", {}).get("num_processes", accelerator.num_processes)
     if trained_on != accelerator.num_processes:
         raise ValueError(f"--resume: the run was trained on {trained_on} processes, this launch has "
@@ -1183,7 +1184,8 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
     results: Dict[str, Any] = {
         "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),
         "n_val": len(data.val), "n_test": len(data.test), "n_bins": args.n_bins, "ts_method": args.ts_method,
-        "select_by": args.select_by, "checkpoint": None if weights_path is None else str(weights_path), "checkpoint_epoch": best.get("epoch"),
+        "select_by": args.select_by, "checkpoint": None if weights_path is None else str(weights_path),
+        "checkpoint_epoch": best.get("epoch"),
         "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": args._run_id,
         "temperature": None, "test": {"pre_ts": {k: float(v) for k, v in pre.items()}, "post_ts": None},
         "val": None,

@@ -133,7 +133,6 @@ def claim_run_dir(folder, run_id: str, *, numbered: bool = False, resumes: Optio
             os.close(fd)
         if not numbered:
             raise ValueError(problem)
-    raise AssertionError("unreachable")
 
 
 def config_record(args) -> Dict[str, Any]:
