@@ -25,7 +25,7 @@ def _load_bench():
 bench = _load_bench()
 
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
-TOY = ["--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
+TOY = ["--recipe", "demo", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
        "--batch-size", "32", "--lr", "0.05", "--max-train-samples", "320", "--max-test-samples", "200",
        "--train-opt", "val_split=0.25", "hflip=0.0", "crop_pad=1", "--no-progress"]
 
@@ -95,10 +95,10 @@ def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
     # the JSON rows carry the same numbers, per method and recipe; another recipe's rows are kept
     js = tmp_path / "calibration.json"
     js.write_text(json.dumps([{"method": "ce", "recipe": "other", "seeds": [0]}]))
-    bench.main(common + ["--report-only", "--json", str(js), "--recipe-name", "toy"])
+    bench.main(common + ["--report-only", "--json", str(js)])
     rows = {(r["method"], r["recipe"]): r for r in json.loads(js.read_text())}
-    assert set(rows) == {("ce", "other"), ("ce", "toy"), ("csm", "toy"), ("csm_hard", "toy")}
-    ce = rows["ce", "toy"]
+    assert set(rows) == {("ce", "other"), ("ce", "demo"), ("csm", "demo"), ("csm_hard", "demo")}
+    ce = rows["ce", "demo"]
     assert ce["seeds"] == [0, 1] and ce["T"]["mean"] == pytest.approx(m) and ce["T"]["std"] == pytest.approx(sd)
     m, sd = _mean_sd([100 * r["test"]["post_ts"]["ece"] for r in res])
     assert ce["ece_post_ts"] == {"mean": pytest.approx(m), "std": pytest.approx(sd)}
@@ -163,10 +163,16 @@ def test_missing_csm_dataset_skips_the_csm_rows_and_the_report_keeps_other_secti
     assert full.count("## Calibration benchmark") == 1 and full.count("Pending cells (3)") == 1
 
 
-def test_recipe_defaults_to_the_demo_profile():
+def test_recipes_build_on_the_demo_profile():
     from timm_csm.pipeline import PROFILES
 
     demo = PROFILES["demo"]
+    augmented = bench.base_recipe({"epochs": 3}, "augmented")
+    assert augmented["epochs"] == 3 and augmented["model"] == demo.model and augmented["max_train_samples"] == 2500
+    assert augmented["crop_pad"] == 2 and augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]
+    assert bench.build_parser().parse_args([]).recipe == "augmented"
+    with pytest.raises(ValueError, match="unknown recipe"):
+        bench.base_recipe({}, "paper")
     recipe = bench.base_recipe({"epochs": 3, "lr": None})
     assert recipe["epochs"] == 3 and recipe["lr"] == demo.lr and recipe["model"] == demo.model
     assert recipe["max_train_samples"] == demo.max_train_samples

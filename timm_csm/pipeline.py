@@ -63,7 +63,7 @@ PROFILES: Dict[str, PipelineProfile] = {
     # A calibration demo needs an over-confident baseline: a 5-stage small_cnn (395 k parameters, 1.5x the step time
     # of the 3-stage default) over-fits the 10k subset without augmentation or weight decay. Fashion-MNIST, seeds
     # 0/1: CE accuracy 89.1/88.4%, ECE 6.5/7.2% before temperature scaling, 1.0/1.0% after (T = 1.9/2.1), about
-    # 95 s of one CPU core (benchmarks/calibration.md). The 5 stages need images of at least 16 px (not digits).
+    # 95 s of one CPU core (benchmarks/calibration_demo.md). The 5 stages need images of at least 16 px (not digits).
     "demo": PipelineProfile(train_extra={"model_kwargs": {"widths": [16, 32, 64, 128, 256]}, "crop_pad": 0,
                                          "hflip": 0.0}),
     "smoke": PipelineProfile(generator="smoke", num_groups=24, sampler_steps=4, encoder_epochs=1,
