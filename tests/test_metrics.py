@@ -463,3 +463,15 @@ def test_reliability_diagram_png_shows_the_computed_ece(tmp_path):
     both = reliability_diagrams({"raw": (z, y), "T=2": (z / 2, y)}, tmp_path / "both.png", n_bins=10)
     assert both == {"raw": value, "T=2": ece(z / 2, y, 10)}
     assert (tmp_path / "both.png").stat().st_size > 0
+
+
+def test_functional_brier_binary_task_is_the_binary_score():
+    """Binary task: mean (p - y)^2 of the positive class, as scikit-learn (evaluate's brier_score example: 0.3375)."""
+    from sklearn.metrics import brier_score_loss
+
+    p1 = torch.tensor([0.1, 0.9, 0.8, 0.3], dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 1])
+    got = brier_score(p1, y, input_type="probs", task="binary")
+    assert got == pytest.approx(brier_score_loss(y.numpy(), p1.numpy()), abs=1e-12) and got == pytest.approx(0.3375)
+    two = torch.stack([1 - p1, p1], 1)
+    assert brier_score(two, y, input_type="probs") == pytest.approx(2 * got, abs=1e-12)

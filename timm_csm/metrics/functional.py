@@ -234,10 +234,13 @@ def nll(preds, target, *, input_type: str = "logits", task: str = "multiclass", 
 
 def brier_score(preds, target, *, input_type: str = "logits", task: str = "multiclass",
                 num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
-    """Multiclass Brier score ``(1/N) Σ_i Σ_k (p_ik - y_ik)^2`` (summed over classes, in [0, 2])."""
+    """Multiclass Brier score ``(1/N) Σ_i Σ_k (p_ik - y_ik)^2`` (summed over classes, in [0, 2]); with
+    ``task="binary"`` the binary Brier score ``(1/N) Σ_i (p_i - y_i)^2`` of the positive class (in [0, 1], as
+    scikit-learn's ``brier_score_loss``), half the two-class sum."""
     st = _state(preds, target, 1, input_type, task, num_classes, ignore_index, brier=True)
     st.require("brier", "Brier score")
-    return float(st.brier) / float(st.n)
+    value = float(st.brier) / float(st.n)
+    return value / 2.0 if task == "binary" else value
 
 
 def smooth_ece(preds, target, *, input_type: str = "logits", task: str = "multiclass",
