@@ -154,9 +154,11 @@ def main(argv=None):
     others = [i for i in range(len(full)) if bytes(np.asarray(full.images[i]).reshape(-1)) not in anchor_set]
     g = np.random.default_rng(0)
     real_pool = torch.as_tensor(np.asarray(full.images)[g.choice(others, 8 * args.num_groups, replace=False)])
-    rows = [study_strength(args, t, classifier, real_pool, np.asarray(anchors.labels)) for t in args.strengths]
-    Path(args.report).with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    Path(args.report).write_text(to_markdown(rows, args))
+    rows = []
+    for t in args.strengths:  # the page grows with every finished strength
+        rows.append(study_strength(args, t, classifier, real_pool, np.asarray(anchors.labels)))
+        Path(args.report).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        Path(args.report).write_text(to_markdown(rows, args))
     print(Path(args.report).read_text())
 
 
