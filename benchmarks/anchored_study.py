@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -50,10 +49,10 @@ def _stage(path: Path, fn) -> Dict:
     """Cached JSON result of ``fn()`` at ``path``."""
     if path.exists():
         return json.loads(path.read_text())
+    from timm_csm._io import write_text_atomic
+
     out = fn()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(out, indent=1))
     return out
 
 

@@ -37,7 +37,6 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -145,11 +144,10 @@ def _keyed(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _write_json(path: Path, obj) -> None:
+    from timm_csm._io import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str))
 
 
 def _read_json(path: Path):
@@ -467,10 +465,7 @@ def json_rows(summary: Dict[str, Dict[str, Any]], recipe_name: str, recipe: Dict
 def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) -> None:
     """Replace the rows of ``recipe_name`` in the JSON list at ``path``, keeping the other recipes' rows."""
     old = _read_json(path) if path.exists() else []
-    new = [r for r in old if r.get("recipe") != recipe_name] + rows
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(new, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write_json(path, [r for r in old if r.get("recipe") != recipe_name] + rows)
 
 
 def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
@@ -547,10 +542,9 @@ def _replace_section(path: Path, section: str) -> None:
         new = head + block + ("\n" + tail if tail else "")
     else:
         new = old + ("\n" if old and not old.endswith("\n\n") else "") + block
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(new)
-    os.replace(tmp, path)
+    from timm_csm._io import write_text_atomic
+
+    write_text_atomic(path, new)
 
 
 # ---------------------------------------------------------------------------------------------------------------

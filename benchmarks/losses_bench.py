@@ -17,7 +17,6 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 
 import torch
@@ -151,11 +150,9 @@ def main(argv=None):
             "checks on or off), timed alternately with it. The CSM losses see 3B rows "
             "(B real + 2B generated), M-NDCG 4B, MRL 2B; the row \"ce on 3B rows\" is cross-entropy at CSM's row "
             "count. The binary losses run on a (B, C) multi-label head.", "", table, ""])
-        folder = os.path.dirname(os.path.abspath(args.output))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".md")
-        with os.fdopen(fd, "w") as f:
-            f.write(section)
-        os.replace(tmp, args.output)
+        from timm_csm._io import write_text_atomic
+
+        write_text_atomic(args.output, section)
 
 
 if __name__ == "__main__":

@@ -81,12 +81,6 @@ def to_markdown(rows: List[Dict], real_acc: float, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generator", default=None, help="generator folder (default: the shipped Fashion-MNIST one)")
@@ -101,6 +95,7 @@ def main(argv=None):
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
 
+    from timm_csm._io import write_text_atomic
     from timm_csm.pipeline import shipped_generator
 
     generator = args.generator or shipped_generator("fmnist")

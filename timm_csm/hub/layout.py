@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+from .._io import write_text_atomic
 from .build import build_csm_dataset
 from .card import card_metadata, render_card_body
 
@@ -92,15 +93,6 @@ def _new_version() -> str:
     """``<UTC time to the microsecond>-<random>``: in writing order, and unique across processes."""
     now = time.time()
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{int(now % 1 * 1e6):06d}-{secrets.token_hex(3)}"
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _in_use(folder: Path) -> set:
@@ -182,7 +174,7 @@ def save_csm_dataset(dataset, folder, provenance: Optional[Dict] = None,
     previous = set() if fresh else _in_use(folder)
     try:
         info = _write_version(dd, root / DATA_DIR / version, max_shard_size)
-        _write_text(root / README, _card_text(dd, info, prov, version))  # the switch: readers see the new version
+        write_text_atomic(root / README, _card_text(dd, info, prov, version))  # the switch: readers see the new version
         if fresh:
             os.rename(root, folder)
     except BaseException:
