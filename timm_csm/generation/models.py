@@ -11,6 +11,7 @@ from .conditioning import enable_soft_class_conditioning
 
 __all__ = [
     "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "load_generator", "save_generator", "weights_digest",
+    "file_digest",
 ]
 
 
@@ -117,10 +118,15 @@ def load_generator(folder, device="cpu"):
     return unet, scheduler, meta
 
 
-def weights_digest(folder) -> str:
-    """First 12 hex digits of the SHA-256 of the UNet weights: the generator's revision in dataset provenance."""
+def file_digest(path) -> str:
+    """First 12 hex digits of the SHA-256 of a file: a generator's revision in dataset provenance."""
     h = hashlib.sha256()
-    with open(Path(folder) / "unet" / "diffusion_pytorch_model.safetensors", "rb") as f:
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:12]
+
+
+def weights_digest(folder) -> str:
+    """:func:`file_digest` of a generator folder's UNet weights."""
+    return file_digest(Path(folder) / "unet" / "diffusion_pytorch_model.safetensors")
