@@ -3,6 +3,12 @@
     accelerate launch hub_scripts/generate.py --generator runs/generator-fmnist --num-groups 900 --output runs/gen
 Run the same command again after an interruption: finished shards are kept, the rest is generated.
 
+The paper's generators: ``--generator`` an NVlabs EDM network pickle (``.pkl``, read without running code from it),
+sampled with EDM's Heun sampler, no guidance, 20 steps for CIFAR-10 and 25 for CIFAR-100 unless ``--steps`` says
+otherwise; the class names are CIFAR-10's or CIFAR-100's by the label dimension unless ``--class-names`` gives them.
+
+    python hub_scripts/generate.py --generator edm-cifar10-32x32-cond-vp.pkl --num-groups 19980 --output runs/c10
+
 Real-anchored mode: ``--strength t`` (< 1) starts every group from a real training image of one of its two classes,
 noised to strength t with the group's noise (SDEdit), instead of pure noise. The anchors are the training images of
 the classifier run they are made for: ``--anchor-dataset`` with the run's ``--anchor-max-train-samples``,
@@ -15,21 +21,26 @@ validation or test image is ever an anchor.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--generator", required=True, help="generator folder (unet/, scheduler/, generator.json)")
+    p.add_argument("--generator", required=True,
+                   help="generator folder (unet/, scheduler/, generator.json) or an EDM network pickle (.pkl)")
     p.add_argument("--num-groups", type=int, required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
-    p.add_argument("--steps", type=int, default=50, help="sampler steps")
+    p.add_argument("--steps", type=int, default=None,
+                   help="sampler steps; default 50 for a generator folder, the paper's 20 / 25 for an EDM pickle")
     p.add_argument("--scheduler", default="ddim", choices=["ddim", "dpm"])
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="classifier-free guidance; 1 = none (the paper); default: the generator's recommendation")
     p.add_argument("--groups-per-shard", type=int, default=64)
     p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
     p.add_argument("--seed-offset", type=int, default=0)
+    p.add_argument("--class-names", default=None,
+                   help="EDM pickle: comma-separated class names in label order (default: CIFAR-10 / CIFAR-100)")
     g = p.add_argument_group("real-anchored mode")
     g.add_argument("--strength", type=float, default=1.0,
                    help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = start from real anchors")
@@ -38,9 +49,35 @@ def parse_args(argv=None):
     g.add_argument("--anchor-val-split", type=float, default=0.1, help="train.py's --val-split")
     g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
     args = p.parse_args(argv)
+    if is_edm_pickle(args.generator):
+        if args.strength < 1.0:
+            p.error("an EDM pickle samples from pure noise only; --strength below 1 needs a generator folder")
+        if args.guidance_scale not in (None, 1.0) or args.scheduler != "ddim":
+            p.error("an EDM pickle is sampled with EDM's Heun sampler and no guidance (the paper); drop "
+                    "--guidance-scale / --scheduler")
+    elif args.class_names is not None:
+        p.error("--class-names is for EDM pickles; a generator folder names its classes in generator.json")
     if args.strength < 1.0 and not args.anchor_dataset:
         p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")
     return args
+
+
+def is_edm_pickle(generator: str) -> bool:
+    """An NVlabs EDM network pickle is a ``.pkl`` file; anything else is a generator folder."""
+    return Path(generator).suffix.lower() == ".pkl"
+
+
+def build_pipeline(args, device, anchors=None):
+    """The semantic-mixing pipeline of ``--generator``: an EDM pickle, or a diffusers generator folder."""
+    from timm_csm.generation import EDMSemanticMixingPipeline, SemanticMixingPipeline
+
+    if is_edm_pickle(args.generator):
+        names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+        return EDMSemanticMixingPipeline.from_edm_pickle(args.generator, args.steps, device=device,
+                                                         class_names=names)
+    return SemanticMixingPipeline.from_pretrained(args.generator, args.scheduler, args.steps or 50,
+                                                  args.guidance_scale, device=device, anchors=anchors,
+                                                  strength=args.strength)
 
 
 def training_anchors(dataset: str, max_train_samples=None, val_split: float = 0.1, seed: int = 0):
@@ -61,7 +98,7 @@ def main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
 
-    from timm_csm.generation import SemanticMixingPipeline, generate_to_folder, lambda_grid, make_plan
+    from timm_csm.generation import generate_to_folder, lambda_grid, make_plan
 
     accelerator = Accelerator()
     anchors = plan_anchors = None
@@ -69,9 +106,7 @@ def main(argv=None):
         anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_split,
                                    args.anchor_seed)
         plan_anchors = {**anchors.describe(), "strength": args.strength}
-    pipeline = SemanticMixingPipeline.from_pretrained(args.generator, args.scheduler, args.steps, args.guidance_scale,
-                                                      device=accelerator.device, anchors=anchors,
-                                                      strength=args.strength)
+    pipeline = build_pipeline(args, accelerator.device, anchors)
     plan = make_plan(pipeline.num_classes, args.num_groups, lambda_grid(args.num_lambdas), pipeline.class_names,
                      args.groups_per_shard, args.seed_offset, generator=pipeline.provenance, anchors=plan_anchors)
     generate_to_folder(pipeline, args.output, plan, args.batch_groups, accelerator)
