@@ -99,6 +99,16 @@ def test_open_clip_local_weights_file_and_local_dir(clip_name, clip_encoder, tmp
         OpenClipEncoder(clip_name, pretrained=str(tmp_path / "missing.safetensors"))
 
 
+def test_open_clip_tag_offline_names_the_tag_and_the_local_file_way():
+    """The paper's encoder by tag (ViT-B-32 / openai): offline (the test environment) the download fails with an
+    error naming the tag and the local-file alternative; a misspelt tag lists the model's tags."""
+    with pytest.raises(RuntimeError, match=r"weights of tag 'openai' for ViT-B-32 \(HF_HUB_OFFLINE is set\)\. "
+                                           r"Offline, a local weights file works"):
+        OpenClipEncoder("ViT-B-32", pretrained="openai")
+    with pytest.raises(ValueError, match="'opneai' is not an open_clip tag of ViT-B-32; its tags: openai, "):
+        OpenClipEncoder("ViT-B-32", pretrained="opneai")
+
+
 def test_open_clip_zero_shot_probs_variant1(clip_encoder):
     import open_clip
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -110,13 +111,55 @@ class ImageEncoder:
                 "preprocess": self.preprocessor.to_dict()}
 
 
+def _is_weights_file(pretrained: str) -> bool:
+    return "/" in pretrained or "\\" in pretrained or bool(Path(pretrained).suffix) or Path(pretrained).is_file()
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _create_open_clip(model_name: str, pretrained: Optional[str], **create_kwargs) -> nn.Module:
+    """``open_clip.create_model`` on CPU, with errors that say what to do.
+
+    A ``pretrained`` tag downloads through open_clip (the Hugging Face Hub cache). A tag the model does not have
+    names the model's tags; a tag whose weights cannot be fetched (offline, ``HF_HUB_OFFLINE=1``, or no network)
+    names the tag and the local-file alternative.
+    """
+    import open_clip
+
+    if model_name.startswith("local-dir:") and pretrained is not None:
+        raise ValueError("a 'local-dir:' model carries its own weights; do not pass pretrained")
+    if pretrained is not None and _is_weights_file(pretrained):
+        if not Path(pretrained).is_file():
+            raise FileNotFoundError(f"open_clip weights file not found: {pretrained}")
+        return open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **create_kwargs)
+    tags = open_clip.list_pretrained_tags_by_model(model_name) if pretrained else []
+    if tags and pretrained not in tags:
+        raise ValueError(f"{pretrained!r} is not an open_clip tag of {model_name}; its tags: {', '.join(tags)} "
+                         "(or pass a local weights file)")
+    try:
+        return open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **create_kwargs)
+    except RuntimeError as e:
+        if not pretrained:
+            raise
+        why = "HF_HUB_OFFLINE is set" if _hub_offline() else "no network, or the Hub refused"
+        raise RuntimeError(
+            f"open_clip could not download the weights of tag {pretrained!r} for {model_name} ({why}). Offline, a "
+            f"local weights file works: pretrained='/path/to/weights.safetensors' (OpenAI weights from a file also "
+            f"need force_quick_gelu=True), or a 'local-dir:' folder; download them once with network "
+            f"(open_clip.create_model({model_name!r}, pretrained={pretrained!r}) fills the Hub cache). open_clip "
+            f"said: {str(e)[:300]}") from e
+
+
 class OpenClipEncoder(ImageEncoder):
     """An open_clip image tower.
 
     Args:
         model_name: an open_clip config name (``"ViT-B-32"``), or ``"local-dir:/folder"`` holding
             ``open_clip_config.json`` and weights.
-        pretrained: a tag (``"openai"``, needs the weights in the local cache when offline), a local weights file
+        pretrained: a tag (``"openai"``: downloaded through open_clip when online; offline it needs the weights in
+            the Hub cache, else the error names the tag and the local-file way), a local weights file
             (``.safetensors``, ``.bin``, ``.pt``), or None for random weights (tests only).
         normalize: unit-normalise the features (a deviation from the paper, which projects raw features).
         **create_kwargs: passed to ``open_clip.create_model`` (e.g. ``force_quick_gelu=True`` for OpenAI weights
@@ -127,20 +170,7 @@ class OpenClipEncoder(ImageEncoder):
 
     def __init__(self, model_name: str = "ViT-B-32", pretrained: Optional[str] = None, normalize: bool = False,
                  device="cpu", dtype: torch.dtype = torch.float32, **create_kwargs):
-        import open_clip
-
-        if model_name.startswith("local-dir:") and pretrained is not None:
-            raise ValueError("a 'local-dir:' model carries its own weights; do not pass pretrained")
-        if pretrained is not None and ("/" in pretrained or "\\" in pretrained or Path(pretrained).suffix):
-            if not Path(pretrained).is_file():
-                raise FileNotFoundError(f"open_clip weights file not found: {pretrained}")
-        try:
-            model = open_clip.create_model(model_name, pretrained=pretrained, device="cpu", **create_kwargs)
-        except RuntimeError as e:
-            if pretrained and not Path(pretrained).is_file():
-                raise RuntimeError(f"open_clip could not load weights {pretrained!r} for {model_name} ({e}); offline, "
-                                   "pass a local weights file as pretrained= or a 'local-dir:' model") from e
-            raise
+        model = _create_open_clip(model_name, pretrained, **create_kwargs)
         cfg = dict(model.visual.preprocess_cfg)
         pre = ImagePreprocessor(size=cfg.get("size", 224), mean=cfg.get("mean"), std=cfg.get("std"), channels=3,
                                 interpolation=cfg.get("interpolation", "bicubic"),
