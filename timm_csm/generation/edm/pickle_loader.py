@@ -52,10 +52,15 @@ class PersistentRecord:
 
 
 class ContainerRecord:
-    """A plain ``torch.nn`` container (``ModuleDict``, ...) inside a network: pickle's BUILD fills its ``__dict__``
-    with the container's state (no constructor runs)."""
+    """A plain ``torch.nn`` container (``ModuleDict``, ...) inside a network: no constructor runs, pickle's BUILD
+    hands it the container's state (its ``__dict__``), kept as ``state``."""
 
     class_name = "container"
+
+    def __setstate__(self, state):
+        if not isinstance(state, dict):
+            raise UnsafePickleError(f"the state of a {self.class_name} must be a dict, got {type(state).__name__}")
+        self.state = state
 
 
 class _EasyDict(dict):
@@ -151,10 +156,8 @@ def read_edm_pickle(path) -> Any:
 
 
 def _module_state(obj, where: str) -> Dict[str, Any]:
-    if isinstance(obj, PersistentRecord):
-        return obj.state
-    if isinstance(obj, ContainerRecord):
-        return obj.__dict__
+    if isinstance(obj, (PersistentRecord, ContainerRecord)):
+        return getattr(obj, "state", {})
     raise ValueError(f"{where or 'the network'} is a {type(obj).__name__}, not a module record")
 
 
