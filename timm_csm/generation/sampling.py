@@ -6,7 +6,8 @@
   ICLR 2022).
 * :func:`edm_heun_sample`: EDM's deterministic 2nd-order Heun sampler (Karras et al. 2022, Algorithm 1 with
   S_churn = 0; sigma 0.002..80, rho 7, float64), for EDM-preconditioned denoisers ``D(x, sigma, class_weights) -> x0``
-  (CSM spec section 2.4). Plug in an EDM checkpoint through any loader returning such a callable.
+  (the official CSM generation). NVlabs EDM pickles load into such denoisers through
+  :mod:`timm_csm.generation.edm`; any callable of that signature works.
 """
 from __future__ import annotations
 
