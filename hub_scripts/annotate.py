@@ -39,6 +39,9 @@ def parse_args(argv=None):
                    help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
                         "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the training split for --s auto")
+    p.add_argument("--holdout-encoder", action="store_true",
+                   help="train the reference encoder without the held-out share even with a numeric --s, so that a "
+                        "run with a fixed s differs from the --s auto run only in s")
     p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"))
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--drop-incomplete", action="store_true",
@@ -85,11 +88,12 @@ def main(argv=None):
         except ValueError:  # no published value for this dataset
             s_arg = "auto"
     auto = s_arg == "auto"
-    fit, val = _split_holdout(train, args.val_fraction, args.seed) if auto else (train, None)
+    holdout = auto or args.holdout_encoder
+    fit, val = _split_holdout(train, args.val_fraction, args.seed) if holdout else (train, None)
 
     if args.encoder == "reference":
         short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
-        ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if auto else ''}"
+        ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if holdout else ''}"
         try:
             test = load_image_arrays(dataset, "test", args.image_column, args.label_column)
         except Exception:  # some datasets have no test split; the accuracy is then not reported
