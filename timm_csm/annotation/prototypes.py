@@ -20,6 +20,7 @@ import torch
 
 from .._io import save_safetensors_atomic
 from ..data import ImageArrays
+from ..data.embedded import images_labels_hash
 from .encoders import ImageEncoder, encode_images
 
 __all__ = ["ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes", "dataset_fingerprint",
@@ -51,10 +52,7 @@ def load_cache(load: Callable[[], T], what: str, log: Callable[[str], None] = pr
 
 def dataset_fingerprint(data: ImageArrays) -> str:
     """``<source>-<sha256 of images, labels and class names, 16 hex>``."""
-    h = hashlib.sha256()
-    h.update(str(data.images.shape).encode())
-    h.update(np.ascontiguousarray(data.images).data)
-    h.update(np.ascontiguousarray(data.labels.astype(np.int64)).data)
+    h = images_labels_hash(data.images, data.labels)
     h.update(json.dumps(list(data.class_names)).encode())
     return f"{data.source or 'data'}-{h.hexdigest()[:16]}"
 

@@ -34,6 +34,19 @@ _DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL = "apt-get update && apt-get install -y dataset-fashion-mnist"
 
 
+def images_labels_hash(images, labels):
+    """sha256 over the shape, bytes and int64 labels of uint8 images (N, C, H, W): the content key of a set of
+    images, shared by the prototype and encoder caches and the anchor pools of generation."""
+    import hashlib
+
+    images = np.ascontiguousarray(images)
+    h = hashlib.sha256()
+    h.update(str(images.shape).encode())
+    h.update(images.data)
+    h.update(np.ascontiguousarray(np.asarray(labels).astype(np.int64)).data)
+    return h
+
+
 @dataclass
 class ImageArrays:
     """A split of an image-classification dataset held in memory.

@@ -7,13 +7,13 @@ seed and the pool's labels, so it is the same for any number of processes, batch
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
 import numpy as np
 import torch
 
+from ..data.embedded import images_labels_hash
 from .plan import Group
 from .training import to_model_range
 
@@ -48,9 +48,7 @@ class AnchorPool:
 
     def fingerprint(self) -> str:
         """sha256 (16 hex digits) of the images and labels: a plan made with another pool is refused on restart."""
-        h = hashlib.sha256(np.ascontiguousarray(self.images.numpy()).tobytes())
-        h.update(self.labels.tobytes())
-        return h.hexdigest()[:16]
+        return images_labels_hash(self.images.numpy(), self.labels).hexdigest()[:16]
 
     def describe(self) -> Dict:
         """The provenance recorded in the generation plan."""
