@@ -62,4 +62,6 @@ def test_report_and_drop_on_a_csm_dataset():
     kept = drop_groups(ds, report["flagged_group_ids"])
     assert bad not in set(kept["group_id"])
     assert len(kept) == len(ds) - 8 * report["flagged"] and len(hat) == len(ds)
+    assert set(kept["group_id"]).isdisjoint(report["flagged_group_ids"])  # whole flagged groups are gone
+    assert np.array_equal(np.array(kept["lambda_hat"]), hat[~np.isin(gid, report["flagged_group_ids"])])
     assert annotation_report(kept)["flagged"] == 0
