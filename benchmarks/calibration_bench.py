@@ -6,7 +6,8 @@ flips, weight decay and step decay on 2 500 images, page ``benchmarks/calibratio
 profile of :mod:`timm_csm.pipeline`, no augmentation: ``benchmarks/calibration_demo.md``); each writes its rows to
 ``benchmarks/calibration.json`` too. Methods: CE, label smoothing, focal, FLSD-53, MbLS, ACLS, MDCA, Mixup, RegMixup,
 CSM, and the CSM ablations (soft-CE and soft-focal losses on the generated batch; generated images with one-hot
-labels of the dominant generation class, "variant 2").
+labels of the dominant generation class, "variant 2"), and CSM without the generated groups the annotation checks
+flag.
 
 Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<method>-s<seed>/``: a cell with a
 ``results.json`` is skipped, a killed cell resumes from its ``last.safetensors``, so the benchmark can run in pieces
@@ -25,7 +26,8 @@ the file is kept), with a reliability figure of CE against CSM beside it.
 The CSM cells read the generated dataset ``--csm-dataset`` (default: ``csm-fmnist-aug``, installed by ``make demo``);
 the hard-label ablation reads ``--csm-dataset-hard`` or, when that is not given, a copy of ``--csm-dataset`` whose
 soft labels are replaced by the one-hot dominant generation class (``a`` when lambda_gen >= 1/2, else ``b``: the
-annotation's ``label_mode="generation"``), written once under ``<output>/``.
+annotation's ``label_mode="generation"``), written once under ``<output>/``; the filtered row reads a copy of
+``--csm-dataset`` without its flagged groups (``annotate.py --drop-flagged``), written there too.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["BenchMethod", "METHODS", "base_recipe", "cell_config", "run_cells", "collect_cells", "matches_recipe",
            "summarize", "json_rows", "write_json_rows",
-           "write_report", "derive_hard_label_dataset", "build_parser", "main"]
+           "write_report", "derive_hard_label_dataset", "derive_filtered_dataset", "build_parser", "main"]
 
 RESULTS = "results.json"
 CELL_META = "cell.json"
@@ -67,7 +69,8 @@ DEFAULT_REPORTS = {"augmented": Path("benchmarks/calibration.md"), "demo": Path(
 @dataclasses.dataclass(frozen=True)
 class BenchMethod:
     """One row of the table: its label, the :func:`timm_csm.train.run` options it adds to the shared recipe, and
-    which generated dataset it reads (``None``, ``"soft"``: ``--csm-dataset``, ``"hard"``: the hard-label copy)."""
+    which generated dataset it reads (``None``, ``"soft"``: ``--csm-dataset``, ``"hard"``: the hard-label copy,
+    ``"filtered"``: the copy without the groups flagged by :func:`timm_csm.annotation.checks.flag_groups`)."""
 
     name: str
     label: str
@@ -91,6 +94,7 @@ METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("csm_soft_ce", "CSM, soft-CE loss", {"loss": "csm_soft_ce"}, csm="soft"),
     BenchMethod("csm_soft_focal", "CSM, soft-focal loss", {"loss": "csm_soft_focal"}, csm="soft"),
     BenchMethod("csm_hard", "CSM data, hard labels (variant 2)", {"loss": "csm"}, csm="hard"),
+    BenchMethod("csm_filtered", "CSM, flagged groups dropped", {"loss": "csm"}, csm="filtered"),
 )}
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
@@ -199,6 +203,24 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
     return results
 
 
+def _derived_copy(source, folder, derivation: str, derive) -> Path:
+    """``derive(dataset) -> (dataset, provenance)`` applied to the CSM dataset ``source``, saved to ``folder`` once;
+    rewritten when the source dataset changes (keyed by its fingerprint)."""
+    from timm_csm.hub import load_csm_dataset, save_csm_dataset
+
+    folder = Path(folder)
+    dd = load_csm_dataset(str(source))
+    ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
+    marker = folder / "derived_from.json"
+    stamp = {"source": str(source), "fingerprint": getattr(ds, "_fingerprint", None), "derivation": derivation}
+    if marker.exists() and _read_json(marker) == stamp:
+        return folder
+    derived, provenance = derive(ds)
+    save_csm_dataset(derived, folder, provenance=dict(provenance, derived_from=str(source)))
+    _write_json(marker, stamp)
+    return folder
+
+
 def derive_hard_label_dataset(source, folder) -> Path:
     """A copy of the CSM dataset ``source`` whose soft labels are the one-hot dominant generation class (the
     annotation's ``label_mode="generation"``, variant 2 of the ablation): same images, groups and companions, no
@@ -206,26 +228,39 @@ def derive_hard_label_dataset(source, folder) -> Path:
     import numpy as np
 
     from timm_csm.annotation.soft_labels import generation_class_labels
-    from timm_csm.hub import load_csm_dataset, save_csm_dataset
 
-    folder = Path(folder)
-    dd = load_csm_dataset(str(source))
-    ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
-    marker = folder / "derived_from.json"
-    stamp = {"source": str(source), "fingerprint": getattr(ds, "_fingerprint", None), "label_mode": "generation"}
-    if marker.exists() and _read_json(marker) == stamp:
-        return folder
-    k = len(ds.features["label"].names)
+    def derive(ds):
+        k = len(ds.features["label"].names)
 
-    def relabel(lambda_gen, class_a, class_b):
-        q = generation_class_labels(np.asarray(lambda_gen, np.float64), np.asarray(class_a), np.asarray(class_b), k)
-        return {"soft_label": q.numpy().astype(np.float32).tolist(), "label": q.argmax(1).tolist()}
+        def relabel(lambda_gen, class_a, class_b):
+            q = generation_class_labels(np.asarray(lambda_gen, np.float64), np.asarray(class_a),
+                                        np.asarray(class_b), k)
+            return {"soft_label": q.numpy().astype(np.float32).tolist(), "label": q.argmax(1).tolist()}
 
-    hard = ds.map(relabel, batched=True, input_columns=["lambda_gen", "class_a", "class_b"], features=ds.features,
-                  desc="hard labels")
-    save_csm_dataset(hard, folder, provenance={"label_mode": "generation", "derived_from": str(source)})
-    _write_json(marker, stamp)
-    return folder
+        hard = ds.map(relabel, batched=True, input_columns=["lambda_gen", "class_a", "class_b"],
+                      features=ds.features, desc="hard labels")
+        return hard, {"label_mode": "generation"}
+
+    return _derived_copy(source, folder, "label_mode=generation", derive)
+
+
+def derive_filtered_dataset(source, folder, min_spearman: float = 0.8) -> Path:
+    """A copy of the CSM dataset ``source`` without its flagged groups (lambda-hat not monotone in lambda, Spearman
+    below ``min_spearman``, or a misread endpoint: :func:`timm_csm.annotation.checks.annotation_report`), the
+    ``annotate.py --drop-flagged`` set. Written once to ``folder``; rewritten when the source dataset changes."""
+    from timm_csm.annotation.checks import annotation_report, drop_groups
+
+    def derive(ds):
+        report = annotation_report(ds, min_spearman)
+        kept = drop_groups(ds, report["flagged_group_ids"])
+        return kept, {"dropped_groups": report["flagged"], "min_spearman": float(min_spearman)}
+
+    return _derived_copy(source, folder, f"drop_flagged(min_spearman={min_spearman:g})", derive)
+
+
+# derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
+_DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
+            "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
 
 
 def _check_csm_dataset(path) -> Optional[str]:
@@ -263,17 +298,18 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
             csm_paths["soft"] = str(csm_dataset)
         else:
             blocked["soft"] = f"CSM dataset {csm_dataset!r} not available ({problem})"
-        if "hard" in kinds:
-            if csm_dataset_hard:
-                problem = _check_csm_dataset(csm_dataset_hard)
-                if problem is None:
-                    csm_paths["hard"] = str(csm_dataset_hard)
-                else:
-                    blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
-            elif "soft" in csm_paths:
-                csm_paths["hard"] = str(derive_hard_label_dataset(csm_paths["soft"], output / "csm-hard-labels"))
+        if "hard" in kinds and csm_dataset_hard:
+            problem = _check_csm_dataset(csm_dataset_hard)
+            if problem is None:
+                csm_paths["hard"] = str(csm_dataset_hard)
             else:
-                blocked["hard"] = blocked["soft"] + "; the hard-label copy is derived from it"
+                blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
+        for kind in sorted(kinds & set(_DERIVED) - set(csm_paths) - set(blocked)):
+            derive, name, what = _DERIVED[kind]
+            if "soft" in csm_paths:
+                csm_paths[kind] = str(derive(csm_paths["soft"], output / name))
+            else:
+                blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
     todo, skipped = [], {}
     for m, s in plan_cells(methods, seeds):
         kind = METHODS[m].csm

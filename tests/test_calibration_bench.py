@@ -217,3 +217,32 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     with pytest.raises(ValueError, match="nothing unseen"):
         diag.diagnose([tmp_path / "csm"], diag.load_generated_rows([every]), diag.load_generated_rows([seen]))
 
+
+
+def test_filtered_copy_drops_exactly_the_flagged_groups(tmp_path):
+    from csm_testdata import make_csm_dataset, save_csm_folder
+
+    from timm_csm.hub import load_csm_dataset
+
+    ds = make_csm_dataset(["a", "b", "c", "d"], n_lambdas=4)  # 6 groups, lambda_hat = lambda_gen
+    # group 1 reads its lambda = 1 endpoint as class b; group 4 keeps its endpoints on their sides but runs
+    # backwards in between (Spearman 0.2): both are flagged
+    backwards = {0.0: 0.4, 1 / 3: 0.3, 2 / 3: 0.2, 1.0: 0.6}
+
+    def corrupt(row):
+        if row["group_id"] == 1 and row["lambda_gen"] == 1.0:
+            row["lambda_hat"] = 0.2
+        if row["group_id"] == 4:
+            row["lambda_hat"] = min(backwards.items(), key=lambda kv: abs(kv[0] - row["lambda_gen"]))[1]
+        return row
+
+    source = save_csm_folder(ds.map(corrupt), tmp_path / "csm-toy-aug")
+    folder = bench.derive_filtered_dataset(source, tmp_path / "csm-filtered")
+    soft = load_csm_dataset(source)["train"]
+    kept = load_csm_dataset(str(folder))["train"]
+    assert sorted(set(kept["group_id"])) == [0, 2, 3, 5]
+    assert len(kept) == 16
+    first = kept[0]
+    twin = soft[[i for i, (g, lam) in enumerate(zip(soft["group_id"], soft["lambda_gen"]))
+                 if g == first["group_id"] and lam == first["lambda_gen"]][0]]
+    assert first["image"].tobytes() == twin["image"].tobytes() and first["soft_label"] == twin["soft_label"]
