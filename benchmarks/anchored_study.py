@@ -49,7 +49,7 @@ def _stage(path: Path, fn) -> Dict:
     """Cached JSON result of ``fn()`` at ``path``."""
     if path.exists():
         return json.loads(path.read_text())
-    from timm_csm._io import write_text_atomic
+    from timm_csm.io import write_text_atomic
 
     out = fn()
     write_text_atomic(path, json.dumps(out, indent=1))

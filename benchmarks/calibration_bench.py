@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from timm_csm.io import write_json_atomic
+
 __all__ = ["BenchMethod", "METHODS", "base_recipe", "cell_config", "run_cells", "collect_cells", "matches_recipe",
            "summarize", "json_rows", "write_json_rows",
            "write_report", "derive_hard_label_dataset", "derive_filtered_dataset", "build_parser", "main"]
@@ -147,13 +149,6 @@ def _keyed(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in _NOT_KEYED}, sort_keys=True, default=str))
 
 
-def _write_json(path: Path, obj) -> None:
-    from timm_csm._io import write_text_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(obj, indent=2, default=str))
-
-
 def _read_json(path: Path):
     with open(path) as f:
         return json.load(f)
@@ -181,7 +176,8 @@ def cell_state(cell_dir: Path, cfg: Dict[str, Any]) -> str:
 
 def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print) -> Dict[str, Any]:
     """Train and evaluate one cell (resuming a killed one); returns its results."""
-    from timm_csm.train import load_state, run
+    from timm_csm.io import load_state
+    from timm_csm.train import run
 
     state = cell_state(cell_dir, cfg)
     if state == "done":
@@ -194,11 +190,11 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         earlier = sum(float(h.get("epoch_time", 0.0)) for h in load_state(last)["history"])
         cfg["resume"] = str(last)
         log(f"[{cell_dir.name}] resuming from {last}")
-    _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": False})
+    write_json_atomic(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": False})
     t0 = time.time()
     results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
     seconds = earlier + time.time() - t0
-    _write_json(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": True,
+    write_json_atomic(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": True,
                                        "seconds": round(seconds, 1)})
     return results
 
@@ -217,7 +213,7 @@ def _derived_copy(source, folder, derivation: str, derive) -> Path:
         return folder
     derived, provenance = derive(ds)
     save_csm_dataset(derived, folder, provenance=dict(provenance, derived_from=str(source)))
-    _write_json(marker, stamp)
+    write_json_atomic(marker, stamp)
     return folder
 
 
@@ -501,7 +497,7 @@ def json_rows(summary: Dict[str, Dict[str, Any]], recipe_name: str, recipe: Dict
 def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) -> None:
     """Replace the rows of ``recipe_name`` in the JSON list at ``path``, keeping the other recipes' rows."""
     old = _read_json(path) if path.exists() else []
-    _write_json(path, [r for r in old if r.get("recipe") != recipe_name] + rows)
+    write_json_atomic(path, [r for r in old if r.get("recipe") != recipe_name] + rows)
 
 
 def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
@@ -578,7 +574,7 @@ def _replace_section(path: Path, section: str) -> None:
         new = head + block + ("\n" + tail if tail else "")
     else:
         new = old + ("\n" if old and not old.endswith("\n\n") else "") + block
-    from timm_csm._io import write_text_atomic
+    from timm_csm.io import write_text_atomic
 
     write_text_atomic(path, new)
 

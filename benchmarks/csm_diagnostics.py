@@ -38,7 +38,8 @@ INTERIOR = 0.9  # soft labels with max_k q_k below this are "interior" (not an e
 
 def load_run(folder: Path):
     """(model, meta) of a run's ``model_best.safetensors``."""
-    from timm_csm.train import create_train_model, load_model_weights, read_model_meta
+    from timm_csm.io import read_model_meta
+    from timm_csm.train import create_train_model, load_model_weights
 
     path = folder / "model_best.safetensors"
     meta = read_model_meta(path)

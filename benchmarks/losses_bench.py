@@ -150,7 +150,7 @@ def main(argv=None):
             "checks on or off), timed alternately with it. The CSM losses see 3B rows "
             "(B real + 2B generated), M-NDCG 4B, MRL 2B; the row \"ce on 3B rows\" is cross-entropy at CSM's row "
             "count. The binary losses run on a (B, C) multi-label head.", "", table, ""])
-        from timm_csm._io import write_text_atomic
+        from timm_csm.io import write_text_atomic
 
         write_text_atomic(args.output, section)
 

@@ -315,10 +315,9 @@ def main(argv=None):
         table(results), "", speedups(results), "", NOTES])
     print(text)
     if args.output:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.output)
+        from timm_csm.io import write_text_atomic
+
+        write_text_atomic(args.output, text)
     return 0
 
 

@@ -95,7 +95,7 @@ def main(argv=None):
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
 
-    from timm_csm._io import write_text_atomic
+    from timm_csm.io import write_text_atomic
     from timm_csm.pipeline import shipped_generator
 
     generator = args.generator or shipped_generator("fmnist")

@@ -374,7 +374,7 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train_reference_encoder(data, tmp_path / "resumed", **kw)
     monkeypatch.setattr(reference.F, "cross_entropy", real_ce)
-    assert (tmp_path / "resumed" / "checkpoint" / "state.json").exists()
+    assert (tmp_path / "resumed" / "checkpoint" / reference.STATE_FILE).exists()
     messages = []
     resumed = train_reference_encoder(data, tmp_path / "resumed", **{**kw, "log": messages.append})
     assert messages == ["reference encoder: resuming from epoch 1"]
@@ -431,8 +431,8 @@ def test_damaged_caches_are_named_and_rebuilt(timm_pair, real, tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         train_reference_encoder(data, tmp_path / "cut", log=lambda m: None, **kw)
     monkeypatch.setattr(reference.F, "cross_entropy", real_ce)
-    optimizer = tmp_path / "cut" / "checkpoint" / "optimizer.pt"
-    optimizer.write_bytes(optimizer.read_bytes()[:64])
+    state = tmp_path / "cut" / "checkpoint" / reference.STATE_FILE
+    state.write_bytes(state.read_bytes()[:64])
     lines.clear()
     restarted = train_reference_encoder(data, tmp_path / "cut", log=lines.append, **kw)
     assert "checkpoint" in lines[0] and "damaged" in lines[0] and not any("resuming" in m for m in lines)

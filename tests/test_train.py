@@ -8,7 +8,8 @@ import torch
 
 from csm_testdata import make_csm_dataset, save_csm_folder, save_digits_csm_folder, write_parquet_folder
 from gloo_launch import launch_two_processes
-from timm_csm.train import build_parser, load_state, parse_args, run
+from timm_csm.io import load_state
+from timm_csm.train import build_parser, parse_args, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,7 +179,7 @@ def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
                    max_test_samples=8, val_split=0.5, progress=False, output=str(tmp_path), experiment="swin"))
     args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
     assert args["model"] == "swin_tiny"
-    from timm_csm.train import read_model_meta
+    from timm_csm.io import read_model_meta
 
     meta = read_model_meta(tmp_path / "swin" / "model_best.safetensors")
     assert (meta["img_size"], meta["in_chans"]) == (32, 1)
@@ -250,7 +251,7 @@ def _run_ids(folder):
     """The run id of every file of a run folder that records one."""
     import yaml
 
-    from timm_csm.train import read_model_meta
+    from timm_csm.io import read_model_meta
     from safetensors import safe_open
 
     with safe_open(str(folder / "test_predictions.safetensors"), framework="pt") as f:

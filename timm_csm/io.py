@@ -1,20 +1,31 @@
-"""File writing shared across the package: files appear complete or not at all.
+"""File I/O shared across the package: atomic writers, and the safetensors formats of training states and models.
 
-Every writer goes through a temporary file ``.<name>.<random>.tmp`` beside the target, then ``os.replace``. The
-temporary file is created with the mode a plain ``open`` gives (``0o666`` less the process umask: ``0o644`` under
-the usual umask ``022``), not ``tempfile.mkstemp``'s owner-only ``0o600``. A writer killed mid-write leaves its
-temporary file behind; :func:`remove_temp_files` deletes such leftovers from a folder the caller owns.
+Files appear complete or not at all. Every writer goes through a temporary file ``.<name>.<random>.tmp`` beside
+the target, then ``os.replace``. The temporary file is created with the mode a plain ``open`` gives (``0o666`` less
+the process umask: ``0o644`` under the usual umask ``022``), not ``tempfile.mkstemp``'s owner-only ``0o600``. A
+writer killed mid-write leaves its temporary file behind; :func:`remove_temp_files` deletes such leftovers from a folder the caller owns.
+
+State files (:func:`save_state` / :func:`load_state`): a nested dict of tensors, numbers, strings, lists and tuples
+(an optimizer's, a scheduler's or an EMA's ``state_dict``, the RNG states) in one safetensors file, tensors under
+dotted keys and the structure as JSON in the header, so that resuming never unpickles (no ``torch.load``). Model
+files (:func:`save_model_file`): a plain safetensors state dict, readable by timm, with the run's metadata in the
+header (:func:`read_model_meta`).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 
-__all__ = ["save_safetensors_atomic", "write_text_atomic", "remove_temp_files"]
+__all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
+           "remove_temp_files", "save_state", "load_state", "is_state_file", "safetensors_metadata", "save_model_file",
+           "read_model_meta"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -30,9 +41,18 @@ def _create_temp(path: Path) -> Tuple[int, Path]:
             continue
 
 
-def _replace_or_remove(tmp: Path, path: Path, write) -> None:
+@contextlib.contextmanager
+def atomic_path(path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a file name (``save_file``, ``to_parquet``,
+    ``savefig``); on a clean exit it replaces ``path`` with the umask's mode (``0o644`` usually, whatever mode the
+    writer left), on an error it is removed."""
+    path = Path(path)
+    fd, tmp = _create_temp(path)
+    mode = os.fstat(fd).st_mode & 0o777
+    os.close(fd)
     try:
-        write(tmp)
+        yield tmp
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if tmp.exists():
@@ -44,28 +64,25 @@ def save_safetensors_atomic(path, tensors: Dict[str, torch.Tensor], metadata: Di
     """``save_file`` to a temporary name in the same folder, then ``os.replace``: readers never see a partial file."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    fd, tmp = _create_temp(path)
-    mode = os.fstat(fd).st_mode & 0o777  # the umask's mode; save_file itself leaves 0o600
-    os.close(fd)
-
-    def write(t):
-        save_file(tensors, str(t), metadata=metadata)
-        os.chmod(t, mode)
-
-    _replace_or_remove(tmp, path, write)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def write_text_atomic(path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = _create_temp(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
-    def write(_):
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
 
-    _replace_or_remove(tmp, path, write)
+def write_bytes_atomic(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json_atomic(path, obj, indent: Optional[int] = 2, sort_keys: bool = False) -> None:
+    """``obj`` as JSON (``default=str`` for paths and other plain values), written atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=str))
 
 
 def remove_temp_files(folder) -> List[Path]:
@@ -78,3 +95,105 @@ def remove_temp_files(folder) -> List[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# safetensors state and model files
+# ---------------------------------------------------------------------------------------------------------------
+_STATE_KEY, _META_KEY = "timm_csm_state", "timm_csm_meta"
+
+
+def _flatten_state(obj, prefix: str, tensors: Dict[str, torch.Tensor]):
+    """JSON skeleton of a nested state whose tensors are moved to ``tensors`` under dotted keys."""
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().cpu().clone().contiguous()
+        return {"__tensor__": prefix}
+    if isinstance(obj, dict):
+        return {"__dict__": [[k, _flatten_state(v, f"{prefix}.{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        items = [_flatten_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} at {prefix!r} in a safetensors state file")
+
+
+def _unflatten_state(skeleton, tensors: Dict[str, torch.Tensor]):
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__dict__" in skeleton:
+            return {k: _unflatten_state(v, tensors) for k, v in skeleton["__dict__"]}
+        if "__tuple__" in skeleton:
+            return tuple(_unflatten_state(v, tensors) for v in skeleton["__tuple__"])
+    if isinstance(skeleton, list):
+        return [_unflatten_state(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def save_state(path, state: Dict[str, Any]) -> None:
+    """Write a nested dict of tensors and JSON values to one safetensors file (atomically)."""
+    tensors: Dict[str, torch.Tensor] = {}
+    skeleton = _flatten_state(state, "s", tensors)
+    save_safetensors_atomic(path, tensors, {"format": "pt", _STATE_KEY: json.dumps(skeleton)})
+
+
+def safetensors_metadata(path) -> Optional[Dict[str, str]]:
+    """The header metadata of a safetensors file (``{}`` when it has none); None for a file in another format (a
+    torch checkpoint). A file that is named ``*.safetensors`` or starts like one (8-byte header length, then
+    ``{``) but cannot be read, e.g. truncated by a kill or a full disk, is a ``ValueError`` naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except SafetensorError as e:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        if str(path).endswith(".safetensors") or head[8:9] == b"{":
+            raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); write it "
+                             "again or choose another file") from e
+        return None
+
+
+def is_state_file(path) -> bool:
+    """Whether ``path`` was written by :func:`save_state`."""
+    return _STATE_KEY in (safetensors_metadata(path) or {})
+
+
+def load_state(path) -> Dict[str, Any]:
+    """Read a file written by :func:`save_state` (``ValueError`` naming a truncated / corrupt or foreign file)."""
+    from safetensors import safe_open
+
+    meta = safetensors_metadata(path)
+    if meta is None or _STATE_KEY not in meta:
+        raise ValueError(f"{path} is not a timm-csm state file (no {_STATE_KEY!r} metadata)")
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return _unflatten_state(json.loads(meta[_STATE_KEY]), tensors)
+
+
+def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, Any]) -> None:
+    """Write model weights as a plain safetensors state dict (loadable by ``timm.models.load_checkpoint`` and
+    ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
+    save_safetensors_atomic(path, tensors, {"format": "pt", _META_KEY: json.dumps(meta)})
+
+
+class _NoTensors(dict):
+    def __missing__(self, key):
+        return None
+
+
+def read_model_meta(path) -> Optional[Dict[str, Any]]:
+    """The run metadata of a model file or a training-state file (its ``meta`` entry; None for other weight
+    files); a truncated or corrupt safetensors file is a ``ValueError`` naming it."""
+    meta = safetensors_metadata(path) or {}
+    if _META_KEY in meta:
+        return json.loads(meta[_META_KEY])
+    if _STATE_KEY not in meta:
+        return None
+    state = _unflatten_state(json.loads(meta[_STATE_KEY]), _NoTensors())
+    return state.get("meta") if isinstance(state, dict) else None

@@ -18,12 +18,13 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
+
+from .io import write_json_atomic, write_text_atomic
 
 __all__ = ["PipelineProfile", "PROFILES", "run_pipeline", "main", "shipped_generator"]
 
@@ -104,9 +105,7 @@ class _Stages:
         t0 = time.time()
         fn(out)
         self.timings[name] = round(time.time() - t0, 1)
-        tmp = out / "DONE.json.tmp"
-        tmp.write_text(json.dumps({"config": config, "seconds": self.timings[name]}, indent=2, default=str))
-        os.replace(tmp, marker)
+        write_json_atomic(marker, {"config": config, "seconds": self.timings[name]})
         return out
 
 
@@ -328,9 +327,7 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
         lines += [f"## {title}", "", f"![{title}]({path})", ""]
     lines += ["## Stage times (s, this run)", "", json.dumps(timings, indent=1), ""]
     text = "\n".join(lines)
-    tmp = output / "report.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, output / "report.md")
+    write_text_atomic(output / "report.md", text)
     return {"table": table, "results": results, "figures": figures}
 
 

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ._io import save_safetensors_atomic, write_text_atomic
+from .io import is_state_file, load_state, read_model_meta, save_model_file, save_state, write_text_atomic
 
 __all__ = ["build_parser", "parse_args", "run", "main", "evaluate_checkpoint", "read_model_meta", "save_state", "load_state",
            "save_model_file", "load_model_weights", "create_train_model", "create_criterion", "load_data", "predict",
@@ -275,83 +275,6 @@ def _resolve_config(config) -> argparse.Namespace:
         setattr(args, k, v)
     args._explicit = sorted(given)
     return args
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# safetensors state files
-# ---------------------------------------------------------------------------------------------------------------
-def _flatten_state(obj, prefix: str, tensors: Dict[str, torch.Tensor]):
-    """JSON skeleton of a nested state whose tensors are moved to ``tensors`` under dotted keys."""
-    if isinstance(obj, torch.Tensor):
-        tensors[prefix] = obj.detach().cpu().clone().contiguous()
-        return {"__tensor__": prefix}
-    if isinstance(obj, dict):
-        return {"__dict__": [[k, _flatten_state(v, f"{prefix}.{k}", tensors)] for k, v in obj.items()]}
-    if isinstance(obj, (list, tuple)):
-        items = [_flatten_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
-        return {"__tuple__": items} if isinstance(obj, tuple) else items
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    raise TypeError(f"cannot store {type(obj).__name__} at {prefix!r} in a safetensors state file")
-
-
-def _unflatten_state(skeleton, tensors: Dict[str, torch.Tensor]):
-    if isinstance(skeleton, dict):
-        if "__tensor__" in skeleton:
-            return tensors[skeleton["__tensor__"]]
-        if "__dict__" in skeleton:
-            return {k: _unflatten_state(v, tensors) for k, v in skeleton["__dict__"]}
-        if "__tuple__" in skeleton:
-            return tuple(_unflatten_state(v, tensors) for v in skeleton["__tuple__"])
-    if isinstance(skeleton, list):
-        return [_unflatten_state(v, tensors) for v in skeleton]
-    return skeleton
-
-
-def save_state(path, state: Dict[str, Any]) -> None:
-    """Write a nested dict of tensors and JSON values to one safetensors file (atomically)."""
-    tensors: Dict[str, torch.Tensor] = {}
-    skeleton = _flatten_state(state, "s", tensors)
-    save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_state": json.dumps(skeleton)})
-
-
-def _safetensors_metadata(path) -> Optional[Dict[str, str]]:
-    """The header metadata of a safetensors file (``{}`` when it has none); None for a file in another format (a
-    torch checkpoint). A file that is named ``*.safetensors`` or starts like one (8-byte header length, then
-    ``{``) but cannot be read, e.g. truncated by a kill or a full disk, is a ``ValueError`` naming it."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return f.metadata() or {}
-    except SafetensorError as e:
-        with open(path, "rb") as f:
-            head = f.read(9)
-        if str(path).endswith(".safetensors") or head[8:9] == b"{":
-            raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); write it "
-                             "again or choose another file") from e
-        return None
-
-
-def load_state(path) -> Dict[str, Any]:
-    """Read a file written by :func:`save_state` (``ValueError`` naming a truncated / corrupt or foreign file)."""
-    from safetensors import safe_open
-
-    meta = _safetensors_metadata(path)
-    if meta is None or "timm_csm_state" not in meta:
-        raise ValueError(f"{path} is not a timm-csm training state file (no 'timm_csm_state' metadata)")
-    with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    return _unflatten_state(json.loads(meta["timm_csm_state"]), tensors)
-
-
-def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, Any]) -> None:
-    """Write model weights as a plain safetensors state dict (loadable by ``timm.models.load_checkpoint`` and
-    ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
-    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
-    save_safetensors_atomic(path, tensors, {"format": "pt", "timm_csm_meta": json.dumps(meta)})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -813,32 +736,10 @@ def _checkpoint_meta_args(args) -> None:
             setattr(args, k, list(v))
 
 
-def read_model_meta(path) -> Optional[Dict[str, Any]]:
-    """The run metadata of a model file or a training-state file (None for other weight files); a truncated or
-    corrupt safetensors file is a ``ValueError`` naming it."""
-    meta = _safetensors_metadata(path) or {}
-    if "timm_csm_meta" in meta:
-        return json.loads(meta["timm_csm_meta"])
-    if "timm_csm_state" not in meta:
-        return None
-    skeleton = json.loads(meta["timm_csm_state"])
-    state = _unflatten_state(skeleton, _NoTensors())
-    return state.get("meta") if isinstance(state, dict) else None
-
-
-class _NoTensors(dict):
-    def __missing__(self, key):
-        return None
-
-
-def _is_state_file(path) -> bool:
-    return "timm_csm_state" in (_safetensors_metadata(path) or {})
-
-
 def load_model_weights(model: nn.Module, path) -> None:
     """Load weights from a training-state file (its ``model`` entry), a model file, or any weight file timm's
     ``load_checkpoint`` reads (safetensors or torch)."""
-    if _is_state_file(path):
+    if is_state_file(path):
         model.load_state_dict(load_state(path)["model"])
         return
     from timm.models import load_checkpoint

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, TypeVar
 import numpy as np
 import torch
 
-from .._io import save_safetensors_atomic
+from ..io import save_safetensors_atomic
 from ..data import ImageArrays
 from ..data.embedded import images_labels_hash
 from .encoders import ImageEncoder, encode_images

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from ..data import ImageArrays
 from .encoders import TimmEncoder
 from .preprocess import as_uint8_batch
+from ..io import load_state, save_safetensors_atomic, save_state, write_json_atomic
 from .prototypes import dataset_fingerprint, load_cache
 
 __all__ = ["ReferenceCNN", "ReferenceEncoder", "train_reference_encoder", "load_reference_encoder",
@@ -35,6 +35,7 @@ __all__ = ["ReferenceCNN", "ReferenceEncoder", "train_reference_encoder", "load_
 REFERENCE_MODEL = "reference_cnn"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+STATE_FILE = "state.safetensors"  # the resumable checkpoint: model, optimizer, schedule, epoch, history
 
 
 def _conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
@@ -168,12 +169,6 @@ def load_reference_encoder(path, device="cpu") -> ReferenceEncoder:
     return ReferenceEncoder(model, config, folder, device)
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def _channel_stats(images: np.ndarray, chunk: int = 8192):
     c = images.shape[1]
     s, s2, n = np.zeros(c), np.zeros(c), 0
@@ -237,7 +232,6 @@ def train_reference_encoder(
     The folder is reused when its ``config.json`` has the same training configuration (same data fingerprint,
     architecture and hyperparameters); a folder holding a different configuration is an error.
     """
-    from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
 
     if len(train) == 0:
@@ -270,7 +264,7 @@ def train_reference_encoder(
             log(f"reference encoder: reusing {out}")
             if test is not None and enc.test_accuracy is None:
                 enc.config.setdefault("results", {})["test_accuracy"] = _accuracy(enc, test)
-                _write_json(out / CONFIG_FILE, enc.config)
+                write_json_atomic(out / CONFIG_FILE, enc.config, sort_keys=True)
             return enc
     out.mkdir(parents=True, exist_ok=True)
 
@@ -284,13 +278,12 @@ def train_reference_encoder(
 
     ckpt = out / "checkpoint"
     start_epoch, history = 0, []
-    if (ckpt / "state.json").exists():
+    if (ckpt / STATE_FILE).exists():
         def resume():
-            state = json.loads((ckpt / "state.json").read_text())
-            model.load_state_dict(load_file(str(ckpt / WEIGHTS_FILE)))
-            opt_state = torch.load(ckpt / "optimizer.pt", weights_only=False)
-            optimizer.load_state_dict(opt_state["optimizer"])
-            sched.load_state_dict(opt_state["sched"])
+            state = load_state(ckpt / STATE_FILE)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["sched"])
             return state["epoch"], state["history"]
 
         resumed = load_cache(resume, f"reference encoder checkpoint {ckpt}", log)
@@ -302,7 +295,7 @@ def train_reference_encoder(
                 max_steps=max_steps, model_kwargs=model_kwargs, device=device, progress=progress, log=log)
         start_epoch, history = resumed
         log(f"reference encoder: resuming from epoch {start_epoch}")
-    _write_json(out / CONFIG_FILE, {**config, "complete": None})
+    write_json_atomic(out / CONFIG_FILE, {**config, "complete": None}, sort_keys=True)
 
     probe = ReferenceEncoder(model, config, None, device)  # its preprocessor normalises the training batches
     images = torch.from_numpy(np.ascontiguousarray(train.images))
@@ -338,18 +331,13 @@ def train_reference_encoder(
                 bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(running[-25:]):.3f}")
         history.append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
         if step < total:  # checkpoint finished epochs so an interrupted run resumes here
-            ckpt.mkdir(exist_ok=True)
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt / WEIGHTS_FILE))
-            tmp = ckpt / "optimizer.pt.tmp"
-            torch.save({"optimizer": optimizer.state_dict(), "sched": sched.state_dict()}, tmp)
-            os.replace(tmp, ckpt / "optimizer.pt")
-            _write_json(ckpt / "state.json", {"epoch": epoch + 1, "history": history})
+            save_state(ckpt / STATE_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                           "sched": sched.state_dict(), "epoch": epoch + 1, "history": history})
     bar.close()
     model.eval()
     model = model.to(memory_format=torch.contiguous_format)
-    tmp = out / f".{WEIGHTS_FILE}.tmp"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    os.replace(tmp, out / WEIGHTS_FILE)
+    save_safetensors_atomic(out / WEIGHTS_FILE, {k: v.contiguous() for k, v in model.state_dict().items()},
+                            {"format": "pt"})
     encoder = ReferenceEncoder(model, config, out, device)
     results = {"history": history, "train_seconds": round(time.time() - t0, 1), "steps": step}
     if test is not None:
@@ -357,6 +345,6 @@ def train_reference_encoder(
         log(f"reference encoder: test accuracy {results['test_accuracy']:.4f} "
             f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
     encoder.config = {**config, "results": results, "complete": step >= epochs * steps_per_epoch}
-    _write_json(out / CONFIG_FILE, encoder.config)
+    write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
     shutil.rmtree(ckpt, ignore_errors=True)
     return encoder

@@ -62,7 +62,7 @@ class PostHocCalibrator:
 
     def save(self, path) -> None:
         """Write the fitted state and config to ``path`` (safetensors; atomic replace)."""
-        from .._io import save_safetensors_atomic
+        from ..io import save_safetensors_atomic
 
         self._require_fitted()
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}

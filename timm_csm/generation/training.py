@@ -6,7 +6,6 @@ with ``(seed, i, process index)``, so a run resumed from a checkpoint continues 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -16,11 +15,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..io import load_state, save_state
 from .models import GeneratorConfig, create_class_unet, save_generator
 
 __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
 _CKPT = "checkpoint"
+_TRAINING_STATE = "training_state.safetensors"  # EMA, optimizer and schedule of the checkpoint
 
 
 def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,8 @@ def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losse
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, tmp / "model.safetensors")
-    torch.save({"ema": ema.state_dict(), "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict()},
-               tmp / "training_state.pt")
+    save_state(tmp / _TRAINING_STATE, {"ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                                       "lr_sched": lr_sched.state_dict()})
     (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "train_seconds": seconds}))
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -67,7 +68,7 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
         raise FileNotFoundError(f"no training checkpoint in {output_dir}")
     unet = create_class_unet(config, num_classes)
     ema = EMAModel(unet.parameters(), decay=config.ema_decay)
-    ema.load_state_dict(torch.load(ckpt / "training_state.pt", weights_only=False)["ema"])
+    ema.load_state_dict(load_state(ckpt / _TRAINING_STATE)["ema"])
     ema.copy_to(unet.parameters())
     return unet.eval(), json.loads((ckpt / "state.json").read_text())["step"]
 
@@ -124,7 +125,7 @@ def train_generator(
     if ckpt is not None:
         state = json.loads((ckpt / "state.json").read_text())
         unet.load_state_dict(load_file(ckpt / "model.safetensors"))
-        training_state = torch.load(ckpt / "training_state.pt", weights_only=False)
+        training_state = load_state(ckpt / _TRAINING_STATE)
         ema.load_state_dict(training_state["ema"])
         optimizer.load_state_dict(training_state["optimizer"])
         lr_sched.load_state_dict(training_state["lr_sched"])

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from ..io import atomic_path, write_json_atomic
 from .plan import plan_groups
 
 __all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "shard_problem", "encode_png"]
@@ -93,9 +93,7 @@ def _check_or_write_plan(folder: Path, plan: Dict, is_main: bool) -> None:
                              "use a new output folder or the same settings")
     elif is_main:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(plan, indent=2))
-        os.replace(tmp, path)
+        write_json_atomic(path, plan)
 
 
 def _features(class_names):
@@ -184,15 +182,14 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
                 rows["anchor_strength"].append(strength)
             bar.update(len(batch) * world if world > 1 else len(batch))
         path = shard_path(folder, k, k_total)
-        tmp = path.with_name(path.name + f".tmp{rank}")
         was_enabled = not datasets.utils.are_progress_bars_disabled()
         datasets.utils.disable_progress_bars()  # one bar per job, not one per shard
         try:
-            datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp))
+            with atomic_path(path) as tmp:
+                datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp))
         finally:
             if was_enabled:
                 datasets.utils.enable_progress_bars()
-        os.replace(tmp, path)
     bar.close()
     if accelerator:
         accelerator.wait_for_everyone()

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
+from ..io import write_bytes_atomic
+
 __all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
            "evaluate_modules_cache", "main"]
 
@@ -76,16 +78,6 @@ def _touch_init(folder: Path) -> None:
         init.touch(exist_ok=True)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: Optional[os.PathLike] = None
                              ) -> List[Path]:
     """Write the module scripts into evaluate's module cache; returns the written script paths.
@@ -122,7 +114,7 @@ def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: O
             if same:
                 os.utime(target)
             else:
-                _write_atomic(target, code)
+                write_bytes_atomic(target, code)
             _make_newest(target, module_dir)
             written.append(target)
     return written

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from .._io import write_text_atomic
+from ..io import write_text_atomic
 from .build import build_csm_dataset
 from .card import card_metadata, render_card_body
 

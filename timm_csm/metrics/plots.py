@@ -69,17 +69,11 @@ def plot_reliability(table: ReliabilityTable, ax, hist_ax=None, title: Optional[
 
 
 def _save(fig, path) -> str:
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    from ..io import atomic_path
+
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return os.fspath(path)
 
 
 def reliability_diagram(preds, target, path, n_bins: int = 15, title: Optional[str] = None,

@@ -7,7 +7,7 @@
   (:func:`restore_config`); ``--auto-resume`` does so for the run found in the experiment folder itself.
 * The lock is an exclusive ``flock`` on ``<folder>/.run.lock`` (POSIX). The kernel drops it when its process ends,
   so a killed run leaves no stale lock; the file names the holder (run id, pid, host) for the error message.
-* Taking a folder removes the temporary files a killed writer left in it (:func:`timm_csm._io.remove_temp_files`).
+* Taking a folder removes the temporary files a killed writer left in it (:func:`timm_csm.io.remove_temp_files`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .._io import remove_temp_files
+from ..io import remove_temp_files
 
 __all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
            "claim_run_dir", "config_record", "restore_config"]

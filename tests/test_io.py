@@ -1,0 +1,91 @@
+"""The package's file layer: atomic writers (complete or absent, the umask's mode) and safetensors state files."""
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+from timm_csm.io import (atomic_path, is_state_file, load_state, read_model_meta, remove_temp_files,
+                         save_model_file, save_state, write_bytes_atomic, write_json_atomic, write_text_atomic)
+
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_writers_replace_whole_files_with_the_umask_mode(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a" / "t.txt", "first")
+        write_text_atomic(tmp_path / "a" / "t.txt", "second")
+        write_bytes_atomic(tmp_path / "b.bin", b"\x00\x01")
+        write_json_atomic(tmp_path / "c.json", {"b": 1, "a": tmp_path}, sort_keys=True)
+        save_model_file(tmp_path / "m.safetensors", {"w": torch.ones(2)}, {"run": "x"})
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "a" / "t.txt").read_text() == "second"
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    text = (tmp_path / "c.json").read_text()
+    assert json.loads(text) == {"a": str(tmp_path), "b": 1} and text.index('"a"') < text.index('"b"')
+    for name in ("a/t.txt", "b.bin", "c.json", "m.safetensors"):  # safetensors' own save_file leaves 0o600
+        assert _mode(tmp_path / name) == 0o644, name
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.bin", "c.json", "m.safetensors", "t.txt"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "report.md"
+    write_text_atomic(target, "old")
+    with pytest.raises(RuntimeError, match="disk"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("disk full")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+def test_remove_temp_files_deletes_only_leftovers(tmp_path):
+    (tmp_path / ".x.json.0123456789ab.tmp").write_text("killed writer")
+    (tmp_path / "keep.tmp").write_text("not ours")
+    removed = remove_temp_files(tmp_path)
+    assert [p.name for p in removed] == [".x.json.0123456789ab.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.tmp"]
+
+
+def test_state_files_round_trip_optimizer_states_without_pickle(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    state = {"optimizer": opt.state_dict(), "sched": sched.state_dict(), "epoch": np.int64(3),
+             "pair": (1, "a"), "none": None, "meta": {"run_id": "r1"}}
+    path = tmp_path / "state.safetensors"
+    save_state(path, state)
+    back = load_state(path)
+    assert is_state_file(path)
+    assert back["epoch"] == 3 and back["pair"] == (1, "a") and back["none"] is None
+    assert list(back["optimizer"]["state"]) == [0, 1]  # integer parameter ids survive JSON
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=0.1)
+    fresh.load_state_dict(back["optimizer"])
+    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert back["sched"]["last_epoch"] == sched.state_dict()["last_epoch"]
+    assert read_model_meta(path) == {"run_id": "r1"}
+    with open(path, "rb") as f:
+        assert b"pickle" not in f.read(200)
+
+
+def test_damaged_and_foreign_files_are_named(tmp_path):
+    path = tmp_path / "state.safetensors"
+    save_state(path, {"x": torch.zeros(3)})
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ValueError, match="state.safetensors is not a readable safetensors file"):
+        load_state(path)
+    save_model_file(tmp_path / "model.safetensors", {"w": torch.ones(1)}, {"a": 1})
+    with pytest.raises(ValueError, match="not a timm-csm state file"):
+        load_state(tmp_path / "model.safetensors")
+    assert not is_state_file(tmp_path / "model.safetensors")
+    assert read_model_meta(tmp_path / "model.safetensors") == {"a": 1}
+    torch.save({"w": torch.ones(1)}, tmp_path / "w.pth")
+    assert read_model_meta(tmp_path / "w.pth") is None
