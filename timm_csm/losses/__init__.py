@@ -4,7 +4,8 @@
     loss_fn = create_loss("mbls")            # margin 10, alpha 0.1
     loss = loss_fn(logits, target)           # hard (N,) or soft (N, C) targets; dense (N, C, H, W) too
 
-Call conventions (class attributes tell a training loop which one applies):
+Call conventions (the registry's ``loss_spec(name).inputs`` tells a training loop which one applies; classes
+declare it by their attributes, see :class:`~timm_csm.losses.LossBase`):
 
 * plain: ``loss(logits, target)``;
 * ``needs_index``: ``loss(logits, target, index=sample_indices)`` ("aslp", "aslp_bce");
@@ -15,12 +16,13 @@ Call conventions (class attributes tell a training loop which one applies):
 RegMixup is not a loss of its own: :func:`regmixup_objective` combines a loss on the clean batch with
 cross-entropy on the mixed copy.
 
-Stateful losses ("adafocal", "cals", "aslp", "aslp_bce") define ``on_epoch_end(val_logits, val_targets)``, to be
-called once per epoch with the validation logits; their state is saved by ``state_dict()``.
+Every loss has the hook ``on_epoch_end(val_logits, val_targets)``, to be called once per epoch with the validation
+logits (a no-op except for the stateful losses "adafocal", "cals", "aslp", "aslp_bce", whose state is saved by
+``state_dict()``), and ``sync(accelerator)``, which merges per-process state between epochs (ASLP's tables).
 """
 from . import (binary, brier, cross_entropy, csm, focal, label_perturbation, margin, mdca, mmce, penalty, rankmixup,
                regmixup)
-from ._common import LossBase
+from .base import LossBase
 from .binary import BinaryCrossEntropyLoss, BinaryFocalLoss, BinaryLabelSmoothingLoss
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss, LabelSmoothingLoss
@@ -33,10 +35,11 @@ from .mmce import MMCELoss
 from .penalty import EntropyPenalty, L1Penalty
 from .rankmixup import MNDCGLoss, MRLLoss
 from .regmixup import REGMIXUP_REDUCTIONS, regmixup_objective
-from .registry import create_loss, get_loss_entrypoint, is_loss, list_losses, register_loss
+from .registry import LOSS_INPUTS, LossSpec, create_loss, get_loss_entrypoint, is_loss, list_losses, loss_spec, register_loss
 
 __all__ = [
-    "register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "LossBase",
+    "register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
+    "LOSS_INPUTS", "LossBase",
     "CrossEntropyLoss", "LabelSmoothingLoss", "FocalLoss", "FLSDLoss", "AdaFocalLoss", "BrierLoss", "MMCELoss",
     "MDCALoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss", "AdaptiveLabelPerturbation",
     "BinaryAdaptiveLabelPerturbation", "MRLLoss", "MNDCGLoss", "CSMLoss", "BinaryCrossEntropyLoss",

@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "mean_nll", "mean_ce", "masked_mean",
-           "LossBase", "check_reduction"]
+           "check_reduction"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 _SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance
@@ -343,55 +342,6 @@ def modulating_factor(probs: torch.Tensor, gamma) -> torch.Tensor:
     focal = (1.0 - probs).clamp_min(tiny).pow(magnitude)
     inverse = (1.0 + probs).pow(magnitude)
     return torch.where(gamma >= 0, focal, inverse)
-
-
-class LossBase(nn.Module):
-    """Common base of the registered losses.
-
-    Class attributes read by training loops:
-
-    * ``needs_index``: ``forward(logits, target, index=...)`` takes the dataset index of each sample;
-    * ``needs_mixed``: ``forward(logits, target, logits_mixed, target_mixed)`` takes a mixed batch (RankMixup);
-    * ``is_csm``: ``forward(logits_real, y_real, logits_gen, q_gen)`` takes the real and the generated batch.
-
-    Stateful losses also define ``on_epoch_end(val_logits, val_targets)``; their state lives in buffers, so
-    ``state_dict()`` / ``load_state_dict()`` save and restore it (lazily sized buffers are resized on load).
-
-    After each call, ``terms`` holds the detached components of the loss (e.g. ``{"ce": ..., "reg": ...}``)
-    for logging.
-    """
-
-    needs_index: bool = False
-    needs_mixed: bool = False
-    is_csm: bool = False
-
-    def __init__(self, ignore_index: int = -100, validate: bool = True):
-        super().__init__()
-        self.ignore_index = int(ignore_index)
-        self.validate = bool(validate)
-        self.terms: dict = {}
-
-    def _flat(self, logits, target) -> FlatBatch:
-        return flatten_batch(logits, target, self.ignore_index, self.validate, type(self).__name__)
-
-    def _record(self, **terms):
-        self.terms = {k: v.detach() for k, v in terms.items()}
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        # state buffers that are sized lazily (per class, per sample) take the size of the saved state
-        for name, buf in list(self._buffers.items()):
-            key = prefix + name
-            if buf is not None and key in state_dict and state_dict[key].shape != buf.shape:
-                self._buffers[name] = torch.empty_like(state_dict[key], device=buf.device, dtype=buf.dtype)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-
-    def extra_repr(self) -> str:
-        skip = {"training", "ignore_index", "validate", "terms"}
-        parts = [f"{k}={v!r}" for k, v in vars(self).items()
-                 if not k.startswith("_") and k not in skip and isinstance(v, (int, float, str, bool, tuple))]
-        return ", ".join(parts)
 
 
 def check_finite_number(name: str, value, low: float = -math.inf, high: float = math.inf,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LossBase, check_reduction, reduce_rows
+from ._common import check_reduction, reduce_rows
+from .base import LossBase
 from .registry import register_loss
 
 __all__ = ["BrierLoss", "brier_rows"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import (LossBase, check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll,
-                      reduce_rows, row_nll)
+from ._common import check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll, reduce_rows, row_nll
+from .base import LossBase
 from .registry import register_loss
 
 __all__ = ["CrossEntropyLoss", "LabelSmoothingLoss"]
@@ -20,8 +20,10 @@ class CrossEntropyLoss(LossBase):
 
     With soft targets this is timm's ``SoftTargetCrossEntropy``, which is all Mixup and RegMixup need (they only
     change the batch and its targets). Reduction ``"mean"`` (MbLS/CALS/ACLS/RankMixup/CSM) or ``"sum"``
-    (focal_calibration / AdaFocal recipes).
+    (focal_calibration / AdaFocal recipes). Its label-smoothing form is "ls".
     """
+
+    label_smoothing_loss = "ls"
 
     def __init__(self, reduction: str = "mean", ignore_index: int = -100, validate: bool = True):
         super().__init__(ignore_index, validate)
@@ -44,6 +46,8 @@ class LabelSmoothingLoss(LossBase):
     ``ls.yaml`` 0.2). timm's ``LabelSmoothingCrossEntropy`` uses the same target; the MDCA repository instead puts
     eps/(K-1) on the non-targets only. Soft targets are smoothed the same way. Reference: Szegedy et al., CVPR 2016.
     """
+
+    label_smoothing_loss = "ls"
 
     def __init__(self, smoothing: float = 0.05, reduction: str = "mean", ignore_index: int = -100,
                  validate: bool = True):

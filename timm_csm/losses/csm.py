@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
+from ._common import check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
+from .base import LossBase
 from .brier import brier_rows
 from .focal import focal_rows
-from .registry import register_loss
+from .registry import LossSpec, register_loss
 
 __all__ = ["CSMLoss"]
 
@@ -84,5 +85,5 @@ def _soft_focal(**kwargs) -> CSMLoss:
     return CSMLoss(**kwargs)
 
 
-register_loss("csm_soft_ce", _soft_ce)
-register_loss("csm_soft_focal", _soft_focal)
+register_loss("csm_soft_ce", _soft_ce, spec=LossSpec.of(CSMLoss))
+register_loss("csm_soft_focal", _soft_focal, spec=LossSpec.of(CSMLoss))

@@ -10,8 +10,8 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (FlatBatch, LossBase, check_finite_number, check_reduction, flatten_batch, modulating_factor,
-                      reduce_rows)
+from ._common import FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor, reduce_rows
+from .base import LossBase
 from .registry import register_loss
 
 __all__ = ["FocalLoss", "FLSDLoss", "AdaFocalLoss", "focal_rows"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, check_finite_number, masked_mean, mean_nll
+from ._common import check_finite_number, masked_mean, mean_nll
+from .base import LossBase
 from .registry import register_loss
 
 __all__ = ["EntropyPenalty", "L1Penalty"]

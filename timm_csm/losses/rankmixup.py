@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import LossBase, check_finite_number, flatten_batch, mean_ce, reduce_rows
+from ._common import check_finite_number, flatten_batch, mean_ce, reduce_rows
+from .base import LossBase
 from .registry import register_loss
 
 __all__ = ["MRLLoss", "MNDCGLoss"]
@@ -29,6 +30,7 @@ _SAME_CLASS_TOL = 1e-6
 
 class _RankMixupBase(LossBase):
     needs_mixed = True
+    num_mixed = 1
 
     def _inputs(self, logits, target, logits_mixed, target_mixed):
         name = type(self).__name__
@@ -100,6 +102,8 @@ class MNDCGLoss(_RankMixupBase):
 
     Signature in the module docstring (M = 3 copies in the paper).
     """
+
+    num_mixed = 3
 
     def __init__(self, alpha: float = 0.1, ignore_index: int = -100, validate: bool = True):
         super().__init__(ignore_index, validate)

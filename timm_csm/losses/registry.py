@@ -7,25 +7,79 @@
 
     loss = create_loss("focal", gamma=2.0)
     list_losses("csm*")  # ['csm', 'csm_soft_ce', 'csm_soft_focal']
+    loss_spec("mndcg")   # LossSpec(inputs='mixed', num_mixed=3, smoothed=None)
+
+Each entry carries a :class:`LossSpec`: what the loss's ``forward`` takes besides ``(logits, target)`` and the
+defaults a training loop needs to build its batches, so that training code reads the registry instead of testing
+loss names. A class's spec is read from its class attributes (see :class:`~timm_csm.losses.LossBase`); a factory
+function passes ``spec=`` (e.g. ``LossSpec.of(CSMLoss)``).
 """
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch.nn as nn
 
-__all__ = ["register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint"]
+__all__ = ["register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
+           "LOSS_INPUTS"]
+
+#: the call conventions of registered losses (see :class:`LossSpec`)
+LOSS_INPUTS = ("plain", "index", "mixed", "generated")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """What a registered loss needs from the training batch.
+
+    * ``inputs``: ``"plain"`` ``loss(logits, target)``; ``"index"`` ``loss(logits, target, index=...)`` (per-sample
+      state); ``"mixed"`` ``loss(logits, target, logits_mixed, target_mixed)`` with mixed copies of the batch
+      (RankMixup); ``"generated"`` ``loss(logits_real, y_real, logits_gen, q_gen)`` with a generated batch (CSM).
+    * ``num_mixed``: the default number of mixed copies per sample of a ``"mixed"`` loss (MRL 1, M-NDCG 3, as
+      in RankMixup's released configurations); 0 for the others.
+    * ``smoothed``: the registered loss that is this one with label smoothing ``smoothing=`` (``"ls"`` for
+      ``"ce"`` and ``"ls"``); None when the loss has no label-smoothing form.
+    """
+
+    inputs: str = "plain"
+    num_mixed: int = 0
+    smoothed: Optional[str] = None
+
+    def __post_init__(self):
+        if self.inputs not in LOSS_INPUTS:
+            raise ValueError(f"LossSpec.inputs must be one of {LOSS_INPUTS}, got {self.inputs!r}")
+        if self.num_mixed < (1 if self.inputs == "mixed" else 0):
+            raise ValueError(f"LossSpec.num_mixed must be >= 1 for mixed losses (0 allowed otherwise), "
+                             f"got {self.num_mixed}")
+
+    @property
+    def needs_index(self) -> bool:
+        return self.inputs == "index"
+
+    @classmethod
+    def of(cls, entry) -> "LossSpec":
+        """The spec declared by a loss class's attributes ``is_csm``, ``needs_mixed``, ``needs_index``,
+        ``num_mixed`` and ``label_smoothing_loss`` (absent attributes: a plain loss)."""
+        inputs = ("generated" if getattr(entry, "is_csm", False) else "mixed" if getattr(entry, "needs_mixed", False)
+                  else "index" if getattr(entry, "needs_index", False) else "plain")
+        return cls(inputs, int(getattr(entry, "num_mixed", 0)), getattr(entry, "label_smoothing_loss", None))
+
 
 _LOSS_ENTRYPOINTS: Dict[str, Callable[..., nn.Module]] = {}
+_LOSS_SPECS: Dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, fn: Optional[Callable[..., nn.Module]] = None, *, overwrite: bool = False):
-    """Register a loss class or factory under ``name``.
+def register_loss(name: str, fn: Optional[Callable[..., nn.Module]] = None, *, overwrite: bool = False,
+                  spec: Optional[LossSpec] = None):
+    """Register a loss class or factory under ``name``, with its :class:`LossSpec` (``spec``; default: read from
+    the entry's class attributes, :meth:`LossSpec.of`).
 
     Use as a decorator (``@register_loss("name")``) or call directly (``register_loss("name", factory)``).
     Registering an existing name raises ``ValueError`` unless ``overwrite=True``.
     """
+    if spec is not None and not isinstance(spec, LossSpec):
+        raise ValueError(f"register_loss({name!r}): spec must be a LossSpec, got {type(spec).__name__}")
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(f"loss name must be a non-empty string without surrounding spaces, got {name!r}")
 
@@ -35,6 +89,7 @@ def register_loss(name: str, fn: Optional[Callable[..., nn.Module]] = None, *, o
         if name in _LOSS_ENTRYPOINTS and not overwrite and _LOSS_ENTRYPOINTS[name] is not entry:
             raise ValueError(f"a loss named {name!r} is already registered (pass overwrite=True to replace it)")
         _LOSS_ENTRYPOINTS[name] = entry
+        _LOSS_SPECS[name] = spec if spec is not None else LossSpec.of(entry)
         return entry
 
     return _register(fn) if fn is not None else _register
@@ -47,6 +102,13 @@ def get_loss_entrypoint(name: str) -> Callable[..., nn.Module]:
     except (KeyError, TypeError):
         known = ", ".join(sorted(_LOSS_ENTRYPOINTS))
         raise ValueError(f"unknown loss {name!r}; known losses: {known}") from None
+
+
+def loss_spec(name: str) -> LossSpec:
+    """The :class:`LossSpec` of the loss registered as ``name`` (unknown names: ``ValueError``, as
+    :func:`get_loss_entrypoint`)."""
+    get_loss_entrypoint(name)
+    return _LOSS_SPECS[name]
 
 
 def create_loss(name: str, **kwargs) -> nn.Module:
