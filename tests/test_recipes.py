@@ -1,0 +1,129 @@
+"""Recipes: the profile registry, the stage cache (skip when done, re-run after a kill) and stage keys that still
+find the caches written before the recipes package (``runs/demo/<stage>-<key>/``)."""
+import contextlib
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from timm_csm.recipes import RecipeProfile, StageCache, get_profile, list_profiles, register_profile, stages
+from timm_csm.recipes.cache import MARKER
+from timm_csm.recipes.run import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A known configuration (the demo profile as first shipped, with a trained "fmnist" generator) and the folder keys
+# that the main job computed for it before the recipes package existed (output folder "run", generator weights
+# b"weights", whose digest is 9a129038d9a0).
+KNOWN = dict(dataset="fashion_mnist", generator="fmnist", generator_steps=None, num_groups=225, num_lambdas=8,
+             sampler_steps=20, guidance_scale=None, encoder="reference", encoder_epochs=4, encoder_max_steps=None,
+             soft_label_scale=None, model="small_cnn", epochs=15, batch_size=128, lr=0.05, weight_decay=0.0,
+             sched="cosine", max_train_samples=10000, max_test_samples=None, n_aug=1, seed=0,
+             train_extra={"model_kwargs": {"widths": [16, 32, 64, 128, 256]}, "crop_pad": 0, "hflip": 0.0})
+OLD_KEYS = {"generator": "bcff3caadb", "generated": "c79ad41b7f", "encoder": "e1dd1a8d6e", "quality": "b42ad6716a",
+            "annotated": "25ccce37a8", "train-ce": "9fc2804ca2", "train-csm": "5a268d0217"}
+
+
+class _DoneOnly(StageCache):
+    """The real cache, failing on any stage it would run: every stage must find its old folder."""
+
+    @contextlib.contextmanager
+    def stage(self, name, config):
+        with super().stage(name, config) as stage:
+            assert stage.done, f"[{name}] key changed: {stage.folder.name}, was {name}-{OLD_KEYS[name]}"
+            yield stage
+
+
+def test_stage_keys_equal_the_keys_of_existing_caches(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    weights = Path("gen/unet/diffusion_pytorch_model.safetensors")
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    for name, key in OLD_KEYS.items():
+        folder = Path("run") / f"{name}-{key}"
+        folder.mkdir(parents=True)
+        (folder / MARKER).write_text("{}")
+    (Path("run") / f"quality-{OLD_KEYS['quality']}" / "quality.json").write_text('{"accuracy": 0.5}')
+    for loss in ("ce", "csm"):
+        (Path("run") / f"train-{loss}-{OLD_KEYS[f'train-{loss}']}" / "results.json").write_text(f'{{"loss": "{loss}"}}')
+    profile, log = RecipeProfile(**KNOWN), []
+    cache = _DoneOnly(Path("run"), log.append)
+
+    assert stages.generator(cache, profile, None, log.append) == Path("run") / f"generator-{OLD_KEYS['generator']}"
+    generated = stages.generate(cache, profile, Path("gen"))
+    encoder_dir = stages.encoder(cache, profile, None, None, log.append)
+    assert stages.quality(cache, profile, Path("gen"), generated, encoder_dir) == {"accuracy": 0.5}
+    annotated = stages.annotate(cache, profile, generated, encoder_dir, None)
+    results = {loss: stages.train(cache, profile, loss, annotated) for loss in ("ce", "csm")}
+    assert results["csm"]["loss"] == "csm" and results["ce"]["output"].endswith(OLD_KEYS["train-ce"])
+    assert sum("done already" in line for line in log) == 7 and cache.timings == {}
+
+
+def test_a_done_stage_is_skipped_on_a_rerun(tmp_path):
+    calls, log = [], []
+    for _ in range(2):
+        cache = StageCache(tmp_path, log.append)
+        with cache.stage("work", {"n": 3}) as stage:
+            if not stage.done:
+                calls.append(stage.folder)
+                (stage.folder / "out.txt").write_text("3")
+    assert len(calls) == 1 and (calls[0] / "out.txt").read_text() == "3"
+    marker = json.loads((calls[0] / MARKER).read_text())
+    assert marker["config"] == {"n": 3} and marker["seconds"] >= 0
+    assert "done already" in log[-1] and cache.timings == {}
+    with StageCache(tmp_path, log.append).stage("work", {"n": 4}) as other:  # another configuration: another folder
+        assert not other.done and other.folder != calls[0]
+
+
+_KILLED_BODY = """
+import os, signal, sys
+from timm_csm.recipes import StageCache
+with StageCache(sys.argv[1], print).stage("work", {"n": 1}) as stage:
+    (stage.folder / "partial.txt").write_text("half")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_stage_killed_before_its_marker_runs_again(tmp_path):
+    killed = subprocess.run([sys.executable, "-c", _KILLED_BODY, str(tmp_path)], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with StageCache(tmp_path, lambda line: None).stage("work", {"n": 1}) as stage:
+        assert not stage.done and (stage.folder / "partial.txt").read_text() == "half"  # same folder: it resumes
+        (stage.folder / "partial.txt").write_text("whole")
+    assert (stage.folder / MARKER).exists()
+
+
+def test_a_failed_stage_writes_no_marker(tmp_path):
+    cache = StageCache(tmp_path, lambda line: None)
+    with pytest.raises(RuntimeError, match="broken"):
+        with cache.stage("work", {}) as stage:
+            raise RuntimeError("broken")
+    assert stage.folder.is_dir() and not (stage.folder / MARKER).exists() and "work" not in cache.timings
+
+
+def test_unknown_profile_names_the_known_ones():
+    assert list_profiles() == ["demo", "full", "smoke"] and list_profiles("s*") == ["smoke"]
+    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, smoke"):
+        get_profile("demoo")
+    with pytest.raises(ValueError, match="registered already"):
+        register_profile("demo", RecipeProfile())
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--profile", "demoo"])
+
+
+def test_get_profile_returns_a_copy():
+    demo = get_profile("demo")
+    demo.train_extra["model_kwargs"]["widths"].append(512)
+    assert get_profile("demo").train_extra["model_kwargs"]["widths"] == [16, 32, 64, 128, 256]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        demo.epochs = 1
+    assert dataclasses.replace(demo, epochs=1).epochs == 1
+
+
+def test_module_cli_lists_the_profiles():
+    res = subprocess.run([sys.executable, "-m", "timm_csm.recipes", "--help"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert res.returncode == 0 and "{demo,full,smoke}" in res.stdout, res.stderr[-2000:]
