@@ -3,7 +3,7 @@
 Every method trains the same backbone with the same recipe on the same data, for several seeds. Two recipes
 (``--recipe``, both chosen so that the CE baseline is measurably over-confident): ``augmented`` (the default: crops,
 flips, weight decay and step decay on 2 500 images, page ``benchmarks/calibration.md``) and ``demo`` (the ``demo``
-profile of :mod:`timm_csm.pipeline`, no augmentation: ``benchmarks/calibration_demo.md``); each writes its rows to
+profile of :mod:`timm_csm.recipes`, no augmentation: ``benchmarks/calibration_demo.md``); each writes its rows to
 ``benchmarks/calibration.json`` too. Methods: CE, label smoothing, focal, FLSD-53, MbLS, ACLS, MDCA, Mixup, RegMixup,
 CSM, and the CSM ablations (soft-CE and soft-focal losses on the generated batch; generated images with one-hot
 labels of the dominant generation class, "variant 2"), and CSM without the generated groups the annotation checks
@@ -109,11 +109,11 @@ _NOT_KEYED = ("output", "experiment", "progress", "resume")
 def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "demo") -> Dict[str, Any]:
     """The shared training options: the ``demo`` pipeline profile, then the named recipe's options (``RECIPES``),
     then ``overrides`` (None values ignored)."""
-    from timm_csm.pipeline import PROFILES
+    from timm_csm.recipes import get_profile
 
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
-    p = PROFILES["demo"]
+    p = get_profile("demo")
     recipe: Dict[str, Any] = {
         "dataset": p.dataset, "model": p.model, "epochs": p.epochs, "batch_size": p.batch_size, "lr": p.lr,
         "weight_decay": p.weight_decay, "sched": p.sched, "max_train_samples": p.max_train_samples,

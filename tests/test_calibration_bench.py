@@ -164,9 +164,9 @@ def test_missing_csm_dataset_skips_the_csm_rows_and_the_report_keeps_other_secti
 
 
 def test_recipes_build_on_the_demo_profile():
-    from timm_csm.pipeline import PROFILES
+    from timm_csm.recipes import get_profile
 
-    demo = PROFILES["demo"]
+    demo = get_profile("demo")
     augmented = bench.base_recipe({"epochs": 3}, "augmented")
     assert augmented["epochs"] == 3 and augmented["model"] == demo.model and augmented["max_train_samples"] == 2500
     assert augmented["crop_pad"] == 2 and augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]

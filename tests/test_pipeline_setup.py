@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from timm_csm.data.embedded import FASHION_MNIST_INSTALL
-from timm_csm.pipeline import PROFILES, _resolve_dataset, run_pipeline
+from timm_csm.recipes import get_profile, resolve_dataset, run_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 IDX = "train-images-idx3-ubyte.gz"
@@ -90,7 +90,7 @@ def test_pipeline_without_fashion_mnist_is_an_error_not_digits(tmp_path, monkeyp
     monkeypatch.setenv("TIMM_CSM_FASHION_MNIST", str(tmp_path / "absent"))
     out = tmp_path / "run"
     with pytest.raises(FileNotFoundError, match=f"sudo sh -c '{FASHION_MNIST_INSTALL}'.*--dataset digits"):
-        run_pipeline(PROFILES["smoke"], out, log=lambda line: None)
+        run_recipe(get_profile("smoke"), out, log=lambda line: None)
     assert not out.exists()
     from timm_csm.data import load_image_arrays
 
@@ -101,10 +101,10 @@ def test_pipeline_without_fashion_mnist_is_an_error_not_digits(tmp_path, monkeyp
 def test_digits_is_an_explicit_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("TIMM_CSM_FASHION_MNIST", str(tmp_path / "absent"))
     lines = []
-    demo = PROFILES["demo"]
-    run = _resolve_dataset(dataclasses.replace(demo, dataset="digits"), lines.append)
+    demo = get_profile("demo")
+    run = resolve_dataset(dataclasses.replace(demo, dataset="digits"), lines.append)
     assert run.dataset == "digits" and run.generator == "digits" and "model_kwargs" not in run.train_extra
     assert run.train_extra == {k: v for k, v in demo.train_extra.items() if k != "model_kwargs"}
     assert lines and "digits" in lines[0]
-    kept = _resolve_dataset(dataclasses.replace(demo, dataset="digits", generator="smoke"), lines.append)
+    kept = resolve_dataset(dataclasses.replace(demo, dataset="digits", generator="smoke"), lines.append)
     assert kept.generator == "smoke"
