@@ -1,5 +1,5 @@
 """Post-hoc calibrators: the paper's ECE grid rule (exact decimal grid, ties to the smaller T), Guo's NLL fit
-against scipy, vector scaling, refusal cases, safetensors save/load, and the proximity-informed ECE."""
+against scipy, vector scaling, refusal cases and safetensors save/load."""
 import math
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from timm_csm.metrics import ece
 from timm_csm.calibration import (PostHocCalibrator, TemperatureScaling, VectorScaling, create_calibrator,
-                                  list_calibrators, load_calibrator, piece, proximity, temperature_grid)
+                                  list_calibrators, load_calibrator, temperature_grid)
 
 
 def reference_ece(probs, targets, n_bins=15):
@@ -186,42 +186,3 @@ def test_create_calibrator():
         create_calibrator("platt")
     with pytest.raises(ValueError, match="method"):
         TemperatureScaling(method="lbfgs")
-
-
-def test_proximity_hand_worked():
-    angles = torch.tensor([0.0, 60.0, 180.0]) * math.pi / 180
-    feats = torch.stack([angles.cos(), angles.sin()], 1) * 3.0  # scaled: features are L2-normalised first
-    # squared distances on the unit circle: d(0, 60) = 1, d(0, 180) = 4, d(60, 180) = 3
-    e = math.exp
-    assert torch.allclose(proximity(feats, n_neighbors=1), torch.tensor([e(-1), e(-1), e(-3)], dtype=torch.float64))
-    two = torch.tensor([(e(-1) + e(-4)) / 2, (e(-1) + e(-3)) / 2, (e(-4) + e(-3)) / 2], dtype=torch.float64)
-    assert torch.allclose(proximity(feats, n_neighbors=2, chunk_size=2), two)
-    # against a separate reference set the point itself counts
-    assert torch.allclose(proximity(feats[:1], feats, n_neighbors=2), torch.tensor([(1 + e(-1)) / 2],
-                                                                                   dtype=torch.float64))
-    with pytest.raises(ValueError, match="n_neighbors"):
-        proximity(feats, n_neighbors=3)
-
-
-def test_piece_bounds_and_reduction_to_ece():
-    z, y = overconfident_logits(n=400, seed=5)
-    g = torch.Generator().manual_seed(5)
-    feats = torch.randn(400, 8, generator=g)
-    ece = reference_ece(torch.softmax(z, 1), y)
-    assert piece(z, y, feats, n_prox_bins=1) == pytest.approx(ece, abs=1e-12)
-    value = piece(z, y, feats)
-    assert value >= ece - 1e-12
-    prox = proximity(feats)
-    assert piece(z, y, None, prox=prox) == pytest.approx(value, abs=1e-15)
-    assert piece(torch.softmax(z, 1), y, feats, input_type="probs") == pytest.approx(value, abs=1e-12)
-
-
-def test_piece_hand_worked():
-    # two proximity groups, one over-confident and one under-confident: ECE cancels within the confidence bin,
-    # PIECE does not
-    probs = torch.tensor([[0.9, 0.1]] * 4, dtype=torch.float64)
-    y = torch.tensor([0, 1, 0, 0])  # first pair: accuracy 1/2 at confidence 0.9; second pair: accuracy 1
-    prox = torch.tensor([0.1, 0.1, 0.9, 0.9])
-    assert reference_ece(probs, y) == pytest.approx(abs(0.75 - 0.9))
-    expected = 0.5 * abs(0.5 - 0.9) + 0.5 * abs(1.0 - 0.9)
-    assert piece(probs, y, None, prox=prox, n_prox_bins=2, input_type="probs") == pytest.approx(expected)

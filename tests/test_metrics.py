@@ -1,5 +1,5 @@
 """Functional calibration metrics against float64 NumPy references written here, and against peers (torchmetrics,
-netcal, relplot) where their semantics agree with ours."""
+netcal, relplot) where their semantics agree with ours; ProCal's proximity-informed ECE (PIECE)."""
 import math
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from timm_csm.metrics import (METRIC_KEYS, adaptive_ece, bin_edges, bin_index, brier_score, calibration_metrics,
-                              classwise_ece, ece, mce, nll, overconfidence_error, reliability_table, smooth_ece,
-                              underconfidence_error)
+                              classwise_ece, ece, mce, nll, overconfidence_error, piece, proximity, reliability_table,
+                              smooth_ece, underconfidence_error)
 from timm_csm.metrics.inputs import prepare_inputs
 from timm_csm.metrics.state import accumulate
 
@@ -475,3 +475,77 @@ def test_functional_brier_binary_task_is_the_binary_score():
     assert got == pytest.approx(brier_score_loss(y.numpy(), p1.numpy()), abs=1e-12) and got == pytest.approx(0.3375)
     two = torch.stack([1 - p1, p1], 1)
     assert brier_score(two, y, input_type="probs") == pytest.approx(2 * got, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PIECE (ProCal) and proximity
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def ref_piece(conf, acc, prox, n_conf_bins=15, n_prox_bins=10):
+    """Σ over the quantile proximity bins P ((lo, hi]) of |P|/N times the ECE inside P."""
+    edges = np.quantile(prox, np.linspace(0, 1, n_prox_bins + 1))
+    n = len(prox)
+    total = 0.0
+    for p in range(n_prox_bins):
+        m = ref_members(prox, edges, p)
+        if m.any():
+            total += m.sum() / n * ref_ece(conf[m], acc[m], n_conf_bins)
+    return total
+
+
+def test_proximity_hand_worked():
+    angles = torch.tensor([0.0, 60.0, 180.0]) * math.pi / 180
+    feats = torch.stack([angles.cos(), angles.sin()], 1) * 3.0  # scaled: features are L2-normalised first
+    # squared distances on the unit circle: d(0, 60) = 1, d(0, 180) = 4, d(60, 180) = 3
+    e = math.exp
+    assert torch.allclose(proximity(feats, n_neighbors=1), torch.tensor([e(-1), e(-1), e(-3)], dtype=torch.float64))
+    two = torch.tensor([(e(-1) + e(-4)) / 2, (e(-1) + e(-3)) / 2, (e(-4) + e(-3)) / 2], dtype=torch.float64)
+    assert torch.allclose(proximity(feats, n_neighbors=2, chunk_size=2), two)
+    # against a separate reference set the point itself counts
+    assert torch.allclose(proximity(feats[:1], feats, n_neighbors=2), torch.tensor([(1 + e(-1)) / 2],
+                                                                                   dtype=torch.float64))
+    with pytest.raises(ValueError, match="n_neighbors"):
+        proximity(feats, n_neighbors=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_piece_matches_reference_and_reduces_to_the_reported_ece(dtype):
+    z, y = make_logits(400, 5, seed=5, dtype=dtype)
+    feats = torch.randn(400, 8, generator=torch.Generator().manual_seed(5))
+    prox = proximity(feats)
+    conf, acc = ref_top(ref_softmax(z.double()), ref_onehot(y, 5))
+    assert piece(z, y, feats) == pytest.approx(ref_piece(conf, acc, prox.numpy()), abs=1e-6 if dtype == torch.float32
+                                               else 1e-12)
+    # the confidences and bins of ece(), float32 logits included: one proximity bin gives the reported ECE
+    assert piece(z, y, feats, n_prox_bins=1) == pytest.approx(ece(z, y), abs=1e-14)
+    assert piece(z, y, feats) >= ece(z, y) - 1e-14
+    assert piece(z, y, None, prox=prox) == piece(z, y, feats)
+    assert piece(torch.softmax(z.double(), 1), y, feats, input_type="probs") == pytest.approx(piece(z, y, feats),
+                                                                                              abs=1e-6)
+
+
+def test_piece_hand_worked():
+    # two proximity groups, one over-confident and one under-confident: ECE cancels within the confidence bin,
+    # PIECE does not
+    probs = torch.tensor([[0.9, 0.1]] * 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 0, 0])  # first pair: accuracy 1/2 at confidence 0.9; second pair: accuracy 1
+    prox = torch.tensor([0.1, 0.1, 0.9, 0.9])
+    assert ece(probs, y, input_type="probs") == pytest.approx(abs(0.75 - 0.9))
+    expected = 0.5 * abs(0.5 - 0.9) + 0.5 * abs(1.0 - 0.9)
+    assert piece(probs, y, None, prox=prox, n_prox_bins=2, input_type="probs") == pytest.approx(expected)
+
+
+def test_piece_bad_input_names_the_problem():
+    z, y = make_logits(20, 3)
+    feats = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="rows for 20 samples"):
+        piece(z, y, feats[:15])
+    with pytest.raises(ValueError, match=r"prox must have shape \(20,\)"):
+        piece(z, y, None, prox=torch.rand(19))
+    with pytest.raises(ValueError, match="features is missing"):
+        piece(z, y, None)
+    with pytest.raises(ValueError, match="n_bins"):
+        piece(z, y, feats, n_prox_bins=0)
+    with pytest.raises(ValueError, match=r"shape \(N, C\)"):
+        piece(z.view(20, 3, 1), y.view(20, 1), feats)

@@ -5,11 +5,10 @@
 """
 from .base import PostHocCalibrator, load_calibrator
 from .factory import create_calibrator, list_calibrators
-from .proximity import piece, proximity
 from .temperature import TemperatureScaling, temperature_grid
 from .vector import VectorScaling
 
 __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "temperature_grid", "create_calibrator",
-    "list_calibrators", "load_calibrator", "piece", "proximity",
+    "list_calibrators", "load_calibrator",
 ]

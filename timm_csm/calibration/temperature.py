@@ -8,8 +8,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..metrics import bin_edges, bin_index
-from ..metrics.binning import calibration_error_from_bins
+from ..metrics.binning import bin_edges, bin_index, bin_sums, calibration_error_from_bins
 from ._checks import check_fit_inputs
 from .base import PostHocCalibrator
 
@@ -94,13 +93,8 @@ class TemperatureScaling(PostHocCalibrator):
         for i, t in enumerate(temperatures):
             torch.div(shifted, t, out=buffer)
             confidence = buffer.exp_().sum(dim=1).reciprocal_()
-            index = bin_index(confidence, edges)
-            count = torch.bincount(index, minlength=self.n_bins).to(torch.float64)
-            conf_sum = torch.zeros(self.n_bins, dtype=torch.float64, device=logits.device).index_add_(0, index,
-                                                                                                       confidence)
-            acc_sum = torch.zeros(self.n_bins, dtype=torch.float64, device=logits.device).index_add_(0, index,
-                                                                                                      correct)
-            scores[i] = calibration_error_from_bins(count, conf_sum, acc_sum, "l1")
+            sums = bin_sums(bin_index(confidence, edges), self.n_bins, confidence, correct)
+            scores[i] = calibration_error_from_bins(*sums, "l1")
         best = int(torch.argmin(scores))  # first minimum: ties go to the smaller T
         return temperatures[best], scores
 

@@ -10,6 +10,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..metrics.binning import bin_index, bin_sums, equal_mass_edges
 from ._common import FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor, reduce_rows
 from .base import LossBase
 from .registry import register_loss
@@ -99,27 +100,17 @@ class FLSDLoss(LossBase):
         return reduce_rows(focal_rows(log_probs, batch, gamma), batch, self.reduction)
 
 
-def equal_mass_edges(confidence: torch.Tensor, n_bins: int) -> torch.Tensor:
-    """Equal-mass bin edges as in focal_calibration / AdaFocal: ``np.interp(linspace(0, n, B+1), arange(n),
-    sort(conf))`` (positions beyond the last sample take the largest confidence)."""
-    values = confidence.double().sort().values
-    n = values.numel()
-    positions = torch.linspace(0, n, n_bins + 1, dtype=torch.float64)
-    lower = positions.floor().clamp(max=n - 1).long()
-    upper = (lower + 1).clamp(max=n - 1)
-    frac = (positions - lower.double()).clamp(0.0, 1.0)
-    edges = values[lower] + frac * (values[upper] - values[lower])
-    return torch.where(positions >= n - 1, values[-1].expand_as(edges), edges)
-
-
 @register_loss("adafocal")
 class AdaFocalLoss(LossBase):
     """AdaFocal (Ghosh et al., NeurIPS 2022): focal loss whose gamma is kept per confidence bin and updated after
     every epoch from the calibration of the validation set.
 
     Hook: ``on_epoch_end(val_logits, val_targets)``. It bins the validation top-label confidences into
-    ``n_bins`` equal-mass bins (edges as in the official code), takes each bin's gap g_b = mean confidence -
-    accuracy over (lo, hi] (the lowest sample is included in the first bin; empty bins have g_b = 0), and updates
+    ``n_bins`` equal-mass bins (:func:`timm_csm.metrics.binning.equal_mass_edges`, the interpolation of the official
+    code, whose last-bit rounding may differ: ``v[lo] (1 - f) + v[hi] f`` here, ``v[lo] + f (v[hi] - v[lo])`` in
+    its ``np.interp``, so an edge can move by one unit in the last place and a validation sample changes bin only
+    where an edge rounds onto its value), takes each bin's gap g_b = mean confidence - accuracy over (lo, hi] (the
+    lowest sample is included in the first bin; empty bins have g_b = 0), and updates
 
         gamma_b <- gamma_b * exp(lam * g_b)   if gamma_b > 0,   gamma_b * exp(-lam * g_b) otherwise;
         |gamma_b| < switch  ->  flip to -switch (was positive) or +switch;   clip to [gamma_min, gamma_max].
@@ -170,10 +161,8 @@ class AdaFocalLoss(LossBase):
         conf = log_conf.exp()
         correct = (pred == batch.target_dominant()[keep]).double()
         edges = equal_mass_edges(conf, self.n_bins)
-        index = torch.bucketize(conf, edges[1:-1], right=False)  # (lo, hi]; below the first edge -> bin 0
-        count = torch.bincount(index, minlength=self.n_bins).double()
-        conf_sum = torch.bincount(index, weights=conf, minlength=self.n_bins)
-        acc_sum = torch.bincount(index, weights=correct, minlength=self.n_bins)
+        index = bin_index(conf, edges, equal_width=False)  # (lo, hi]; below the first edge -> bin 0
+        count, conf_sum, acc_sum = bin_sums(index, self.n_bins, conf, correct)
         gap = torch.where(count > 0, (conf_sum - acc_sum) / count.clamp_min(1.0), torch.zeros_like(count))
 
         gamma = self.bin_gamma.double().cpu()

@@ -17,11 +17,11 @@ mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "calibration_error_from_bins",
+__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "bin_sums", "calibration_error_from_bins",
            "overconfidence_from_bins", "underconfidence_from_bins", "classwise_error_from_bins", "check_n_bins"]
 
 NORMS = ("l1", "l2", "max")
@@ -56,16 +56,34 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     return idx
 
 
-def equal_mass_edges(sorted_values: torch.Tensor, n_bins: int) -> torch.Tensor:
-    """Edges that split sorted values into ``n_bins`` bins of (nearly) equal count.
+def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) -> torch.Tensor:
+    """Edges that split ``values`` (any order) into ``n_bins`` bins of (nearly) equal count, in float64.
 
-    ``edges[b] = interp(b * N / n_bins, arange(N), sorted)``, the construction of the focal-calibration / MbLS
-    adaptive ECE (``np.interp(linspace(0, N, n_bins + 1), arange(N), sorted)``). With the right-closed rule of
-    :func:`bin_index` every sample lands in a bin, the lowest one included (the reference code drops it).
+    With ``v`` the sorted values and ``N`` their number, ``edges[b] = interp(pos_b, arange(N), v)``, linear
+    interpolation between sorted neighbours, at one of two position rules:
+
+    * ``quantile=False`` (adaptive ECE, AdaFocal): ``pos_b = b N / n_bins``, the
+      ``np.interp(linspace(0, N, n_bins + 1), arange(N), sort(conf))`` construction of the focal-calibration / MbLS
+      adaptive ECE (Nixon et al., 2019) and of AdaFocal's bins; positions beyond the last sample take the largest
+      value, as ``np.interp`` clamps. With right-closed bins the first bin holds one sample more than N / n_bins
+      and the last one fewer.
+    * ``quantile=True`` (PIECE's proximity bins): ``pos_b = b (N - 1) / n_bins``, the linear quantiles of
+      ``np.quantile`` / ``torch.quantile`` that ProCal's quantile ``KBinsDiscretizer`` uses; tied values split
+      evenly (e.g. two 0.1 and two 0.9 give the inner edge 0.5, where the first rule gives 0.9).
+
+    Between two neighbours ``lo``, ``hi`` the edge is computed as ``v[lo] (1 - f) + v[hi] f``; ``np.interp``, the
+    AdaFocal code and ``torch.quantile`` compute ``v[lo] + f (v[hi] - v[lo])`` (or its mirror), which can round
+    differently in the last bit. No sample lies strictly between two sorted neighbours, so that difference moves a
+    sample to the next bin only where an edge rounds onto (or off) a sample value. With the right-closed rule of
+    :func:`bin_index` (``equal_width=False``) every sample lands in a bin, the lowest one included (the
+    focal-calibration code drops it).
     """
-    n = sorted_values.numel()
-    v = sorted_values.to(torch.float64)
-    pos = torch.linspace(0.0, float(n), n_bins + 1, dtype=torch.float64, device=v.device)
+    check_n_bins(n_bins)
+    n = values.numel()
+    if n == 0:
+        raise ValueError("equal-mass edges of an empty set are undefined: pass at least one value")
+    v = values.reshape(-1).to(torch.float64).sort().values
+    pos = torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64, device=v.device)
     if n == 1:
         return v.expand(n_bins + 1).clone()
     lo = pos.floor().clamp(max=n - 1).long()
@@ -75,6 +93,29 @@ def equal_mass_edges(sorted_values: torch.Tensor, n_bins: int) -> torch.Tensor:
     frac = torch.where(pos >= n - 1, torch.zeros_like(frac), frac)
     lo = torch.where(pos >= n - 1, torch.full_like(lo, n - 1), lo)
     return v[lo] * (1.0 - frac) + v[hi] * frac
+
+
+def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,
+             out: Optional[Sequence[torch.Tensor]] = None) -> Tuple[torch.Tensor, ...]:
+    """Per-bin count and sums: ``(count, Σ values[0], Σ values[1], ...)``, each ``(n_bins,)`` float64.
+
+    ``count[b] = #{i : index[i] = b}`` and ``sum_k[b] = Σ_{i : index[i] = b} values[k][i]``. The values are added
+    one sample after the other, in the order given (``index_add_``; sequential on CPU, so the sums are
+    reproducible bit for bit), in float64. With ``out`` (``1 + len(values)`` float64 tensors of shape
+    ``(n_bins,)``, e.g. the sums of a streaming state) the samples are added into those tensors in place, which
+    are returned.
+    """
+    if out is None:
+        out = tuple(torch.zeros(n_bins, dtype=torch.float64, device=index.device) for _ in range(len(values) + 1))
+    elif len(out) != len(values) + 1 or any(t.shape != (n_bins,) or t.dtype != torch.float64 for t in out):
+        raise ValueError(f"out must hold {len(values) + 1} float64 tensors of shape ({n_bins},)")
+    if any(v.shape != index.shape for v in values):
+        raise ValueError(f"values must have the shape of index {tuple(index.shape)}, got "
+                         f"{[tuple(v.shape) for v in values]}")
+    out[0].index_add_(0, index, torch.ones(index.shape, dtype=torch.float64, device=index.device))
+    for total, v in zip(out[1:], values):
+        total.index_add_(0, index, v.to(torch.float64))
+    return tuple(out)
 
 
 def _bin_means(count, conf_sum, acc_sum):

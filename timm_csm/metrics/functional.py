@@ -24,7 +24,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .binning import (NORMS, bin_edges, bin_index, calibration_error_from_bins, check_n_bins,
+from .binning import (NORMS, bin_edges, bin_index, bin_sums, calibration_error_from_bins, check_n_bins,
                       classwise_error_from_bins, equal_mass_edges, overconfidence_from_bins,
                       underconfidence_from_bins)
 from .inputs import prepare_inputs
@@ -116,13 +116,8 @@ def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor
     if confidences.numel() == 0:
         raise ValueError("no samples: the calibration error of an empty set is undefined")
     conf = confidences.to(torch.float64)
-    edges = equal_mass_edges(conf.sort().values, n_bins)
-    b = bin_index(conf, edges, equal_width=False)
-    count = torch.zeros(n_bins, dtype=torch.float64, device=conf.device)
-    count.index_add_(0, b, torch.ones_like(conf))
-    conf_sum = torch.zeros_like(count).index_add_(0, b, conf)
-    acc_sum = torch.zeros_like(count).index_add_(0, b, accuracies.to(torch.float64))
-    return calibration_error_from_bins(count, conf_sum, acc_sum, "l1")
+    b = bin_index(conf, equal_mass_edges(conf, n_bins), equal_width=False)
+    return calibration_error_from_bins(*bin_sums(b, n_bins, conf, accuracies), "l1")
 
 
 def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:

@@ -31,7 +31,7 @@ from typing import List, Optional
 
 import torch
 
-from .binning import bin_edges, bin_index, check_n_bins
+from .binning import bin_edges, bin_index, bin_sums, check_n_bins
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate"]
@@ -217,10 +217,7 @@ class _PerSample:
         if self.brier:
             st.brier += torch.cat(self.brier).sum()
         if st.flags["binned"]:
-            b = bin_index(conf, edges)
-            st.count.index_add_(0, b, torch.ones_like(conf))
-            st.conf_sum.index_add_(0, b, conf)
-            st.acc_sum.index_add_(0, b, acc)
+            bin_sums(bin_index(conf, edges), st.n_bins, conf, acc, out=(st.count, st.conf_sum, st.acc_sum))
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)
@@ -337,10 +334,8 @@ def _classwise_block(x, t, soft, edges, cw: _ClasswiseOthers):
         rows, cols = (x >= _first_above(float(edges[1]), x.dtype)).nonzero(as_tuple=True)
         vals = x[rows, cols].to(_F64)
         flat = cols * B + bin_index(vals, edges)
-        cw.count.index_add_(0, flat, torch.ones_like(vals))
-        cw.prob.index_add_(0, flat, vals)
-        if soft:
-            cw.label.index_add_(0, flat, t[rows, cols])
+        values = (vals, t[rows, cols]) if soft else (vals,)
+        bin_sums(flat, cw.C * B, *values, out=(cw.count, cw.prob, cw.label)[:1 + len(values)])
     if soft:
         cw.label_total += t.sum(0)
     else:
@@ -349,4 +344,4 @@ def _classwise_block(x, t, soft, edges, cw: _ClasswiseOthers):
         flat_y = y * B + bin_index(p_y, edges)
         if cw.hard_labels is None:
             cw.hard_labels = torch.zeros(cw.C * B, dtype=_F64, device=x.device)
-        cw.hard_labels.index_add_(0, flat_y, torch.ones(n, dtype=_F64, device=x.device))
+        bin_sums(flat_y, cw.C * B, out=(cw.hard_labels,))
