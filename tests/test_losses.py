@@ -315,6 +315,43 @@ def test_adafocal_initial_value_update_and_switch():
     assert switching.bin_gamma[1].item() == pytest.approx(-0.2 * math.exp(2.0))
 
 
+def test_adafocal_update_matches_its_released_formula_on_random_validation_sets():
+    # the update with the edges and per-bin sums written inline (np.interp-style edges, (lo, hi] bins, bincount
+    # sums): the gammas agree to rounding and the bins of the validation samples are the same
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        z = 3.0 * torch.randn(500, 6, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 6, (500,), generator=g)
+        loss = create_loss("adafocal")
+        loss.on_epoch_end(z, y)
+        conf, pred = torch.softmax(z, 1).max(1)
+        v, n = conf.sort().values, conf.numel()
+        pos = torch.linspace(0, n, 16, dtype=torch.float64)
+        lo = pos.floor().clamp(max=n - 1).long()
+        hi = (lo + 1).clamp(max=n - 1)
+        edges = v[lo] + (pos - lo.double()).clamp(0, 1) * (v[hi] - v[lo])
+        edges = torch.where(pos >= n - 1, v[-1].expand_as(edges), edges)
+        index = torch.bucketize(conf, edges[1:-1], right=False)
+        assert torch.equal(index, torch.bucketize(conf, loss.bin_edges[1:-1], right=False))
+        count = torch.bincount(index, minlength=15).double()
+        gap = (torch.bincount(index, weights=conf, minlength=15)
+               - torch.bincount(index, weights=(pred == y).double(), minlength=15)) / count.clamp_min(1)
+        gamma = torch.exp(gap)
+        gamma = torch.where(gamma.abs() < 0.2, torch.full_like(gamma, -0.2), gamma).clamp(-2, 20)
+        assert torch.allclose(loss.bin_edges, edges, rtol=1e-15, atol=0)
+        assert torch.allclose(loss.bin_gamma, gamma, rtol=1e-14, atol=0)
+
+
+def test_functional_all_lists_exactly_its_public_definitions():
+    import inspect
+
+    from timm_csm.losses import functional
+
+    defined = [name for name, obj in vars(functional).items() if not name.startswith("_")
+               and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == functional.__name__]
+    assert sorted(functional.__all__) == sorted(defined)
+
+
 def test_aslp_value_and_updates():
     loss = create_loss("aslp", warmup_epochs=0, lr=0.01, lam=100.0)
     y = torch.tensor([3])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, check_reduction, flatten_binary, reduce_binary
 from .base import LossBase
+from .functional import check_finite_number, check_reduction, flatten_binary, reduce_binary
 from .registry import register_loss
 
 __all__ = ["BinaryCrossEntropyLoss", "BinaryLabelSmoothingLoss", "BinaryFocalLoss"]

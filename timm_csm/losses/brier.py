@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_reduction, reduce_rows
 from .base import LossBase
+from .functional import check_reduction, reduce_rows
 from .registry import register_loss
 
 __all__ = ["BrierLoss", "brier_rows"]

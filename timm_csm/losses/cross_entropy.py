@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll, reduce_rows, row_nll
 from .base import LossBase
+from .functional import (check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll, reduce_rows,
+                         row_nll)
 from .registry import register_loss
 
 __all__ = ["CrossEntropyLoss", "LabelSmoothingLoss"]

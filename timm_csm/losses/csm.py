@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
 from .base import LossBase
 from .brier import brier_rows
 from .focal import focal_rows
+from .functional import check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
 from .registry import LossSpec, register_loss
 
 __all__ = ["CSMLoss"]

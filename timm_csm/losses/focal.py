@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics.binning import bin_index, bin_sums, equal_mass_edges
-from ._common import FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor, reduce_rows
 from .base import LossBase
+from .functional import (FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor,
+                         reduce_rows)
 from .registry import register_loss
 
 __all__ = ["FocalLoss", "FLSDLoss", "AdaFocalLoss", "focal_rows"]

@@ -26,9 +26,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (check_finite_number, check_reduction, flatten_batch, flatten_binary, reduce_binary, reduce_rows,
-                      row_nll)
 from .base import LossBase
+from .functional import (check_finite_number, check_reduction, flatten_batch, flatten_binary, reduce_binary,
+                         reduce_rows, row_nll)
 from .registry import register_loss
 
 __all__ = ["AdaptiveLabelPerturbation", "BinaryAdaptiveLabelPerturbation"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, masked_mean, mean_nll, reduce_rows
 from .base import LossBase
 from .focal import focal_rows
+from .functional import check_finite_number, masked_mean, mean_nll, reduce_rows
 from .registry import register_loss
 
 __all__ = ["MDCALoss", "mdca_penalty"]

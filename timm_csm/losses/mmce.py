@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, mean_nll
 from .base import LossBase
+from .functional import check_finite_number, mean_nll
 from .registry import register_loss
 
 __all__ = ["MMCELoss", "mmce_penalty"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import check_finite_number, flatten_batch, mean_ce, reduce_rows
 from .base import LossBase
+from .functional import check_finite_number, flatten_batch, mean_ce, reduce_rows
 from .registry import register_loss
 
 __all__ = ["MRLLoss", "MNDCGLoss"]

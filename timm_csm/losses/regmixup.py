@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_finite_number
+from .functional import check_finite_number
 
 __all__ = ["regmixup_objective", "REGMIXUP_REDUCTIONS"]
 

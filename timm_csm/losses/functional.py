@@ -1,4 +1,5 @@
-"""Shared plumbing for the calibration losses: input checks, dense flattening, ignore masks, reductions.
+"""Shared row math of the calibration losses (plain functions): input checks, dense flattening, ignore masks,
+per-row losses and reductions.
 
 Every multiclass loss accepts
 
@@ -7,7 +8,8 @@ Every multiclass loss accepts
 * dense logits ``(N, C, *S)`` (e.g. ``(N, C, H, W)`` for segmentation) with hard targets ``(N, *S)`` or soft targets
   ``(N, C, *S)``.
 
-Dense inputs are flattened to ``(N * prod(S), C)`` rows. Hard targets equal to ``ignore_index`` are masked with a
+Dense inputs are flattened to ``(N * prod(S), C)`` rows (:func:`flatten_batch`, :class:`FlatBatch`; binary sigmoid
+inputs: :func:`flatten_binary`, :class:`BinaryBatch`). Hard targets equal to ``ignore_index`` are masked with a
 0/1 row weight instead of being removed, so no host synchronisation is needed; a batch whose rows are all ignored
 gives a loss of 0 rather than NaN.
 """
@@ -20,8 +22,9 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FlatBatch", "flatten_batch", "flatten_binary", "reduce_rows", "mean_nll", "mean_ce", "masked_mean",
-           "check_reduction"]
+__all__ = ["FlatBatch", "BinaryBatch", "flatten_batch", "flatten_binary", "reduce_rows", "reduce_binary", "row_nll",
+           "ce_rows", "mean_nll", "mean_ce", "masked_mean", "modulating_factor", "check_reduction",
+           "check_finite_number"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 _SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance
