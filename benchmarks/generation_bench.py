@@ -34,11 +34,12 @@ def main(argv=None):
 
     if args.generator:
         pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps,
-                                                      guidance_scale=args.guidance_scale, device=args.device)
+                                                      guidance_scale=args.guidance_scale).to(args.device)
     else:
         unet = create_class_unet(GENERATOR_PROFILES["fmnist"], 10).to(args.device).eval()
-        pipe = SemanticMixingPipeline(unet, DDIMScheduler(beta_schedule="squaredcos_cap_v2"), 10, args.steps,
-                                      args.guidance_scale)
+        pipe = SemanticMixingPipeline(unet, DDIMScheduler(beta_schedule="squaredcos_cap_v2"),
+                                      num_inference_steps=args.steps, guidance_scale=args.guidance_scale)
+    pipe.set_progress_bar_config(disable=True)
     lams = lambda_grid(args.num_lambdas)
     groups = plan_groups(pipe.num_classes, args.batch_groups)
     batch = args.batch_groups * len(lams)
@@ -57,10 +58,10 @@ def main(argv=None):
         for _ in range(args.repeats):
             sync(); t0 = time.perf_counter()
             for _ in range(args.steps):
-                pipe.model(x, t, class_labels=w).sample
+                pipe.unet(x, t, class_labels=w).sample
             sync(); raw.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            images, _ = pipe(groups, lams)
+            images, _ = pipe(groups, lams, return_dict=False)
             sync(); full.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     for img in images.numpy():

@@ -39,9 +39,10 @@ def reference_classifier(output: Path, dataset: str, seed: int = 0):
 
 def measure_cell(generator, scheduler: str, steps: int, guidance: float, classify, num_groups: int) -> Dict:
     """Pure-class accuracy and generation throughput of one sampler setting."""
-    from timm_csm.generation import SemanticMixingPipeline, pure_class_accuracy
+    from timm_csm.generation import SemanticMixingPipeline, create_scheduler, pure_class_accuracy
 
-    pipe = SemanticMixingPipeline.from_pretrained(generator, scheduler, steps, guidance)
+    pipe = SemanticMixingPipeline.from_pretrained(generator, num_inference_steps=steps, guidance_scale=guidance)
+    pipe.scheduler = create_scheduler(scheduler, pipe.scheduler.config)
     spent = {"classify": 0.0}
 
     def timed_classify(images):

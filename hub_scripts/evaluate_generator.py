@@ -43,7 +43,8 @@ def main(argv=None):
         cfg = GENERATOR_PROFILES[args.profile]
         unet, step = load_checkpoint_ema(args.checkpoint_of, test.num_classes, cfg)
         sched = DDIMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule=cfg.beta_schedule)
-        pipe = SemanticMixingPipeline(unet, sched, test.num_classes, args.steps, args.guidance_scale or 1.0)
+        pipe = SemanticMixingPipeline(unet, sched, test.class_names, num_inference_steps=args.steps,
+                                      guidance_scale=args.guidance_scale or 1.0)
     quality = pure_class_accuracy(pipe, classifier.classify, num_groups=args.num_groups)
     result = {"generated_pure_class_accuracy": quality["accuracy"], "per_class": quality["per_class"],
               "num_images": quality["num_images"], "classifier_real_test_accuracy": real_acc,

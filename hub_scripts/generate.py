@@ -27,7 +27,7 @@ from pathlib import Path
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generator", required=True,
-                   help="generator folder (unet/, scheduler/, generator.json) or an EDM network pickle (.pkl)")
+                   help="generator folder (model_index.json, unet/, scheduler/) or an EDM network pickle (.pkl)")
     p.add_argument("--num-groups", type=int, required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
@@ -56,7 +56,7 @@ def parse_args(argv=None):
             p.error("an EDM pickle is sampled with EDM's Heun sampler and no guidance (the paper); drop "
                     "--guidance-scale / --scheduler")
     elif args.class_names is not None:
-        p.error("--class-names is for EDM pickles; a generator folder names its classes in generator.json")
+        p.error("--class-names is for EDM pickles; a generator folder names its classes in model_index.json")
     if args.strength < 1.0 and not args.anchor_dataset:
         p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")
     return args
@@ -69,21 +69,23 @@ def is_edm_pickle(generator: str) -> bool:
 
 def build_pipeline(args, device, anchors=None):
     """The semantic-mixing pipeline of ``--generator``: an EDM pickle, or a diffusers generator folder."""
-    from timm_csm.generation import EDMSemanticMixingPipeline, SemanticMixingPipeline
+    from timm_csm.generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
 
     if is_edm_pickle(args.generator):
         names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
         return EDMSemanticMixingPipeline.from_edm_pickle(args.generator, args.steps, device=device,
                                                          class_names=names)
-    return SemanticMixingPipeline.from_pretrained(args.generator, args.scheduler, args.steps or 50,
-                                                  args.guidance_scale, device=device, anchors=anchors,
-                                                  strength=args.strength)
+    pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps or 50,
+                                                  guidance_scale=args.guidance_scale, anchors=anchors,
+                                                  strength=args.strength).to(device)
+    pipe.scheduler = create_scheduler(args.scheduler, pipe.scheduler.config)
+    return pipe
 
 
 def training_anchors(dataset: str, max_train_samples=None, val_split: float = 0.1, seed: int = 0):
     """The training images of the train.py run with these options, as an anchor pool."""
     from timm_csm.generation.anchors import AnchorPool
-    from timm_csm.train import build_parser, load_data
+    from timm_csm.training import build_parser, load_data
 
     argv = ["--dataset", dataset, "--val-split", str(val_split), "--seed", str(seed)]
     if max_train_samples is not None:

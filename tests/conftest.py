@@ -24,7 +24,7 @@ def tiny_generator(tmp_path_factory):
     """A saved generator folder: the smoke profile's UNet for 4 classes, random non-trivial weights."""
     from diffusers import DDIMScheduler
 
-    from timm_csm.generation import GENERATOR_PROFILES, create_class_unet, save_generator
+    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet
 
     num_classes = 4
     torch.manual_seed(0)
@@ -33,5 +33,6 @@ def tiny_generator(tmp_path_factory):
         p.data.normal_(0, 0.05)
     folder = tmp_path_factory.mktemp("gen")
     sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
-    save_generator(folder, unet, sched, {"class_names": [f"c{i}" for i in range(num_classes)], "name": "tiny"})
+    names = [f"c{i}" for i in range(num_classes)]
+    SemanticMixingPipeline(unet, sched, names, metadata={"name": "tiny"}).save_pretrained(folder)
     return folder

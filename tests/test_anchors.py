@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from timm_csm.generation import SemanticMixingPipeline, generate_to_folder, load_generated, make_plan, plan_groups
+from timm_csm.generation import (SemanticMixingPipeline, create_scheduler, generate_to_folder, load_generated,
+                                 make_plan, plan_groups)
 from timm_csm.generation.anchors import AnchorPool
 from timm_csm.generation.sampling import sample_with_scheduler
 
@@ -24,14 +25,17 @@ def _pool(n_per_class: int = 5, seed: int = 0) -> AnchorPool:
 
 
 def _pipe(folder, scheduler="ddim", steps=10, anchors=None, strength=1.0):
-    return SemanticMixingPipeline.from_pretrained(folder, scheduler, steps, guidance_scale=1.0, anchors=anchors,
-                                                  strength=strength)
+    pipe = SemanticMixingPipeline.from_pretrained(folder, num_inference_steps=steps, guidance_scale=1.0,
+                                                  anchors=anchors, strength=strength)
+    pipe.scheduler = create_scheduler(scheduler, pipe.scheduler.config)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def test_strength_one_is_the_paper_mode_bit_for_bit(tiny_generator):
     groups = plan_groups(K, 3, seed_offset=7)
-    plain, _ = _pipe(tiny_generator)(groups, LAMBDAS)
-    anchored_off, _ = _pipe(tiny_generator, anchors=_pool(), strength=1.0)(groups, LAMBDAS)
+    plain, _ = _pipe(tiny_generator)(groups, LAMBDAS, return_dict=False)
+    anchored_off, _ = _pipe(tiny_generator, anchors=_pool(), strength=1.0)(groups, LAMBDAS, return_dict=False)
     assert torch.equal(plain, anchored_off)
 
 
@@ -39,11 +43,12 @@ def test_strength_one_is_the_paper_mode_bit_for_bit(tiny_generator):
 def test_anchored_groups_start_from_their_anchor(tiny_generator, scheduler):
     pool = _pool()
     groups = plan_groups(K, 3, seed_offset=7)
-    plain, _ = _pipe(tiny_generator, scheduler)(groups, LAMBDAS)
-    anchored, members = _pipe(tiny_generator, scheduler, anchors=pool, strength=0.6)(groups, LAMBDAS)
+    plain, _ = _pipe(tiny_generator, scheduler)(groups, LAMBDAS, return_dict=False)
+    anchored = _pipe(tiny_generator, scheduler, anchors=pool, strength=0.6)(groups, LAMBDAS).images
     assert anchored.shape == plain.shape and not torch.equal(anchored, plain)
     # the last step alone (strength 1/N) barely moves the noised anchor: every member stays its group's anchor
-    nearly, members = _pipe(tiny_generator, scheduler, steps=20, anchors=pool, strength=0.05)(groups, LAMBDAS)
+    out = _pipe(tiny_generator, scheduler, steps=20, anchors=pool, strength=0.05)(groups, LAMBDAS)
+    nearly, members = out.images, out.members
     expected = torch.stack([pool.images[pool.index_for(g)] for g, _ in members])
     near, far = ((x.float() - expected.float()).abs().mean() for x in (nearly, plain))  # in uint8 levels
     assert near < 12.0 and far > 30.0, (near, far)
@@ -122,7 +127,7 @@ def test_generate_script_anchors_on_the_classifier_training_split(tiny_generator
         from generate import training_anchors
     finally:
         sys.path.pop(0)
-    from timm_csm.train import build_parser, load_data
+    from timm_csm.training import build_parser, load_data
 
     pool = training_anchors("digits", max_train_samples=300, val_split=0.2, seed=3)
     data = load_data(build_parser().parse_args(["--dataset", "digits", "--max-train-samples", "300",

@@ -243,23 +243,23 @@ def test_preconditioning_follows_the_paper(cls):
 def test_pipeline_samples_the_network_with_the_papers_defaults(tmp_path):
     kwargs = dict(NCSNPP, label_dim=4)
     ve = write_edm_pickle(tmp_path / "ve.pkl", _random_net(VEPrecond, kwargs), kwargs)
-    pipe = EDMSemanticMixingPipeline.from_edm_pickle(ve, num_steps=3, class_names=list("abcd"))
+    pipe = EDMSemanticMixingPipeline.from_edm_pickle(ve, num_inference_steps=3, class_names=list("abcd"))
     assert (pipe.sigma_min, pipe.sigma_max) == (0.02, 80.0)  # EDM's range clamped to the VE network's
     assert pipe.provenance["recipe"]["network"] == "VEPrecond" and pipe.provenance["guidance_scale"] == 1.0
     edm = write_edm_pickle(tmp_path / "edm.pkl", _random_net(EDMPrecond, kwargs), kwargs)
-    pipe = EDMSemanticMixingPipeline.from_edm_pickle(edm, num_steps=3, class_names=list("abcd"))
+    pipe = EDMSemanticMixingPipeline.from_edm_pickle(edm, num_inference_steps=3, class_names=list("abcd"))
     assert (pipe.sigma_min, pipe.sigma_max) == (0.002, 80.0)
-    images, members = pipe(plan_groups(4, 2), [0.0, 0.5, 1.0])
+    images, members = pipe(plan_groups(4, 2), [0.0, 0.5, 1.0], return_dict=False)
     assert images.shape == (6, 3, 8, 8) and images.dtype == torch.uint8 and len(members) == 6
     assert not images[0].equal(images[2])  # the two endpoints of a group differ
-    again, _ = pipe(plan_groups(4, 2), [0.0, 0.5, 1.0])
+    again = pipe(plan_groups(4, 2), [0.0, 0.5, 1.0]).images
     assert again.equal(images)  # deterministic per group
     with pytest.raises(ValueError, match="4 classes and no default names"):
         EDMSemanticMixingPipeline.from_edm_pickle(ve)
     k100 = dict(ADM, label_dim=100)
     c100 = EDMSemanticMixingPipeline.from_edm_pickle(write_edm_pickle(tmp_path / "c.pkl", _random_net(EDMPrecond, k100),
                                                                       k100))
-    assert c100.num_steps == 25 and len(c100.class_names) == 100 and c100.class_names[26] == "crab"
+    assert c100.num_inference_steps == 25 and len(c100.class_names) == 100 and c100.class_names[26] == "crab"
     uncond = dict(ADM, label_dim=0)
     with pytest.raises(ValueError, match="unconditional network"):
         EDMSemanticMixingPipeline.from_edm_pickle(write_edm_pickle(tmp_path / "u.pkl", _random_net(EDMPrecond, uncond),
@@ -289,7 +289,7 @@ def test_generate_script_takes_an_edm_pickle_and_resumes(tmp_path):
     assert plan["generator"]["name"] == "edm-cifar10-32x32-cond-vp" and len(plan["generator"]["revision"]) == 12
     assert len(ds) == 9 and set(ds["anchor_index"]) == {-1} and set(ds["generator"]) == {plan["generator"]["name"]}
     pipe = EDMSemanticMixingPipeline.from_edm_pickle(path)
-    first, _ = pipe(plan_groups(10, 1), plan["lambdas"])
+    first = pipe(plan_groups(10, 1), plan["lambdas"]).images
     assert np.array_equal(np.asarray(ds[0]["image"]).transpose(2, 0, 1), first[0].numpy())
     shard = sorted((out / "shards").glob("*.parquet"))[-1]
     before = pq.read_table(shard)

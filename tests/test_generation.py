@@ -16,7 +16,7 @@ from gloo_launch import launch_two_processes
 from timm_csm.generation import (
     EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline, class_pair,
     enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
-    load_generator, make_plan, mix_prompt_embeddings, mix_weights, plan_groups, save_generator,
+    make_plan, mix_prompt_embeddings, mix_weights, plan_groups,
 )
 from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas
 
@@ -47,7 +47,7 @@ def test_mix_weights_and_errors():
 
 
 def test_lambda_one_equals_pure_class_a(tiny_generator):
-    unet, _, _ = load_generator(tiny_generator)
+    unet = SemanticMixingPipeline.from_pretrained(tiny_generator).unet
     x, t = torch.randn(3, 1, 28, 28), torch.tensor([10, 500, 900])
     with torch.no_grad():
         hard = unet(x, t, class_labels=torch.tensor([2, 0, 3])).sample
@@ -60,17 +60,19 @@ def test_lambda_one_equals_pure_class_a(tiny_generator):
 def test_soft_embedding_survives_save_load(tiny_generator, tmp_path):
     from diffusers import UNet2DModel
 
-    unet, sched, meta = load_generator(tiny_generator)
+    pipe = SemanticMixingPipeline.from_pretrained(tiny_generator)
+    unet = pipe.unet
     plain = UNet2DModel.from_pretrained(tiny_generator / "unet")
     assert type(plain.class_embedding) is torch.nn.Embedding  # from_pretrained rebuilds a plain table ...
     assert torch.equal(plain.class_embedding.weight, unet.class_embedding.weight)  # ... with the same weights
-    save_generator(tmp_path, unet, sched, meta)
-    again, _, meta2 = load_generator(tmp_path)
+    pipe.save_pretrained(tmp_path)
+    loaded = SemanticMixingPipeline.from_pretrained(tmp_path)
+    again = loaded.unet
     w = mix_weights([0], [3], [0.3], K)
     x, t = torch.randn(1, 1, 28, 28), torch.tensor([100])
     with torch.no_grad():
         torch.testing.assert_close(again(x, t, class_labels=w).sample, unet(x, t, class_labels=w).sample)
-    assert meta2["class_names"] == meta["class_names"]
+    assert loaded.class_names == pipe.class_names == [f"c{i}" for i in range(K)]
 
 
 def test_unconditional_generator_is_refused():
@@ -87,8 +89,8 @@ def test_group_members_share_noise_and_batching_does_not_matter(tiny_generator):
     pipe = SemanticMixingPipeline.from_pretrained(tiny_generator, num_inference_steps=4)
     groups = plan_groups(K, 5)
     lams = lambda_grid(3)
-    together, members = pipe(groups, lams)
-    one_by_one = torch.cat([pipe([g], lams)[0] for g in groups])
+    together, members = pipe(groups, lams, return_dict=False)
+    one_by_one = torch.cat([pipe([g], lams).images for g in groups])
     assert together.shape == (15, 1, 28, 28) and together.dtype == torch.uint8
     assert [(m[0].group_id, m[1]) for m in members[:4]] == [(0, 0.0), (0, 0.5), (0, 1.0), (1, 0.0)]
     assert (together.int() - one_by_one.int()).abs().max() <= 1  # float batching noise at most one grey level
@@ -98,8 +100,9 @@ def test_group_members_share_noise_and_batching_does_not_matter(tiny_generator):
 
 def test_guidance_needs_null_row_and_runs(tiny_generator):
     pipe = SemanticMixingPipeline.from_pretrained(tiny_generator, num_inference_steps=3, guidance_scale=2.0)
-    images, _ = pipe(plan_groups(K, 1), [0.0, 1.0])
+    images = pipe(plan_groups(K, 1), [0.0, 1.0]).images
     assert images.shape == (2, 1, 28, 28)
+    assert not torch.equal(images, pipe(plan_groups(K, 1), [0.0, 1.0], guidance_scale=1.0).images)
 
 
 def test_dit_soft_conditioning():
@@ -119,8 +122,9 @@ def test_dit_soft_conditioning():
         null_soft = dit(x, t, class_labels=torch.nn.functional.one_hot(torch.tensor([K, K]), K + 1).float()).sample
     torch.testing.assert_close(soft, hard)
     torch.testing.assert_close(null_soft, null)
-    pipe = SemanticMixingPipeline(dit, DDIMScheduler(), K, num_inference_steps=3, guidance_scale=1.5)
-    images, _ = pipe(plan_groups(K, 2), [0.0, 1.0])
+    pipe = SemanticMixingPipeline(dit, DDIMScheduler(), [f"c{i}" for i in range(K)], num_inference_steps=3,
+                                  guidance_scale=1.5)
+    images = pipe(plan_groups(K, 2), [0.0, 1.0]).images
     assert images.shape == (4, 1, 8, 8)
 
 
@@ -143,8 +147,8 @@ def test_edm_heun_recovers_a_point_mass():
     x = edm_heun_sample(denoiser, torch.ones(1, 2), torch.randn(1, 1, 2, 2), num_steps=5)
     torch.testing.assert_close(x, target)
     assert len(calls) == 2 * 5 - 1  # NFE = 2N - 1
-    pipe = EDMSemanticMixingPipeline(lambda x, s, w: torch.zeros_like(x), 3, (1, 2, 2), num_steps=3)
-    images, _ = pipe(plan_groups(3, 1), [0.0, 1.0])
+    pipe = EDMSemanticMixingPipeline(lambda x, s, w: torch.zeros_like(x), 3, (1, 2, 2), num_inference_steps=3)
+    images = pipe(plan_groups(3, 1), [0.0, 1.0]).images
     assert images.eq(128).all()  # x0 = 0 maps to grey 128, as EDM's uint8 conversion
 
 
@@ -187,8 +191,9 @@ def test_generate_resumes_after_sigkill_with_identical_output(tiny_generator, tm
     assert res.returncode != 0 and "different generation plan" in res.stderr
 
 
-def _pixel_mixing(groups, lambdas):
+def _pixel_mixing(groups, lambdas, output_type="pt", return_dict=False):
     """A stand-in generator: each member is a constant image whose grey level encodes (group, lambda)."""
+    assert output_type == "pt" and not return_dict  # what the writer asks for
     images, members = [], []
     for g in groups:
         for lam in lambdas:
@@ -251,7 +256,10 @@ def test_generator_training_resumes_exactly(tmp_path):
                                  log=lambda m: None)
     for (n, p), (_, q) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(p, q, msg=n)
-    meta = json.loads((tmp_path / "b" / "generator.json").read_text())
-    assert meta["class_names"] == ["a", "b", "c"] and len(meta["losses"]) >= 1
+    index = json.loads((tmp_path / "b" / "model_index.json").read_text())
+    assert index["_class_name"] == "SemanticMixingPipeline" and index["class_names"] == ["a", "b", "c"]
+    assert len(index["metadata"]["losses"]) >= 1 and index["metadata"]["recipe"]["steps"] == 4
+    assert torch.equal(SemanticMixingPipeline.from_pretrained(tmp_path / "b").unet.class_embedding.weight,
+                       resumed.class_embedding.weight)
     with pytest.raises(ValueError, match="expects"):
         train_generator(images[:, :, :14, :14], labels, ["a", "b", "c"], tmp_path / "c", cfg, progress=False)

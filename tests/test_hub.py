@@ -399,7 +399,7 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     digits = load_digits("train")
     means = np.stack([digits.images[digits.labels == k].mean(0) for k in range(10)])
 
-    def mixing_pipeline(groups, lambdas):  # pixel-space mixing of class means: a stand-in generator
+    def mixing_pipeline(groups, lambdas, output_type="pt", return_dict=False):  # class means mixed: a stand-in
         images, members = [], []
         for g in groups:
             noise = np.random.default_rng(g.seed).normal(0, 8, means[0].shape)

@@ -1,17 +1,19 @@
-"""Class-conditional diffusers UNets for the generator profiles, and loading a trained generator folder."""
+"""Class-conditional diffusers UNets for the generator profiles, and the digests that name a generator's weights.
+
+A trained generator is saved and loaded as a :class:`~timm_csm.generation.pipeline.SemanticMixingPipeline`
+(``save_pretrained`` / ``from_pretrained``).
+"""
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 from .conditioning import enable_soft_class_conditioning
 
 __all__ = [
-    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "load_generator", "save_generator", "weights_digest",
-    "file_digest",
+    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "weights_digest", "file_digest",
 ]
 
 
@@ -86,38 +88,6 @@ def create_class_unet(config: GeneratorConfig, num_classes: int):
     return enable_soft_class_conditioning(unet)
 
 
-def save_generator(folder, unet, scheduler, meta: Dict) -> None:
-    """Write ``unet/`` and ``scheduler/`` with ``save_pretrained`` (safetensors) and ``generator.json`` (class names,
-    dataset, recipe) into ``folder``."""
-    folder = Path(folder)
-    unet.save_pretrained(folder / "unet", safe_serialization=True)
-    scheduler.save_pretrained(folder / "scheduler")
-    tmp = folder / "generator.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    tmp.replace(folder / "generator.json")
-
-
-def load_generator(folder, device="cpu"):
-    """Load a generator folder written by :func:`save_generator`: returns ``(unet, scheduler, meta)``.
-
-    ``meta["class_names"]`` names the K classes; the UNet's table has K + 1 rows (null class last).
-    """
-    from diffusers import DDIMScheduler, UNet2DModel
-
-    folder = Path(folder)
-    if not (folder / "unet" / "config.json").exists():
-        raise FileNotFoundError(f"{folder} is not a generator folder (no unet/config.json)")
-    unet = UNet2DModel.from_pretrained(folder / "unet", use_safetensors=True).to(device).eval()
-    enable_soft_class_conditioning(unet)
-    scheduler = DDIMScheduler.from_pretrained(folder / "scheduler")
-    meta_path = folder / "generator.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if "class_names" not in meta:
-        n = unet.class_embedding.num_embeddings - 1
-        meta["class_names"] = [str(i) for i in range(n)]
-    return unet, scheduler, meta
-
-
 def file_digest(path) -> str:
     """First 12 hex digits of the SHA-256 of a file: a generator's revision in dataset provenance."""
     h = hashlib.sha256()
@@ -128,5 +98,6 @@ def file_digest(path) -> str:
 
 
 def weights_digest(folder) -> str:
-    """:func:`file_digest` of a generator folder's UNet weights."""
+    """:func:`file_digest` of a generator folder's UNet weights (``unet/diffusion_pytorch_model.safetensors``) only:
+    ``model_index.json`` and the configs can change without changing the generator's revision (caches key on it)."""
     return file_digest(Path(folder) / "unet" / "diffusion_pytorch_model.safetensors")

@@ -1,25 +1,71 @@
-"""Semantic-mixing pipelines: groups in, uint8 images out.
+"""Semantic-mixing pipelines: groups in, images out.
 
-The model and its sampler are kept apart (diffusers' split): :class:`SemanticMixingPipeline` runs a diffusers model
-(UNet2DModel or DiTTransformer2DModel with a soft class table) through any diffusers scheduler;
-:class:`EDMSemanticMixingPipeline` runs an EDM-preconditioned denoiser through the EDM Heun sampler.
+The model and its sampler are kept apart (diffusers' split). :class:`SemanticMixingPipeline` is a
+``diffusers.DiffusionPipeline`` in the shape of diffusers' ``DDPMPipeline`` / ``DiTPipeline``: a diffusers model
+(UNet2DModel or DiTTransformer2DModel with a soft class table) and any diffusers scheduler, saved and loaded with
+``save_pretrained`` / ``from_pretrained`` (``model_index.json``, ``unet/``, ``scheduler/``).
+:class:`EDMSemanticMixingPipeline` runs an EDM-preconditioned denoiser through the EDM Heun sampler. Both are called
+as ``pipe(groups, lambdas)`` and return a :class:`SemanticMixingPipelineOutput` (``images``, ``members``).
+
+``DiffusionPipeline.from_pretrained`` resolves the ``_class_name`` of a ``model_index.json`` as an attribute of the
+``diffusers`` module (classes defined elsewhere load only as remote code, from a ``.py`` file in the folder and with
+``trust_remote_code=True``). Importing this module therefore sets :class:`SemanticMixingPipeline` there under its
+name: after ``import timm_csm.generation.pipeline``, ``DiffusionPipeline.from_pretrained(folder)`` returns one.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
+from diffusers import DDIMScheduler, DiffusionPipeline, DPMSolverMultistepScheduler
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import BaseOutput
 
-from .conditioning import find_soft_class_table, mix_weights
+from .conditioning import (enable_soft_class_conditioning, enable_soft_dit_conditioning, find_soft_class_table,
+                           mix_weights)
 from .plan import Group, group_noise
 from .sampling import edm_heun_sample, sample_with_scheduler, to_uint8
 
-__all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "expand_groups"]
+__all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixingPipelineOutput", "SCHEDULERS",
+           "create_scheduler", "expand_groups"]
+
+OUTPUT_TYPES = ("pt", "np", "pil")
+
+# the samplers a generator folder is run with: DDIM (eta 0, Song et al. 2021) and DPM-Solver++ (Lu et al. 2022)
+SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler}
+
+
+@dataclass
+class SemanticMixingPipelineOutput(BaseOutput):
+    """What a semantic-mixing pipeline returns.
+
+    ``images``: G * L images in group-major order, as ``output_type`` says: ``"pt"`` a uint8 tensor (B, C, H, W);
+    ``"np"`` a uint8 array (B, H, W, C); ``"pil"`` a list of PIL images (mode L or RGB). Pixels are EDM's
+    ``clip(x * 127.5 + 128, 0, 255)`` of the sample x in [-1, 1] (uint8, not diffusers' float [0, 1], so every
+    output type holds the same pixels as the stored dataset).
+    ``members``: the ``(group, lambda)`` of each image.
+    """
+
+    images: Union[torch.Tensor, np.ndarray, List]
+    members: List[Tuple[Group, float]]
+
+
+def create_scheduler(name: str, config) -> SchedulerMixin:
+    """The sampler ``name`` (a key of :data:`SCHEDULERS`) built from a scheduler config, the way diffusers swaps
+    samplers: ``pipe.scheduler = create_scheduler("dpm", pipe.scheduler.config)``."""
+    if name not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)}")
+    return SCHEDULERS[name].from_config(config)
 
 
 def expand_groups(groups: Sequence[Group], lambdas: Sequence[float], num_classes: int, image_shape):
-    """Rows of a batch of groups: (class weights (G*L, K), noise (G*L, *image_shape), member list)."""
+    """Rows of a batch of groups: (class weights (G*L, K), noise (G*L, *image_shape), member list).
+
+    Every member of a group starts from the group's own noise, ``group_noise(group.seed)``."""
     members = [(g, lam) for g in groups for lam in lambdas]
     if not members:
         raise ValueError("no groups to generate")
@@ -34,31 +80,112 @@ def expand_groups(groups: Sequence[Group], lambdas: Sequence[float], num_classes
     return w, noise, members
 
 
-class SemanticMixingPipeline:
-    """A diffusers model + scheduler that generates semantic-mixing groups.
+def _check_output_type(output_type: str) -> None:
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
 
-    ``num_classes`` is K; the model's class table has K rows, or K + 1 with the null class of guidance last.
 
-    Real-anchored mode: with an :class:`~timm_csm.generation.anchors.AnchorPool` and ``strength`` t < 1, each group
-    starts from its anchor (a real image of class a or b) noised to strength t with the group's noise, instead of
+def _output(images: torch.Tensor, members, output_type: str, return_dict: bool):
+    """uint8 (B, C, H, W) images as ``output_type``; the output dataclass, or ``(images, members)``."""
+    if output_type != "pt":
+        from PIL import Image
+
+        images = images.permute(0, 2, 3, 1).numpy()
+        if output_type == "pil":
+            images = [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in images]
+    return SemanticMixingPipelineOutput(images, members) if return_dict else (images, members)
+
+
+def _soft_conditioned(model):
+    """``model`` with float class weights enabled: a UNet's ``class_embedding`` or a DiT's label tables."""
+    if hasattr(model, "class_embedding"):
+        return enable_soft_class_conditioning(model)
+    return enable_soft_dit_conditioning(model)
+
+
+def _class_names(table_rows: int, class_names) -> List[str]:
+    """The K class names of a class table of K or K + 1 rows (null class last); "0" .. "K-1" for K + 1 rows when
+    none are given."""
+    if class_names is None:
+        return [str(i) for i in range(table_rows - 1)]
+    if isinstance(class_names, str) or not isinstance(class_names, Sequence) \
+            or not all(isinstance(n, str) for n in class_names):
+        raise ValueError(f"class_names must be a list of strings, one per class in label order; got {class_names!r}")
+    if table_rows not in (len(class_names), len(class_names) + 1):
+        raise ValueError(f"the model's class table has {table_rows} rows, which does not fit {len(class_names)} "
+                         f"class names (expected {len(class_names)}, or {len(class_names) + 1} with the null class "
+                         "of guidance last): give one name per class of the model (model_index.json 'class_names')")
+    return list(class_names)
+
+
+def _sampler_name(scheduler) -> str:
+    """How provenance names a scheduler: 'ddim (eta 0)', 'dpm-solver++', else its class name."""
+    name = type(scheduler).__name__
+    if name == "DDIMScheduler":
+        return "ddim (eta 0)"
+    if name == "DPMSolverMultistepScheduler" and scheduler.config.algorithm_type == "dpmsolver++":
+        return "dpm-solver++"
+    return name
+
+
+class SemanticMixingPipeline(DiffusionPipeline):
+    r"""Semantic mixing with a class-conditional diffusers model: every member of a group (class a, class b, seed)
+    starts from the group's noise and is denoised under the condition ``lambda e_a + (1 - lambda) e_b``, one member
+    per lambda (the CSM paper's generation, ICML 2025, here with diffusers models and schedulers).
+
+    Components (``register_modules``): ``unet``, a ``UNet2DModel`` built with ``num_class_embeds`` or a
+    ``DiTTransformer2DModel`` (its soft class tables are enabled here, so a plainly loaded model works), and
+    ``scheduler``, any diffusers scheduler (:func:`create_scheduler` swaps DDIM for DPM-Solver++).
+
+    Configuration (``register_to_config``, kept in ``model_index.json`` and restored by
+    ``DiffusionPipeline.from_pretrained``): ``class_names`` (K names; the model's class table has K rows, or K + 1
+    with the null class of guidance last; default "0" .. "K-1" for a table of K + 1 rows),
+    ``recommended_guidance_scale`` (measured with ``pure_class_accuracy`` when the generator was shipped) and
+    ``metadata`` (name, dataset, training recipe, losses).
+
+    Sampling defaults (not configuration; ``from_pretrained(folder, num_inference_steps=20, ...)`` passes them):
+    ``num_inference_steps``, ``guidance_scale`` (None: the recommended scale; 1 = none, as the paper) and the start:
+    with an :class:`~timm_csm.generation.anchors.AnchorPool` ``anchors`` and ``strength`` t < 1 each group starts
+    from its anchor (a real image of class a or b) noised to strength t with the group's noise (SDEdit) instead of
     pure noise; ``strength = 1`` (the default) is the paper's mode.
     """
 
-    def __init__(self, model, scheduler, num_classes: int, num_inference_steps: int = 50,
-                 guidance_scale: float = 1.0, anchors=None, strength: float = 1.0):
-        table = find_soft_class_table(model)
-        if table.num_embeddings not in (num_classes, num_classes + 1):
-            raise ValueError(f"the model's class table has {table.num_embeddings} rows, which does not fit "
-                             f"{num_classes} classes (expected K or K + 1)")
-        if guidance_scale != 1.0 and table.num_embeddings != num_classes + 1:
-            raise ValueError("classifier-free guidance needs a null-class row (a table of K + 1 rows)")
-        self.model, self.scheduler = model.eval(), scheduler
-        self.num_classes = num_classes
-        self.num_inference_steps = num_inference_steps
-        self.guidance_scale = guidance_scale
-        cfg = model.config
-        self.image_shape = (cfg.in_channels, cfg.sample_size, cfg.sample_size)
+    model_cpu_offload_seq = "unet"
+
+    def __init__(self, unet: ModelMixin, scheduler: SchedulerMixin, class_names: Optional[List[str]] = None,
+                 recommended_guidance_scale: float = 1.0, metadata: Optional[Dict] = None,
+                 num_inference_steps: int = 50, guidance_scale: Optional[float] = None, anchors=None,
+                 strength: float = 1.0):
+        super().__init__()
+        rows = find_soft_class_table(_soft_conditioned(unet)).num_embeddings
+        names = _class_names(rows, class_names)
+        self.register_modules(unet=unet.eval(), scheduler=scheduler)
+        self.register_to_config(class_names=names, recommended_guidance_scale=float(recommended_guidance_scale),
+                                metadata=dict(metadata or {}))
+        self.num_inference_steps = int(num_inference_steps)
+        self.guidance_scale = self._guidance(guidance_scale)
         self.set_anchors(anchors, strength)
+
+    @property
+    def class_names(self) -> List[str]:
+        return list(self.config.class_names)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.config.class_names)
+
+    @property
+    def image_shape(self) -> Tuple[int, int, int]:
+        cfg = self.unet.config
+        return (cfg.in_channels, cfg.sample_size, cfg.sample_size)
+
+    def _guidance(self, guidance_scale: Optional[float]) -> float:
+        """``guidance_scale``, or the recommended one for None; refused without a null-class row."""
+        scale = float(self.config.recommended_guidance_scale if guidance_scale is None else guidance_scale)
+        if scale != 1.0 and find_soft_class_table(self.unet).num_embeddings != self.num_classes + 1:
+            raise ValueError(f"classifier-free guidance (scale {scale:g}) needs a null-class row (a class table of "
+                             f"K + 1 = {self.num_classes + 1} rows); use guidance_scale=1")
+        return scale
 
     def set_anchors(self, anchors, strength: float = 1.0) -> None:
         """Switch to the real-anchored mode (``anchors`` and ``strength < 1``) or back to pure noise."""
@@ -76,72 +203,70 @@ class SemanticMixingPipeline:
         return -1 if self.anchors is None else self.anchors.index_for(group)
 
     @property
-    def device(self):
-        return next(self.model.parameters()).device
+    def provenance(self) -> Dict:
+        """The generator's name, weight digest (of the folder it was loaded from; "" for one built in memory),
+        sampler, steps, guidance, dataset, recipe and start (pure noise, or real anchors at strength t), for the
+        generation plan and the dataset card."""
+        from .models import weights_digest
 
-    @classmethod
-    def from_pretrained(cls, folder, scheduler: str = "ddim", num_inference_steps: int = 50,
-                        guidance_scale: Optional[float] = None, device="cpu", anchors=None,
-                        strength: float = 1.0) -> "SemanticMixingPipeline":
-        """Load a generator folder (see ``load_generator``) with a DDIM (eta 0) or DPM-Solver++ scheduler.
-
-        ``guidance_scale=None`` takes the folder's ``recommended_guidance_scale`` (measured with
-        ``pure_class_accuracy`` when the generator was shipped), else 1 (no guidance, as the paper).
-
-        ``pipeline.provenance`` records the generator's name, weight digest, sampler, steps and start (pure noise, or
-        real anchors at strength t) for the dataset card.
-        """
-        from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
-
-        from .models import load_generator, weights_digest
-
-        unet, sched, meta = load_generator(folder, device)
-        if guidance_scale is None:
-            guidance_scale = float(meta.get("recommended_guidance_scale", 1.0))
-        if scheduler == "dpm":
-            sched = DPMSolverMultistepScheduler.from_config(sched.config)
-        elif scheduler != "ddim":
-            raise ValueError(f"unknown scheduler {scheduler!r}; choose 'ddim' or 'dpm'")
-        pipe = cls(unet, sched, len(meta["class_names"]), num_inference_steps, guidance_scale, anchors, strength)
-        pipe.class_names = list(meta["class_names"])
-        pipe.provenance = {
-            "name": meta.get("name", Path(folder).name),
-            "revision": weights_digest(folder),
-            "sampler": f"{scheduler} (eta 0)" if scheduler == "ddim" else "dpm-solver++",
-            "steps": num_inference_steps,
-            "guidance_scale": guidance_scale,
+        folder = Path(str(self.name_or_path or ""))
+        loaded = bool(self.name_or_path) and (folder / "unet").is_dir()
+        meta = self.config.metadata
+        out = {
+            "name": meta.get("name", folder.name if loaded else ""),
+            "revision": weights_digest(folder) if loaded else "",
+            "sampler": _sampler_name(self.scheduler),
+            "steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
             "dataset": meta.get("dataset", ""),
             "recipe": meta.get("recipe", {}),
         }
-        if pipe.anchors is not None:
-            pipe.provenance["start"] = f"real anchors, strength {pipe.strength:g}"
-        return pipe
+        if self.anchors is not None:
+            out["start"] = f"real anchors, strength {self.strength:g}"
+        return out
 
     @torch.no_grad()
-    def __call__(self, groups: Sequence[Group], lambdas: Sequence[float]) -> Tuple[torch.Tensor, List]:
-        """Returns uint8 images (G * L, C, H, W) in group-major order and the (group, lambda) of each row."""
+    def __call__(self, groups: Sequence[Group], lambdas: Sequence[float], num_inference_steps: Optional[int] = None,
+                 guidance_scale: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                 output_type: str = "pt", return_dict: bool = True):
+        """Generate every (group, lambda) member: ``len(groups) * len(lambdas)`` images in group-major order.
+
+        ``num_inference_steps`` / ``guidance_scale``: None takes the pipeline's defaults. ``generator`` seeds what is
+        random beyond the groups' own noise (which stays ``group_noise(seed)``, shared by every lambda of a group):
+        the step noise of stochastic schedulers (DDPM, DDIM with eta > 0, SDE solvers); DDIM with eta 0 and
+        DPM-Solver++ draw none. ``self.progress_bar`` runs over the denoising steps
+        (``set_progress_bar_config(disable=True)`` hides it). Returns a :class:`SemanticMixingPipelineOutput`, or
+        ``(images, members)`` with ``return_dict=False``.
+        """
+        _check_output_type(output_type)
+        steps = self.num_inference_steps if num_inference_steps is None else int(num_inference_steps)
+        scale = self.guidance_scale if guidance_scale is None else self._guidance(guidance_scale)
         w, noise, members = expand_groups(groups, lambdas, self.num_classes, self.image_shape)
+        device = self._execution_device
         init = None
         if self.anchors is not None:
-            init = self.anchors.images_for(groups).repeat_interleave(len(lambdas), 0).to(self.device)
-        x = sample_with_scheduler(self.model, self.scheduler, w.to(self.device), noise.to(self.device),
-                                  self.num_inference_steps, self.guidance_scale, init_images=init,
-                                  strength=self.strength)
-        return to_uint8(x).cpu(), members
+            init = self.anchors.images_for(groups).repeat_interleave(len(lambdas), 0).to(device)
+        x = sample_with_scheduler(self.unet, self.scheduler, w.to(device), noise.to(device), steps, scale,
+                                  init_images=init, strength=self.strength, generator=generator,
+                                  progress=self.progress_bar)
+        self.maybe_free_model_hooks()
+        return _output(to_uint8(x).cpu(), members, output_type, return_dict)
 
 
 class EDMSemanticMixingPipeline:
     """An EDM denoiser ``D(x, sigma, class_weights) -> x0`` sampled with the deterministic Heun sampler, as the
     official CSM generation: for example an NVlabs EDM network pickle (:meth:`from_edm_pickle`) or any callable.
 
+    Not a ``diffusers.DiffusionPipeline``: its network is no diffusers model (nothing to ``save_pretrained``), but it
+    is called like :class:`SemanticMixingPipeline` and returns the same :class:`SemanticMixingPipelineOutput`.
     ``sigma_min`` / ``sigma_max``: the sampler's noise range (EDM's 0.002 and 80, clamped to what the network
     supports).
     """
 
-    def __init__(self, denoiser: Callable, num_classes: int, image_shape, num_steps: int = 18, device="cpu",
-                 sigma_min: float = 0.002, sigma_max: float = 80.0):
+    def __init__(self, denoiser: Callable, num_classes: int, image_shape, num_inference_steps: int = 18,
+                 device="cpu", sigma_min: float = 0.002, sigma_max: float = 80.0):
         self.denoiser, self.num_classes = denoiser, num_classes
-        self.image_shape, self.num_steps, self.device = tuple(image_shape), num_steps, device
+        self.image_shape, self.num_inference_steps, self.device = tuple(image_shape), num_inference_steps, device
         self.sigma_min, self.sigma_max = float(sigma_min), float(sigma_max)
         self.strength = 1.0
 
@@ -150,15 +275,15 @@ class EDMSemanticMixingPipeline:
         return -1
 
     @classmethod
-    def from_edm_pickle(cls, path, num_steps: Optional[int] = None, device="cpu",
+    def from_edm_pickle(cls, path, num_inference_steps: Optional[int] = None, device="cpu",
                         class_names: Optional[Sequence[str]] = None, key: str = "ema") -> "EDMSemanticMixingPipeline":
         """A pipeline over the network of an NVlabs EDM pickle (``edm-cifar10-32x32-cond-vp.pkl``, ...), read
         without running code from the file (:func:`~timm_csm.generation.edm.load_edm_network`).
 
-        ``num_steps=None`` takes the paper's: 20 Heun steps for 10 classes (CIFAR-10), 25 otherwise (CIFAR-100);
-        no guidance. ``class_names`` default to CIFAR-10's or CIFAR-100's by the label dimension. The noise range is
-        EDM's [0.002, 80] clamped to the network's, as EDM's sampler. ``pipeline.provenance`` records the file's
-        name and digest, the sampler, steps and the network's constructor arguments for the dataset card.
+        ``num_inference_steps=None`` takes the paper's: 20 Heun steps for 10 classes (CIFAR-10), 25 otherwise
+        (CIFAR-100); no guidance. ``class_names`` default to CIFAR-10's or CIFAR-100's by the label dimension. The
+        noise range is EDM's [0.002, 80] clamped to the network's, as EDM's sampler. ``pipeline.provenance`` records
+        the file's name and digest, the sampler, steps and the network's constructor arguments for the dataset card.
         """
         from .edm import load_edm_network
         from .edm.labels import default_class_names
@@ -171,7 +296,7 @@ class EDMSemanticMixingPipeline:
         names = list(class_names) if class_names is not None else default_class_names(k)
         if len(names) != k:
             raise ValueError(f"{len(names)} class names for a network of {k} classes")
-        steps = int(num_steps) if num_steps is not None else (20 if k == 10 else 25)
+        steps = int(num_inference_steps) if num_inference_steps is not None else (20 if k == 10 else 25)
         shape = (net.img_channels, net.img_resolution, net.img_resolution)
         pipe = cls(net, k, shape, steps, device, sigma_min=max(0.002, net.sigma_min),
                    sigma_max=min(80.0, net.sigma_max))
@@ -189,8 +314,30 @@ class EDMSemanticMixingPipeline:
         return pipe
 
     @torch.no_grad()
-    def __call__(self, groups: Sequence[Group], lambdas: Sequence[float]):
+    def __call__(self, groups: Sequence[Group], lambdas: Sequence[float], num_inference_steps: Optional[int] = None,
+                 guidance_scale: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                 output_type: str = "pt", return_dict: bool = True):
+        """As :meth:`SemanticMixingPipeline.__call__`. The Heun sampler with S_churn = 0 draws nothing beyond the
+        groups' noise, so ``generator`` changes nothing; guidance is not part of this route (None or 1 only)."""
+        _check_output_type(output_type)
+        if guidance_scale not in (None, 1.0):
+            raise ValueError(f"the EDM route samples without guidance (the paper); got guidance_scale={guidance_scale}")
+        steps = self.num_inference_steps if num_inference_steps is None else int(num_inference_steps)
         w, noise, members = expand_groups(groups, lambdas, self.num_classes, self.image_shape)
-        x = edm_heun_sample(self.denoiser, w.to(self.device), noise.to(self.device), self.num_steps,
+        x = edm_heun_sample(self.denoiser, w.to(self.device), noise.to(self.device), steps,
                             sigma_min=self.sigma_min, sigma_max=self.sigma_max)
-        return to_uint8(x.float()).cpu(), members
+        return _output(to_uint8(x.float()).cpu(), members, output_type, return_dict)
+
+
+def _register_with_diffusers() -> None:
+    """Set :class:`SemanticMixingPipeline` on the ``diffusers`` module, where ``DiffusionPipeline.from_pretrained``
+    looks up a ``model_index.json`` ``_class_name``; a class of that name from elsewhere is left alone."""
+    import diffusers
+
+    name = SemanticMixingPipeline.__name__
+    current = getattr(diffusers, name, None)
+    if current is None or getattr(current, "__module__", None) == __name__:
+        setattr(diffusers, name, SemanticMixingPipeline)
+
+
+_register_with_diffusers()

@@ -21,13 +21,16 @@ __all__ = ["pure_class_accuracy", "two_sample_accuracy"]
 def pure_class_accuracy(pipeline, classify: Callable[[torch.Tensor], torch.Tensor], num_groups: int = 90,
                         batch_groups: int = 16, seed_offset: int = 10_000_000) -> Dict:
     """Accuracy of ``classify`` (uint8 (B, C, H, W) -> logits (B, K)) on the pure endpoints of ``num_groups``
-    groups (2 images each), overall and per class. Seeds start at ``seed_offset`` so they never overlap a dataset's.
+    groups (2 images each), overall and per class, with the pipeline's sampling defaults (and its step bar off).
+    Seeds start at ``seed_offset`` so they never overlap a dataset's.
     """
     groups = plan_groups(pipeline.num_classes, num_groups, seed_offset)
+    if hasattr(pipeline, "set_progress_bar_config"):
+        pipeline.set_progress_bar_config(disable=True)
     correct = np.zeros(pipeline.num_classes)
     total = np.zeros(pipeline.num_classes)
     for i in range(0, len(groups), batch_groups):
-        images, members = pipeline(groups[i: i + batch_groups], [0.0, 1.0])
+        images, members = pipeline(groups[i: i + batch_groups], [0.0, 1.0], output_type="pt", return_dict=False)
         intended = torch.tensor([g.class_a if lam == 1.0 else g.class_b for g, lam in members])
         pred = classify(images).argmax(1).cpu()
         np.add.at(total, intended.numpy(), 1)

@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -37,6 +37,8 @@ def sample_with_scheduler(
     eta: float = 0.0,
     init_images: Optional[torch.Tensor] = None,
     strength: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
 ) -> torch.Tensor:
     """Denoise ``noise`` (B, C, H, W) under soft conditions ``class_weights`` (B, K); returns x0 in [-1, 1].
 
@@ -47,6 +49,10 @@ def sample_with_scheduler(
     with ``noise`` to the time step reached after the first ``(1 - t) N`` of the N steps (``scheduler.add_noise``),
     then run the last ``round(t N)`` steps (diffusers' img2img convention). ``strength = 1`` ignores ``init_images``
     and starts from pure noise: the paper's mode, bit-identical to calling without them.
+
+    ``generator`` goes to ``scheduler.step`` where the step draws noise (DDPM, DDIM with eta > 0, SDE solvers); DDIM
+    with eta 0 and DPM-Solver++ draw nothing. ``progress`` wraps the time steps run (e.g. a pipeline's
+    ``progress_bar``).
     """
     if class_weights.ndim != 2 or class_weights.shape[0] != noise.shape[0]:
         raise ValueError(f"class_weights must be (B, K) with B = {noise.shape[0]}, got {tuple(class_weights.shape)}")
@@ -59,8 +65,11 @@ def sample_with_scheduler(
         w_full = torch.zeros(w.shape[0], table, device=device)
         w_full[:, : w.shape[1]] = w
         w = torch.cat([w_full, _null_weights(w_full, table)])
-    step_kwargs = {"eta": eta} if "eta" in scheduler.step.__code__.co_varnames else {}
-    for t in timesteps:
+    step_args = scheduler.step.__code__.co_varnames
+    step_kwargs = {"eta": eta} if "eta" in step_args else {}
+    if generator is not None and "generator" in step_args:
+        step_kwargs["generator"] = generator
+    for t in (progress or iter)(timesteps):
         x_in = torch.cat([x, x]) if guidance_scale != 1.0 else x
         x_in = scheduler.scale_model_input(x_in, t)
         out = model(x_in, t.to(device).expand(x_in.shape[0]), class_labels=w).sample

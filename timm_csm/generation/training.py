@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io import load_state, save_state
-from .models import GeneratorConfig, create_class_unet, save_generator
+from .models import GeneratorConfig, create_class_unet
 
 __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
@@ -87,8 +87,10 @@ def train_generator(
     """Train (or resume training) a class-conditional UNet2DModel on uint8 (N, C, H, W) images.
 
     Writes ``output_dir/checkpoint`` every ``config.checkpoint_every`` steps and, at the end, the EMA weights as a
-    generator folder (``unet/``, ``scheduler/``, ``generator.json``) in ``output_dir``. Returns ``(unet, scheduler)``
-    with the EMA weights loaded.
+    generator folder in ``output_dir``: a :class:`~timm_csm.generation.pipeline.SemanticMixingPipeline`'s
+    ``save_pretrained`` (``model_index.json`` with the class names, ``meta["recommended_guidance_scale"]`` (default 1)
+    and the rest of ``meta`` plus recipe, losses and training time as metadata; ``unet/``, ``scheduler/``).
+    Returns ``(unet, scheduler)`` with the EMA weights loaded.
     """
     from accelerate import Accelerator
     from diffusers import DDIMScheduler, DDPMScheduler
@@ -180,8 +182,11 @@ def train_generator(
     model.eval()
     scheduler = DDIMScheduler.from_config(noise_sched.config)
     if accelerator.is_main_process:
+        from .pipeline import SemanticMixingPipeline
+
         info = dict(meta or {})
-        info.update(class_names=list(class_names), recipe=config.to_dict(), losses=losses,
-                    train_seconds=round(seconds_before + time.time() - t0, 1))
-        save_generator(out, model, scheduler, info)
+        guidance = info.pop("recommended_guidance_scale", 1.0)
+        info.update(recipe=config.to_dict(), losses=losses, train_seconds=round(seconds_before + time.time() - t0, 1))
+        SemanticMixingPipeline(model, scheduler, class_names=list(class_names), recommended_guidance_scale=guidance,
+                               metadata=info).save_pretrained(out)
     return model, scheduler

@@ -130,9 +130,11 @@ def _done_shards(folder: Path, plan: Dict, mine: Sequence[int], log: Callable[[s
 
 def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, accelerator=None,
                        progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Generate every missing or damaged shard of ``plan`` into ``folder`` with ``pipeline(groups, lambdas)``.
+    """Generate every missing or damaged shard of ``plan`` into ``folder`` with
+    ``pipeline(groups, lambdas, output_type="pt", return_dict=False) -> (uint8 images, members)``.
 
-    ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar.
+    ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar, over
+    groups (the pipeline's bar over denoising steps is turned off with ``set_progress_bar_config(disable=True)``).
     Existing shards are verified first (:func:`shard_problem`); ``log`` names each damaged one.
     A real-anchored pipeline (``SemanticMixingPipeline`` with anchors) also has ``anchor_index(group)`` and
     ``strength``, recorded in the ``anchor_index`` / ``anchor_strength`` columns (-1 / 1 for pure noise).
@@ -163,12 +165,14 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
     # a plain callable (no anchors) starts every group from noise: anchor -1 at strength 1
     anchor_of = getattr(pipeline, "anchor_index", lambda group: -1)
     strength = float(getattr(pipeline, "strength", 1.0))
+    if hasattr(pipeline, "set_progress_bar_config"):
+        pipeline.set_progress_bar_config(disable=True)
     for k in mine:
         groups = plan_groups(plan["num_classes"], min(n, (k + 1) * per), plan["seed_offset"], start=k * per)
         rows = {name: [] for name in features}
         for i in range(0, len(groups), batch_groups):
             batch = groups[i: i + batch_groups]
-            images, members = pipeline(batch, plan["lambdas"])
+            images, members = pipeline(batch, plan["lambdas"], output_type="pt", return_dict=False)
             for img, (g, lam) in zip(images.numpy(), members):
                 rows["image"].append({"bytes": encode_png(img), "path": None})
                 rows["group_id"].append(g.group_id)
