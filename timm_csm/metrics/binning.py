@@ -72,9 +72,10 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
       evenly (e.g. two 0.1 and two 0.9 give the inner edge 0.5, where the first rule gives 0.9).
 
     Between two neighbours ``lo``, ``hi`` the edge is computed as ``v[lo] (1 - f) + v[hi] f``; ``np.interp``, the
-    AdaFocal code and ``torch.quantile`` compute ``v[lo] + f (v[hi] - v[lo])`` (or its mirror), which can round
-    differently in the last bit. No sample lies strictly between two sorted neighbours, so that difference moves a
-    sample to the next bin only where an edge rounds onto (or off) a sample value. With the right-closed rule of
+    AdaFocal code and ``torch.quantile`` compute ``v[lo] + f (v[hi] - v[lo])`` (or its mirror, and
+    ``torch.quantile`` the position as ``q (N - 1)``), which can round differently in the last bits. No sample lies
+    strictly between two sorted neighbours, so that difference moves a sample to the next bin only where an edge
+    rounds onto (or off) a sample value. With the right-closed rule of
     :func:`bin_index` (``equal_width=False``) every sample lands in a bin, the lowest one included (the
     focal-calibration code drops it).
     """

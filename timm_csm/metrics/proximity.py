@@ -16,8 +16,10 @@ Deviations from the official code: both kinds of bins are right-closed ``(lo, hi
 code, computed by :func:`timm_csm.metrics.binning.equal_mass_edges` (``quantile=True``), which shares the
 interpolation of the adaptive ECE edges but keeps the quantile positions ``b (N - 1) / n_bins``: the AECE
 positions ``b N / n_bins`` would put tied proximities (and the sample at each position) into the lower bin. Compared
-with ``torch.quantile`` an edge can differ in the last bit (``v[lo] (1 - f) + v[hi] f`` against its ``lerp``),
-which changes PIECE only where an edge rounds onto a sample's proximity.
+with ``torch.quantile`` (used here before the edges were shared) an edge can differ in the last bits, which changes
+PIECE only where an edge rounds onto a sample's proximity. PIECE's confidences and accuracies are now those of
+:func:`ece` (computed in the input's precision, so float32 logits give float32 softmax confidences, where the
+earlier code here took a float64 softmax): one proximity bin reproduces the reported ECE.
 """
 from __future__ import annotations
 
