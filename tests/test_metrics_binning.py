@@ -18,18 +18,14 @@ def random_bins(n, n_bins, seed):
 
 
 def old_equal_mass_edges(sorted_values, n_bins):
-    """The metrics' edge rule before the helper was shared (sorted input)."""
-    n = sorted_values.numel()
-    v = sorted_values.to(torch.float64)
-    pos = torch.linspace(0.0, float(n), n_bins + 1, dtype=torch.float64)
-    if n == 1:
-        return v.expand(n_bins + 1).clone()
-    lo = pos.floor().clamp(max=n - 1).long()
-    hi = (lo + 1).clamp(max=n - 1)
-    frac = (pos - lo.to(torch.float64)).clamp(0.0, 1.0)
-    frac = torch.where(pos >= n - 1, torch.zeros_like(frac), frac)
-    lo = torch.where(pos >= n - 1, torch.full_like(lo, n - 1), lo)
-    return v[lo] * (1.0 - frac) + v[hi] * frac
+    """The metrics' edge rule before the helper was shared (sorted input), one edge at a time in Python floats
+    (the same IEEE operations: v[lo] (1 - f) + v[lo + 1] f, the last value from position N - 1 on)."""
+    v, n = sorted_values.tolist(), sorted_values.numel()
+    edges = []
+    for p in torch.linspace(0.0, float(n), n_bins + 1, dtype=torch.float64).tolist():
+        lo = int(p)
+        edges.append(v[-1] if p >= n - 1 else v[lo] * (1.0 - (p - lo)) + v[lo + 1] * (p - lo))
+    return torch.tensor(edges, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -105,13 +105,8 @@ def _row_sums(target: torch.Tensor) -> torch.Tensor:
     return target.sum(dim=1)
 
 
-def flatten_batch(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    ignore_index: int = -100,
-    validate: bool = True,
-    name: str = "loss",
-) -> FlatBatch:
+def flatten_batch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, validate: bool = True,
+                  name: str = "loss") -> FlatBatch:
     """Check ``(logits, target)`` and flatten dense inputs to rows (see the module docstring).
 
     With ``validate=True`` the value checks cost one host synchronisation; when every hard label is a valid class
@@ -268,13 +263,8 @@ class BinaryBatch:
         return torch.arange(self.num_groups, device=self.logits.device).repeat_interleave(per_group)
 
 
-def flatten_binary(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    ignore_index: int = -100,
-    validate: bool = True,
-    name: str = "loss",
-) -> BinaryBatch:
+def flatten_binary(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, validate: bool = True,
+                   name: str = "loss") -> BinaryBatch:
     """Check a binary (sigmoid) batch: ``logits`` of any shape (N, ...) with a target of the same shape (floats in
     [0, 1] or integers 0/1), or logits (N, 1, *S) with a target (N, *S). Entries equal to ``ignore_index`` are
     masked out."""
