@@ -143,7 +143,7 @@ def main(argv=None):
 
     from timm_csm.annotation import load_reference_encoder
     from timm_csm.data import load_image_arrays
-    from timm_csm.train import build_parser, load_data
+    from timm_csm.training import build_parser, load_data
 
     classifier = load_reference_encoder(args.encoder)
     anchors = load_data(build_parser().parse_args(["--dataset", "fashion_mnist", "--max-train-samples", "2500",

@@ -36,27 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 INTERIOR = 0.9  # soft labels with max_k q_k below this are "interior" (not an endpoint-like member)
 
 
-def load_run(folder: Path):
-    """(model, meta) of a run's ``model_best.safetensors``."""
-    from timm_csm.io import read_model_meta
-    from timm_csm.train import create_train_model, load_model_weights
-
-    path = folder / "model_best.safetensors"
-    meta = read_model_meta(path)
-    if meta is None:
-        raise ValueError(f"{path} carries no timm-csm metadata")
-    model = create_train_model(meta["model"], meta["num_classes"], meta["in_chans"], meta["img_size"],
-                               model_kwargs=dict(meta.get("model_kwargs") or []))
-    load_model_weights(model, path)
-    return model.eval(), meta
-
-
 @torch.no_grad()
-def probabilities(model, images: torch.Tensor, meta: Dict, batch: int = 500) -> torch.Tensor:
-    """Softmax of ``model`` on uint8 images, through the evaluation transform train.py used for the run."""
-    from timm_csm.data import BatchTransform
-
-    transform = BatchTransform(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
+def probabilities(model, transform, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """Softmax of ``model`` on uint8 images, through the run's evaluation ``transform``."""
     return torch.cat([model(transform.apply(images[i:i + batch])).float().softmax(1)
                       for i in range(0, len(images), batch)])
 
@@ -99,6 +81,7 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
     on) and on the groups of ``heldout`` that are not in ``seen``; both as returned by :func:`load_generated_rows`."""
     from timm_csm.data import load_image_arrays
     from timm_csm.metrics import calibration_metrics
+    from timm_csm.training import load_trained_classifier
 
     seen_images, seen_q, seen_keys = seen
     images, q, keys = heldout
@@ -110,16 +93,16 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
     rows = []
     tests = {}  # the whole test split of each dataset, loaded once
     for folder in runs:
-        model, meta = load_run(folder)
+        model, transform, meta = load_trained_classifier(folder)
         if meta["dataset"] not in tests:
             tests[meta["dataset"]] = load_image_arrays(meta["dataset"], "test")
         test = tests[meta["dataset"]]
-        p_test = probabilities(model, torch.as_tensor(test.images), meta)
+        p_test = probabilities(model, transform, torch.as_tensor(test.images))
         real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
         rows.append({"run": str(folder), "loss": meta["loss"],
                      "real": {k: real[k] for k in ("accuracy", "confidence", "ece")},
-                     "seen": generated_fit(probabilities(model, seen_images, meta), seen_q),
-                     "unseen": generated_fit(probabilities(model, images, meta), q)})
+                     "seen": generated_fit(probabilities(model, transform, seen_images), seen_q),
+                     "unseen": generated_fit(probabilities(model, transform, images), q)})
     return rows
 
 

@@ -21,7 +21,7 @@ import timm_csm  # noqa: F401
 from timm_csm.data import (CSMCollator, CSMCompanionSampler, CSMGroups, ImageCollator, SampleRef, create_transforms,
                            load_fashion_mnist)
 from timm_csm.losses import create_loss
-from timm_csm.train import TrainingModule
+from timm_csm.training import ClassificationTask, CSMTask
 
 
 def synthetic_groups(num_classes, img_shape, n_lambdas=8, seeds=4, seed=0):
@@ -81,24 +81,22 @@ def bench_model(name, images, labels, groups, batch, n_aug, repeats, in_chans):
 
     # training steps on prebuilt batches
     model = timm.create_model(name, num_classes=k, in_chans=in_chans)
-    module = TrainingModule(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    ce_loss, csm_loss = create_loss("ce"), create_loss("csm")
+    ce_task, csm_task = ClassificationTask(model, create_loss("ce")), CSMTask(model, create_loss("csm"), sampler)
     ce_batch = ce_col(refs(batch, 0, len(images)))
     csm_batch = csm_col(refs(batch, 0, len(images)))
     big = (2 + n_aug) * batch
     big_batch = ImageCollator(images, labels, train_tf, seed=0)(refs(big, 1, len(images)))
 
     def ce_step(b=ce_batch):
-        loss = ce_loss(module(b["pixel_values"]), b["labels"])
+        loss = ce_task(b)["loss"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
         opt.step()
 
     def csm_step():
-        logits, logits_gen = module(csm_batch["pixel_values"], csm_batch["mix_pixel_values"])
-        loss = csm_loss(logits, csm_batch["labels"], logits_gen, csm_batch["mix_targets"])
+        loss = csm_task(csm_batch)["loss"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)

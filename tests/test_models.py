@@ -6,7 +6,7 @@ from timm.data import resolve_model_data_config
 
 import timm_csm  # noqa: F401  (registers the models)
 from timm_csm.models import SMALL_IMAGE_MODELS, swin_config_for_size
-from timm_csm.train import create_train_model
+from timm_csm.training import create_train_model
 
 
 def test_all_registered_after_import():

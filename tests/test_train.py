@@ -9,7 +9,8 @@ import torch
 from csm_testdata import make_csm_dataset, save_csm_folder, save_digits_csm_folder, write_parquet_folder
 from gloo_launch import launch_two_processes
 from timm_csm.io import load_state
-from timm_csm.train import build_parser, parse_args, run
+from timm_csm.train import run
+from timm_csm.training import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 

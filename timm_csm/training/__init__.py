@@ -1,6 +1,38 @@
-"""Training support shared by :mod:`timm_csm.train`: run folders (ownership, lock, run id, resumed configuration)."""
-from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, claim_run_dir, config_record, folder_run_id, new_run_id,
-                      restore_config)
+"""The training engine of :mod:`timm_csm.train` as a library, in the shape of timm's ``timm.task`` and
+``timm.utils.checkpoint_saver``:
 
-__all__ = ["LOCK_FILE", "RUN_FILES", "RunDirLock", "claim_run_dir", "config_record", "folder_run_id", "new_run_id",
-           "restore_config"]
+* :mod:`~timm_csm.training.args`: the command line and YAML configs;
+* :mod:`~timm_csm.training.data`: the seeded train / validation / test splits and evaluation loaders;
+* :mod:`~timm_csm.training.model`: the classifier factory, weight loading and :func:`load_trained_classifier`;
+* :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
+* :mod:`~timm_csm.training.optim`: optimizer and schedule;
+* :mod:`~timm_csm.training.loop`: one epoch, prediction, the epochs of a run;
+* :mod:`~timm_csm.training.checkpoint`: last / best / history checkpoints;
+* :mod:`~timm_csm.training.evaluation`: calibration before and after temperature scaling, PIECE;
+* :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
+* :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration).
+"""
+from .args import PAPER_SEED, build_parser, fill_from_checkpoint, parse_args, resolve_config
+from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_best
+from .data import DataSplits, eval_loader, load_csm_groups, load_data, resolve_input
+from .evaluation import Evaluation, evaluate_calibration
+from .loop import fit, predict, train_one_epoch
+from .model import check_model_name, create_train_model, load_model_weights, load_trained_classifier
+from .reporting import results_markdown, write_results
+from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, check_resumed_processes, claim_run_dir, config_record,
+                      folder_run_id, load_resumed, new_run_id, restore_config)
+from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TrainingModule, TrainingTask,
+                    create_criterion, select_task)
+
+__all__ = [
+    "PAPER_SEED", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
+    "CHECKPOINT_BEST", "CHECKPOINT_LAST", "CheckpointSaver", "load_best",
+    "DataSplits", "load_data", "load_csm_groups", "resolve_input", "eval_loader",
+    "Evaluation", "evaluate_calibration", "fit", "predict", "train_one_epoch",
+    "check_model_name", "create_train_model", "load_model_weights", "load_trained_classifier",
+    "results_markdown", "write_results",
+    "LOCK_FILE", "RUN_FILES", "RunDirLock", "claim_run_dir", "config_record", "folder_run_id", "new_run_id",
+    "restore_config", "load_resumed", "check_resumed_processes",
+    "TrainingTask", "TrainingModule", "ClassificationTask", "MixupTask", "RegMixupTask", "RankMixupTask", "CSMTask",
+    "select_task", "create_criterion",
+]

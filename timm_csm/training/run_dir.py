@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..io import remove_temp_files
+from ..io import load_state, remove_temp_files
 
 __all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
-           "claim_run_dir", "config_record", "restore_config"]
+           "claim_run_dir", "config_record", "restore_config", "load_resumed", "check_resumed_processes"]
 
 LOCK_FILE = ".run.lock"
 #: the files whose presence means a folder holds a run (args.yaml is written first, when the folder is taken)
@@ -174,3 +174,34 @@ def restore_config(args, stored: Dict[str, Any]) -> List[str]:
         raise ValueError(f"--epochs {args.epochs}: the resumed run was set to {stored['epochs']} epochs; --epochs "
                          "can extend a resumed run, not shorten it")
     return restored
+
+
+def load_resumed(args) -> Dict[str, Any]:
+    """The training state of ``--resume``, with its stored configuration restored into ``args``."""
+    if not os.path.exists(args.resume):
+        raise FileNotFoundError(f"--resume {args.resume} does not exist")
+    state = load_state(args.resume)
+    meta = state.get("meta") or {}
+    if "config" not in meta or "run_id" not in meta:
+        raise ValueError(f"--resume {args.resume}: the state stores no run configuration (written by an earlier "
+                         "timm-csm); it cannot be resumed, start a new run")
+    folder, explicit = Path(args.resume).resolve().parent, set(args._explicit)
+    named = Path(args.output) / args.experiment if "experiment" in explicit and args.experiment else None
+    if (named is not None and named.resolve() != folder) or (named is None and "output" in explicit and Path(
+            args.output).resolve() not in (folder, folder.parent)):
+        raise ValueError(f"--resume continues in the resumed run's folder {folder}; --output / --experiment name "
+                         f"another ({named or args.output})")
+    state["restored"] = restore_config(args, meta["config"])
+    return state
+
+
+def check_resumed_processes(resume_state, accelerator) -> None:
+    """A resumed run continues on as many processes as it was trained on; say which options it took back."""
+    trained_on = (resume_state or {}).get("meta", {}).get("num_processes", accelerator.num_processes)
+    if trained_on != accelerator.num_processes:
+        raise ValueError(f"--resume: the run was trained on {trained_on} processes, this launch has "
+                         f"{accelerator.num_processes}; --batch-size is per process, so the global batch would "
+                         f"change. Launch {trained_on} processes")
+    restored = (resume_state or {}).get("restored")
+    if restored:
+        accelerator.print(f"--resume: {', '.join(restored)} taken from the resumed run's configuration")

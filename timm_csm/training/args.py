@@ -1,0 +1,270 @@
+"""The command line of ``train.py``: the grouped argument parser, YAML configs (``-c FILE``) and run configs.
+
+Flag names follow timm's ``train.py`` where they overlap. A YAML file gives defaults (keys are flag names, with
+``-`` or ``_``); flags override it. :func:`resolve_config` completes a ``dict`` or hand-built ``Namespace`` with the
+defaults and records which options were given explicitly (``_explicit``), so that ``--eval-only`` can fill the rest
+from a checkpoint and ``--resume`` can refuse conflicting ones.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from ..io import read_model_meta
+
+__all__ = ["PAPER_SEED", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint"]
+
+PAPER_SEED = 12345
+
+
+def _key_value(text: str) -> Tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (numbers, booleans, lists), else kept as a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def _add_dataset(p: argparse.ArgumentParser) -> None:
+    """The "Dataset" flags."""
+    g = p.add_argument_group("Dataset")
+    g.add_argument("--dataset", default="cifar10",
+                   help="fashion_mnist, digits, cifar10, cifar100, or a Hugging Face dataset name or folder")
+    g.add_argument("--train-split", default="train", help="split to train on (the validation set is cut from it)")
+    g.add_argument("--test-split", default="test", help="split to report test metrics on")
+    g.add_argument("--image-column", default=None, help="image column (detected when omitted)")
+    g.add_argument("--label-column", default=None, help="label column (detected when omitted)")
+    g.add_argument("--val-split", type=float, default=0.1,
+                   help="fraction of the training split held out (seeded) for validation and temperature scaling")
+    g.add_argument("--max-train-samples", type=int, default=None,
+                   help="use a seeded random subset of this many training images (before the validation split)")
+    g.add_argument("--max-test-samples", type=int, default=None, help="use a seeded subset of the test split")
+    g.add_argument("-j", "--workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument("--pin-mem", action="store_true", help="pin CPU memory of batches (GPU training)")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """The "Model" flags."""
+    g = p.add_argument_group("Model")
+    g.add_argument("--model", default="resnet50_cifar", help="any timm.list_models() name or a registered alias")
+    g.add_argument("--pretrained", action="store_true", help="start from pretrained weights (timm / Hub cache)")
+    g.add_argument("--pretrained-path", default=None, help="local pretrained weight file for --pretrained")
+    g.add_argument("--initial-checkpoint", default="", help="load these model weights after creation")
+    g.add_argument("--num-classes", type=int, default=None, help="number of classes (default: the dataset's)")
+    g.add_argument("--img-size", type=int, default=None,
+                   help="input size (default: fixed-size models' config, else the dataset's image size)")
+    g.add_argument("--in-chans", type=int, default=None, help="input channels (default: the dataset's)")
+    g.add_argument("--mean", type=float, nargs="+", default=None,
+                   help="normalisation mean (default: the training data's, or the pretrained config's)")
+    g.add_argument("--std", type=float, nargs="+", default=None, help="normalisation std (see --mean)")
+    g.add_argument("--drop", type=float, default=0.0, help="dropout rate before the classifier")
+    g.add_argument("--drop-path", type=float, default=None, help="drop-path rate (models that support it)")
+    g.add_argument("--model-kwargs", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="extra keyword arguments for timm.create_model")
+
+
+def _add_optimizer(p: argparse.ArgumentParser) -> None:
+    """The "Optimizer and schedule" flags."""
+    g = p.add_argument_group("Optimizer and schedule")
+    g.add_argument("-b", "--batch-size", type=int, default=128, help="real images per process and step")
+    g.add_argument("-vb", "--validation-batch-size", type=int, default=None, help="evaluation batch size")
+    g.add_argument("--epochs", type=int, default=200)
+    g.add_argument("--opt", default="momentum",
+                   help="timm optimizer name; 'momentum' is SGD without Nesterov (the paper), 'sgd' is Nesterov")
+    g.add_argument("--lr", type=float, default=0.1)
+    g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--weight-decay", type=float, default=5e-4)
+    g.add_argument("--filter-bias-and-bn", action=argparse.BooleanOptionalAction, default=False,
+                   help="exempt biases and norm weights from weight decay (timm's default; the paper decays all)")
+    g.add_argument("--clip-grad", type=float, default=2.0, help="gradient clipping threshold (0 or less: off)")
+    g.add_argument("--clip-mode", default="norm", choices=("norm", "value"))
+    g.add_argument("--sched", default="multistep", help="timm scheduler: multistep, step, cosine, plateau, ...")
+    g.add_argument("--decay-milestones", type=int, nargs="+", default=[80, 120])
+    g.add_argument("--decay-epochs", type=float, default=100, help="period of the 'step' scheduler")
+    g.add_argument("--decay-rate", type=float, default=0.1)
+    g.add_argument("--warmup-epochs", type=int, default=0)
+    g.add_argument("--warmup-lr", type=float, default=1e-5)
+    g.add_argument("--min-lr", type=float, default=0.0)
+
+
+def _add_mixing(p: argparse.ArgumentParser) -> None:
+    """The "Augmentation and mixing" flags."""
+    g = p.add_argument_group("Augmentation and mixing")
+    g.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
+    g.add_argument("--crop-pad", type=int, default=4, help="zero padding of the random crop (0: no crop)")
+    g.add_argument("--smoothing", type=float, default=0.0,
+                   help="label smoothing: with --loss ce it selects the 'ls' loss; with --mixup it smooths the "
+                        "mixed targets")
+    g.add_argument("--mixup", type=float, default=0.0, help="Mixup alpha (0: off); trains on mixed images only")
+    g.add_argument("--mixup-mode", default="batch", choices=("batch", "elem"), help="one lambda per batch or per image")
+    g.add_argument("--regmixup", type=float, default=0.0,
+                   help="RegMixup alpha (0: off; 20 for CIFAR-10, 10 for CIFAR-100)")
+    g.add_argument("--regmixup-weight", type=float, default=1.0, help="weight eta of RegMixup's mixed term")
+    g.add_argument("--regmixup-reduction", default="mean", choices=("mean", "sum"),
+                   help="RegMixup: 'mean' (clean + eta * mixed) / 2, the released code's mean over the 2B batch; "
+                        "'sum' clean + eta * mixed, the paper's equation")
+    g.add_argument("--rankmixup-alpha", type=float, default=2.0, help="Mixup alpha of RankMixup losses (mrl, mndcg)")
+    g.add_argument("--num-mixup", type=int, default=None,
+                   help="mixed copies per sample for RankMixup losses (default: 1 for mrl, 3 for mndcg)")
+
+
+def _add_calibration(p: argparse.ArgumentParser) -> None:
+    """The "Calibration" flags."""
+    g = p.add_argument_group("Calibration")
+    g.add_argument("--loss", default="ce", help="registered loss (timm_csm.losses.list_losses())")
+    g.add_argument("--loss-kwargs", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="keyword arguments of the loss, e.g. --loss-kwargs margin=6 alpha=0.1")
+    g.add_argument("--csm-dataset", default=None,
+                   help="generated CSM dataset (Hub name or folder); required by the csm losses")
+    g.add_argument("--n-aug", type=int, default=1, help="interior group members per real image besides the endpoint")
+    g.add_argument("--csm-weight", type=float, default=1.0, help="weight of the generated-batch term of CSM")
+    g.add_argument("--ts-method", default="grid_ece", choices=("grid_ece", "nll"),
+                   help="temperature fit on the validation split: grid 0.1..10 by ECE (paper) or NLL (Guo)")
+    g.add_argument("--n-bins", type=int, default=15, help="confidence bins of ECE-type metrics")
+    g.add_argument("--select-by", default="acc", choices=("acc", "nll", "ece"),
+                   help="validation metric that picks the best checkpoint")
+    g.add_argument("--piece", action="store_true",
+                   help="also report the proximity-informed ECE (PIECE) from penultimate features")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """The "Checkpoints and output" flags."""
+    g = p.add_argument_group("Checkpoints and output")
+    g.add_argument("--output", default="output/train", help="parent folder of the experiment folders")
+    g.add_argument("--experiment", default=None,
+                   help="experiment folder name under --output ('.': --output itself, refused when it holds "
+                        "another run; default: <dataset>-<model>-<loss>; with --eval-only, eval-<dataset>-<split> "
+                        "beside the checkpoint). A folder that holds a run gives way to <name>-1, <name>-2, ...; "
+                        "--resume continues in the resumed run's folder")
+    g.add_argument("--resume", default="",
+                   help="continue the run of this last.safetensors, in its folder and with its stored configuration "
+                        "(flags that conflict with it are errors; --epochs may extend it)")
+    g.add_argument("--auto-resume", action="store_true",
+                   help="resume the run in the experiment folder itself when it left a last.safetensors, else "
+                        "start the run there (instead of a new numbered folder)")
+    g.add_argument("--checkpoint-hist", type=int, default=0,
+                   help="also keep the N most recent per-epoch checkpoints checkpoint-<epoch>.safetensors")
+    g.add_argument("--eval-only", action="store_true", help="only evaluate --checkpoint (no training)")
+    g.add_argument("--checkpoint", default=None,
+                   help="weights to evaluate with --eval-only (model_best.safetensors, last.safetensors, or a "
+                        "timm weight file with --model etc.)")
+    g.add_argument("--log-with", default=None, help="accelerate tracker (tensorboard, wandb, ...) when installed")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress bar on the main process")
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    """The "Run" flags."""
+    g = p.add_argument_group("Run")
+    g.add_argument("--seed", type=int, default=PAPER_SEED)
+    g.add_argument("--amp", action="store_true", help="mixed precision (accelerate); see --amp-dtype")
+    g.add_argument("--amp-dtype", default="float16", choices=("float16", "bfloat16"))
+    g.add_argument("--cpu", action="store_true", help="train on the CPU even when an accelerator is present")
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; flag names follow timm's train.py where they overlap."""
+    p = argparse.ArgumentParser(
+        prog="train.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate calibration "
+                    "before and after temperature scaling. Run with `accelerate launch train.py ...` for several "
+                    "processes.")
+    p.add_argument("-c", "--config", default=None, metavar="FILE",
+                   help="YAML file of defaults (keys are the flag names, with - or _); flags override it")
+    for add_group in (_add_dataset, _add_model, _add_optimizer, _add_mixing, _add_calibration, _add_output, _add_run):
+        add_group(p)
+    return p
+
+
+def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in ("help",)}
+
+
+def _load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, Any]:
+    import yaml
+
+    with open(path) as f:
+        cfg = yaml.safe_load(f) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config {path} must be a mapping of flag names to values")
+    cfg.pop("run_id", None)  # a run's args.yaml works as a config; its run id stays with that run
+    return _normalise_keys(cfg, parser, f"config {path}")
+
+
+def _normalise_keys(cfg: Dict[str, Any], parser: argparse.ArgumentParser, where: str) -> Dict[str, Any]:
+    dests = _dest_names(parser)
+    out, unknown = {}, []
+    for k, v in cfg.items():
+        key = str(k).lstrip("-").replace("-", "_")
+        if key not in dests or key == "config":
+            unknown.append(k)
+            continue
+        if key in ("model_kwargs", "loss_kwargs") and isinstance(v, dict):
+            v = list(v.items())
+        out[key] = v
+    if unknown:
+        close = {u: difflib.get_close_matches(str(u).replace("-", "_"), list(dests), n=1) for u in unknown}
+        hint = "; ".join(f"{u!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for u, c in close.items())
+        raise ValueError(f"unknown option(s) in {where}: {hint}")
+    return out
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse the command line: ``-c FILE`` sets defaults from YAML, then flags override them."""
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("-c", "--config", default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**_load_yaml_config(known.config, parser))
+    args = parser.parse_args(argv)
+    # which options were given explicitly (flags or config): eval-only lets a checkpoint's metadata fill the rest
+    probe = build_parser()
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    explicit = set(vars(probe.parse_args(argv)).keys())
+    if known.config:
+        explicit |= set(_load_yaml_config(known.config, parser))
+    args._explicit = sorted(explicit - {"config"})
+    return args
+
+
+def resolve_config(config) -> argparse.Namespace:
+    """A full Namespace from a Namespace or a dict of option names (missing ones take the defaults)."""
+    parser = build_parser()
+    if isinstance(config, argparse.Namespace):
+        if not hasattr(config, "_explicit"):  # built by hand: options that differ from the defaults count as given
+            defaults = vars(parser.parse_args([]))
+            explicit = sorted(k for k, v in vars(config).items() if k not in defaults or defaults[k] != v)
+            config = argparse.Namespace(**dict(defaults, **vars(config)), _explicit=explicit)
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be an argparse.Namespace or a dict, got {type(config).__name__}")
+    given = _normalise_keys(config, parser, "run() config")
+    args = parser.parse_args([])
+    for k, v in given.items():
+        setattr(args, k, v)
+    args._explicit = sorted(given)
+    return args
+
+
+def fill_from_checkpoint(args) -> None:
+    """For --eval-only: fill options the user did not give from the checkpoint's metadata."""
+    state = read_model_meta(args.checkpoint)
+    if not state:
+        return
+    for k, v in state.items():
+        if k in ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
+                 "max_train_samples", "max_test_samples", "seed", "loss", "num_classes", "in_chans", "img_size"):
+            if k not in args._explicit and hasattr(args, k):
+                setattr(args, k, v)
+        if k == "model_kwargs" and "model_kwargs" not in args._explicit:
+            args.model_kwargs = [tuple(kv) for kv in v]
+        if k in ("mean", "std") and k not in args._explicit:
+            setattr(args, k, list(v))

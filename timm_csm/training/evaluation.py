@@ -1,0 +1,83 @@
+"""Calibration of a trained classifier from its predictions: metrics before and after temperature scaling, PIECE.
+
+:func:`evaluate_calibration` is pure: it takes the validation and test predictions (logits, labels and, for PIECE,
+penultimate features) and returns the metrics, the temperature and the scaled test logits; it reads and writes no
+files and runs no model.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from ..calibration import TemperatureScaling
+from ..metrics import calibration_metrics, piece, proximity
+
+__all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
+
+
+class Evaluation(NamedTuple):
+    """What :func:`evaluate_calibration` returns: ``metrics`` (``{"temperature", "test", "val"}``, the results.json
+    entries), ``post_logits`` (the temperature-scaled test logits, None without TS) and ``scaler`` (the fitted
+    :class:`~timm_csm.calibration.TemperatureScaling`, None without TS)."""
+
+    metrics: Dict[str, Any]
+    post_logits: Optional[torch.Tensor]
+    scaler: Optional[TemperatureScaling]
+
+
+def metric_row(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
+    """``{f"{prefix}_{name}": float(value)}`` of a metrics dict."""
+    return {f"{prefix}_{k}": float(v) for k, v in metrics.items()}
+
+
+def _scores(logits, labels, n_bins: int) -> Dict[str, float]:
+    return {k: float(v) for k, v in calibration_metrics(logits, labels, n_bins=n_bins).items()}
+
+
+def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[float, torch.Tensor]:
+    """PIECE of ``logits``; the proximity is to the validation features (the calibration set), as ProCal."""
+    if prox is None:
+        prox = proximity(feats, ref_feats)
+    return float(piece(logits, labels, feats, n_conf_bins=n_bins, prox=prox)), prox
+
+
+def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Sequence[torch.Tensor], n_bins: int = 15,
+                         ts_method: str = "grid_ece", with_piece: bool = False) -> Evaluation:
+    """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
+    layout; None: no validation split, pre-TS metrics only).
+
+    * ``metrics["test"]["pre_ts"]`` / ``["post_ts"]``: :func:`timm_csm.metrics.calibration_metrics` of the test
+      logits and of the scaled ones; ``metrics["val"]`` the same on the validation split;
+    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
+      paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
+      warning;
+    * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
+      TS, with the validation features as the reference set (skipped with a warning without a validation split).
+    """
+    test_logits, test_y = test[0], test[1]
+    metrics: Dict[str, Any] = {"temperature": None,
+                               "test": {"pre_ts": _scores(test_logits, test_y, n_bins), "post_ts": None}, "val": None}
+    if val is None:
+        if with_piece:
+            warnings.warn("--piece needs a validation split (the reference set of the proximity); skipped")
+        return Evaluation(metrics, None, None)
+    val_logits, val_y = val[0], val[1]
+    metrics["val"] = {"pre_ts": _scores(val_logits, val_y, n_bins), "post_ts": None}
+    post_logits, scaler = None, None
+    try:
+        scaler = TemperatureScaling(method=ts_method, n_bins=n_bins).fit(val_logits, val_y)
+    except ValueError as e:  # e.g. fewer validation samples than classes: report pre-TS metrics only
+        warnings.warn(f"temperature scaling skipped: {e}")
+    if scaler is not None:
+        post_logits = scaler.transform(test_logits)
+        metrics["temperature"] = float(scaler.temperature)
+        metrics["test"]["post_ts"] = _scores(post_logits, test_y, n_bins)
+        metrics["val"]["post_ts"] = _scores(scaler.transform(val_logits), val_y, n_bins)
+    if with_piece:
+        value, prox = _piece(test_logits, test_y, test[2], val[2], n_bins)
+        metrics["test"]["pre_ts"]["piece"] = value
+        if post_logits is not None:
+            metrics["test"]["post_ts"]["piece"] = _piece(post_logits, test_y, test[2], val[2], n_bins, prox)[0]
+    return Evaluation(metrics, post_logits, scaler)

@@ -1,0 +1,103 @@
+"""The classifier of a training run: timm's ``create_model`` with the run's options, weight loading, and the loader of
+a finished run's classifier (:func:`load_trained_classifier`)."""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import torch.nn as nn
+
+from ..io import is_state_file, load_state, read_model_meta
+
+__all__ = ["check_model_name", "fixed_input_size", "create_train_model", "load_model_weights",
+           "load_trained_classifier"]
+
+
+def check_model_name(name: str) -> None:
+    import timm
+
+    from .. import models  # noqa: F401  (registers the small-image models)
+
+    if timm.is_model(name):
+        return
+    ours = ", ".join(models.SMALL_IMAGE_MODELS)
+    all_names = timm.list_models()
+    close = difflib.get_close_matches(name, all_names, n=5, cutoff=0.6)
+    raise ValueError(f"unknown model {name!r}. Small-image models: {ours}. Any of timm's {len(all_names)} "
+                     f"architectures also works (timm.list_models('pattern*') lists them)"
+                     + (f"; close matches: {', '.join(close)}" if close else ""))
+
+
+def fixed_input_size(name: str) -> Tuple[bool, Optional[Tuple[int, int, int]]]:
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None:
+        return False, None
+    return bool(getattr(cfg, "fixed_input_size", False)), tuple(cfg.input_size) if cfg.input_size else None
+
+
+def create_train_model(name: str, num_classes: int, in_chans: int, img_size: Optional[int], pretrained=False,
+                       pretrained_path=None, initial_checkpoint="", drop=0.0, drop_path=None,
+                       model_kwargs: Optional[Dict[str, Any]] = None) -> nn.Module:
+    """``timm.create_model`` with the options of this script; fixed-size models (ViT, Swin) get ``img_size``."""
+    import timm
+
+    check_model_name(name)
+    kwargs = dict(model_kwargs or {})
+    kwargs.update(num_classes=num_classes, in_chans=in_chans)
+    if drop:
+        kwargs["drop_rate"] = drop
+    if drop_path is not None:
+        kwargs["drop_path_rate"] = drop_path
+    fixed, _ = fixed_input_size(name)
+    if fixed and img_size:
+        kwargs.setdefault("img_size", img_size)
+    if pretrained_path:
+        kwargs["pretrained_cfg_overlay"] = dict(file=str(pretrained_path))
+    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    if initial_checkpoint:
+        if not os.path.exists(initial_checkpoint):
+            raise FileNotFoundError(f"--initial-checkpoint {initial_checkpoint} does not exist")
+        load_model_weights(model, initial_checkpoint)
+    return model
+
+
+
+def load_model_weights(model: nn.Module, path) -> None:
+    """Load weights from a training-state file (its ``model`` entry), a model file, or any weight file timm's
+    ``load_checkpoint`` reads (safetensors or torch)."""
+    if is_state_file(path):
+        model.load_state_dict(load_state(path)["model"])
+        return
+    from timm.models import load_checkpoint
+
+    load_checkpoint(model, str(path))
+
+
+def load_trained_classifier(path, checkpoint: str = "model_best.safetensors"):
+    """(model, eval transform, meta) of a finished run: ``path`` is its folder (``checkpoint`` in it, the best
+    model by default) or a model / training-state file written by ``train.py``.
+
+    The model is rebuilt from the file's metadata (architecture, classes, input channels and size, model kwargs),
+    loaded with its weights and put in ``eval()`` mode; the transform is the evaluation transform of the run
+    (resize and normalise with the stored mean and std; :class:`~timm_csm.data.BatchTransform`), applied to uint8
+    (N, C, H, W) images; ``meta`` is the stored metadata (the run's data options, class names, run id, epoch).
+    """
+    from ..data import create_transforms
+
+    path = Path(path)
+    file = path / checkpoint if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist (give a run folder holding {checkpoint}, or a model file)")
+    meta = read_model_meta(file)
+    if not meta or "num_classes" not in meta:
+        raise ValueError(f"{file} carries no timm-csm run metadata; load it with timm.create_model and "
+                         "load_model_weights instead")
+    model = create_train_model(meta["model"], meta["num_classes"], meta["in_chans"], meta["img_size"],
+                               model_kwargs=dict(meta.get("model_kwargs") or []))
+    load_model_weights(model, file)
+    _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
+    return model.eval(), eval_tf, meta

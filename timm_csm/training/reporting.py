@@ -1,0 +1,94 @@
+"""Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), ``results.md`` (the markdown table of
+:func:`results_markdown`), ``results.json``, the test predictions and the reliability diagrams."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List
+
+from ..io import save_model_file, write_text_atomic
+
+__all__ = ["results_markdown", "write_log", "write_results"]
+
+
+_REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
+                ("cece", "Classwise ECE (%)", 100), ("mce", "MCE (%)", 100), ("oe", "Over-confidence (%)", 100),
+                ("ue", "Under-confidence (%)", 100), ("nll", "NLL", 1), ("brier", "Brier", 1),
+                ("piece", "PIECE (%)", 100))
+
+
+def _fmt(v, scale):
+    return "-" if v is None else f"{v * scale:.2f}" if scale == 100 else f"{v:.4f}"
+
+
+def results_markdown(results: Dict[str, Any]) -> str:
+    """A markdown report: a one-line summary table to paste, then every metric before and after TS."""
+    pre, post = results["test"]["pre_ts"], results["test"].get("post_ts")
+    t = results.get("temperature")
+    lines = [f"# {results['model']} on {results['dataset']} ({results['loss']})", ""]
+    lines += ["| dataset | model | loss | acc | ECE | AECE | ECE (TS) | AECE (TS) | T |",
+              "|---|---|---|---|---|---|---|---|---|",
+              f"| {results['dataset']} | {results['model']} | {results['loss']} | {_fmt(pre['accuracy'], 100)} | "
+              f"{_fmt(pre['ece'], 100)} | {_fmt(pre['aece'], 100)} | "
+              f"{_fmt(post['ece'] if post else None, 100)} | {_fmt(post['aece'] if post else None, 100)} | "
+              f"{'-' if t is None else f'{t:.2f}'} |", ""]
+    lines += [f"Test split: {results['n_test']} images; temperature fitted on {results['n_val']} validation "
+              f"images ({results['ts_method']}); {results['n_bins']} bins; checkpoint: epoch "
+              f"{results.get('checkpoint_epoch')} selected by validation {results.get('select_by')}; run "
+              f"{results.get('run_id')}.", ""]
+    lines += ["| metric | before TS | after TS |", "|---|---|---|"]
+    for key, label, scale in _REPORT_ROWS:
+        if key in pre:
+            lines.append(f"| {label} | {_fmt(pre.get(key), scale)} | {_fmt(post.get(key) if post else None, scale)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_log(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
+    """The per-epoch rows as ``log.json`` and ``log.csv`` (columns in order of first appearance)."""
+    write_text_atomic(out_dir / "log.json", json.dumps(rows, indent=1))
+    keys: List[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(out_dir / "log.csv", buf.getvalue())
+
+
+def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, n_bins: int) -> None:
+    """Reliability diagrams of the test logits before and after TS (skipped without matplotlib)."""
+    try:
+        from ..metrics.plots import reliability_diagram, reliability_diagrams
+    except ImportError as e:  # matplotlib is an optional extra
+        warnings.warn(f"reliability diagrams skipped ({e})")
+        return
+    name = f"{results['model']} / {results['loss']}"
+    reliability_diagram(test_logits, test_y, str(out_dir / "reliability_before.png"), n_bins=n_bins,
+                        title=f"{name}: before TS")
+    if post_logits is not None:
+        t = results["temperature"]
+        reliability_diagram(post_logits, test_y, str(out_dir / "reliability_after.png"), n_bins=n_bins,
+                            title=f"{name}: after TS (T={t:.2f})")
+        reliability_diagrams({"before TS": (test_logits, test_y), f"after TS (T={t:.2f})": (post_logits, test_y)},
+                             str(out_dir / "reliability.png"), n_bins=n_bins)
+
+
+def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, post_logits=None,
+                  scaler=None) -> str:
+    """Write a run's evaluation into ``out_dir``: ``results.json``, ``results.md``, ``test_predictions.safetensors``
+    (test logits and labels, so that reports can redraw or re-score them without the model),
+    ``temperature.safetensors`` (with a fitted ``scaler``) and the reliability diagrams; returns the markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if scaler is not None:
+        scaler.save(str(out_dir / "temperature.safetensors"))
+    markdown = results_markdown(results)
+    write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2))
+    write_text_atomic(out_dir / "results.md", markdown)
+    save_model_file(out_dir / "test_predictions.safetensors", {"logits": test_logits, "targets": test_y},
+                    {"temperature": results["temperature"], "run_id": results["run_id"]})
+    _reliability_plots(out_dir, test_logits, test_y, post_logits, results, results["n_bins"])
+    return markdown

@@ -1,0 +1,248 @@
+"""Training tasks: a task owns the classifier and the criterion, builds the collator of its batches and computes one
+step's loss, so that the training loop never branches on the method (the shape of timm's ``timm.task``).
+
+``task(batch)`` returns ``{"loss", "output", "terms"}``: the scalar to back-propagate, the logits of the real (clean)
+batch, and the loss's detached components (``criterion.terms``) for the log. The batch keys each task reads are
+``batch_keys`` (the collators of :mod:`timm_csm.data.collators` write them):
+
+=================  =================================================================================================
+task               step
+=================  =================================================================================================
+ClassificationTask ``loss(f(x), y)`` (``index=`` for per-sample-state losses)
+MixupTask          the same on mixed images and soft targets (Zhang et al., ICLR 2018)
+RegMixupTask       ``regmixup_objective(loss(f(x), y), CE(f(x~), y~))``, clean and mixed in one pass (Pinto et al.,
+                   NeurIPS 2022; the released code's concatenated batch)
+RankMixupTask      ``loss(f(x), y, f(x~), y~)``, clean and mixed copies in two passes (Noh et al., ICCV 2023)
+CSMTask            ``loss(f(x), y, f(x_gen), q_gen)``, real and generated batches in two passes (Luo et al., ICML 2025)
+=================  =================================================================================================
+
+Two passes keep separate batch-norm statistics per batch, as CSM and RankMixup specify; both run inside one
+forward of :class:`TrainingModule`, so a distributed wrapper sees one forward and one backward per step.
+:func:`select_task` picks the task from the loss's registry spec (:func:`timm_csm.losses.loss_spec`) and the
+``--mixup`` / ``--regmixup`` flags.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple, Type
+
+import torch
+import torch.nn as nn
+
+from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator
+from ..losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
+
+__all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "RegMixupTask", "RankMixupTask",
+           "CSMTask", "select_task", "create_criterion"]
+
+
+class TrainingModule(nn.Module):
+    """Calls the classifier once per input batch inside a single forward: ``module(x)`` gives the logits of ``x``,
+    ``module(x, x2)`` a tuple of the logits of each."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *batches: torch.Tensor):
+        if len(batches) == 1:
+            return self.model(batches[0])
+        return tuple(self.model(x) for x in batches)
+
+
+class TrainingTask(nn.Module):
+    """Base of the tasks: ``model`` (the classifier), ``criterion`` (a :class:`~timm_csm.losses.LossBase`) and
+    ``forward_module`` (the :class:`TrainingModule` a distributed wrapper replaces, see :meth:`prepare`).
+
+    Subclasses set ``batch_keys``, implement :meth:`create_collator` and :meth:`forward`, and build themselves from
+    the command-line options in :meth:`from_args`.
+    """
+
+    batch_keys: Tuple[str, ...] = ("pixel_values", "labels", "index")
+    #: whether the task trains on the generated CSM companions (``--csm-dataset``)
+    needs_companions = False
+
+    def __init__(self, model: nn.Module, criterion: LossBase):
+        super().__init__()
+        if not isinstance(criterion, LossBase):
+            raise ValueError(f"{type(self).__name__} needs a timm_csm.losses.LossBase criterion (it calls its hooks "
+                             f"on_epoch_end and sync), got {type(criterion).__name__}; derive the loss from LossBase")
+        self.model = model
+        self.criterion = criterion
+        self.forward_module = TrainingModule(model)
+        self._index = LossSpec.of(criterion).needs_index
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "TrainingTask":
+        return cls(model, criterion)
+
+    def create_collator(self, images, labels, transform, seed: int):
+        """The collator that builds this task's training batches."""
+        return ImageCollator(images, labels, transform, seed=seed)
+
+    def prepare(self, accelerator, optimizer):
+        """Move the criterion to the accelerator's device and let ``accelerator.prepare`` wrap the forward module
+        with the optimizer; returns the prepared optimizer."""
+        self.criterion.to(accelerator.device)
+        self.forward_module, optimizer = accelerator.prepare(self.forward_module, optimizer)
+        return optimizer
+
+    def end_epoch(self, accelerator, val_logits=None, val_targets=None) -> None:
+        """The criterion's epoch-end hooks: ``sync`` of the state the processes wrote, then ``on_epoch_end`` on the
+        validation logits when there is a validation split."""
+        self.criterion.sync(accelerator)
+        if val_logits is not None:
+            self.criterion.on_epoch_end(val_logits.to(accelerator.device), val_targets.to(accelerator.device))
+
+    def _clean_loss(self, logits: torch.Tensor, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        if self._index:
+            return self.criterion(logits, batch["labels"], index=batch["index"])
+        return self.criterion(logits, batch["labels"])
+
+    def _result(self, loss: torch.Tensor, output: torch.Tensor) -> Dict[str, object]:
+        return {"loss": loss, "output": output, "terms": self.criterion.terms}
+
+
+class ClassificationTask(TrainingTask):
+    """One forward pass, ``loss(f(x), y)`` (``index=`` for per-sample-state losses)."""
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        logits = self.forward_module(batch["pixel_values"])
+        return self._result(self._clean_loss(logits, batch), logits)
+
+
+class MixupTask(ClassificationTask):
+    """Mixup: :class:`ClassificationTask` on the mixed images and soft targets of
+    :class:`~timm_csm.data.MixupCollator` (``lam ~ Beta(alpha, alpha)`` per batch or per image, optional label
+    smoothing of the mixed targets)."""
+
+    batch_keys = ("pixel_values", "labels", "lam", "index")
+
+    def __init__(self, model, criterion, num_classes: int, alpha: float, mode: str = "batch", smoothing: float = 0.0):
+        super().__init__(model, criterion)
+        self.num_classes, self.alpha, self.mode, self.smoothing = int(num_classes), float(alpha), mode, smoothing
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "MixupTask":
+        return cls(model, criterion, num_classes, args.mixup, args.mixup_mode, args.smoothing)
+
+    def create_collator(self, images, labels, transform, seed: int):
+        return MixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, mode=self.mode,
+                             smoothing=self.smoothing, seed=seed)
+
+
+class RegMixupTask(TrainingTask):
+    """RegMixup: the clean and the mixed batch in one pass, ``regmixup_objective(loss(f(x), y), CE(f(x~), y~),
+    weight, reduction)`` (the mixed term is soft-target cross-entropy, as in the released code)."""
+
+    batch_keys = ("pixel_values", "labels", "index", "mix_pixel_values", "mix_targets", "lam")
+
+    def __init__(self, model, criterion, num_classes: int, alpha: float, weight: float = 1.0,
+                 reduction: str = "mean"):
+        super().__init__(model, criterion)
+        self.num_classes, self.alpha, self.weight, self.reduction = int(num_classes), float(alpha), weight, reduction
+        self.mixed_loss = CrossEntropyLoss()
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "RegMixupTask":
+        return cls(model, criterion, num_classes, args.regmixup, args.regmixup_weight, args.regmixup_reduction)
+
+    def create_collator(self, images, labels, transform, seed: int):
+        return RegMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, seed=seed)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        x = batch["pixel_values"]
+        both = self.forward_module(torch.cat([x, batch["mix_pixel_values"]]))
+        logits, logits_mix = both[:len(x)], both[len(x):]
+        loss = regmixup_objective(self._clean_loss(logits, batch), self.mixed_loss(logits_mix, batch["mix_targets"]),
+                                  self.weight, self.reduction)
+        return self._result(loss, logits)
+
+
+class _TwoPassTask(TrainingTask):
+    """``loss(f(x), y, f(x2), y2)`` with the second batch ``mix_pixel_values`` / ``mix_targets`` in its own pass."""
+
+    batch_keys = ("pixel_values", "labels", "index", "mix_pixel_values", "mix_targets")
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        logits, logits_mix = self.forward_module(batch["pixel_values"], batch["mix_pixel_values"])
+        return self._result(self.criterion(logits, batch["labels"], logits_mix, batch["mix_targets"]), logits)
+
+
+class RankMixupTask(_TwoPassTask):
+    """RankMixup (MRL, M-NDCG): the clean batch and ``num_mixup`` mixed copies (copy-major, one lam per copy) of
+    :class:`~timm_csm.data.RankMixupCollator`, in two passes."""
+
+    batch_keys = _TwoPassTask.batch_keys + ("lam",)
+
+    def __init__(self, model, criterion, num_classes: int, alpha: float = 2.0, num_mixup: int = 1):
+        super().__init__(model, criterion)
+        self.num_classes, self.alpha, self.num_mixup = int(num_classes), float(alpha), int(num_mixup)
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "RankMixupTask":
+        num_mixup = args.num_mixup or LossSpec.of(criterion).num_mixed
+        return cls(model, criterion, num_classes, args.rankmixup_alpha, num_mixup)
+
+    def create_collator(self, images, labels, transform, seed: int):
+        return RankMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha,
+                                 num_mixup=self.num_mixup, seed=seed)
+
+
+class CSMTask(_TwoPassTask):
+    """CSM: the real batch and its generated companions (:class:`~timm_csm.data.CSMCollator`: per real image the
+    best-matching group member and ``n_aug`` interior members, with their annotated soft labels), in two passes."""
+
+    needs_companions = True
+
+    def __init__(self, model, criterion, companions):
+        super().__init__(model, criterion)
+        self.companions = companions
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "CSMTask":
+        return cls(model, criterion, companions)
+
+    def create_collator(self, images, labels, transform, seed: int):
+        return CSMCollator(images, labels, transform, self.companions, seed=seed)
+
+
+_BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": RankMixupTask}
+
+
+def select_task(args, criterion: LossBase) -> Type[TrainingTask]:
+    """The task class of the training loss ``criterion`` (its :class:`~timm_csm.losses.LossSpec`) with
+    ``--mixup`` / ``--regmixup``; conflicting options raise ``ValueError``."""
+    spec = LossSpec.of(criterion)
+    conflicts = [flag for flag, on in (("--mixup", args.mixup > 0), ("--regmixup", args.regmixup > 0)) if on]
+    task = _BY_INPUTS.get(spec.inputs)
+    if task is not None and conflicts:
+        raise ValueError(f"--loss {args.loss} builds its own batches; drop {' and '.join(conflicts)}")
+    if len(conflicts) > 1:
+        raise ValueError("choose one of --mixup and --regmixup")
+    if task is None:
+        task = MixupTask if args.mixup > 0 else RegMixupTask if args.regmixup > 0 else ClassificationTask
+    if task.needs_companions and not args.csm_dataset:
+        raise ValueError(f"--loss {args.loss} needs --csm-dataset (the generated CSM dataset)")
+    if not task.needs_companions and args.csm_dataset:
+        raise ValueError(f"--csm-dataset is used by the csm losses only; --loss {args.loss} is not one")
+    return task
+
+
+def create_criterion(args, num_train: int) -> LossBase:
+    """The training loss from ``--loss`` / ``--loss-kwargs``. ``--smoothing`` (without ``--mixup``) selects the
+    loss's label-smoothing form (``ce`` -> ``ls``) with ``smoothing=``; a generated-batch loss takes
+    ``weight=--csm-weight``, a per-sample-state loss ``num_samples=`` the training-set size."""
+    name = args.loss
+    kwargs = dict(args.loss_kwargs or [])
+    spec = loss_spec(name)  # unknown names: ValueError listing the registered losses
+    if args.smoothing > 0 and args.mixup <= 0:
+        if spec.smoothed is None:
+            raise ValueError(f"--smoothing applies to --loss ce / ls (or to --mixup targets), not to {name!r}")
+        name = spec.smoothed
+        kwargs.setdefault("smoothing", args.smoothing)
+        spec = loss_spec(name)
+    if spec.inputs == "generated":
+        kwargs.setdefault("weight", args.csm_weight)
+    if spec.needs_index:
+        kwargs.setdefault("num_samples", num_train)
+    return create_loss(name, **kwargs)
