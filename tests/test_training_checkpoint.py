@@ -1,0 +1,92 @@
+"""CheckpointSaver: last after every epoch, best replaced only by a strictly better epoch, a bounded history, and a
+write killed mid-file leaves the previous files intact."""
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from timm_csm.io import load_state, read_model_meta, remove_temp_files
+from timm_csm.training import CheckpointSaver
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _state(epoch, saver, size=4):
+    return {"model": {"w": torch.full((size,), float(epoch))}, "epoch": epoch, "best": saver.best,
+            "meta": {"run_id": "r1"}}
+
+
+@pytest.mark.parametrize("select_by,values,best_epochs", [
+    ("acc", [0.5, 0.4, 0.6, 0.6, 0.7], [0, 0, 2, 2, 4]),  # higher is better; a tie is not better
+    ("ece", [0.3, 0.2, 0.25, 0.2, 0.1], [0, 1, 1, 1, 4]),  # lower is better
+])
+def test_best_is_replaced_only_when_better(tmp_path, select_by, values, best_epochs):
+    saver = CheckpointSaver(tmp_path, select_by)
+    key = {"acc": "val_accuracy", "ece": "val_ece"}[select_by]
+    for epoch, (value, best_epoch) in enumerate(zip(values, best_epochs)):
+        improved = saver.update(epoch, {key: value})
+        assert improved == (best_epoch == epoch)
+        saver.save(epoch, _state(epoch, saver), improved)
+        assert saver.best == {"value": values[best_epoch], "epoch": best_epoch, "metric": select_by}
+        assert read_model_meta(tmp_path / "model_best.safetensors")["epoch"] == best_epoch
+        assert load_state(tmp_path / "last.safetensors")["epoch"] == epoch
+    assert float(load_state(tmp_path / "last.safetensors")["model"]["w"][0]) == len(values) - 1
+
+
+def test_without_validation_every_epoch_is_the_best(tmp_path):
+    saver = CheckpointSaver(tmp_path, "acc")
+    assert saver.update(0, {}, validated=False) and saver.update(1, {}, validated=False)
+    assert saver.best == {"value": None, "epoch": 1, "metric": "acc"}
+
+
+def test_history_keeps_the_most_recent_epochs(tmp_path):
+    saver = CheckpointSaver(tmp_path, "acc", max_history=2)
+    for epoch in range(5):
+        saver.save(epoch, _state(epoch, saver), saver.update(epoch, {"val_accuracy": 0.1}))
+        kept = sorted(p.name for p in tmp_path.glob("checkpoint-*.safetensors"))
+        assert kept == [f"checkpoint-{e}.safetensors" for e in range(max(0, epoch - 1), epoch + 1)]
+    assert load_state(tmp_path / "checkpoint-4.safetensors")["epoch"] == 4
+
+
+def test_a_resumed_saver_keeps_the_stored_best(tmp_path):
+    saver = CheckpointSaver(tmp_path, "nll", best={"value": 0.5, "epoch": 3, "metric": "nll"})
+    assert not saver.update(4, {"val_nll": 0.6}) and saver.best["epoch"] == 3
+    assert saver.update(5, {"val_nll": 0.4}) and saver.best["epoch"] == 5
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="select_by must be one of"):
+        CheckpointSaver(tmp_path, "loss")
+    with pytest.raises(ValueError, match="max_history must be >= 0"):
+        CheckpointSaver(tmp_path, "acc", max_history=-1)
+
+
+def test_a_killed_write_leaves_the_previous_files(tmp_path):
+    """The second epoch's files exceed the file-size limit: the kernel kills the writer (SIGXFSZ) mid-file."""
+    script = textwrap.dedent(f"""
+        import resource, signal, sys
+        import torch
+        sys.path.insert(0, {str(ROOT)!r})
+        from timm_csm.training import CheckpointSaver
+
+        saver = CheckpointSaver({str(tmp_path)!r}, "acc", max_history=1)
+        def state(epoch, size):
+            return {{"model": {{"w": torch.full((size,), float(epoch))}}, "epoch": epoch, "best": saver.best,
+                    "meta": {{"run_id": "r1"}}}}
+        saver.save(0, state(0, 16), saver.update(0, {{"val_accuracy": 0.5}}))
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; the default action kills the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+        saver.save(1, state(1, 1 << 16), saver.update(1, {{"val_accuracy": 0.9}}))
+        print("not killed")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGXFSZ, proc.stdout + proc.stderr
+    assert read_model_meta(tmp_path / "model_best.safetensors")["epoch"] == 0
+    assert load_state(tmp_path / "last.safetensors")["epoch"] == 0
+    assert float(load_state(tmp_path / "checkpoint-0.safetensors")["model"]["w"][0]) == 0.0
+    left = remove_temp_files(tmp_path)
+    assert len(left) == 1 and left[0].name.startswith(".model_best.safetensors.")

@@ -1,0 +1,163 @@
+"""Training tasks: each task's step on a tiny model returns the documented keys and the loss computed directly from
+the loss functions for the same batch; task selection and criterion options come from the loss registry."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from timm_csm.data import CSMCompanionSampler, CSMGroups, SampleRef, create_transforms
+from timm_csm.losses import CrossEntropyLoss, create_loss, regmixup_objective
+from timm_csm.training import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, build_parser,
+                               create_criterion, select_task)
+
+K, B, SIZE = 3, 6, 8
+
+
+def _model():
+    torch.manual_seed(0)
+    # batch norm: a task that runs two batches in one pass would change the statistics and the loss
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, K)).train()
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(20, 1, SIZE, SIZE), dtype=np.uint8), rng.integers(0, K, size=20)
+
+
+def _batch(task, images, labels):
+    train_tf, _ = create_transforms(SIZE, (0.5,), (0.25,), 1, crop_padding=1, hflip=0.5)
+    collator = task.create_collator(images, labels, train_tf, seed=3)
+    batch = collator([SampleRef(i, 0, 0, s, B) for s, i in enumerate(range(B))])
+    assert set(task.batch_keys) <= set(batch), (task.batch_keys, sorted(batch))
+    return batch
+
+
+def _groups():
+    rng = np.random.default_rng(1)
+    lam = np.tile(np.linspace(0, 1, 4), 6)
+    a = np.repeat([0, 0, 1, 0, 0, 1], 4)
+    b = np.repeat([1, 2, 2, 1, 2, 2], 4)
+    q = np.zeros((24, K), np.float32)
+    q[np.arange(24), a] = 1 - lam
+    q[np.arange(24), b] += lam
+    images = rng.integers(0, 256, size=(24, 1, SIZE, SIZE), dtype=np.uint8)
+    return CSMGroups.from_arrays(images, q, a, b, np.repeat(np.arange(6), 4), [str(i) for i in range(K)], lam)
+
+
+def _check(out, expected, logits):
+    assert set(out) == {"loss", "output", "terms"}
+    torch.testing.assert_close(out["loss"], expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out["output"], logits, rtol=0, atol=1e-6)
+    assert out["loss"].requires_grad
+
+
+def test_classification_task_is_the_loss_on_one_pass():
+    images, labels = _data()
+    model, loss = _model(), create_loss("focal")
+    task = ClassificationTask(model, loss)
+    batch = _batch(task, images, labels)
+    out = task(batch)
+    logits = model(batch["pixel_values"])
+    _check(out, create_loss("focal")(logits, batch["labels"]), logits)
+    assert out["terms"] is loss.terms
+
+
+def test_per_sample_state_losses_get_the_index():
+    images, labels = _data()
+    model, loss = _model(), create_loss("aslp", num_samples=20, warmup_epochs=0)
+    task = ClassificationTask(model, loss)
+    batch = _batch(task, images, labels)
+    out = task(batch)
+    reference = create_loss("aslp", num_samples=20, warmup_epochs=0)
+    logits = model(batch["pixel_values"])
+    _check(out, reference(logits, batch["labels"], index=batch["index"]), logits)
+
+
+def test_mixup_task_trains_on_mixed_images_and_soft_targets():
+    images, labels = _data()
+    model = _model()
+    task = MixupTask(model, create_loss("ce"), K, alpha=1.0)
+    batch = _batch(task, images, labels)
+    assert batch["labels"].shape == (B, K)
+    logits = model(batch["pixel_values"])
+    _check(task(batch), CrossEntropyLoss()(logits, batch["labels"]), logits)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_regmixup_task_is_the_objective_over_one_concatenated_pass(reduction):
+    images, labels = _data()
+    model = _model()
+    task = RegMixupTask(model, create_loss("ce"), K, alpha=20.0, weight=0.5, reduction=reduction)
+    batch = _batch(task, images, labels)
+    both = model(torch.cat([batch["pixel_values"], batch["mix_pixel_values"]]))
+    expected = regmixup_objective(CrossEntropyLoss()(both[:B], batch["labels"]),
+                                  CrossEntropyLoss()(both[B:], batch["mix_targets"]), 0.5, reduction)
+    _check(task(batch), expected, both[:B])
+
+
+@pytest.mark.parametrize("name,copies", [("mrl", 1), ("mndcg", 3)])
+def test_rankmixup_task_runs_clean_and_mixed_copies_in_two_passes(name, copies):
+    images, labels = _data()
+    model = _model()
+    args = build_parser().parse_args(["--loss", name])
+    task = RankMixupTask.from_args(args, model, create_loss(name), K)
+    assert task.num_mixup == copies  # the registry's default number of copies
+    batch = _batch(task, images, labels)
+    assert batch["mix_pixel_values"].shape[0] == copies * B
+    logits, mixed = model(batch["pixel_values"]), model(batch["mix_pixel_values"])
+    _check(task(batch), create_loss(name)(logits, batch["labels"], mixed, batch["mix_targets"]), logits)
+
+
+def test_csm_task_runs_real_and_generated_batches_in_two_passes():
+    images, labels = _data()
+    model = _model()
+    task = CSMTask(model, create_loss("csm", weight=0.7), CSMCompanionSampler(_groups(), n_aug=1, num_classes=K))
+    batch = _batch(task, images, labels)
+    out = task(batch)
+    logits, gen = model(batch["pixel_values"]), model(batch["mix_pixel_values"])
+    _check(out, create_loss("csm", weight=0.7)(logits, batch["labels"], gen, batch["mix_targets"]), logits)
+    assert set(out["terms"]) == {"ce", "gen"}
+    joint = model(torch.cat([batch["pixel_values"], batch["mix_pixel_values"]]))  # one pass: other BN statistics
+    one_pass = create_loss("csm", weight=0.7)(joint[:B], batch["labels"], joint[B:], batch["mix_targets"])
+    assert abs(float(one_pass.detach()) - float(out["loss"].detach())) > 1e-4
+
+
+def _args(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv,task", [
+    (["--loss", "ce"], ClassificationTask), (["--loss", "aslp"], ClassificationTask),
+    (["--loss", "ce", "--mixup", "1"], MixupTask), (["--loss", "mbls", "--regmixup", "20"], RegMixupTask),
+    (["--loss", "mndcg"], RankMixupTask), (["--loss", "csm_soft_ce", "--csm-dataset", "x"], CSMTask),
+])
+def test_select_task_reads_the_loss_spec(argv, task):
+    args = _args(*argv)
+    assert select_task(args, create_criterion(args, 10)) is task
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--loss", "mrl", "--mixup", "1"], "builds its own batches; drop --mixup"),
+    (["--loss", "ce", "--mixup", "1", "--regmixup", "2"], "choose one of --mixup and --regmixup"),
+    (["--loss", "csm"], "needs --csm-dataset"),
+    (["--loss", "focal", "--csm-dataset", "x"], "used by the csm losses only"),
+])
+def test_select_task_refuses_conflicting_options(argv, match):
+    args = _args(*argv)
+    with pytest.raises(ValueError, match=match):
+        select_task(args, create_criterion(args, 10))
+
+
+def test_create_criterion_options_from_the_registry():
+    assert type(create_criterion(_args("--loss", "ce", "--smoothing", "0.1"), 10)).__name__ == "LabelSmoothingLoss"
+    assert create_criterion(_args("--loss", "ls", "--smoothing", "0.2"), 10).smoothing == 0.2
+    assert create_criterion(_args("--loss", "csm_soft_focal", "--csm-weight", "0.3"), 10).weight == 0.3
+    assert create_criterion(_args("--loss", "aslp"), 17).num_samples == 17
+    with pytest.raises(ValueError, match="--smoothing applies to --loss ce / ls"):
+        create_criterion(_args("--loss", "focal", "--smoothing", "0.1"), 10)
+
+
+def test_a_task_needs_a_loss_with_the_hooks():
+    with pytest.raises(ValueError, match="LossBase criterion"):
+        ClassificationTask(_model(), nn.CrossEntropyLoss())
