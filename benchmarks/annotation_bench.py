@@ -135,13 +135,16 @@ def main(argv=None):
 
     import datasets
 
-    from timm_csm.annotation import OpenClipEncoder, ReferenceCNN, TimmEncoder
+    import timm
+
+    from timm_csm.annotation import OpenClipEncoder, TimmEncoder
     from timm_csm.data import load_fashion_mnist
 
     datasets.disable_progress_bars()
     test = load_fashion_mnist("test")
     torch.manual_seed(0)
-    results = [bench("reference CNN, 28 px", TimmEncoder(ReferenceCNN(mean=(0.286,), std=(0.353,))),
+    reference = timm.create_model("reference_cnn", pretrained_cfg_overlay=dict(mean=(0.286,), std=(0.353,)))
+    results = [bench("reference CNN, 28 px", TimmEncoder(reference),
                      test.images[: args.images], 256, args.repeats, test.class_names)]
     if not args.skip_clip:
         clip = OpenClipEncoder("ViT-B-32")

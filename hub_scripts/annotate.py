@@ -6,7 +6,9 @@
 
 Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
 ``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
-on the real training split on first use and cached in ``--reference-dir``.
+on the real training split on first use and cached in ``--reference-dir``. The work is
+:func:`timm_csm.annotation.annotate_generated`; with ``--s auto`` s is fitted on a held-out share of the real training
+split that the reference encoder does not see.
 """
 from __future__ import annotations
 
@@ -57,20 +59,35 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _split_holdout(train, fraction: float, seed: int):
-    import numpy as np
+def _encoder(args, dataset: str, name: str, holdout: bool):
+    """The encoder of ``--encoder``: a ready open_clip / timm encoder, or for the reference encoder a function
+    that trains it on the real images it may see (without the held-out share when ``holdout``)."""
+    from timm_csm.annotation import OpenClipEncoder, TimmEncoder, train_reference_encoder
+    from timm_csm.data import load_image_arrays
 
-    order = np.random.default_rng(seed).permutation(len(train))
-    n_val = max(1, int(round(fraction * len(train))))
-    return train.subset(np.sort(order[n_val:])), train.subset(np.sort(order[:n_val]))
+    if args.encoder == "open_clip":
+        kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
+        return OpenClipEncoder(args.model or "ViT-B-32", args.pretrained, normalize=args.normalize,
+                               device=args.device, **kw)
+    if args.encoder == "timm":
+        if not args.model:
+            sys.exit("--encoder timm needs --model (and usually --checkpoint)")
+        return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
+                           input_size=args.input_size)
+    short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
+    ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if holdout else ''}"
+    try:
+        test = load_image_arrays(dataset, "test", args.image_column, args.label_column)
+    except Exception:  # some datasets have no test split; the accuracy is then not reported
+        test = None
+    return lambda fit: train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test,
+                                               device=args.device)
 
 
 def main(argv=None):
     args = parse_args(argv)
     import timm_csm
-    from timm_csm.annotation import (OpenClipEncoder, TimmEncoder, annotate, annotation_report, check_class_names,
-                                     compute_prototypes, dataset_fingerprint, drop_groups, default_scale, encode_images, load_or_compute_prototypes,
-                                     pairwise_true_lambda, scale_nll, select_scale, train_reference_encoder)
+    from timm_csm.annotation import annotate_generated, dataset_fingerprint, default_scale
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.writer import load_generated
     from timm_csm.hub import csm_dataset_name, install_dataset, provenance_from_plan, save_csm_dataset
@@ -79,77 +96,30 @@ def main(argv=None):
     dataset = args.dataset or (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
     name = args.name or csm_dataset_name(dataset)
     train = load_image_arrays(dataset, "train", args.image_column, args.label_column)
-    check_class_names(plan["class_names"], train.class_names, "generation plan", f"the real dataset {dataset!r}")
-
-    s_arg = args.s
-    if s_arg is None:
+    s = args.s
+    if s is None:
         try:
-            s_arg = str(default_scale(dataset))
+            s = str(default_scale(dataset))
         except ValueError:  # no published value for this dataset
-            s_arg = "auto"
-    auto = s_arg == "auto"
-    holdout = auto or args.holdout_encoder
-    fit, val = _split_holdout(train, args.val_fraction, args.seed) if holdout else (train, None)
-
-    if args.encoder == "reference":
-        short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
-        ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if holdout else ''}"
-        try:
-            test = load_image_arrays(dataset, "test", args.image_column, args.label_column)
-        except Exception:  # some datasets have no test split; the accuracy is then not reported
-            test = None
-        # with --s auto the encoder must not see the held-out images that fit s
-        encoder = train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test, device=args.device)
-    elif args.encoder == "open_clip":
-        kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
-        encoder = OpenClipEncoder(args.model or "ViT-B-32", args.pretrained, normalize=args.normalize,
-                                  device=args.device, **kw)
-    else:
-        if not args.model:
-            sys.exit("--encoder timm needs --model (and usually --checkpoint)")
-        encoder = TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
-                              input_size=args.input_size)
-    print(f"encoder: {encoder.identity}")
-
-    # prototypes over all real training images (the paper's choice), cached
-    protos = load_or_compute_prototypes(encoder, train, cache_dir=args.cache_dir, batch_size=args.batch_size)
-    selection = None
-    if auto:
-        fit_protos = compute_prototypes(encoder, fit, batch_size=args.batch_size)
-        val_feats = encode_images(encoder, val.images, batch_size=args.batch_size, progress=True, desc="held-out")
-        s = select_scale(val_feats, val.labels, fit_protos.means)
-        lam = pairwise_true_lambda(val_feats, val.labels, fit_protos.means)
-        selection = {"criterion": "maximum likelihood of the true class on held-out real images (select_scale)",
-                     "held_out_images": len(val), "nll": round(scale_nll(s, lam), 6), "seed": args.seed}
-        print(f"s = {s:.4f} (fitted on {len(val)} held-out real images, NLL {selection['nll']:.4f})")
-    else:
-        s = float(s_arg)
-
-    annotated = annotate(generated, plan["class_names"], encoder, protos, s, lambdas=plan["lambdas"],
-                         label_mode=args.label_mode, batch_size=args.batch_size,
-                         drop_incomplete=args.drop_incomplete)
-    report = annotation_report(annotated, args.min_spearman)
-    print("annotation report: " + json.dumps({k: v for k, v in report.items() if k != "flagged_group_ids"}))
-    if args.drop_flagged and report["flagged"]:
-        annotated = drop_groups(annotated, report["flagged_group_ids"])
-        print(f"dropped {report['flagged']} flagged group(s) of {report['num_groups']}")
+            s = "auto"
+    s = s if s == "auto" else float(s)
+    holdout = s == "auto" or args.holdout_encoder
+    result = annotate_generated(
+        generated, plan, train, _encoder(args, dataset, name, holdout), s, holdout=holdout,
+        holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode, batch_size=args.batch_size,
+        drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged, min_spearman=args.min_spearman,
+        cache_dir=args.cache_dir)
     provenance = {
         "dataset": dataset,
         "dataset_revision": dataset_fingerprint(train),
-        "real_counts": {c: int(n) for c, n in zip(train.class_names, protos.counts.tolist())},
+        "real_counts": {c: int(n) for c, n in zip(train.class_names, result.prototypes.counts.tolist())},
         **provenance_from_plan(plan),
-        "encoder": encoder.describe(),
-        "s": round(float(s), 6),
-        "s_selection": selection,
-        "label_mode": args.label_mode,
-        "dropped_groups": annotated.info.description or None,
-        "annotation_checks": {**{k: v for k, v in report.items() if k != "flagged_group_ids"},
-                              "flagged_dropped": bool(args.drop_flagged)},
+        **result.provenance(),
         "package": f"timm-csm {timm_csm.__version__}",
     }
-    folder = save_csm_dataset(annotated, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},
+    folder = save_csm_dataset(result.dataset, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},
                               class_names=train.class_names, lambdas=plan["lambdas"])
-    print(f"saved {len(annotated)} images to {folder}")
+    print(f"saved {len(result.dataset)} images to {folder}")
     if args.install:
         install_dataset(folder)
         print(f"installed: datasets.load_dataset({folder.name!r}) now works offline from any directory")

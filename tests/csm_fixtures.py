@@ -90,7 +90,7 @@ def annotated_by_hand(num_groups: int = 5, s: float = 4.0, seed: int = 0):
     """An annotated CSM dataset built directly from the formula (no encoder)."""
     import datasets
 
-    from timm_csm.annotation.schema import csm_features
+    from timm_csm.data.csm_format import csm_features
 
     rng = np.random.default_rng(seed)
     rows = raw_generated_rows(num_groups, seed)
@@ -126,3 +126,24 @@ def tiny_timm_encoder(tmp_path, seed: int = 0):
     path = tmp_path / f"test_resnet-{seed}.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return TimmEncoder("test_resnet", checkpoint_path=path, input_size=(1, 32, 32), model_kwargs={"in_chans": 1}), model
+
+
+def train_interrupted(monkeypatch, train, stop_at: int) -> None:
+    """Run ``train()`` with cross-entropy raising KeyboardInterrupt at its call number ``stop_at`` (a killed
+    reference-encoder training), then restore it."""
+    import pytest
+    import torch.nn.functional as F
+
+    calls, real_ce = {"n": 0}, F.cross_entropy
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return real_ce(*a, **k)
+    monkeypatch.setattr(F, "cross_entropy", flaky)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train()
+    finally:
+        monkeypatch.setattr(F, "cross_entropy", real_ce)

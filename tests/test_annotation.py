@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from csm_fixtures import CLASS_NAMES, LAMBDAS, raw_generated, synthetic_arrays, tiny_timm_encoder, tiny_timm_model
+from csm_fixtures import (CLASS_NAMES, LAMBDAS, raw_generated, synthetic_arrays, tiny_timm_encoder, tiny_timm_model,
+                          train_interrupted)
 from timm_csm.annotation import (ClassPrototypes, ImagePreprocessor, OpenClipEncoder, ReferenceEncoder, annotate,
-                                 check_groups, compute_prototypes, csm_features, dominant_class, encode_images,
+                                 compute_prototypes, dominant_class, encode_images,
                                  generation_class_labels, load_or_compute_prototypes, load_reference_encoder,
                                  pair_soft_labels, pairwise_true_lambda, projection_coefficient, rescale_soft_labels,
                                  scale_nll, select_scale, train_reference_encoder)
+from timm_csm.data.csm_format import check_groups, csm_features
 
 TINY_CLIP = {"embed_dim": 32,
              "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
@@ -312,7 +314,7 @@ def test_annotate_errors_name_the_problem(timm_pair, real):
 
     with pytest.raises(ValueError, match=r"class_b out of range \[0, 3\).*group_id 1"):
         run(raw_generated(edit=lambda r: r["class_b"].__setitem__(9, 7)))
-    with pytest.raises(ValueError, match="do not match the real dataset.*1: 'crosses' != 'cross'"):
+    with pytest.raises(ValueError, match="differ from the real dataset.*1: 'crosses' != 'cross'"):
         run(raw_generated(), names=["circle", "crosses", "stripes"])
 
     def corrupt(rows):
@@ -346,8 +348,6 @@ def test_check_groups_counts_repeats_and_missing():
 # ---------------------------------------------------------------- reference encoder
 
 def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
-    import torch.nn.functional as F
-
     from timm_csm.annotation import reference
 
     data = synthetic_arrays(n_per_class=40)
@@ -361,19 +361,8 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
     feats = full.encode(data.images[:10])
     torch.testing.assert_close(full.zero_shot_probs(feats, CLASS_NAMES), logits.softmax(-1), rtol=1e-5, atol=1e-6)
 
-    # interrupted in epoch 2: the rerun resumes from the epoch-1 checkpoint and ends with the same weights
-    calls = {"n": 0}
-    real_ce = F.cross_entropy
-
-    def flaky(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 10:  # 8 steps per epoch
-            raise KeyboardInterrupt
-        return real_ce(*a, **k)
-    monkeypatch.setattr(reference.F, "cross_entropy", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        train_reference_encoder(data, tmp_path / "resumed", **kw)
-    monkeypatch.setattr(reference.F, "cross_entropy", real_ce)
+    # interrupted in epoch 2 (8 steps per epoch): the rerun resumes from the epoch-1 checkpoint, same weights
+    train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "resumed", **kw), 10)
     assert (tmp_path / "resumed" / "checkpoint" / reference.STATE_FILE).exists()
     messages = []
     resumed = train_reference_encoder(data, tmp_path / "resumed", **{**kw, "log": messages.append})
@@ -393,8 +382,6 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
 
 
 def test_damaged_caches_are_named_and_rebuilt(timm_pair, real, tmp_path, monkeypatch):
-    import torch.nn.functional as F
-
     from timm_csm.annotation import reference
 
     encoder, _ = timm_pair
@@ -419,18 +406,8 @@ def test_damaged_caches_are_named_and_rebuilt(timm_pair, real, tmp_path, monkeyp
     for (k, v), (_, w) in zip(full.model.state_dict().items(), rebuilt.model.state_dict().items()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
 
-    # a truncated checkpoint of an interrupted run: named, and the run starts over
-    calls, real_ce = {"n": 0}, F.cross_entropy
-
-    def flaky(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:  # 3 steps per epoch: stops in epoch 2, after the epoch-1 checkpoint
-            raise KeyboardInterrupt
-        return real_ce(*a, **k)
-    monkeypatch.setattr(reference.F, "cross_entropy", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        train_reference_encoder(data, tmp_path / "cut", log=lambda m: None, **kw)
-    monkeypatch.setattr(reference.F, "cross_entropy", real_ce)
+    # a truncated checkpoint of an interrupted run (3 steps per epoch: stopped in epoch 2): named, and it starts over
+    train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "cut", log=lambda m: None, **kw), 4)
     state = tmp_path / "cut" / "checkpoint" / reference.STATE_FILE
     state.write_bytes(state.read_bytes()[:64])
     lines.clear()
@@ -449,13 +426,16 @@ def test_encode_images_streams_batches(timm_pair, real):
     assert [r.start for r, _ in seen] == list(range(0, len(real), 5))
 
 
-def test_reference_augmentation_is_a_flip_and_shift():
-    from timm_csm.annotation.reference import _augment
+def test_reference_augmentation_is_the_training_crop_and_flip():
+    """The reference encoder's augmentation is the shared pad-crop + flip, applied to uint8 batches."""
+    from timm_csm.data.transforms import pad_crop_flip, sample_crop_flip
 
     x = torch.randint(1, 256, (6, 1, 8, 8), dtype=torch.uint8)
-    out = _augment(x, torch.Generator().manual_seed(0), pad=2)
+    params = sample_crop_flip(6, 2, 0.5, torch.Generator().manual_seed(0))
+    out = pad_crop_flip(x, params, 2)
+    assert out.dtype == torch.uint8 and out.shape == x.shape
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for i in range(6):
-        candidates = [src[:, dy: dy + 8, dx: dx + 8] for src in (padded[i], padded[i].flip(-1))
-                      for dy in range(5) for dx in range(5)]
-        assert any(torch.equal(out[i], c) for c in candidates)
+        dy, dx = params["offsets"][i].tolist()
+        crop = padded[i][:, dy: dy + 8, dx: dx + 8]
+        assert torch.equal(out[i], crop.flip(-1) if params["flips"][i] else crop)

@@ -356,7 +356,7 @@ def test_validation_errors_name_the_problem(annotated, tmp_path):
     import datasets
 
     build_csm_dataset(annotated, CLASS_NAMES, LAMBDAS)
-    with pytest.raises(ValueError, match="do not match the real dataset at 1 position.*2: 'stripes' != 'dots'"):
+    with pytest.raises(ValueError, match="differ from the real dataset's at 1 position.*2: 'stripes' != 'dots'"):
         build_csm_dataset(annotated, ["circle", "cross", "dots"])
     with pytest.raises(ValueError, match="do not match the real dataset \\(4 classes\\)"):
         build_csm_dataset(annotated, CLASS_NAMES + ["extra"])

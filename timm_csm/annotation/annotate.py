@@ -2,106 +2,27 @@
 
 Input: the ``datasets.Dataset`` of :func:`timm_csm.generation.writer.load_generated` (columns ``image``,
 ``group_id``, ``seed``, ``class_a``, ``class_b``, ``lambda_gen``). Output: a ``Dataset`` with exactly the columns of
-:func:`timm_csm.annotation.schema.csm_features`. The images are passed through as stored (no re-encoding); they are
+:func:`timm_csm.data.csm_format.csm_features`. The images are passed through as stored (no re-encoding); they are
 decoded once, in a background thread that overlaps the encoder's forward pass.
 """
 from __future__ import annotations
 
 import io
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from ..data.csm_format import (CSM_COLUMNS, RAW_COLUMNS, check_class_names, check_groups, check_soft_labels,
+                               csm_features)
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
-from .schema import CSM_COLUMNS, RAW_COLUMNS, csm_features
 from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient
 
-__all__ = ["annotate", "check_groups", "check_class_names", "GroupCheck", "rescale_soft_labels", "decode_images",
-           "LABEL_MODES"]
+__all__ = ["annotate", "rescale_soft_labels", "decode_images", "LABEL_MODES"]
 
 LABEL_MODES = ("projection", "zero_shot", "generation")
-_LAMBDA_TOL = 1e-5
-
-
-@dataclass
-class GroupCheck:
-    """Result of :func:`check_groups`: groups whose members do not cover the lambda grid exactly once."""
-
-    num_groups: int
-    bad_group_ids: np.ndarray
-    bad_rows: np.ndarray  # boolean mask over rows
-    message: str
-
-    @property
-    def ok(self) -> bool:
-        return len(self.bad_group_ids) == 0
-
-
-def check_class_names(names: Sequence[str], expected: Sequence[str], what: str = "generated data",
-                      reference: str = "the real dataset") -> None:
-    """ValueError naming the differences when two class-name lists differ."""
-    names, expected = [str(n) for n in names], [str(n) for n in expected]
-    if names == expected:
-        return
-    if len(names) != len(expected):
-        raise ValueError(f"the class names of the {what} ({len(names)} classes) do not match {reference} "
-                         f"({len(expected)} classes)")
-    diffs = [f"{i}: {a!r} != {b!r}" for i, (a, b) in enumerate(zip(names, expected)) if a != b]
-    raise ValueError(f"the class names of the {what} do not match {reference} at {len(diffs)} position(s): "
-                     + "; ".join(diffs[:5]) + (" ..." if len(diffs) > 5 else ""))
-
-
-def check_groups(group_id, lambda_gen, lambdas: Sequence[float], seed=None, class_a=None, class_b=None) -> GroupCheck:
-    """Find the groups whose members are not exactly one image per value of the lambda grid.
-
-    Raises ValueError for data that is wrong rather than incomplete: a lambda off the grid, or members of one group
-    that disagree on seed or class pair.
-    """
-    gid = np.asarray(group_id, dtype=np.int64)
-    lam = np.asarray(lambda_gen, dtype=np.float64)
-    grid = np.asarray(sorted(float(v) for v in lambdas), dtype=np.float64)
-    if len(grid) == 0:
-        raise ValueError("empty lambda grid")
-    if len(gid) == 0:
-        return GroupCheck(0, np.zeros(0, np.int64), np.zeros(0, bool), "")
-    pos = np.clip(np.searchsorted(grid, lam), 0, len(grid) - 1)
-    left = np.clip(pos - 1, 0, len(grid) - 1)
-    nearest = np.where(np.abs(grid[left] - lam) < np.abs(grid[pos] - lam), left, pos)
-    off = np.abs(grid[nearest] - lam) > _LAMBDA_TOL
-    if off.any():
-        i = int(np.flatnonzero(off)[0])
-        raise ValueError(f"{int(off.sum())} row(s) have lambda_gen off the grid {grid.round(6).tolist()} "
-                         f"(first: row {i}, group_id {gid[i]}, lambda_gen {lam[i]:.6f})")
-    uniq, inverse, counts = np.unique(gid, return_inverse=True, return_counts=True)
-    for name, col in (("seed", seed), ("class_a", class_a), ("class_b", class_b)):
-        if col is None:
-            continue
-        col = np.asarray(col, dtype=np.int64)
-        lo = np.full(len(uniq), np.iinfo(np.int64).max)
-        hi = np.full(len(uniq), np.iinfo(np.int64).min)
-        np.minimum.at(lo, inverse, col)
-        np.maximum.at(hi, inverse, col)
-        bad = np.flatnonzero(lo != hi)
-        if len(bad):
-            raise ValueError(f"{len(bad)} group(s) mix different {name} values among their members "
-                             f"(first: group_id {uniq[bad[0]]})")
-    # distinct grid points per group: count unique (group, grid index) pairs
-    pair = inverse * len(grid) + nearest
-    distinct = np.bincount(np.unique(pair) // len(grid), minlength=len(uniq))
-    bad = (counts != len(grid)) | (distinct != len(grid))
-    bad_ids = uniq[bad]
-    message = ""
-    if len(bad_ids):
-        fewer = int((counts[bad] < len(grid)).sum())
-        examples = ", ".join(f"{g} ({c} rows)" for g, c in zip(bad_ids[:5], counts[bad][:5]))
-        message = (f"{len(bad_ids)} of {len(uniq)} groups do not hold one image per lambda of the {len(grid)}-value "
-                   f"grid ({fewer} have fewer members, {len(bad_ids) - fewer} have repeated or extra members); "
-                   f"e.g. group_id {examples}")
-    return GroupCheck(len(uniq), bad_ids, bad[inverse], message)
 
 
 def _torchvision_decode():
@@ -292,6 +213,7 @@ def annotate(
         soft = generation_class_labels(torch.from_numpy(lam_all.astype(np.float64)), a_t, b_t, k)
     else:
         soft = (probs.double() / probs.double().sum(1, keepdim=True)).float()
+    check_soft_labels(soft.numpy(), k)
     label = dominant_class(soft, a_t if label_mode != "zero_shot" else None)
     lam_hat32 = lambda_hat.float()
     if not bool(torch.isfinite(lam_hat32).all()):

@@ -7,8 +7,10 @@ Three kinds share one interface (:class:`ImageEncoder`):
   (as the official annotation code), ``normalize=True`` unit-normalises them.
 * ``timm``: any timm model, from a local checkpoint; features are the pooled pre-logit features
   (``forward_head(forward_features(x), pre_logits=True)``).
-* ``reference``: a small classifier trained here on the real training data (:mod:`timm_csm.annotation.reference`),
-  the offline default when no CLIP weights are available.
+* ``reference``: a small classifier trained here on the real training data (:mod:`timm_csm.annotation.reference`,
+  a :class:`TimmEncoder`), the offline default when no CLIP weights are available.
+
+:func:`timm_csm.annotation.factory.create_encoder` builds any of the three by name.
 
 Every encoder carries an ``identity`` string (kind, weights, preprocessing, and a fingerprint of the parameters) that
 keys the prototype cache, so a cache can never be reused with different weights.
@@ -32,7 +34,6 @@ __all__ = [
     "ImageEncoder",
     "OpenClipEncoder",
     "TimmEncoder",
-    "create_encoder",
     "encode_images",
     "weights_fingerprint",
     "DEFAULT_ZERO_SHOT_TEMPLATES",
@@ -332,21 +333,6 @@ def _in_chans(model: nn.Module, cfg: Dict) -> int:
         except AttributeError:
             pass
     return int(cfg["input_size"][0])
-
-
-def create_encoder(kind: str, **kwargs) -> ImageEncoder:
-    """``create_encoder("open_clip", model_name="ViT-B-32", pretrained="openai")``,
-    ``create_encoder("timm", model="resnet18", checkpoint_path="w.safetensors")`` or
-    ``create_encoder("reference", path="runs/reference-fmnist")``."""
-    if kind == "open_clip":
-        return OpenClipEncoder(**kwargs)
-    if kind == "timm":
-        return TimmEncoder(**kwargs)
-    if kind == "reference":
-        from .reference import load_reference_encoder
-
-        return load_reference_encoder(**kwargs)
-    raise ValueError(f"unknown encoder kind {kind!r}; choose open_clip, timm or reference")
 
 
 def encode_images(encoder: ImageEncoder, images, batch_size: int = 256, progress: bool = False,

@@ -13,48 +13,17 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, List
 
 import numpy as np
 import torch
 
-from ..io import save_safetensors_atomic
 from ..data import ImageArrays
-from ..data.embedded import images_labels_hash
+from ..io import save_safetensors_atomic
+from .cache import dataset_fingerprint, load_cache
 from .encoders import ImageEncoder, encode_images
 
-__all__ = ["ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes", "dataset_fingerprint",
-           "load_cache"]
-
-T = TypeVar("T")
-
-
-def _cache_errors() -> tuple:
-    import pickle
-
-    from safetensors import SafetensorError
-
-    # a damaged file: truncated safetensors (SafetensorError), unreadable (OSError), bad JSON (ValueError), a missing
-    # tensor or key (KeyError), a truncated torch.save file (RuntimeError, EOFError, UnpicklingError), weights of
-    # another shape (RuntimeError from load_state_dict)
-    return SafetensorError, OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError
-
-
-def load_cache(load: Callable[[], T], what: str, log: Callable[[str], None] = print) -> Optional[T]:
-    """``load()``, or None after logging ``what`` as damaged when reading the cached file fails; the caller then
-    builds the cache again."""
-    try:
-        return load()
-    except _cache_errors() as e:
-        log(f"{what} is damaged ({type(e).__name__}: {e}); building it again")
-        return None
-
-
-def dataset_fingerprint(data: ImageArrays) -> str:
-    """``<source>-<sha256 of images, labels and class names, 16 hex>``."""
-    h = images_labels_hash(data.images, data.labels)
-    h.update(json.dumps(list(data.class_names)).encode())
-    return f"{data.source or 'data'}-{h.hexdigest()[:16]}"
+__all__ = ["ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes"]
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 It stands in for CLIP when no CLIP weights can be loaded (the embedded Fashion-MNIST default): its pooled
 pre-logit features give the prototypes and the projection, and its logits (:meth:`ReferenceEncoder.classify`) score
-generated images. The default network, :class:`ReferenceCNN`, follows timm's model interface (``forward_features``,
-``forward_head(pre_logits=...)``, ``pretrained_cfg``), and any timm model name can replace it.
+generated images. The default network is the registered timm model ``reference_cnn``
+(:mod:`timm_csm.models.reference_cnn`); any timm model name can replace it.
 
 Training writes ``model.safetensors`` and ``config.json`` into the output folder; a finished folder with the same
 configuration is reused as is, an interrupted one resumes from its last finished epoch. A folder whose files do not
@@ -24,89 +24,37 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data import ImageArrays
+from ..data.transforms import channel_stats, pad_crop_flip, sample_crop_flip
+from ..io import load_state, save_safetensors_atomic, save_state, write_json_atomic
+from ..models.reference_cnn import checkpoint_filter_fn  # importing timm_csm.models registers reference_cnn
+from .cache import dataset_fingerprint, load_cache
 from .encoders import TimmEncoder
 from .preprocess import as_uint8_batch
-from ..io import load_state, save_safetensors_atomic, save_state, write_json_atomic
-from .prototypes import dataset_fingerprint, load_cache
 
-__all__ = ["ReferenceCNN", "ReferenceEncoder", "train_reference_encoder", "load_reference_encoder",
-           "REFERENCE_MODEL"]
+__all__ = ["ReferenceEncoder", "train_reference_encoder", "load_reference_encoder", "REFERENCE_MODEL"]
 
-REFERENCE_MODEL = "reference_cnn"
+REFERENCE_MODEL = "reference_cnn"  # the registered timm model (timm_csm.models.reference_cnn)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"  # the resumable checkpoint: model, optimizer, schedule, epoch, history
-
-
-def _conv_bn_relu(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
-
-
-class ReferenceCNN(nn.Module):
-    """Stages of 3x3 conv-BN-ReLU blocks with 2x2 max-pooling between stages, global average pooling, linear head.
-
-    The default (widths 16/32/64, depths 1/1/2) costs about 3.7 M multiply-adds per 28x28 image, so a full
-    Fashion-MNIST epoch takes under a minute on one CPU thread.
-    """
-
-    def __init__(self, num_classes: int = 10, in_chans: int = 1, widths: Sequence[int] = (16, 32, 64),
-                 depths: Sequence[int] = (1, 1, 2), drop_rate: float = 0.0, img_size: int = 28,
-                 mean: Sequence[float] = (0.5,), std: Sequence[float] = (0.5,)):
-        super().__init__()
-        if len(widths) != len(depths) or not widths:
-            raise ValueError(f"widths {widths} and depths {depths} must be non-empty and of equal length")
-        layers, cin = [], in_chans
-        for i, (w, d) in enumerate(zip(widths, depths)):
-            if i > 0:
-                layers.append(nn.MaxPool2d(2))
-            for _ in range(d):
-                layers.append(_conv_bn_relu(cin, w))
-                cin = w
-        self.features = nn.Sequential(*layers)
-        self.num_classes = num_classes
-        self.num_features = self.head_hidden_size = cin
-        self.drop_rate = drop_rate
-        self.fc = nn.Linear(cin, num_classes) if num_classes > 0 else nn.Identity()
-        self.pretrained_cfg = self.default_cfg = {
-            "input_size": (in_chans, img_size, img_size), "mean": tuple(mean), "std": tuple(std),
-            "interpolation": "bilinear", "crop_pct": 1.0, "num_classes": num_classes,
-            "first_conv": "features.0.0", "classifier": "fc",
-        }
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean((2, 3))
-        if self.drop_rate > 0:
-            x = F.dropout(x, self.drop_rate, self.training)
-        return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+_AUGMENT_PADDING = 2
 
 
 def _build_model(config: Dict) -> nn.Module:
-    kw = dict(config.get("model_kwargs") or {})
-    c, h, _ = config["input_size"]
-    if config["model_name"] == REFERENCE_MODEL:
-        return ReferenceCNN(num_classes=len(config["class_names"]), in_chans=c, img_size=h,
-                            mean=config["mean"], std=config["std"], **kw)
+    """The timm model of a configuration, at the data's native size and with the data's own statistics."""
     import timm
 
+    c = config["input_size"][0]
     model = timm.create_model(config["model_name"], pretrained=False, num_classes=len(config["class_names"]),
-                              in_chans=c, **kw)
-    # train and encode at the native size with the data's own statistics
+                              in_chans=c, **dict(config.get("model_kwargs") or {}))
     model.pretrained_cfg = dict(model.pretrained_cfg, input_size=tuple(config["input_size"]),
                                 mean=tuple(config["mean"]), std=tuple(config["std"]), crop_pct=1.0)
     return model
+
+
+def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor]) -> None:
+    """``load_state_dict`` (strict), reading the earlier ``features.<i>`` layout of the reference network too."""
+    model.load_state_dict(checkpoint_filter_fn(state_dict, model))
 
 
 class ReferenceEncoder(TimmEncoder):
@@ -157,7 +105,8 @@ _TRAIN_KEYS = ("model_name", "model_kwargs", "epochs", "batch_size", "lr", "weig
 
 
 def load_reference_encoder(path, device="cpu") -> ReferenceEncoder:
-    """Load a folder written by :func:`train_reference_encoder`."""
+    """Load a folder written by :func:`train_reference_encoder` (also one written before ``reference_cnn`` was a
+    registered timm model: its layer names are mapped, the features are the same)."""
     from safetensors.torch import load_file
 
     folder = Path(path)
@@ -165,35 +114,8 @@ def load_reference_encoder(path, device="cpu") -> ReferenceEncoder:
         raise FileNotFoundError(f"{folder} is not a trained reference encoder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     config = json.loads((folder / CONFIG_FILE).read_text())
     model = _build_model(config)
-    model.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+    _load_weights(model, load_file(str(folder / WEIGHTS_FILE)))
     return ReferenceEncoder(model, config, folder, device)
-
-
-def _channel_stats(images: np.ndarray, chunk: int = 8192):
-    c = images.shape[1]
-    s, s2, n = np.zeros(c), np.zeros(c), 0
-    for i in range(0, len(images), chunk):
-        x = images[i: i + chunk].astype(np.float64) / 255.0
-        s += x.sum((0, 2, 3))
-        s2 += (x * x).sum((0, 2, 3))
-        n += x.shape[0] * x.shape[2] * x.shape[3]
-    mean = s / n
-    std = np.sqrt(np.maximum(s2 / n - mean ** 2, 1e-12))
-    return [round(float(v), 6) for v in mean], [round(float(v), 6) for v in std]
-
-
-def _augment(x: torch.Tensor, g: torch.Generator, pad: int = 2) -> torch.Tensor:
-    """Random horizontal flip and a random crop after zero-padding by ``pad`` pixels (uint8 batch)."""
-    b, _, h, w = x.shape
-    flip = torch.rand(b, generator=g) < 0.5
-    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-    padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=g)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=g)
-    rows = (dy[:, None] + torch.arange(h)[None])[:, None, :, None].expand(b, x.shape[1], h, w + 2 * pad)
-    out = padded.gather(2, rows)
-    cols = (dx[:, None] + torch.arange(w)[None])[:, None, None, :].expand(b, x.shape[1], h, w)
-    return out.gather(3, cols)
 
 
 @torch.inference_mode()
@@ -222,8 +144,9 @@ def train_reference_encoder(
 ) -> ReferenceEncoder:
     """Train (or reuse, or resume) a reference classifier on ``train`` and save it to ``output_dir``.
 
-    AdamW with a one-cycle learning-rate schedule and cross-entropy; ``augment=True`` adds random flips and 2-pixel
-    shifts (better for long runs, slower to converge in a few epochs). The inputs are normalised with the training
+    AdamW with a one-cycle learning-rate schedule and cross-entropy; ``augment=True`` adds random 2-pixel shifts
+    and flips (:func:`timm_csm.data.transforms.pad_crop_flip`, the training transform's crop and flip; better for
+    long runs, slower to converge in a few epochs). The inputs are normalised with the training
     set's per-channel mean and std. The defaults reach about 92% test accuracy on Fashion-MNIST in 4 epochs
     (under 4 minutes on one CPU thread). ``test`` (optional) is evaluated at the end; its
     accuracy is stored in ``config.json`` under ``results`` and returned as ``encoder.test_accuracy``.
@@ -239,7 +162,7 @@ def train_reference_encoder(
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be positive, got {epochs}, {batch_size}")
     out = Path(output_dir)
-    mean, std = _channel_stats(train.images)
+    mean, std = (list(v) for v in channel_stats(train.images))
     config = {
         "model_name": model_name, "model_kwargs": dict(model_kwargs or {}), "epochs": int(epochs),
         "batch_size": int(batch_size), "lr": float(lr), "weight_decay": float(weight_decay),
@@ -281,7 +204,7 @@ def train_reference_encoder(
     if (ckpt / STATE_FILE).exists():
         def resume():
             state = load_state(ckpt / STATE_FILE)
-            model.load_state_dict(state["model"])
+            _load_weights(model, state["model"])
             optimizer.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["sched"])
             return state["epoch"], state["history"]
@@ -317,7 +240,7 @@ def train_reference_encoder(
             idx = order[i * batch_size: (i + 1) * batch_size]
             x = images[idx]
             if augment:
-                x = _augment(x, g)
+                x = pad_crop_flip(x, sample_crop_flip(len(x), _AUGMENT_PADDING, 0.5, g), _AUGMENT_PADDING)
             x = probe.preprocess(x).contiguous(memory_format=torch.channels_last)
             loss = F.cross_entropy(model(x), labels[idx].to(device), label_smoothing=label_smoothing)
             optimizer.zero_grad(set_to_none=True)

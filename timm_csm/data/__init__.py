@@ -1,7 +1,9 @@
 """Datasets, transforms, collators and samplers."""
 from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator,
                         mix_soft_targets)
-from .csm import REQUIRED_CSM_COLUMNS, CSMCompanionSampler, CSMGroups, check_class_names
+from .csm import CSMCompanionSampler, CSMGroups
+from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, SOFT_LABEL_TOL, GroupCheck, check_class_names,
+                         check_groups, check_soft_labels, csm_features)
 from .embedded import FASHION_MNIST_CLASSES, ImageArrays, load_digits, load_fashion_mnist, read_idx
 from .loader import GlobalBatchSampler, IndexDataset, SampleRef
 from .seeding import batch_generator, derive_seed
@@ -12,7 +14,9 @@ __all__ = [
     "ImageArrays", "FASHION_MNIST_CLASSES", "load_fashion_mnist", "load_digits", "read_idx", "EMBEDDED_DATASETS",
     "hf_split_to_arrays", "load_image_arrays",
     "BatchTransform", "convert_channels", "channel_stats", "create_transforms",
-    "CSMGroups", "CSMCompanionSampler", "REQUIRED_CSM_COLUMNS", "check_class_names",
+    "CSMGroups", "CSMCompanionSampler",
+    "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "SOFT_LABEL_TOL", "csm_features", "check_class_names",
+    "check_soft_labels", "GroupCheck", "check_groups",
     "ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator", "mix_soft_targets",
     "SampleRef", "IndexDataset", "GlobalBatchSampler", "derive_seed", "batch_generator",
 ]

@@ -25,9 +25,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["CSMGroups", "CSMCompanionSampler", "REQUIRED_CSM_COLUMNS", "check_class_names"]
+from .csm_format import REQUIRED_CSM_COLUMNS, check_class_names, check_soft_labels
 
-REQUIRED_CSM_COLUMNS = ("image", "soft_label", "class_a", "class_b", "group_id")
+__all__ = ["CSMGroups", "CSMCompanionSampler"]
 
 
 def _class_names_of(ds) -> Optional[List[str]]:
@@ -37,20 +37,6 @@ def _class_names_of(ds) -> Optional[List[str]]:
         if names:
             return list(names)
     return None
-
-
-def check_class_names(csm_names: Sequence[str], real_names: Sequence[str]) -> None:
-    """Raise ValueError unless the generated dataset and the real dataset name the same classes in one order."""
-    csm_names, real_names = list(csm_names), list(real_names)
-    if csm_names == real_names:
-        return
-    if len(csm_names) != len(real_names):
-        raise ValueError(f"the CSM dataset has {len(csm_names)} classes, the real dataset {len(real_names)}: "
-                         f"CSM {csm_names[:12]} vs real {real_names[:12]}")
-    diff = [(i, a, b) for i, (a, b) in enumerate(zip(csm_names, real_names)) if a != b]
-    shown = ", ".join(f"{i}: {a!r} != {b!r}" for i, a, b in diff[:8])
-    raise ValueError(f"class names of the CSM dataset differ from the real dataset's at {len(diff)} position(s): "
-                     f"{shown}")
 
 
 def _check_duplicate_rows(images: torch.Tensor, q: torch.Tensor, gid: torch.Tensor, lambda_gen) -> None:
@@ -157,14 +143,7 @@ class CSMGroups:
                 raise ValueError(f"{name} must have shape ({m},), got {tuple(t.shape)}")
         if m == 0:
             raise ValueError("the CSM dataset is empty")
-        if not torch.isfinite(q).all() or (q < 0).any():
-            raise ValueError("soft_label has negative or non-finite values")
-        row_sums = q.double().sum(1)
-        bad = (row_sums - 1).abs() > 1e-3
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise ValueError(f"soft_label rows must sum to 1; row {i} sums to {float(row_sums[i]):.6f} "
-                             f"({int(bad.sum())} bad rows)")
+        check_soft_labels(q.numpy())
         for name, t in (("class_a", a), ("class_b", b)):
             if (t < 0).any() or (t >= k).any():
                 raise ValueError(f"{name} must lie in [0, {k}), got range [{int(t.min())}, {int(t.max())}]")
@@ -215,7 +194,7 @@ class CSMGroups:
             k = len(ds[0]["soft_label"])
             names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
         if class_names is not None:
-            check_class_names(names, class_names)
+            check_class_names(names, class_names, "CSM dataset", "the real dataset")
         from .sources import hf_split_to_arrays
 
         arrays = hf_split_to_arrays(ds.select_columns([image_column, "class_a"]), image_column, "class_a")

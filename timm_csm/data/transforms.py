@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BatchTransform", "convert_channels", "channel_stats", "create_transforms"]
+__all__ = ["BatchTransform", "convert_channels", "channel_stats", "create_transforms", "sample_crop_flip",
+           "pad_crop_flip"]
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L")
 _LUMA = (0.299, 0.587, 0.114)
@@ -59,6 +60,38 @@ def channel_stats(images, in_chans: Optional[int] = None, chunk: int = 4096) -> 
     mean = s1 / n
     std = (s2 / n - mean * mean).clamp_min(1e-12).sqrt()
     return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
+
+
+def sample_crop_flip(n: int, padding: int, hflip: float,
+                     generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """Random crop offsets (n, 2) in [0, 2 * padding] (row, column; drawn first) and flip flags (n,) with
+    probability ``hflip`` (drawn second) for :func:`pad_crop_flip`; nothing is drawn for a zero padding or flip
+    probability."""
+    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator) if padding > 0 else torch.zeros(
+        n, 2, dtype=torch.long)
+    flips = (torch.rand(n, generator=generator) < hflip) if hflip > 0 else torch.zeros(n, dtype=torch.bool)
+    return {"offsets": offsets, "flips": flips}
+
+
+def pad_crop_flip(x: torch.Tensor, params: Dict[str, torch.Tensor], padding: int) -> torch.Tensor:
+    """Zero-pad a (B, C, H, W) batch (any dtype) by ``padding``, crop H x W at ``params["offsets"]`` and mirror the
+    rows flagged in ``params["flips"]``: torchvision's ``RandomCrop(padding=p)`` then ``RandomHorizontalFlip``,
+    batched, as one gather."""
+    b, _, h, w = x.shape
+    offsets, flips = params["offsets"], params["flips"]
+    if offsets.shape != (b, 2) or flips.shape != (b,):
+        raise ValueError(f"params for {offsets.shape[0]} images, batch has {b}")
+    if padding > 0:
+        padded = F.pad(x, (padding, padding, padding, padding))
+        rows = offsets[:, 0, None] + torch.arange(h)  # (B, H)
+        cols = offsets[:, 1, None] + torch.arange(w)  # (B, W)
+        cols = torch.where(flips[:, None], cols.flip(1), cols)  # flipping = reading columns backwards
+        bidx = torch.arange(b)[:, None, None]
+        x = padded.permute(0, 2, 3, 1)[bidx, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+        return x.contiguous()
+    if flips.any():
+        x = torch.where(flips[:, None, None, None], x.flip(-1), x)
+    return x
 
 
 class BatchTransform:
@@ -106,13 +139,8 @@ class BatchTransform:
         return self.crop_padding > 0 or self.hflip > 0
 
     def sample_params(self, n: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-        """Random parameters for ``n`` images: crop offsets (n, 2) in [0, 2 * padding] and flip flags (n,)."""
-        p = self.crop_padding
-        offsets = torch.randint(0, 2 * p + 1, (n, 2), generator=generator) if p > 0 else torch.zeros(
-            n, 2, dtype=torch.long)
-        flips = (torch.rand(n, generator=generator) < self.hflip) if self.hflip > 0 else torch.zeros(
-            n, dtype=torch.bool)
-        return {"offsets": offsets, "flips": flips}
+        """Random parameters for ``n`` images (:func:`sample_crop_flip`): crop offsets (n, 2) and flip flags (n,)."""
+        return sample_crop_flip(n, self.crop_padding, self.hflip, generator)
 
     def apply(self, images: torch.Tensor, params: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         """Transform ``images`` with given random ``params`` (None: no crop, no flip)."""
@@ -128,28 +156,10 @@ class BatchTransform:
             shrink = x.shape[-2] > self.img_size[0] or x.shape[-1] > self.img_size[1]
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=shrink)
         if params is not None:
-            x = self._crop_flip(x, params)
+            x = pad_crop_flip(x, params, self.crop_padding)
         if self._scale.shape[1] not in (1, x.shape[1]):
             raise ValueError(f"mean/std have {self._scale.shape[1]} channels, images have {x.shape[1]}")
         return x.mul_(self._scale).add_(self._shift)
-
-    def _crop_flip(self, x: torch.Tensor, params: Dict[str, torch.Tensor]) -> torch.Tensor:
-        b, _, h, w = x.shape
-        offsets, flips = params["offsets"], params["flips"]
-        if offsets.shape != (b, 2) or flips.shape != (b,):
-            raise ValueError(f"params for {offsets.shape[0]} images, batch has {b}")
-        p = self.crop_padding
-        if p > 0:
-            padded = F.pad(x, (p, p, p, p))
-            rows = offsets[:, 0, None] + torch.arange(h)  # (B, H)
-            cols = offsets[:, 1, None] + torch.arange(w)  # (B, W)
-            cols = torch.where(flips[:, None], cols.flip(1), cols)  # flipping = reading columns backwards
-            bidx = torch.arange(b)[:, None, None]
-            x = padded.permute(0, 2, 3, 1)[bidx, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
-            return x.contiguous()
-        if flips.any():
-            x = torch.where(flips[:, None, None, None], x.flip(-1), x)
-        return x
 
     def __call__(self, images: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """Draw parameters for the batch from ``generator`` (when random) and apply them."""

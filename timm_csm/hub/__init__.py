@@ -6,8 +6,8 @@ install it for bare-name ``load_dataset``, load it by name or path, push it to t
     install_dataset(folder)                      # then: datasets.load_dataset("csm-fmnist-aug")
     push_csm_dataset(folder, "my-org/csm-fmnist-aug")
 """
-from ..annotation.schema import CSM_COLUMNS, csm_features
-from .build import SOFT_LABEL_TOL, build_csm_dataset, csm_dataset_name, validate_csm_dataset
+from ..data.csm_format import CSM_COLUMNS, SOFT_LABEL_TOL, csm_features
+from .build import build_csm_dataset, csm_dataset_name, validate_csm_dataset
 from .card import SOURCE_LICENSES, card_metadata, class_counts, provenance_from_plan, render_card_body
 from .install import install_dataset, is_installed, load_csm_dataset, load_folder
 from .layout import data_files, folder_fingerprint, save_csm_dataset

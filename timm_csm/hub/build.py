@@ -6,12 +6,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..annotation.annotate import check_class_names, check_groups
-from ..annotation.schema import CSM_COLUMNS, csm_features
+from ..data.csm_format import CSM_COLUMNS, check_class_names, check_groups, check_soft_labels, csm_features
 
-__all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset", "SOFT_LABEL_TOL"]
+__all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset"]
 
-SOFT_LABEL_TOL = 1e-4  # float32 rows of up to a few hundred classes sum to 1 within this
 _SHORT_NAMES = {
     "fashion_mnist": "fmnist", "zalando-datasets/fashion_mnist": "fmnist", "fashion-mnist": "fmnist",
     "uoft-cs/cifar10": "cifar10", "uoft-cs/cifar100": "cifar100", "zh-plus/tiny-imagenet": "tiny-imagenet",
@@ -31,7 +29,7 @@ def csm_dataset_name(dataset: str) -> str:
 def validate_csm_dataset(dataset, class_names: Optional[Sequence[str]] = None,
                          lambdas: Optional[Sequence[float]] = None) -> None:
     """ValueError naming the first problem of an annotated split: columns and features, class names (against
-    ``class_names``, the real dataset's), soft labels (length K, finite, non-negative, rows summing to 1), the
+    ``class_names``, the real dataset's), soft labels (:func:`~timm_csm.data.csm_format.check_soft_labels`), the
     dominant label, class ids, and complete groups (one row per value of ``lambdas``; default: the values found)."""
     missing = [c for c in CSM_COLUMNS if c not in dataset.column_names]
     extra = [c for c in dataset.column_names if c not in CSM_COLUMNS]
@@ -54,19 +52,7 @@ def validate_csm_dataset(dataset, class_names: Optional[Sequence[str]] = None,
         raise ValueError("the CSM dataset is empty")
     cols = dataset.select_columns([c for c in CSM_COLUMNS if c != "image"]).with_format("numpy")[:]
     soft = cols["soft_label"]
-    if soft.dtype == object or soft.ndim != 2:
-        lengths = sorted({len(r) for r in soft})
-        raise ValueError(f"soft_label rows must all have length K={k}, found lengths {lengths[:5]}")
-    if soft.shape[1] != k:
-        raise ValueError(f"soft_label rows have length {soft.shape[1]}, expected K={k}")
-    if not np.isfinite(soft).all():
-        raise ValueError(f"soft_label holds NaN or inf (first row {int(np.flatnonzero(~np.isfinite(soft).all(1))[0])})")
-    if (soft < 0).any():
-        raise ValueError(f"soft_label holds negative values (first row {int(np.flatnonzero((soft < 0).any(1))[0])})")
-    sums = soft.astype(np.float64).sum(1)
-    off = np.flatnonzero(np.abs(sums - 1.0) > SOFT_LABEL_TOL)
-    if len(off):
-        raise ValueError(f"{len(off)} soft_label row(s) do not sum to 1 (first: row {off[0]}, sum {sums[off[0]]:.6f})")
+    check_soft_labels(soft, k)
     for c in ("label", "class_a", "class_b"):
         v = cols[c]
         bad = np.flatnonzero((v < 0) | (v >= k))

@@ -8,7 +8,7 @@ training epoch of 10k Fashion-MNIST images takes a few seconds on one CPU core (
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -26,24 +26,38 @@ def _norm(kind: str, channels: int) -> nn.Module:
         return nn.GroupNorm(math.gcd(8, channels), channels)
     raise ValueError(f"norm_layer must be 'batchnorm' or 'groupnorm', got {kind!r}")
 
+def _stage_depths(depth: Union[int, Sequence[int]], num_stages: int) -> tuple:
+    depths = (int(depth),) * num_stages if isinstance(depth, int) else tuple(int(d) for d in depth)
+    if not num_stages or len(depths) != num_stages or min(depths) < 1:
+        raise ValueError(f"depth must be a positive int or one positive int per stage ({num_stages} stages), "
+                         f"got {depth}")
+    return depths
+
+
 class SmallCNN(PooledLinearHead, nn.Module):
     """Stages of ``depth`` conv3x3-norm-ReLU layers of widths ``widths``; 2x2 max-pool between stages.
 
-    ``norm_layer``: "batchnorm" (default) or "groupnorm" (8 groups).
+    ``depth``: layers per stage, one int for all stages or one per stage. ``norm_layer``: "batchnorm" (default) or
+    "groupnorm" (8 groups). ``conv_init``: "kaiming_normal" (He et al. 2015, fan-out, as timm's ResNets) or
+    "default" (PyTorch's own ``Conv2d`` initialisation).
     """
 
     def __init__(self, num_classes: int = 10, in_chans: int = 1, widths: Sequence[int] = (16, 32, 64),
-                 depth: int = 1, global_pool: str = "avg", drop_rate: float = 0.0, norm_layer: str = "batchnorm"):
+                 depth: Union[int, Sequence[int]] = 1, global_pool: str = "avg", drop_rate: float = 0.0,
+                 norm_layer: str = "batchnorm", conv_init: str = "kaiming_normal"):
         super().__init__()
+        if conv_init not in ("kaiming_normal", "default"):
+            raise ValueError(f"conv_init must be 'kaiming_normal' or 'default', got {conv_init!r}")
+        depths = _stage_depths(depth, len(widths))
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.drop_rate = drop_rate
         self.feature_info = []
         stages = []
         in_chs = in_chans
-        for i, out_chs in enumerate(widths):
+        for i, (out_chs, d) in enumerate(zip(widths, depths)):
             layers = [nn.MaxPool2d(2)] if i > 0 else []
-            for _ in range(depth):
+            for _ in range(d):
                 layers += [nn.Conv2d(in_chs, out_chs, 3, padding=1, bias=False), _norm(norm_layer, out_chs),
                            nn.ReLU(inplace=True)]
                 in_chs = out_chs
@@ -53,7 +67,7 @@ class SmallCNN(PooledLinearHead, nn.Module):
         self.num_features = self.head_hidden_size = in_chs
         self.reset_classifier(num_classes, global_pool)
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
+            if conv_init == "kaiming_normal" and isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     @torch.jit.ignore

@@ -137,46 +137,32 @@ def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
     return create_encoder("open_clip", model_name=model_name, pretrained=weights)
 
 
-def _choose_scale(encoder, train_real, prototypes, seed: int) -> float:
-    """s chosen on held-out real images (the annotation module's criterion), 2 000 at most."""
-    import numpy as np
-    import torch
-
-    from ..annotation import encode_images, select_scale
-
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(len(train_real), size=min(2000, len(train_real)), replace=False)
-    sub = train_real.subset(idx)
-    feats = encode_images(encoder, sub.images)
-    return float(select_scale(feats, torch.as_tensor(sub.labels), prototypes.means))
-
-
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],
              train_real) -> Stage:
-    """Re-annotation: prototypes of the real training split, lambda-hat and soft labels (s from the profile, or
-    chosen on held-out real images), saved as the Hub-layout dataset ``csm-<short name>-aug`` inside the stage
-    folder and installed under that bare name."""
+    """Re-annotation through :func:`timm_csm.annotation.annotate_generated`: prototypes of the real training split,
+    lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
+    saved as the Hub-layout dataset ``csm-<short name>-aug`` inside the stage folder and installed under that bare
+    name."""
     name = csm_dataset_name(profile.dataset)
-    config = {"generated": generated.config, "encoder": encoder_config(profile), "s": profile.soft_label_scale}
+    s = "auto" if profile.soft_label_scale is None else profile.soft_label_scale
+    config = {"generated": generated.config, "encoder": encoder_config(profile), "s": profile.soft_label_scale,
+              "s_selection": {"held_out": 0.1, "seed": profile.seed} if s == "auto" else None}
     with cache.stage("annotated", config) as stage:
         if not stage.done:
-            from ..annotation import annotate as annotate_images, load_or_compute_prototypes
+            from ..annotation import annotate_generated
             from ..generation import load_generated
             from ..hub import install_dataset, save_csm_dataset
 
-            enc = _load_encoder(profile, encoder_dir)
             images, plan = load_generated(generated.folder)
-            prototypes = load_or_compute_prototypes(enc, train_real, cache_dir=stage.folder / "prototypes")
-            s = profile.soft_label_scale
-            if s is None:
-                s = _choose_scale(enc, train_real, prototypes, profile.seed)
-            annotated = annotate_images(images, plan["class_names"], enc, prototypes, s, lambdas=plan["lambdas"])
+            result = annotate_generated(images, plan, train_real, _load_encoder(profile, encoder_dir), s,
+                                        holdout_fraction=0.1, seed=profile.seed,
+                                        cache_dir=stage.folder / "prototypes")
             provenance = {"dataset": profile.dataset, "generator": plan["generator"], "lambdas": plan["lambdas"],
-                          "num_groups": plan["num_groups"], "encoder": enc.describe(), "s": s}
-            folder = save_csm_dataset(annotated, stage.folder / name, provenance=provenance,
+                          "num_groups": plan["num_groups"], **result.provenance()}
+            folder = save_csm_dataset(result.dataset, stage.folder / name, provenance=provenance,
                                       class_names=train_real.class_names)
             install_dataset(folder)
-            write_json_atomic(stage.folder / "annotation.json", {"s": s, "rows": len(annotated)})
+            write_json_atomic(stage.folder / "annotation.json", {"s": result.s, "rows": len(result.dataset)})
     return stage
 
 

@@ -1,0 +1,135 @@
+"""One entry point from a raw generated set to its annotated CSM dataset: encoder, prototypes, the scale s, soft labels
+and the annotation checks. ``hub_scripts/annotate.py`` and the recipe's annotate stage both call
+:func:`annotate_generated`.
+
+    generated, plan = load_generated("runs/gen-fmnist")
+    result = annotate_generated(generated, plan, real_train, lambda fit: train_reference_encoder(fit, "runs/ref"))
+    save_csm_dataset(result.dataset, "out/csm-fmnist-aug", result.provenance())
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from ..data import ImageArrays
+from ..data.csm_format import check_class_names
+from .annotate import annotate
+from .checks import annotation_report, drop_groups
+from .encoders import ImageEncoder, encode_images
+from .prototypes import ClassPrototypes, compute_prototypes, load_or_compute_prototypes
+from .soft_labels import pairwise_true_lambda, scale_nll, select_scale
+
+__all__ = ["AnnotatedSet", "annotate_generated", "holdout_split", "choose_scale"]
+
+EncoderArg = Union[ImageEncoder, Callable[[ImageArrays], ImageEncoder]]
+
+
+def holdout_split(real: ImageArrays, fraction: float = 0.1, seed: int = 0) -> Tuple[ImageArrays, ImageArrays]:
+    """``(fit, held_out)``: a seeded random ``fraction`` of ``real`` (at least one image) held out, both in the
+    original order. The same ``(fraction, seed)`` always gives the same split."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the held-out fraction must lie in (0, 1), got {fraction}")
+    if len(real) < 2:
+        raise ValueError(f"holding out real images needs at least 2, got {len(real)}")
+    order = np.random.default_rng(seed).permutation(len(real))
+    n_val = min(len(real) - 1, max(1, int(round(fraction * len(real)))))
+    return real.subset(np.sort(order[n_val:])), real.subset(np.sort(order[:n_val]))
+
+
+def choose_scale(encoder: ImageEncoder, fit: ImageArrays, held_out: ImageArrays, batch_size: int = 256,
+                 progress: bool = True) -> Tuple[float, Dict]:
+    """s by :func:`~timm_csm.annotation.soft_labels.select_scale` on ``held_out`` real images, with the prototypes
+    of ``fit`` (the images the encoder may have seen); returns s and a record of the choice for the dataset card."""
+    fit_protos = compute_prototypes(encoder, fit, batch_size=batch_size, progress=progress)
+    feats = encode_images(encoder, held_out.images, batch_size=batch_size, progress=progress, desc="held-out")
+    s = select_scale(feats, held_out.labels, fit_protos.means)
+    nll = scale_nll(s, pairwise_true_lambda(feats, held_out.labels, fit_protos.means))
+    return s, {"criterion": "maximum likelihood of the true class on held-out real images (select_scale)",
+               "held_out_images": len(held_out), "nll": round(nll, 6)}
+
+
+@dataclass
+class AnnotatedSet:
+    """What :func:`annotate_generated` returns: the annotated ``datasets.Dataset`` and how it was made."""
+
+    dataset: object
+    encoder: ImageEncoder
+    prototypes: ClassPrototypes
+    s: float
+    s_selection: Optional[Dict]
+    label_mode: str
+    report: Dict  # annotation_report, without the flagged group ids
+    dropped_flagged: bool
+
+    def provenance(self) -> Dict:
+        """The annotation's part of the dataset card's provenance (encoder, s and its choice, checks)."""
+        return {
+            "encoder": self.encoder.describe(),
+            "s": round(float(self.s), 6),
+            "s_selection": self.s_selection,
+            "label_mode": self.label_mode,
+            "dropped_groups": self.dataset.info.description or None,
+            "annotation_checks": {**self.report, "flagged_dropped": self.dropped_flagged},
+        }
+
+
+def _resolve(s: Union[str, float], holdout: Optional[bool]) -> Tuple[bool, bool]:
+    auto = isinstance(s, str)
+    if auto and s != "auto":
+        raise ValueError(f"s must be a positive number or 'auto', got {s!r}")
+    holdout = auto if holdout is None else bool(holdout)
+    if auto and not holdout:
+        raise ValueError("s='auto' is fitted on held-out real images; it cannot run with holdout=False")
+    return auto, holdout
+
+
+def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: EncoderArg, s: Union[str, float] = "auto",
+                       *, holdout: Optional[bool] = None, holdout_fraction: float = 0.1, seed: int = 0,
+                       label_mode: str = "projection", batch_size: int = 256, drop_incomplete: bool = False,
+                       drop_flagged: bool = False, min_spearman: float = 0.8, cache_dir=None, progress: bool = True,
+                       log: Callable[[str], None] = print) -> AnnotatedSet:
+    """Annotate a raw generated set (``generated, plan = load_generated(folder)``) against the real training set.
+
+    Which real data serves what:
+
+    * the prototypes of the soft labels: class means over *all* of ``real`` (the paper's choice), cached in
+      ``cache_dir``;
+    * ``s="auto"``: s is chosen on held-out real images, a seeded ``holdout_fraction`` of ``real``
+      (:func:`holdout_split` with ``seed``): maximum likelihood of their true class
+      (:func:`~timm_csm.annotation.soft_labels.select_scale`) under the prototypes of the remaining images. A
+      number is used as given (4.0 for CIFAR-10 / Tiny-ImageNet and 2.3 for CIFAR-100 in the paper).
+    * ``encoder``: a ready :class:`ImageEncoder` (pretrained elsewhere), or a callable that builds one from the real
+      images it may be fitted on: the images outside the held-out share when ``holdout`` (default: when
+      ``s="auto"``; ``holdout=True`` with a number keeps the encoder of the ``"auto"`` run), else all of ``real``.
+      A ready encoder trained on all of ``real`` has seen the held-out images.
+
+    Then :func:`~timm_csm.annotation.annotate.annotate` (``label_mode``, ``drop_incomplete``) and
+    :func:`~timm_csm.annotation.checks.annotation_report`; ``drop_flagged`` removes the groups the report flags
+    (not monotone below ``min_spearman``, or a misread endpoint).
+    """
+    auto, holdout = _resolve(s, holdout)
+    check_class_names(plan["class_names"], real.class_names, "generation plan", "the real dataset")
+    fit, held_out = holdout_split(real, holdout_fraction, seed) if holdout else (real, None)
+    if not isinstance(encoder, ImageEncoder):
+        encoder = encoder(fit)
+    log(f"encoder: {encoder.identity}")
+    protos = load_or_compute_prototypes(encoder, real, cache_dir=cache_dir, batch_size=batch_size,
+                                        progress=progress, log=log)
+    selection = None
+    if auto:
+        s, selection = choose_scale(encoder, fit, held_out, batch_size, progress)
+        selection["seed"] = seed
+        log(f"s = {s:.4f} (fitted on {len(held_out)} held-out real images, NLL {selection['nll']:.4f})")
+    annotated = annotate(generated, plan["class_names"], encoder, protos, float(s), lambdas=plan["lambdas"],
+                         label_mode=label_mode, batch_size=batch_size, drop_incomplete=drop_incomplete,
+                         progress=progress, log=log)
+    report = annotation_report(annotated, min_spearman)
+    flagged = report.pop("flagged_group_ids")
+    log("annotation report: " + json.dumps(report))
+    if drop_flagged and report["flagged"]:
+        annotated = drop_groups(annotated, flagged)
+        log(f"dropped {report['flagged']} flagged group(s) of {report['num_groups']}")
+    return AnnotatedSet(annotated, encoder, protos, float(s), selection, label_mode, report, bool(drop_flagged))
