@@ -364,7 +364,7 @@ def matches_recipe(cell: Dict[str, Any], method: str, seed: int, recipe: Dict[st
     """Whether a finished cell was trained with ``recipe`` (the generated dataset's path aside)."""
     if method not in METHODS:
         return False
-    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], {"soft": "-", "hard": "-"}))
+    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], dict.fromkeys(("soft", *_DERIVED), "-")))
     actual = dict(cell["config"])
     expected.pop("csm_dataset", None)
     actual.pop("csm_dataset", None)

@@ -246,3 +246,13 @@ def test_filtered_copy_drops_exactly_the_flagged_groups(tmp_path):
     twin = soft[[i for i, (g, lam) in enumerate(zip(soft["group_id"], soft["lambda_gen"]))
                  if g == first["group_id"] and lam == first["lambda_gen"]][0]]
     assert first["image"].tobytes() == twin["image"].tobytes() and first["soft_label"] == twin["soft_label"]
+
+
+def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
+    out, report = tmp_path / "bench", tmp_path / "calibration.md"
+    text = bench.main(TOY + ["--output", str(out), "--report", str(report), "--csm-dataset", csm_folder,
+                             "--methods", "csm_filtered", "--seeds", "0"])
+    cell = json.loads((out / "cells" / "csm_filtered-s0" / "cell.json").read_text())
+    assert cell["config"]["csm_dataset"] == str(out / "csm-filtered")
+    assert _row(text, bench.METHODS["csm_filtered"].label)[1] == "1"  # one finished seed, not "left out"
+    assert "Left out" not in text
