@@ -221,3 +221,54 @@ def test_annotate_generated_with_a_number_and_its_errors(tmp_path):
         annotate_generated(generated, _plan(4), real, encoder, "fit", **kw)
     with pytest.raises(ValueError, match=r"generation plan differ.*0: 'x' != 'circle'"):
         annotate_generated(generated, {**_plan(4), "class_names": ["x"] + CLASS_NAMES[1:]}, real, encoder, 4.0, **kw)
+
+
+# ---------------------------------------------------------------- the import graph
+
+def _imports(package: str):
+    """{module: set of timm_csm modules it imports}, top-level and function-level imports alike (``__init__`` left
+    out: it only re-exports)."""
+    import ast
+    from pathlib import Path
+
+    import timm_csm
+
+    root = Path(timm_csm.__file__).parent
+    graph = {}
+    for path in sorted((root / package).glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        name = f"timm_csm.{package}.{path.stem}"
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = name.rsplit(".", node.level)[0] if node.level else ""
+                target = ".".join(p for p in (base, node.module) if p)
+                edges.add(target)
+                edges.update(f"{target}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names)
+        graph[name] = {e for e in edges if e.startswith("timm_csm")}
+    return graph
+
+
+def test_annotation_modules_form_no_cycle_and_each_folder_imports_downwards():
+    graph = _imports("annotation")
+    inside = {m: {e for e in edges if e in graph} for m, edges in graph.items()}
+    state = {}
+
+    def visit(m, path):
+        assert state.get(m) != "open", f"import cycle: {' -> '.join(path + [m])}"
+        if state.get(m) is None:
+            state[m] = "open"
+            for e in inside[m]:
+                visit(e, path + [m])
+            state[m] = "done"
+    for m in inside:
+        visit(m, [])
+    above = {"data": ("annotation", "hub", "generation", "training", "recipes"), "hub": ("annotation", "generation",
+             "training", "recipes"), "annotation": ("hub", "generation", "training", "recipes")}
+    for package, forbidden in above.items():
+        for m, edges in _imports(package).items():
+            bad = sorted(e for e in edges if any(e.startswith(f"timm_csm.{f}") for f in forbidden))
+            assert not bad, f"{m} imports {bad}, a folder above it"

@@ -5,9 +5,10 @@
     protos = load_or_compute_prototypes(encoder, real_train)              # the steps one by one: class means, cached
     annotated = annotate(generated, class_names, encoder, protos, s=4.0)  # lambda_hat + soft labels
 
-Modules, each importing only the ones before it: ``preprocess`` <- ``encoders`` <- ``cache``, ``prototypes`` <-
-``reference`` <- ``factory``; ``soft_labels`` <- ``annotate``, ``checks`` <- ``generated``. The dataset format
-(columns, features, class-name and group checks) is :mod:`timm_csm.data.csm_format`.
+Modules import downwards only: ``preprocess`` <- ``encoders`` <- ``prototypes``, ``reference`` <- ``factory``;
+``cache`` (dataset fingerprints, damaged-cache reads) <- ``prototypes``, ``reference``; ``soft_labels``,
+``prototypes`` <- ``annotate``; ``annotate``, ``checks`` <- ``generated`` (the entry point). The dataset format
+(columns, features, class-name, soft-label and group checks) is :mod:`timm_csm.data.csm_format`.
 """
 from .annotate import LABEL_MODES, annotate, decode_images, rescale_soft_labels
 from .cache import dataset_fingerprint, load_cache

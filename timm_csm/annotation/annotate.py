@@ -119,14 +119,37 @@ def annotate(
         ``datasets.Dataset`` with the features of :func:`csm_features` (``dataset.info.description`` notes the
         number of dropped groups).
     """
-    from tqdm.auto import tqdm
-
     if label_mode not in LABEL_MODES:
         raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
-    missing = [c for c in RAW_COLUMNS if c not in generated.column_names]
-    if missing:
-        raise ValueError(f"generated dataset lacks column(s) {missing}; it has {generated.column_names}")
     class_names = [str(c) for c in class_names]
+    proto = _prototype_means(prototypes, class_names)
+    cols = _raw_columns(generated, len(class_names))
+    if lambdas is None:
+        lambdas = np.unique(np.round(cols["lambda_gen"].astype(np.float64), 6))
+    generated, cols, description = _complete_groups(generated, cols, lambdas, drop_incomplete, log)
+    lambda_hat, probs = _encode(generated, cols, encoder, proto, class_names, label_mode, zero_shot_templates,
+                                batch_size, progress)
+    a_t, b_t = torch.from_numpy(cols["class_a"]), torch.from_numpy(cols["class_b"])
+    k = len(class_names)
+    if label_mode == "projection":
+        soft = pair_soft_labels(lambda_hat, a_t, b_t, k, s)
+    elif label_mode == "generation":
+        soft = generation_class_labels(torch.from_numpy(cols["lambda_gen"].astype(np.float64)), a_t, b_t, k)
+    else:
+        soft = (probs.double() / probs.double().sum(1, keepdim=True)).float()
+    check_soft_labels(soft.numpy(), k)
+    label = dominant_class(soft, a_t if label_mode != "zero_shot" else None)
+    lam_hat32 = lambda_hat.float()
+    if not bool(torch.isfinite(lam_hat32).all()):
+        raise ValueError("the encoder produced non-finite features (lambda_hat is NaN or inf)")
+    out = _assemble(generated, class_names, label.numpy(), soft.numpy(), cols["class_a"], cols["class_b"],
+                    cols["lambda_gen"], lam_hat32.numpy(), cols["group_id"], cols["seed"])
+    out.info.description = description
+    return out
+
+
+def _prototype_means(prototypes, class_names) -> torch.Tensor:
+    """(K, D) prototype means, after checking the prototypes' class names against the generation's."""
     k = len(class_names)
     if isinstance(prototypes, ClassPrototypes):
         check_class_names(class_names, prototypes.class_names, "generated data", "the real dataset (prototypes)")
@@ -135,41 +158,59 @@ def annotate(
         proto = torch.as_tensor(prototypes)
     if proto.ndim != 2 or proto.shape[0] != k:
         raise ValueError(f"prototypes must be (K={k}, D), got {tuple(proto.shape)}")
+    return proto
 
+
+def _raw_columns(generated, k: int) -> dict:
+    """The raw columns (images aside) as arrays, class ids int64, after checking ids, pairs and lambda_gen."""
+    missing = [c for c in RAW_COLUMNS if c not in generated.column_names]
+    if missing:
+        raise ValueError(f"generated dataset lacks column(s) {missing}; it has {generated.column_names}")
     cols = _columns(generated, ("group_id", "seed", "class_a", "class_b", "lambda_gen"))
-    a_all, b_all, lam_all = cols["class_a"].astype(np.int64), cols["class_b"].astype(np.int64), cols["lambda_gen"]
-    n = len(a_all)
-    if n == 0:
+    cols["class_a"], cols["class_b"] = cols["class_a"].astype(np.int64), cols["class_b"].astype(np.int64)
+    if len(cols["class_a"]) == 0:
         raise ValueError("the generated dataset is empty")
-    for name, col in (("class_a", a_all), ("class_b", b_all)):
+    for name in ("class_a", "class_b"):
+        col = cols[name]
         bad = np.flatnonzero((col < 0) | (col >= k))
         if len(bad):
             raise ValueError(f"{len(bad)} row(s) have {name} out of range [0, {k}) (first: row {bad[0]}, "
                              f"group_id {cols['group_id'][bad[0]]}, {name} = {col[bad[0]]})")
-    same = np.flatnonzero(a_all == b_all)
+    same = np.flatnonzero(cols["class_a"] == cols["class_b"])
     if len(same):
         raise ValueError(f"{len(same)} row(s) mix a class with itself (first: row {same[0]}, "
                          f"group_id {cols['group_id'][same[0]]})")
-    if not np.isfinite(lam_all).all() or (lam_all < 0).any() or (lam_all > 1).any():
+    lam = cols["lambda_gen"]
+    if not np.isfinite(lam).all() or (lam < 0).any() or (lam > 1).any():
         raise ValueError("lambda_gen must be finite and lie in [0, 1]")
-    if lambdas is None:
-        lambdas = np.unique(np.round(lam_all.astype(np.float64), 6))
-    check = check_groups(cols["group_id"], lam_all, lambdas, cols["seed"], a_all, b_all)
-    description = ""
-    if not check.ok:
-        if not drop_incomplete:
-            raise ValueError(check.message + "; pass drop_incomplete=True (--drop-incomplete) to drop them")
-        keep = np.flatnonzero(~check.bad_rows)
-        description = (f"dropped {len(check.bad_group_ids)} incomplete group(s) ({int(check.bad_rows.sum())} rows) "
-                       f"of {check.num_groups}")
-        log(description)
-        if len(keep) == 0:
-            raise ValueError("no complete group left after dropping the incomplete ones")
-        generated = generated.select(keep)
-        cols = {name: col[keep] for name, col in cols.items()}
-        a_all, b_all, lam_all, n = a_all[keep], b_all[keep], lam_all[keep], len(keep)
+    return cols
 
-    # encode: decode batch i + 1 in a thread while the encoder runs on batch i
+
+def _complete_groups(generated, cols: dict, lambdas, drop_incomplete: bool, log):
+    """``(generated, cols, description)`` without the incomplete groups (``drop_incomplete``), else an error
+    naming them."""
+    check = check_groups(cols["group_id"], cols["lambda_gen"], lambdas, cols["seed"], cols["class_a"],
+                         cols["class_b"])
+    if check.ok:
+        return generated, cols, ""
+    if not drop_incomplete:
+        raise ValueError(check.message + "; pass drop_incomplete=True (--drop-incomplete) to drop them")
+    keep = np.flatnonzero(~check.bad_rows)
+    description = (f"dropped {len(check.bad_group_ids)} incomplete group(s) ({int(check.bad_rows.sum())} rows) "
+                   f"of {check.num_groups}")
+    log(description)
+    if len(keep) == 0:
+        raise ValueError("no complete group left after dropping the incomplete ones")
+    return generated.select(keep), {name: col[keep] for name, col in cols.items()}, description
+
+
+def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, class_names, label_mode: str,
+            zero_shot_templates, batch_size: int, progress: bool):
+    """lambda_hat (N,) float64 and, for ``zero_shot``, the encoder's class probabilities (N, K); batch i + 1 is
+    decoded in a thread while the encoder runs on batch i."""
+    from tqdm.auto import tqdm
+
+    n, k = len(cols["class_a"]), len(class_names)
     proto_dev = proto.to(encoder.device, torch.float64)
     classifier = None
     if label_mode == "zero_shot":
@@ -195,33 +236,16 @@ def annotate(
             batch = pending.result()
             if j + 1 < len(starts):
                 pending = pool.submit(load, starts[j + 1])
-            stop = start + len(batch)
+            rows = slice(start, start + len(batch))
             feats = encoder.encode(batch)
-            rows = slice(start, stop)
-            lambda_hat[rows] = projection_coefficient(feats, proto_dev, torch.from_numpy(a_all[rows]),
-                                                      torch.from_numpy(b_all[rows])).cpu()
+            lambda_hat[rows] = projection_coefficient(feats, proto_dev, torch.from_numpy(cols["class_a"][rows]),
+                                                      torch.from_numpy(cols["class_b"][rows])).cpu()
             if probs is not None:
                 kw = {"classifier": classifier} if classifier is not None else {}
                 probs[rows] = encoder.zero_shot_probs(feats, class_names, **kw).float().cpu()
             bar.update(len(batch))
     bar.close()
-
-    a_t, b_t = torch.from_numpy(a_all), torch.from_numpy(b_all)
-    if label_mode == "projection":
-        soft = pair_soft_labels(lambda_hat, a_t, b_t, k, s)
-    elif label_mode == "generation":
-        soft = generation_class_labels(torch.from_numpy(lam_all.astype(np.float64)), a_t, b_t, k)
-    else:
-        soft = (probs.double() / probs.double().sum(1, keepdim=True)).float()
-    check_soft_labels(soft.numpy(), k)
-    label = dominant_class(soft, a_t if label_mode != "zero_shot" else None)
-    lam_hat32 = lambda_hat.float()
-    if not bool(torch.isfinite(lam_hat32).all()):
-        raise ValueError("the encoder produced non-finite features (lambda_hat is NaN or inf)")
-    out = _assemble(generated, class_names, label.numpy(), soft.numpy(), a_all, b_all, lam_all,
-                    lam_hat32.numpy(), cols["group_id"], cols["seed"])
-    out.info.description = description
-    return out
+    return lambda_hat, probs
 
 
 def _soft_label_array(soft: np.ndarray):

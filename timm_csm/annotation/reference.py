@@ -155,8 +155,6 @@ def train_reference_encoder(
     The folder is reused when its ``config.json`` has the same training configuration (same data fingerprint,
     architecture and hyperparameters); a folder holding a different configuration is an error.
     """
-    from tqdm.auto import tqdm
-
     if len(train) == 0:
         raise ValueError("empty training set")
     if epochs < 1 or batch_size < 1:
@@ -171,67 +169,104 @@ def train_reference_encoder(
         "class_names": list(train.class_names), "mean": mean, "std": std,
         "max_steps": max_steps,
     }
-    old = load_cache(lambda: json.loads((out / CONFIG_FILE).read_text()), f"reference encoder config {out}",
-                     log) if (out / CONFIG_FILE).exists() else None
-    if old is not None:
-        same = all(old.get(k) == config[k] for k in (*_TRAIN_KEYS, "max_steps"))
-        if not same:
-            diff = sorted(k for k in (*_TRAIN_KEYS, "max_steps") if old.get(k) != config[k])
-            raise ValueError(f"{out} holds a reference encoder with a different configuration (differs in {diff}); "
-                             "use another output folder")
-        enc = None
-        if old.get("complete") is not None and (out / WEIGHTS_FILE).exists():
-            enc = load_cache(lambda: load_reference_encoder(out, device), f"reference encoder {out / WEIGHTS_FILE}",
-                             log)
-        if enc is not None:
-            log(f"reference encoder: reusing {out}")
-            if test is not None and enc.test_accuracy is None:
-                enc.config.setdefault("results", {})["test_accuracy"] = _accuracy(enc, test)
-                write_json_atomic(out / CONFIG_FILE, enc.config, sort_keys=True)
-            return enc
+    reused = _reuse(out, config, test, device, log)
+    if reused is not None:
+        return reused
     out.mkdir(parents=True, exist_ok=True)
-
-    torch.manual_seed(seed)
-    model = _build_model(config).to(device)
-    model = model.to(memory_format=torch.channels_last)
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total, 1), pct_start=0.25)
-
-    ckpt = out / "checkpoint"
-    start_epoch, history = 0, []
-    if (ckpt / STATE_FILE).exists():
-        def resume():
-            state = load_state(ckpt / STATE_FILE)
-            _load_weights(model, state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["sched"])
-            return state["epoch"], state["history"]
-
-        resumed = load_cache(resume, f"reference encoder checkpoint {ckpt}", log)
-        if resumed is None:  # start over from the seed (the model and optimizer may hold part of the checkpoint)
-            shutil.rmtree(ckpt, ignore_errors=True)
-            return train_reference_encoder(
-                train, output_dir, model_name=model_name, epochs=epochs, seed=seed, batch_size=batch_size, lr=lr,
-                weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, test=test,
-                max_steps=max_steps, model_kwargs=model_kwargs, device=device, progress=progress, log=log)
-        start_epoch, history = resumed
-        log(f"reference encoder: resuming from epoch {start_epoch}")
+    run = _start(out / "checkpoint", config, len(train), device, log)
     write_json_atomic(out / CONFIG_FILE, {**config, "complete": None}, sort_keys=True)
+    t0 = time.time()
+    _fit(run, config, train, out / "checkpoint", device, progress)
+    model = run["model"].eval().to(memory_format=torch.contiguous_format)
+    save_safetensors_atomic(out / WEIGHTS_FILE, {k: v.contiguous() for k, v in model.state_dict().items()},
+                            {"format": "pt"})
+    encoder = ReferenceEncoder(model, config, out, device)
+    results = {"history": run["history"], "train_seconds": round(time.time() - t0, 1), "steps": run["step"]}
+    if test is not None:
+        results["test_accuracy"] = _accuracy(encoder, test)
+        log(f"reference encoder: test accuracy {results['test_accuracy']:.4f} "
+            f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
+    encoder.config = {**config, "results": results, "complete": run["step"] >= run["full"]}
+    write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)
+    return encoder
 
+
+def _reuse(out: Path, config: Dict, test: Optional[ImageArrays], device, log) -> Optional[ReferenceEncoder]:
+    """The finished encoder in ``out`` when its configuration is ``config`` (its test accuracy added when missing);
+    None when there is none or it does not read; ValueError when ``out`` holds another configuration."""
+    if not (out / CONFIG_FILE).exists():
+        return None
+    old = load_cache(lambda: json.loads((out / CONFIG_FILE).read_text()), f"reference encoder config {out}", log)
+    if old is None:
+        return None
+    keys = (*_TRAIN_KEYS, "max_steps")
+    diff = sorted(k for k in keys if old.get(k) != config[k])
+    if diff:
+        raise ValueError(f"{out} holds a reference encoder with a different configuration (differs in {diff}); "
+                         "use another output folder")
+    if old.get("complete") is None or not (out / WEIGHTS_FILE).exists():
+        return None
+    enc = load_cache(lambda: load_reference_encoder(out, device), f"reference encoder {out / WEIGHTS_FILE}", log)
+    if enc is None:
+        return None
+    log(f"reference encoder: reusing {out}")
+    if test is not None and enc.test_accuracy is None:
+        enc.config.setdefault("results", {})["test_accuracy"] = _accuracy(enc, test)
+        write_json_atomic(out / CONFIG_FILE, enc.config, sort_keys=True)
+    return enc
+
+
+def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
+    """Model (from the seed), AdamW and the one-cycle schedule, resumed from ``ckpt`` when it holds a finished
+    epoch; a checkpoint that does not read is named and removed, and training starts over from the seed."""
+    torch.manual_seed(config["seed"])
+    model = _build_model(config).to(device).to(memory_format=torch.channels_last)
+    steps_per_epoch = math.ceil(n / config["batch_size"])
+    full = config["epochs"] * steps_per_epoch
+    total = full if config["max_steps"] is None else min(config["max_steps"], full)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config["lr"], total_steps=max(total, 1),
+                                                pct_start=0.25)
+    run = {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
+           "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
+    if not (ckpt / STATE_FILE).exists():
+        return run
+
+    def resume():
+        state = load_state(ckpt / STATE_FILE)
+        _load_weights(model, state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["sched"])
+        return state["epoch"], state["history"]
+
+    resumed = load_cache(resume, f"reference encoder checkpoint {ckpt}", log)
+    if resumed is None:  # the model and optimizer may hold part of the checkpoint: build them again
+        shutil.rmtree(ckpt, ignore_errors=True)
+        return _start(ckpt, config, n, device, log)
+    run["epoch"], run["history"] = resumed
+    log(f"reference encoder: resuming from epoch {run['epoch']}")
+    return run
+
+
+def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progress: bool) -> None:
+    """The training epochs from ``run["epoch"]``: cross-entropy on normalised batches of a seeded permutation
+    per epoch (and the seeded crop/flip with ``augment``); each finished epoch is checkpointed in ``ckpt``."""
+    from tqdm.auto import tqdm
+
+    model, optimizer, sched = run["model"], run["optimizer"], run["sched"]
+    batch_size, steps_per_epoch, total = config["batch_size"], run["steps_per_epoch"], run["total"]
     probe = ReferenceEncoder(model, config, None, device)  # its preprocessor normalises the training batches
     images = torch.from_numpy(np.ascontiguousarray(train.images))
     labels = torch.from_numpy(np.asarray(train.labels, dtype=np.int64))
-    t0 = time.time()
-    step = start_epoch * steps_per_epoch
+    step = run["epoch"] * steps_per_epoch
     bar = tqdm(total=total, initial=min(step, total), desc="reference encoder", unit="step",
                disable=not progress, dynamic_ncols=True)
     model.train()
-    for epoch in range(start_epoch, epochs):
+    for epoch in range(run["epoch"], config["epochs"]):
         if step >= total:
             break
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        g = torch.Generator().manual_seed(config["seed"] * 100003 + epoch)
         order = torch.randperm(len(train), generator=g)
         running = []
         for i in range(steps_per_epoch):
@@ -239,10 +274,10 @@ def train_reference_encoder(
                 break
             idx = order[i * batch_size: (i + 1) * batch_size]
             x = images[idx]
-            if augment:
+            if config["augment"]:
                 x = pad_crop_flip(x, sample_crop_flip(len(x), _AUGMENT_PADDING, 0.5, g), _AUGMENT_PADDING)
             x = probe.preprocess(x).contiguous(memory_format=torch.channels_last)
-            loss = F.cross_entropy(model(x), labels[idx].to(device), label_smoothing=label_smoothing)
+            loss = F.cross_entropy(model(x), labels[idx].to(device), label_smoothing=config["label_smoothing"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -252,22 +287,10 @@ def train_reference_encoder(
             bar.update(1)
             if len(running) % 25 == 0:
                 bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(running[-25:]):.3f}")
-        history.append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
+        run["history"].append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
         if step < total:  # checkpoint finished epochs so an interrupted run resumes here
             save_state(ckpt / STATE_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                           "sched": sched.state_dict(), "epoch": epoch + 1, "history": history})
+                                           "sched": sched.state_dict(), "epoch": epoch + 1,
+                                           "history": run["history"]})
     bar.close()
-    model.eval()
-    model = model.to(memory_format=torch.contiguous_format)
-    save_safetensors_atomic(out / WEIGHTS_FILE, {k: v.contiguous() for k, v in model.state_dict().items()},
-                            {"format": "pt"})
-    encoder = ReferenceEncoder(model, config, out, device)
-    results = {"history": history, "train_seconds": round(time.time() - t0, 1), "steps": step}
-    if test is not None:
-        results["test_accuracy"] = _accuracy(encoder, test)
-        log(f"reference encoder: test accuracy {results['test_accuracy']:.4f} "
-            f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
-    encoder.config = {**config, "results": results, "complete": step >= epochs * steps_per_epoch}
-    write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    return encoder
+    run["step"] = step
