@@ -13,7 +13,6 @@ split that the reference encoder does not see.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
