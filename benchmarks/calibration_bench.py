@@ -2,8 +2,9 @@
 
 Every method trains the same backbone with the same recipe on the same data, for several seeds. Two recipes
 (``--recipe``, both chosen so that the CE baseline is measurably over-confident): ``augmented`` (the default: crops,
-flips, weight decay and step decay on 2 500 images, page ``benchmarks/calibration.md``) and ``demo`` (the ``demo``
-profile of :mod:`timm_csm.recipes`, no augmentation: ``benchmarks/calibration_demo.md``); each writes its rows to
+flips, weight decay and step decay on 2 500 images: the ``demo`` profile of :mod:`timm_csm.recipes`, page
+``benchmarks/calibration.md``) and ``noaug`` (the ``noaug`` profile, no augmentation:
+``benchmarks/calibration_demo.md``); each writes its rows to
 ``benchmarks/calibration.json`` too. Methods: CE, label smoothing, focal, FLSD-53, MbLS, ACLS, MDCA, Mixup, RegMixup,
 CSM, and the CSM ablations (soft-CE and soft-focal losses on the generated batch; generated images with one-hot
 labels of the dominant generation class, "variant 2"), and CSM without the generated groups the annotation checks
@@ -18,7 +19,7 @@ finished seeds) is re-assembled from the finished cells into this script's secti
 the file is kept), with a reliability figure of CE against CSM beside it.
 
     python benchmarks/calibration_bench.py --csm-dataset D        # all cells of the augmented recipe (hours)
-    python benchmarks/calibration_bench.py --recipe demo          # the demo recipe
+    python benchmarks/calibration_bench.py --recipe noaug         # the recipe without augmentation
     python benchmarks/calibration_bench.py --max-cells 3          # three more cells, then the table so far
     python benchmarks/calibration_bench.py --methods ce csm --seeds 0 1 2 --epochs 5
     python benchmarks/calibration_bench.py --report-only          # re-assemble the report only
@@ -54,18 +55,15 @@ CELL_META = "cell.json"
 PREDICTIONS = "test_predictions.safetensors"
 DEFAULT_JSON = Path("benchmarks/calibration.json")
 
-# Named recipes (``--recipe``), each the demo pipeline profile plus the options below, with its cell cache and page.
-# "augmented": the paper's training ingredients (random crops + flips, weight decay 5e-4, step decay, best validation
-# accuracy) on a 2 500-image subset trained to convergence, where CE is over-confident (test ECE 4.2% before TS at
-# seed 0, 2.7% with 5 000 images: the sweep in benchmarks/calibration.md); "demo": the demo profile itself (no
-# augmentation, no weight decay: over-confident by over-fitting).
-RECIPES: Dict[str, Dict[str, Any]] = {
-    "augmented": {"max_train_samples": 2500, "epochs": 60, "lr": 0.1, "weight_decay": 5e-4, "sched": "multistep",
-                  "decay_milestones": [30, 45], "hflip": 0.5, "crop_pad": 2},
-    "demo": {},
-}
-DEFAULT_OUTPUTS = {"augmented": "runs/calibration_bench_augmented", "demo": "runs/calibration_bench"}
-DEFAULT_REPORTS = {"augmented": Path("benchmarks/calibration.md"), "demo": Path("benchmarks/calibration_demo.md")}
+# Named recipes (``--recipe``): the classifier recipe of a registered recipe profile
+# (:func:`timm_csm.recipes.training_options`), with its cell cache and page. "augmented": the ``demo`` profile, the
+# paper's training ingredients (random crops + flips, weight decay 5e-4, step decay, best validation accuracy) on a
+# 2 500-image subset trained to convergence, where CE is over-confident (test ECE 4.2% before TS at seed 0, 2.7%
+# with 5 000 images: the sweep in benchmarks/calibration.md); "noaug": the ``noaug`` profile (no augmentation, no
+# weight decay: over-confident by over-fitting).
+RECIPES: Dict[str, str] = {"augmented": "demo", "noaug": "noaug"}
+DEFAULT_OUTPUTS = {"augmented": "runs/calibration_bench_augmented", "noaug": "runs/calibration_bench"}
+DEFAULT_REPORTS = {"augmented": Path("benchmarks/calibration.md"), "noaug": Path("benchmarks/calibration_demo.md")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,21 +104,14 @@ _NOT_KEYED = ("output", "experiment", "progress", "resume")
 # ---------------------------------------------------------------------------------------------------------------
 # recipe and cells
 # ---------------------------------------------------------------------------------------------------------------
-def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "demo") -> Dict[str, Any]:
-    """The shared training options: the ``demo`` pipeline profile, then the named recipe's options (``RECIPES``),
-    then ``overrides`` (None values ignored)."""
-    from timm_csm.recipes import get_profile
+def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "augmented") -> Dict[str, Any]:
+    """The shared training options: the named recipe's profile (``RECIPES``), then ``overrides`` (None values
+    ignored)."""
+    from timm_csm.recipes import get_profile, training_options
 
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
-    p = get_profile("demo")
-    recipe: Dict[str, Any] = {
-        "dataset": p.dataset, "model": p.model, "epochs": p.epochs, "batch_size": p.batch_size, "lr": p.lr,
-        "weight_decay": p.weight_decay, "sched": p.sched, "max_train_samples": p.max_train_samples,
-        "max_test_samples": p.max_test_samples, "n_aug": p.n_aug,
-    }
-    recipe.update(p.train_extra)
-    recipe.update(RECIPES[name])
+    recipe = training_options(get_profile(RECIPES[name]))
     recipe.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if isinstance(recipe.get("model_kwargs"), (list, tuple)):
         recipe["model_kwargs"] = dict(recipe["model_kwargs"])
@@ -502,7 +493,7 @@ def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) ->
 
 def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequence[int], command: str,
                  wall_seconds: float, skipped: Optional[Dict[str, str]] = None,
-                 methods: Sequence[str] = tuple(METHODS), recipe_name: str = "demo",
+                 methods: Sequence[str] = tuple(METHODS), recipe_name: str = "augmented",
                  json_path: Optional[Path] = None) -> str:
     """(Re)write this script's section of the markdown ``report`` (other sections of the file are kept) from every
     finished cell under ``output`` trained with ``recipe``; returns the section. With ``json_path`` the summary's

@@ -25,7 +25,7 @@ def _load_bench():
 bench = _load_bench()
 
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
-TOY = ["--recipe", "demo", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
+TOY = ["--recipe", "noaug", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
        "--batch-size", "32", "--lr", "0.05", "--max-train-samples", "320", "--max-test-samples", "200",
        "--train-opt", "val_split=0.25", "hflip=0.0", "crop_pad=1", "--no-progress"]
 
@@ -97,8 +97,8 @@ def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
     js.write_text(json.dumps([{"method": "ce", "recipe": "other", "seeds": [0]}]))
     bench.main(common + ["--report-only", "--json", str(js)])
     rows = {(r["method"], r["recipe"]): r for r in json.loads(js.read_text())}
-    assert set(rows) == {("ce", "other"), ("ce", "demo"), ("csm", "demo"), ("csm_hard", "demo")}
-    ce = rows["ce", "demo"]
+    assert set(rows) == {("ce", "other"), ("ce", "noaug"), ("csm", "noaug"), ("csm_hard", "noaug")}
+    ce = rows["ce", "noaug"]
     assert ce["seeds"] == [0, 1] and ce["T"]["mean"] == pytest.approx(m) and ce["T"]["std"] == pytest.approx(sd)
     m, sd = _mean_sd([100 * r["test"]["post_ts"]["ece"] for r in res])
     assert ce["ece_post_ts"] == {"mean": pytest.approx(m), "std": pytest.approx(sd)}
@@ -163,25 +163,24 @@ def test_missing_csm_dataset_skips_the_csm_rows_and_the_report_keeps_other_secti
     assert full.count("## Calibration benchmark") == 1 and full.count("Pending cells (3)") == 1
 
 
-def test_recipes_build_on_the_demo_profile():
-    from timm_csm.recipes import get_profile
+def test_recipes_are_the_profiles_classifier_recipes():
+    from timm_csm.recipes import get_profile, training_options
 
     demo = get_profile("demo")
-    augmented = bench.base_recipe({"epochs": 3}, "augmented")
-    assert augmented["epochs"] == 3 and augmented["model"] == demo.model and augmented["max_train_samples"] == 2500
-    assert augmented["crop_pad"] == 2 and augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]
+    augmented = bench.base_recipe({"epochs": 3, "lr": None}, "augmented")
+    assert augmented == dict(training_options(demo), epochs=3)  # None overrides are ignored
+    assert augmented["max_train_samples"] == 2500 and augmented["crop_pad"] == 2
+    assert augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]
     assert bench.build_parser().parse_args([]).recipe == "augmented"
     with pytest.raises(ValueError, match="unknown recipe"):
         bench.base_recipe({}, "paper")
-    recipe = bench.base_recipe({"epochs": 3, "lr": None})
-    assert recipe["epochs"] == 3 and recipe["lr"] == demo.lr and recipe["model"] == demo.model
-    assert recipe["max_train_samples"] == demo.max_train_samples
-    for k, v in demo.train_extra.items():
-        assert recipe[k] == (dict(v) if k == "model_kwargs" else v)
-    cfg = bench.cell_config(recipe, bench.METHODS["mixup"], 7, Path("x"))
+    noaug = bench.base_recipe({}, "noaug")
+    assert noaug["hflip"] == 0.0 and noaug["weight_decay"] == 0.0 and "decay_milestones" not in noaug
+    assert noaug["model_kwargs"] == {"widths": [16, 32, 64, 128, 256]}
+    cfg = bench.cell_config(noaug, bench.METHODS["mixup"], 7, Path("x"))
     assert cfg["mixup"] == 0.4 and cfg["seed"] == 7 and "n_aug" not in cfg and "csm_dataset" not in cfg
     with pytest.raises(ValueError, match="needs the soft-label CSM dataset"):
-        bench.cell_config(recipe, bench.METHODS["csm"], 0, Path("x"))
+        bench.cell_config(noaug, bench.METHODS["csm"], 0, Path("x"))
 
 
 def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):

@@ -25,8 +25,11 @@ KNOWN = dict(dataset="fashion_mnist", generator="fmnist", generator_steps=None, 
              soft_label_scale=None, model="small_cnn", epochs=15, batch_size=128, lr=0.05, weight_decay=0.0,
              sched="cosine", max_train_samples=10000, max_test_samples=None, n_aug=1, seed=0,
              train_extra={"model_kwargs": {"widths": [16, 32, 64, 128, 256]}, "crop_pad": 0, "hflip": 0.0})
-OLD_KEYS = {"generator": "bcff3caadb", "generated": "c79ad41b7f", "encoder": "e1dd1a8d6e", "quality": "b42ad6716a",
+OLD_KEYS = {"generator": "bcff3caadb", "generated": "c79ad41b7f", "encoder": "0c6d8e1c53", "quality": "371daf07b6",
             "annotated": "25ccce37a8", "train-ce": "9fc2804ca2", "train-csm": "5a268d0217"}
+# The reference encoder (and the quality measured with it) changed on purpose: with s chosen on held-out real images
+# it no longer trains on them. Its folders of then were encoder-e1dd1a8d6e and quality-b42ad6716a.
+RETRAINED = {"encoder": "e1dd1a8d6e", "quality": "b42ad6716a"}
 OLD_ANNOTATED = {"generated": {"generator": "9a129038d9a0", "num_groups": 225, "lambdas": 8, "steps": 20,
                                "guidance": None},
                  "encoder": {"dataset": "fashion_mnist", "encoder": "reference", "epochs": 4, "max_steps": None,
@@ -68,6 +71,9 @@ def test_stage_keys_equal_the_keys_of_existing_caches(tmp_path, monkeypatch):
     results = {loss: stages.train(cache, profile, loss, annotated) for loss in ("ce", "csm")}
     assert results["csm"]["loss"] == "csm" and results["ce"]["output"].endswith(OLD_KEYS["train-ce"])
     assert sum("done already" in line for line in log) == 6 and cache.timings == {}
+    # with s given, the encoder still trains on the whole training split, under its key of then
+    given_s = dataclasses.replace(profile, soft_label_scale=4.0)
+    assert stage_key(stages.encoder_config(given_s)) == RETRAINED["encoder"]
 
 
 def test_a_done_stage_is_skipped_on_a_rerun(tmp_path):
@@ -113,8 +119,8 @@ def test_a_failed_stage_writes_no_marker(tmp_path):
 
 
 def test_unknown_profile_names_the_known_ones():
-    assert list_profiles() == ["demo", "full", "smoke"] and list_profiles("s*") == ["smoke"]
-    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, smoke"):
+    assert list_profiles() == ["demo", "full", "noaug", "smoke"] and list_profiles("s*") == ["smoke"]
+    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, noaug, smoke"):
         get_profile("demoo")
     with pytest.raises(ValueError, match="registered already"):
         register_profile("demo", RecipeProfile())
@@ -134,4 +140,4 @@ def test_get_profile_returns_a_copy():
 def test_module_cli_lists_the_profiles():
     res = subprocess.run([sys.executable, "-m", "timm_csm.recipes", "--help"], capture_output=True, text=True,
                          cwd=ROOT)
-    assert res.returncode == 0 and "{demo,full,smoke}" in res.stdout, res.stderr[-2000:]
+    assert res.returncode == 0 and "{demo,full,noaug,smoke}" in res.stdout, res.stderr[-2000:]

@@ -60,15 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'shipped' or a generator-training profile (retrains from scratch), e.g. fmnist")
     p.add_argument("--dataset", default=None)
     p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
     return p
 
 
 def main(argv=None) -> None:
     """The command line: a registered profile with its ``--generator``, ``--dataset`` and ``--epochs`` replaced
-    when given, run into ``--output`` (``runs/<profile>``)."""
+    and ``--seed`` replaced when given, run into ``--output`` (``runs/<profile>``)."""
     args = build_parser().parse_args(argv)
     overrides = {k: v for k, v in (("generator", args.generator), ("dataset", args.dataset),
-                                   ("epochs", args.epochs)) if v is not None}
+                                   ("epochs", args.epochs), ("seed", args.seed)) if v is not None}
     profile = dataclasses.replace(get_profile(args.profile), **overrides)
     t0 = time.time()
     run_recipe(profile, args.output or f"runs/{args.profile}")

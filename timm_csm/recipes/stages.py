@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ..io import write_json_atomic
 from .cache import Stage, StageCache
-from .profiles import RecipeProfile
+from .profiles import RecipeProfile, training_options
 
 __all__ = ["shipped_generator", "short_name", "csm_dataset_name", "generator", "generate", "encoder_config",
            "encoder", "quality", "annotate", "train_config", "train"]
@@ -67,10 +67,13 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
 
 
 def _mixing_pipeline(profile: RecipeProfile, generator_dir: Path):
-    from ..generation import SemanticMixingPipeline
+    from ..generation import SemanticMixingPipeline, create_scheduler
 
-    return SemanticMixingPipeline.from_pretrained(generator_dir, num_inference_steps=profile.sampler_steps,
+    pipe = SemanticMixingPipeline.from_pretrained(generator_dir, num_inference_steps=profile.sampler_steps,
                                                   guidance_scale=profile.guidance_scale)
+    if profile.scheduler != "ddim":  # the folder's scheduler is DDIM
+        pipe.scheduler = create_scheduler(profile.scheduler, pipe.scheduler.config)
+    return pipe
 
 
 def generate(cache: StageCache, profile: RecipeProfile, generator_dir: Path) -> Stage:
@@ -79,6 +82,8 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_dir: Path) -> 
 
     config = {"generator": weights_digest(generator_dir), "num_groups": profile.num_groups,
               "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
+    if profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
+        config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
             from ..generation import generate_to_folder, lambda_grid, make_plan
@@ -86,25 +91,35 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_dir: Path) -> 
             pipe = _mixing_pipeline(profile, generator_dir)
             plan = make_plan(pipe.num_classes, profile.num_groups, lambda_grid(profile.num_lambdas),
                              pipe.class_names, groups_per_shard=32, generator=pipe.provenance)
-            generate_to_folder(pipe, stage.folder, plan, batch_groups=8)
+            generate_to_folder(pipe, stage.folder, plan, batch_groups=32)
     return stage
+
+
+_HELD_OUT = 0.1  # share of the real training split s is chosen on (never seen by the reference encoder)
 
 
 def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
     """The re-annotation encoder's configuration (part of the keys of the stages that use it)."""
-    return {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
-            "max_steps": profile.encoder_max_steps, "seed": profile.seed}
+    config = {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
+              "max_steps": profile.encoder_max_steps, "seed": profile.seed}
+    if profile.encoder == "reference" and profile.soft_label_scale is None:
+        config["held_out"] = _HELD_OUT
+    return config
 
 
 def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
             log: Callable[[str], None]) -> Optional[Path]:
-    """The reference encoder's folder (trained on the real training split), or None for an open_clip encoder."""
+    """The reference encoder's folder, or None for an open_clip encoder. It trains on the real training split
+    without the held-out share s is chosen on (:func:`~timm_csm.annotation.holdout_split`, the profile's seed)
+    when s is chosen there, as ``hub_scripts/annotate.py --s auto`` does; on all of it when s is given."""
     if profile.encoder != "reference":
         return None
     with cache.stage("encoder", encoder_config(profile)) as stage:
         if not stage.done:
-            from ..annotation import train_reference_encoder
+            from ..annotation import holdout_split, train_reference_encoder
 
+            if profile.soft_label_scale is None:
+                train_real = holdout_split(train_real, _HELD_OUT, profile.seed)[0]
             train_reference_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs,
                                     seed=profile.seed, test=test_real, max_steps=profile.encoder_max_steps, log=log)
     return stage.folder / "encoder"
@@ -146,7 +161,9 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
     name = csm_dataset_name(profile.dataset)
     s = "auto" if profile.soft_label_scale is None else profile.soft_label_scale
     config = {"generated": generated.config, "encoder": encoder_config(profile), "s": profile.soft_label_scale,
-              "s_selection": {"held_out": 0.1, "seed": profile.seed} if s == "auto" else None}
+              "s_selection": {"held_out": _HELD_OUT, "seed": profile.seed} if s == "auto" else None}
+    if profile.drop_flagged:
+        config["drop_flagged"] = True
     with cache.stage("annotated", config) as stage:
         if not stage.done:
             from ..annotation import annotate_generated
@@ -155,8 +172,8 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
 
             images, plan = load_generated(generated.folder)
             result = annotate_generated(images, plan, train_real, _load_encoder(profile, encoder_dir), s,
-                                        holdout_fraction=0.1, seed=profile.seed,
-                                        cache_dir=stage.folder / "prototypes")
+                                        holdout_fraction=_HELD_OUT, seed=profile.seed,
+                                        drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes")
             provenance = {"dataset": profile.dataset, "generator": plan["generator"], "lambdas": plan["lambdas"],
                           "num_groups": plan["num_groups"], **result.provenance()}
             folder = save_csm_dataset(result.dataset, stage.folder / name, provenance=provenance,
@@ -169,15 +186,11 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
 def train_config(profile: RecipeProfile, loss: str, csm_dataset: Path) -> Dict[str, Any]:
     """The training options of the CE or the CSM run: the profile's recipe, ``train_extra``, and for CSM the
     generated dataset and ``n_aug``."""
-    cfg = {
-        "dataset": profile.dataset, "model": profile.model, "loss": loss, "epochs": profile.epochs,
-        "batch_size": profile.batch_size, "lr": profile.lr, "weight_decay": profile.weight_decay,
-        "sched": profile.sched, "seed": profile.seed, "max_train_samples": profile.max_train_samples,
-        "max_test_samples": profile.max_test_samples, "experiment": ".",
-    }
-    cfg.update(profile.train_extra)
+    cfg = training_options(profile)
+    n_aug = cfg.pop("n_aug")
+    cfg.update(loss=loss, seed=profile.seed, experiment=".")
     if loss == "csm":
-        cfg.update(csm_dataset=str(csm_dataset), n_aug=profile.n_aug)
+        cfg.update(csm_dataset=str(csm_dataset), n_aug=n_aug)
     return cfg
 
 
