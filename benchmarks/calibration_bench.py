@@ -78,7 +78,7 @@ class BenchMethod:
     csm: Optional[str] = None
 
 
-# Hyper-parameters: the settings of each method's paper / released configs (spec/baselines.md); one value each, no
+# Hyper-parameters: the settings of each method's paper / released configs; one value each, no
 # per-method search, so that every method gets the same tuning effort.
 METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("ce", "CE", {"loss": "ce"}),

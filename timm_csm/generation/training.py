@@ -73,6 +73,55 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
     return unet.eval(), json.loads((ckpt / "state.json").read_text())["step"]
 
 
+def _check_training_data(images, labels, num_classes: int, config: GeneratorConfig):
+    images = np.asarray(images)
+    labels = np.asarray(labels, dtype=np.int64)
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}")
+    if images.shape[1] != config.in_channels or images.shape[2:] != (config.sample_size, config.sample_size):
+        raise ValueError(
+            f"images are {images.shape[1:]} but the generator profile expects "
+            f"({config.in_channels}, {config.sample_size}, {config.sample_size})"
+        )
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"labels out of range [0, {num_classes})")
+    return images, labels
+
+
+def _resume(out: Path, unet, ema, optimizer, lr_sched, log: Callable[[str], None]):
+    """Load the latest checkpoint of ``out`` into the training objects; ``(step, losses, train seconds)``."""
+    from safetensors.torch import load_file
+
+    ckpt = _find_checkpoint(out)
+    if ckpt is None:
+        return 0, [], 0.0
+    state = json.loads((ckpt / "state.json").read_text())
+    unet.load_state_dict(load_file(ckpt / "model.safetensors"))
+    training_state = load_state(ckpt / _TRAINING_STATE)
+    ema.load_state_dict(training_state["ema"])
+    optimizer.load_state_dict(training_state["optimizer"])
+    lr_sched.load_state_dict(training_state["lr_sched"])
+    log(f"resuming generator training from step {state['step']}")
+    return state["step"], state["losses"], state.get("train_seconds", 0.0)
+
+
+def _noised_batch(data, targets, alphas, num_classes: int, config: GeneratorConfig, step: int, rank: int):
+    """The step's batch, drawn from its own seeded generator (so a resumed run draws what the straight run drew):
+    noised images x_t, timesteps, class labels (the null class ``num_classes`` with ``cond_drop_prob``), noise."""
+    g = _step_generator(config.seed, step, rank)
+    idx = torch.randint(0, len(data), (config.batch_size,), generator=g)
+    x0 = to_model_range(data[idx])
+    if config.hflip:
+        flip = torch.rand(config.batch_size, generator=g) < 0.5
+        x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
+    y = targets[idx].clone()
+    y[torch.rand(config.batch_size, generator=g) < config.cond_drop_prob] = num_classes  # null class
+    t = torch.randint(0, config.num_train_timesteps, (config.batch_size,), generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    a = alphas[t].view(-1, 1, 1, 1)
+    return a.sqrt() * x0 + (1 - a).sqrt() * noise, t, y, noise
+
+
 def train_generator(
     images: np.ndarray,
     labels: np.ndarray,
@@ -95,22 +144,10 @@ def train_generator(
     from accelerate import Accelerator
     from diffusers import DDIMScheduler, DDPMScheduler
     from diffusers.training_utils import EMAModel
-    from safetensors.torch import load_file
     from tqdm.auto import tqdm
 
-    images = np.asarray(images)
-    labels = np.asarray(labels, dtype=np.int64)
     num_classes = len(class_names)
-    if images.ndim != 4 or images.dtype != np.uint8:
-        raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}")
-    if images.shape[1] != config.in_channels or images.shape[2:] != (config.sample_size, config.sample_size):
-        raise ValueError(
-            f"images are {images.shape[1:]} but the generator profile expects "
-            f"({config.in_channels}, {config.sample_size}, {config.sample_size})"
-        )
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f"labels out of range [0, {num_classes})")
-
+    images, labels = _check_training_data(images, labels, num_classes, config)
     accelerator = accelerator or Accelerator()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,42 +158,19 @@ def train_generator(
     optimizer = torch.optim.AdamW(unet.parameters(), lr=config.lr, weight_decay=0.0)
     lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
     ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
-
-    start, losses, seconds_before = 0, [], 0.0
-    ckpt = _find_checkpoint(out)
-    if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
-        unet.load_state_dict(load_file(ckpt / "model.safetensors"))
-        training_state = load_state(ckpt / _TRAINING_STATE)
-        ema.load_state_dict(training_state["ema"])
-        optimizer.load_state_dict(training_state["optimizer"])
-        lr_sched.load_state_dict(training_state["lr_sched"])
-        start, losses, seconds_before = state["step"], state["losses"], state.get("train_seconds", 0.0)
-        log(f"resuming generator training from step {start}")
+    start, losses, seconds_before = _resume(out, unet, ema, optimizer, lr_sched, log)
 
     unet, optimizer = accelerator.prepare(unet, optimizer)
     ema.to(accelerator.device)
     data = torch.from_numpy(np.array(images))  # a private, writable copy
     targets = torch.from_numpy(labels)
-    alphas = noise_sched.alphas_cumprod
     bar = tqdm(total=config.steps, initial=start, disable=not (progress and accelerator.is_main_process),
                desc="generator", dynamic_ncols=True)
-    t0, window = time.time(), []
+    t0, window, dev = time.time(), [], accelerator.device
     unet.train()
     for step in range(start, config.steps):
-        g = _step_generator(config.seed, step, accelerator.process_index)
-        idx = torch.randint(0, len(data), (config.batch_size,), generator=g)
-        x0 = to_model_range(data[idx])
-        if config.hflip:
-            flip = torch.rand(config.batch_size, generator=g) < 0.5
-            x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
-        y = targets[idx].clone()
-        y[torch.rand(config.batch_size, generator=g) < config.cond_drop_prob] = num_classes  # null class
-        t = torch.randint(0, config.num_train_timesteps, (config.batch_size,), generator=g)
-        noise = torch.randn(x0.shape, generator=g)
-        a = alphas[t].view(-1, 1, 1, 1)
-        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
-        dev = accelerator.device
+        xt, t, y, noise = _noised_batch(data, targets, noise_sched.alphas_cumprod, num_classes, config, step,
+                                        accelerator.process_index)
         pred = unet(xt.to(dev), t.to(dev), class_labels=y.to(dev)).sample
         loss = F.mse_loss(pred.float(), noise.to(dev))
         accelerator.backward(loss)
@@ -182,11 +196,17 @@ def train_generator(
     model.eval()
     scheduler = DDIMScheduler.from_config(noise_sched.config)
     if accelerator.is_main_process:
-        from .pipeline import SemanticMixingPipeline
-
-        info = dict(meta or {})
-        guidance = info.pop("recommended_guidance_scale", 1.0)
-        info.update(recipe=config.to_dict(), losses=losses, train_seconds=round(seconds_before + time.time() - t0, 1))
-        SemanticMixingPipeline(model, scheduler, class_names=list(class_names), recommended_guidance_scale=guidance,
-                               metadata=info).save_pretrained(out)
+        info = dict(meta or {}, recipe=config.to_dict(), losses=losses,
+                    train_seconds=round(seconds_before + time.time() - t0, 1))
+        _save_generator(out, model, scheduler, class_names, info)
     return model, scheduler
+
+
+def _save_generator(out: Path, model, scheduler, class_names, info: Dict) -> None:
+    """The trained generator folder: the pipeline's ``save_pretrained`` with ``info`` as metadata (its
+    ``recommended_guidance_scale`` a config entry of its own, default 1)."""
+    from .pipeline import SemanticMixingPipeline
+
+    guidance = info.pop("recommended_guidance_scale", 1.0)
+    SemanticMixingPipeline(model, scheduler, class_names=list(class_names), recommended_guidance_scale=guidance,
+                           metadata=info).save_pretrained(out)

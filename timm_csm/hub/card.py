@@ -97,6 +97,60 @@ def _fmt(value) -> str:
     return f"`{value}`"
 
 
+def _provenance_lines(dataset_dict, prov: Dict) -> List[str]:
+    """The provenance table's rows (empty values left out), one per split, and the per-class counts."""
+    split_names, lines = list(dataset_dict), []
+    rows = [
+        ("real dataset", prov.get("dataset")),
+        ("real dataset revision", prov.get("dataset_revision")),
+        ("real images per class", prov.get("real_counts")),
+        ("generator", prov.get("generator")),
+        ("generator training recipe", prov.get("generator_recipe")),
+        ("sampler", prov.get("sampler")),
+        ("sampler steps", prov.get("sampler_steps")),
+        ("lambda grid", prov.get("lambdas")),
+        ("encoder", _encoder_summary(prov["encoder"]) if prov.get("encoder") else None),
+        ("generation plan", prov.get("generation_plan")),
+        ("scale s", prov.get("s")),
+        ("label mode", prov.get("label_mode")),
+        ("dropped incomplete groups", prov.get("dropped_groups")),
+        ("package", prov.get("package")),
+    ]
+    for key, value in rows:
+        if value not in (None, "", [], {}):
+            lines.append(f"| {key} | {_fmt(value)} |")
+    for split in split_names:
+        ds = dataset_dict[split]
+        groups = len(np.unique(ds.with_format("numpy", columns=["group_id"])[:]["group_id"]))
+        lines.append(f"| split `{split}` | {len(ds)} images in {groups} groups |")
+    lines += ["", "## Counts per class", ""]
+    for split in split_names:
+        counts = class_counts(dataset_dict[split])
+        lines += [f"Split `{split}`: rows whose dominant label is the class, and groups that mix the class.", "",
+                  "| class | dominant label | groups |", "|---|---|---|"]
+        lines += [f"| {c} | {v['label']} | {v['groups']} |" for c, v in counts.items()]
+        lines.append("")
+    return lines
+
+
+def _licence_lines(prov: Dict) -> List[str]:
+    """The licence notes: the real dataset's, the encoder's, the generated images' and any given ones."""
+    lines = ["## Licences", ""]
+    src = _source_key(str(prov.get("dataset", "")))
+    notes = []
+    if src in SOURCE_LICENSES:
+        notes.append(SOURCE_LICENSES[src]["note"])
+    encoder = prov.get("encoder") or {}
+    kind = encoder.get("kind") if isinstance(encoder, dict) else None
+    if kind in _ENCODER_NOTES:
+        notes.append(_ENCODER_NOTES[kind])
+    notes.append("The images are outputs of the generator named above, trained on the real training split; they "
+                 "inherit the terms of the real dataset and of the generator's weights.")
+    notes += list(prov.get("license_notes") or [])
+    lines += [f"- {n}" for n in notes]
+    return lines
+
+
 def render_card_body(dataset_dict, provenance: Optional[Dict] = None) -> str:
     """Markdown body of the card (everything after the YAML block)."""
     prov = dict(provenance or {})
@@ -137,49 +191,8 @@ def render_card_body(dataset_dict, provenance: Optional[Dict] = None) -> str:
         "| item | value |",
         "|---|---|",
     ]
-    rows = [
-        ("real dataset", prov.get("dataset")),
-        ("real dataset revision", prov.get("dataset_revision")),
-        ("real images per class", prov.get("real_counts")),
-        ("generator", prov.get("generator")),
-        ("generator training recipe", prov.get("generator_recipe")),
-        ("sampler", prov.get("sampler")),
-        ("sampler steps", prov.get("sampler_steps")),
-        ("lambda grid", prov.get("lambdas")),
-        ("encoder", _encoder_summary(prov["encoder"]) if prov.get("encoder") else None),
-        ("generation plan", prov.get("generation_plan")),
-        ("scale s", prov.get("s")),
-        ("label mode", prov.get("label_mode")),
-        ("dropped incomplete groups", prov.get("dropped_groups")),
-        ("package", prov.get("package")),
-    ]
-    for key, value in rows:
-        if value not in (None, "", [], {}):
-            lines.append(f"| {key} | {_fmt(value)} |")
-    for split in split_names:
-        ds = dataset_dict[split]
-        groups = len(np.unique(ds.with_format("numpy", columns=["group_id"])[:]["group_id"]))
-        lines.append(f"| split `{split}` | {len(ds)} images in {groups} groups |")
-    lines += ["", "## Counts per class", ""]
-    for split in split_names:
-        counts = class_counts(dataset_dict[split])
-        lines += [f"Split `{split}`: rows whose dominant label is the class, and groups that mix the class.", "",
-                  "| class | dominant label | groups |", "|---|---|---|"]
-        lines += [f"| {c} | {v['label']} | {v['groups']} |" for c, v in counts.items()]
-        lines.append("")
-    lines += ["## Licences", ""]
-    src = _source_key(str(prov.get("dataset", "")))
-    notes = []
-    if src in SOURCE_LICENSES:
-        notes.append(SOURCE_LICENSES[src]["note"])
-    encoder = prov.get("encoder") or {}
-    kind = encoder.get("kind") if isinstance(encoder, dict) else None
-    if kind in _ENCODER_NOTES:
-        notes.append(_ENCODER_NOTES[kind])
-    notes.append("The images are outputs of the generator named above, trained on the real training split; they "
-                 "inherit the terms of the real dataset and of the generator's weights.")
-    notes += list(prov.get("license_notes") or [])
-    lines += [f"- {n}" for n in notes]
+    lines += _provenance_lines(dataset_dict, prov)
+    lines += _licence_lines(prov)
     lines.append("")
     extra = {k: v for k, v in prov.items() if k not in {"name", "repo_id", "pretty_name", "license"}}
     lines += ["## Full provenance record", "", "```json", json.dumps(extra, indent=2, sort_keys=True, default=str),

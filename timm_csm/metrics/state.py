@@ -225,89 +225,101 @@ class _PerSample:
         self.count = 0
 
 
+def _logit_rows(c, x, t, y, soft: bool, want_nll: bool):
+    """Logits ``c`` into ``x = exp(z - max z)`` (in place); the row sums, confidences, per-sample NLL (or None),
+    the row maximum of ``x`` and where a tie for it is possible."""
+    m = c.amax(1)
+    # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
+    if not bool(torch.isfinite(m).all()):
+        raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
+    torch.sub(c, m.view(-1, 1), out=x)
+    x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
+    s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
+    nll_i = None
+    if want_nll:
+        lse = m.to(_F64) + s.log()
+        if soft:
+            tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
+            nll_i = lse * t.sum(1) - tz.sum(1)
+        else:
+            nll_i = lse - c.gather(1, y).view(-1).to(_F64)
+    return x, s, s.reciprocal(), nll_i, 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
+
+
+def _probability_rows(c, x, t, y, soft: bool, input_type: str, want_nll: bool):
+    """Probabilities or log-probabilities ``c`` as probabilities ``x`` (checked: finite, non-negative, rows summing
+    to 1); the same outputs as :func:`_logit_rows`."""
+    nll_i = None
+    if input_type == "log_probs":
+        m_log = c.amax(1)
+        if bool(torch.isnan(m_log).any()) or bool(torch.isposinf(m_log).any()):
+            raise ValueError("preds (log_probs) contain NaN or +inf")
+        if want_nll:
+            if soft:
+                nll_i = -(t * c.clamp(min=_LOG_FLOOR)).sum(1)
+            else:
+                nll_i = -c.gather(1, y).view(-1).clamp(min=_LOG_FLOOR).to(_F64)
+        torch.exp(c, out=x)
+    else:
+        x = c  # probabilities are only read
+    s = x.sum(1).to(_F64)
+    if not bool(torch.isfinite(s).all()):
+        raise ValueError(f"preds ({input_type}) contain NaN or inf")
+    if float(x.amin()) < 0:
+        raise ValueError("preds (probs) contain negative values; pass input_type='logits' for raw scores")
+    dev = float((s - 1.0).abs().max())
+    if dev > ROW_SUM_ATOL:
+        raise ValueError(f"preds ({input_type}) rows do not sum to 1 (max deviation {dev:.3g}); pass "
+                         "input_type='logits' for unnormalised scores")
+    m = x.amax(1)
+    conf = m.to(_F64)
+    if want_nll and input_type == "probs":
+        if soft:
+            nll_i = -(t * x.clamp(min=PROB_FLOOR).log()).sum(1)
+        else:
+            nll_i = -x.gather(1, y).view(-1).clamp(min=PROB_FLOOR).log().to(_F64)
+    return x, s, conf, nll_i, m.view(-1, 1), 2.0 * conf <= s + 1e-12
+
+
+def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible, logits: bool, keep_x: bool):
+    """Accuracy of the top-label prediction: argmax with ties (equal probabilities) to the lowest class index."""
+    if soft:
+        return t.gather(1, x.argmax(1).view(-1, 1)).view(-1)
+    top = (x.gather(1, y) == row_max).view(-1)
+    maybe_tie = top & tie_possible
+    if bool(maybe_tie.any()):
+        if logits:
+            # x = exp(z - max z) <= 1, so floor(x) is 1 exactly at the row maxima and 0 elsewhere; in place when
+            # the probabilities are not needed any more
+            marks = torch.floor(x) if keep_x else x.floor_()
+        else:
+            marks = (x == row_max).to(x.dtype)
+        rows = (maybe_tie & (marks.sum(1) >= 2)).nonzero().view(-1)
+        if rows.numel():  # argmax of the 0/1 marks is the first maximum
+            top[rows] = marks[rows].argmax(1) == y.view(-1)[rows]
+    return top.to(_F64)
+
+
 def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: torch.Tensor,
                   flags: dict, out: _PerSample, cw: Optional[_ClasswiseOthers], buf: torch.Tensor):
     n, C = p_raw.shape
-    input_type = inputs.input_type
-    soft = inputs.soft
+    logits, soft = inputs.input_type == "logits", inputs.soft
     c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
     x = buf[:n * C].view(n, C)  # working block
+    y = None
     if soft:
         t = t.to(_F64)
         _check_soft_target(t)
     else:
         y = t.view(-1, 1)
-
-    nll_i = None
-    if input_type == "logits":
-        m = c.amax(1)
-        # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
-        if not bool(torch.isfinite(m).all()):
-            raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
-        torch.sub(c, m.view(-1, 1), out=x)
-        x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
-        s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
-        conf = s.reciprocal()
-        if flags["nll"]:
-            lse = m.to(_F64) + s.log()
-            if soft:
-                tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
-                nll_i = lse * t.sum(1) - tz.sum(1)
-            else:
-                nll_i = lse - c.gather(1, y).view(-1).to(_F64)
-        row_max, tie_possible = 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
+    if logits:
+        x, s, conf, nll_i, row_max, tie_possible = _logit_rows(c, x, t, y, soft, flags["nll"])
     else:
-        if input_type == "log_probs":
-            m_log = c.amax(1)
-            if bool(torch.isnan(m_log).any()) or bool(torch.isposinf(m_log).any()):
-                raise ValueError("preds (log_probs) contain NaN or +inf")
-            if flags["nll"]:
-                if soft:
-                    nll_i = -(t * c.clamp(min=_LOG_FLOOR)).sum(1)
-                else:
-                    nll_i = -c.gather(1, y).view(-1).clamp(min=_LOG_FLOOR).to(_F64)
-            torch.exp(c, out=x)
-        else:
-            x = c  # probabilities are only read
-        s = x.sum(1).to(_F64)
-        if not bool(torch.isfinite(s).all()):
-            raise ValueError(f"preds ({input_type}) contain NaN or inf")
-        if float(x.amin()) < 0:
-            raise ValueError("preds (probs) contain negative values; pass input_type='logits' for raw scores")
-        dev = float((s - 1.0).abs().max())
-        if dev > ROW_SUM_ATOL:
-            raise ValueError(f"preds ({input_type}) rows do not sum to 1 (max deviation {dev:.3g}); pass "
-                             "input_type='logits' for unnormalised scores")
-        m = x.amax(1)
-        conf = m.to(_F64)
-        if flags["nll"] and input_type == "probs":
-            if soft:
-                nll_i = -(t * x.clamp(min=PROB_FLOOR).log()).sum(1)
-            else:
-                nll_i = -x.gather(1, y).view(-1).clamp(min=PROB_FLOOR).log().to(_F64)
-        row_max, tie_possible = m.view(-1, 1), 2.0 * conf <= s + 1e-12
-
-    # accuracy of the top-label prediction: argmax with ties (equal probabilities) to the lowest class index
-    if soft:
-        pred = x.argmax(1)
-        acc = t.gather(1, pred.view(-1, 1)).view(-1)
-    else:
-        top = (x.gather(1, y) == row_max).view(-1)
-        maybe_tie = top & tie_possible
-        if bool(maybe_tie.any()):
-            if input_type == "logits":
-                # x = exp(z - max z) <= 1, so floor(x) is 1 exactly at the row maxima and 0 elsewhere; in place
-                # when the probabilities are not needed any more
-                keep_x = flags["brier"] or flags["classwise"]
-                marks = torch.floor(x) if keep_x else x.floor_()
-            else:
-                marks = (x == row_max).to(x.dtype)
-            rows = (maybe_tie & (marks.sum(1) >= 2)).nonzero().view(-1)
-            if rows.numel():  # argmax of the 0/1 marks is the first maximum
-                top[rows] = marks[rows].argmax(1) == y.view(-1)[rows]
-        acc = top.to(_F64)
-
-    if input_type == "logits" and (flags["brier"] or flags["classwise"]):
+        x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
+                                                                     flags["nll"])
+    keep_x = flags["brier"] or flags["classwise"]
+    acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible, logits, keep_x)
+    if logits and keep_x:
         x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
 
     out.conf.append(conf)
