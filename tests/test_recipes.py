@@ -141,3 +141,11 @@ def test_module_cli_lists_the_profiles():
     res = subprocess.run([sys.executable, "-m", "timm_csm.recipes", "--help"], capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0 and "{demo,full,noaug,smoke}" in res.stdout, res.stderr[-2000:]
+
+
+def test_the_full_profile_builds_openai_clip_with_quickgelu():
+    import open_clip
+
+    kind, model_name, weights = get_profile("full").encoder.split(":", 2)
+    assert kind == "open_clip" and weights.endswith(".safetensors")
+    assert open_clip.get_model_config(model_name)["quick_gelu"] is True

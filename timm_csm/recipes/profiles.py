@@ -109,7 +109,9 @@ register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sample
                                         encoder_max_steps=20, soft_label_scale=4.0, epochs=1, batch_size=64,
                                         max_train_samples=512, max_test_samples=512))
 register_profile("full", RecipeProfile(dataset="cifar100", generator="cifar100", num_groups=19800, sampler_steps=50,
-                                       encoder="open_clip:ViT-B-32:open_clip_vit_b32.safetensors",
+                                       # OpenAI's CLIP weights run with QuickGELU: the -quickgelu config builds
+                                       # it (open_clip only switches it on by itself for the "openai" tag)
+                                       encoder="open_clip:ViT-B-32-quickgelu:open_clip_vit_b32.safetensors",
                                        soft_label_scale=2.3, model="resnet50_cifar", epochs=200, batch_size=128,
                                        lr=0.1, weight_decay=5e-4, sched="multistep", max_train_samples=None,
                                        train_extra={"decay_milestones": [80, 120], "clip_grad": 2.0}))
