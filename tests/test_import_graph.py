@@ -23,7 +23,7 @@ ALLOWED = {
     "hub": {"data", "io"},
     "training": {"data", "models", "losses", "metrics", "calibration", "hub", "io"},
     "train": {"training", "data", "losses", "io", "timm_csm"},
-    "recipes": {"train", "annotation", "generation", "hub", "data", "io"},
+    "recipes": {"train", "training", "annotation", "generation", "hub", "data", "io"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

@@ -7,30 +7,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..io import atomic_path, write_bytes_atomic, write_text_atomic
+from ..training.reporting import comparison_markdown
 
-__all__ = ["comparison_table", "write_report", "save_group_figure"]
-
-# (results key, column); accuracy and calibration errors in %, NLL and Brier as they are
-_COLUMNS = (("accuracy", "acc"), ("ece", "ECE"), ("aece", "AECE"), ("cece", "CECE"), ("nll", "NLL"),
-            ("brier", "Brier"))
-_RAW = ("nll", "brier")
-
-
-def comparison_table(results: Dict[str, Dict[str, Any]]) -> str:
-    """A markdown table with one row per method (the keys of ``results``, each a training ``results.json``) and
-    phase (before / after temperature scaling), with the fitted temperature T (1.0 before)."""
-    rows = ["| method | TS | " + " | ".join(h for _, h in _COLUMNS) + " | T |",
-            "|" + "---|" * (len(_COLUMNS) + 3)]
-    for loss, res in results.items():
-        for phase in ("pre_ts", "post_ts"):
-            m = res["test"].get(phase)
-            if not m:
-                continue
-            vals = " | ".join(f"{m[k]:.4f}" if k in _RAW else f"{100 * m[k]:.2f}" for k, _ in _COLUMNS)
-            t = f"{res['temperature']:.1f}" if phase == "post_ts" and res.get("temperature") else "1.0"
-            rows.append(f"| {loss.upper()} | {'after' if phase == 'post_ts' else 'before'} | {vals} | {t} |")
-    return "\n".join(rows)
-
+__all__ = ["write_report", "save_group_figure"]
 
 def _quality_line(quality: Dict[str, Any]) -> str:
     real_acc = quality["classifier_real_test_accuracy"]  # None when the encoder was trained without a test split
@@ -43,7 +22,7 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
                  quality: Optional[Dict] = None) -> Dict:
     """Write ``report.md`` and its figures into ``output``; returns the table, the results and the figures."""
     output = Path(output)
-    table = comparison_table(results)
+    table = comparison_markdown(results)
     figures = _report_figures(output, results, csm_dataset)
     lines = ["# timm-csm main job report", "",
              "Test-set calibration of the same classifier trained with cross-entropy and with CSM "

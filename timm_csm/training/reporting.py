@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 from ..io import save_model_file, write_text_atomic
 
-__all__ = ["results_markdown", "write_log", "write_results"]
+__all__ = ["results_markdown", "comparison_markdown", "write_log", "write_results"]
 
 
 _REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
@@ -44,6 +44,27 @@ def results_markdown(results: Dict[str, Any]) -> str:
         if key in pre:
             lines.append(f"| {label} | {_fmt(pre.get(key), scale)} | {_fmt(post.get(key) if post else None, scale)} |")
     return "\n".join(lines) + "\n"
+
+
+# (results key, column, scale) of the side-by-side table: accuracy and calibration errors in %, NLL and Brier raw
+_COMPARISON = (("accuracy", "acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 100), ("cece", "CECE", 100),
+               ("nll", "NLL", 1), ("brier", "Brier", 1))
+
+
+def comparison_markdown(results: Dict[str, Dict[str, Any]]) -> str:
+    """Runs side by side: one row per method (the keys of ``results``, each a run's ``results.json``) and phase
+    (before / after temperature scaling), with the fitted temperature T (1.0 before)."""
+    rows = ["| method | TS | " + " | ".join(h for _, h, _ in _COMPARISON) + " | T |",
+            "|" + "---|" * (len(_COMPARISON) + 3)]
+    for method, res in results.items():
+        for phase in ("pre_ts", "post_ts"):
+            m = res["test"].get(phase)
+            if not m:
+                continue
+            vals = " | ".join(_fmt(m[k], scale) for k, _, scale in _COMPARISON)
+            t = f"{res['temperature']:.1f}" if phase == "post_ts" and res.get("temperature") else "1.0"
+            rows.append(f"| {method.upper()} | {'after' if phase == 'post_ts' else 'before'} | {vals} | {t} |")
+    return "\n".join(rows)
 
 
 def write_log(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
