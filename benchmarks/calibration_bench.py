@@ -619,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-test-samples", type=int, default=None)
     g.add_argument("--n-aug", type=int, default=None)
     g.add_argument("--train-opt", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
-                   help="any other train.py option for every cell, e.g. --train-opt val_split=0.2 amp=true")
+                   help="any other train.py option for every cell, e.g. --train-opt val_fraction=0.2 amp=true")
     g.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
     return p
 

@@ -12,8 +12,8 @@ otherwise; the class names are CIFAR-10's or CIFAR-100's by the label dimension 
 Real-anchored mode: ``--strength t`` (< 1) starts every group from a real training image of one of its two classes,
 noised to strength t with the group's noise (SDEdit), instead of pure noise. The anchors are the training images of
 the classifier run they are made for: ``--anchor-dataset`` with the run's ``--anchor-max-train-samples``,
-``--anchor-val-split`` and ``--anchor-seed`` (train.py's ``--max-train-samples``, ``--val-split``, ``--seed``), so no
-validation or test image is ever an anchor.
+``--anchor-val-fraction`` and ``--anchor-seed`` (train.py's ``--max-train-samples``, ``--val-fraction``,
+``--seed``), so no validation or test image is ever an anchor.
 
     python hub_scripts/generate.py --generator G --num-groups 900 --output runs/gen-t06 --strength 0.6 \
         --anchor-dataset fashion_mnist --anchor-max-train-samples 2500 --anchor-seed 0
@@ -46,7 +46,7 @@ def parse_args(argv=None):
                    help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = start from real anchors")
     g.add_argument("--anchor-dataset", default=None, help="dataset of the anchors (train.py's --dataset)")
     g.add_argument("--anchor-max-train-samples", type=int, default=None, help="train.py's --max-train-samples")
-    g.add_argument("--anchor-val-split", type=float, default=0.1, help="train.py's --val-split")
+    g.add_argument("--anchor-val-fraction", type=float, default=0.1, help="train.py's --val-fraction")
     g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
     args = p.parse_args(argv)
     if is_edm_pickle(args.generator):
@@ -82,17 +82,17 @@ def build_pipeline(args, device, anchors=None):
     return pipe
 
 
-def training_anchors(dataset: str, max_train_samples=None, val_split: float = 0.1, seed: int = 0):
+def training_anchors(dataset: str, max_train_samples=None, val_fraction: float = 0.1, seed: int = 0):
     """The training images of the train.py run with these options, as an anchor pool."""
     from timm_csm.generation.anchors import AnchorPool
     from timm_csm.training import build_parser, load_data
 
-    argv = ["--dataset", dataset, "--val-split", str(val_split), "--seed", str(seed)]
+    argv = ["--dataset", dataset, "--val-fraction", str(val_fraction), "--seed", str(seed)]
     if max_train_samples is not None:
         argv += ["--max-train-samples", str(max_train_samples)]
     train = load_data(build_parser().parse_args(argv)).train
-    source = {"dataset": dataset, "split": "train", "max_train_samples": max_train_samples, "val_split": val_split,
-              "seed": seed}
+    source = {"dataset": dataset, "split": "train", "max_train_samples": max_train_samples,
+              "val_fraction": val_fraction, "seed": seed}
     return AnchorPool(train.images, train.labels, source)
 
 
@@ -105,7 +105,7 @@ def main(argv=None):
     accelerator = Accelerator()
     anchors = plan_anchors = None
     if args.strength < 1.0:
-        anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_split,
+        anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_fraction,
                                    args.anchor_seed)
         plan_anchors = {**anchors.describe(), "strength": args.strength}
     pipeline = build_pipeline(args, accelerator.device, anchors)

@@ -129,8 +129,8 @@ def test_generate_script_anchors_on_the_classifier_training_split(tiny_generator
         sys.path.pop(0)
     from timm_csm.training import build_parser, load_data
 
-    pool = training_anchors("digits", max_train_samples=300, val_split=0.2, seed=3)
+    pool = training_anchors("digits", max_train_samples=300, val_fraction=0.2, seed=3)
     data = load_data(build_parser().parse_args(["--dataset", "digits", "--max-train-samples", "300",
-                                                "--val-split", "0.2", "--seed", "3"]))
+                                                "--val-fraction", "0.2", "--seed", "3"]))
     assert torch.equal(pool.images, torch.as_tensor(data.train.images)) and len(pool) == 240
     assert json.loads(json.dumps(pool.describe()))["seed"] == 3

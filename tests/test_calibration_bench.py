@@ -27,7 +27,7 @@ bench = _load_bench()
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
 TOY = ["--recipe", "noaug", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
        "--batch-size", "32", "--lr", "0.05", "--max-train-samples", "320", "--max-test-samples", "200",
-       "--train-opt", "val_split=0.25", "hflip=0.0", "crop_pad=1", "--no-progress"]
+       "--train-opt", "val_fraction=0.25", "hflip=0.0", "crop_pad=1", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     seen = save_csm_folder(full.filter(lambda r: r["group_id"] < 45), tmp_path / "seen" / "csm-digits-aug")
     every = save_csm_folder(full, tmp_path / "all" / "csm-digits-aug")
     results = run(dict(dataset="digits", model="small_cnn", loss="csm", csm_dataset=seen, epochs=3, batch_size=32,
-                       lr=0.05, hflip=0.0, crop_pad=0, max_train_samples=400, val_split=0.25, seed=0,
+                       lr=0.05, hflip=0.0, crop_pad=0, max_train_samples=400, val_fraction=0.25, seed=0,
                        progress=False, output=str(tmp_path), experiment="csm"))
     rows = diag.diagnose([tmp_path / "csm"], diag.load_generated_rows([seen]), diag.load_generated_rows([every]))
     assert len(rows) == 1 and rows[0]["loss"] == "csm" and rows[0]["run"] == str(tmp_path / "csm")

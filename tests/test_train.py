@@ -22,7 +22,7 @@ def csm_folder(tmp_path_factory):
 
 def _config(tmp_path, name, **overrides):
     cfg = dict(dataset="digits", model="small_cnn", epochs=1, batch_size=32, lr=0.05, hflip=0.0, crop_pad=1,
-               max_train_samples=320, max_test_samples=200, val_split=0.25, seed=0, progress=False,
+               max_train_samples=320, max_test_samples=200, val_fraction=0.25, seed=0, progress=False,
                output=str(tmp_path), experiment=name, decay_milestones=[1])
     cfg.update(overrides)
     return cfg
@@ -67,8 +67,8 @@ def test_help_is_grouped_and_has_the_flags():
                  "--in-chans", "--batch-size", "--epochs", "--opt", "--lr", "--momentum", "--weight-decay", "--sched",
                  "--decay-milestones", "--decay-rate", "--warmup-epochs", "--clip-grad", "--smoothing", "--mixup",
                  "--seed", "--output", "--experiment", "--checkpoint-hist", "--workers", "--amp", "--loss",
-                 "--loss-kwargs", "--csm-dataset", "--n-aug", "--csm-weight", "--val-split", "--ts-method",
-                 "--n-bins", "--select-by", "--eval-only", "--checkpoint", "--piece", "--dataset"):
+                 "--loss-kwargs", "--csm-dataset", "--n-aug", "--csm-weight", "--val-fraction", "--val-split",
+                 "--ts-method", "--n-bins", "--select-by", "--eval-only", "--checkpoint", "--piece", "--dataset"):
         assert flag in text, flag
 
 
@@ -164,20 +164,20 @@ def test_eval_only_reproduces_and_reports_piece(tmp_path):
 @pytest.mark.parametrize("options", [
     dict(mixup=0.4), dict(regmixup=10.0), dict(loss="mrl"), dict(loss="mndcg"), dict(loss="adafocal"),
     dict(loss="aslp", loss_kwargs=[("warmup_epochs", 0)]), dict(smoothing=0.1), dict(loss="mbls"),
-    dict(val_split=0.0),
+    dict(val_fraction=0.0),
 ])
 def test_baseline_modes_train(tmp_path, options):
     res = run(_config(tmp_path, "m", max_train_samples=160, max_test_samples=64, **options))
     assert np.isfinite(res["history"][0]["train_loss"])
     assert 0.0 <= res["test"]["pre_ts"]["ece"] <= 1.0
-    if options.get("val_split") == 0.0:  # no validation split: last epoch kept, no temperature
+    if options.get("val_fraction") == 0.0:  # no validation split: last epoch kept, no temperature
         assert res["temperature"] is None and res["test"]["post_ts"] is None and res["checkpoint_epoch"] == 0
         assert "| - | - |" in (tmp_path / "m" / "results.md").read_text()
 
 
 def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
     res = run(dict(dataset="fashion_mnist", model="swin_tiny", epochs=1, batch_size=8, lr=0.01, max_train_samples=24,
-                   max_test_samples=8, val_split=0.5, progress=False, output=str(tmp_path), experiment="swin"))
+                   max_test_samples=8, val_fraction=0.5, progress=False, output=str(tmp_path), experiment="swin"))
     args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
     assert args["model"] == "swin_tiny"
     from timm_csm.io import read_model_meta
@@ -229,8 +229,8 @@ def test_two_processes_match_one(tmp_path, csm_folder):
     launch_two_processes(
         ROOT / "train.py", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "norm_layer=groupnorm",
         "--epochs", "2", "-b", "16", "--lr", "0.05", "--hflip", "0.5", "--crop-pad", "1", "--max-train-samples", "192",
-        "--max-test-samples", "200", "--val-split", "0.25", "--seed", "0", "--no-progress", "--decay-milestones", "1",
-        "--loss", "csm", "--csm-dataset", csm_folder, "--output", tmp_path, "--experiment", "p2")
+        "--max-test-samples", "200", "--val-fraction", "0.25", "--seed", "0", "--no-progress", "--decay-milestones",
+        "1", "--loss", "csm", "--csm-dataset", csm_folder, "--output", tmp_path, "--experiment", "p2")
     two = json.loads((tmp_path / "p2" / "results.json").read_text())
     assert two["num_processes"] == 2 and one["num_processes"] == 1
     assert two["n_test"] == one["n_test"] == 200 and two["n_val"] == one["n_val"]

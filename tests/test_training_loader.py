@@ -10,7 +10,7 @@ from timm_csm.training import load_data, load_trained_classifier, resolve_config
 
 def _config(tmp_path):
     return dict(dataset="digits", model="small_cnn", epochs=1, batch_size=32, lr=0.05, hflip=0.0, crop_pad=1,
-                max_train_samples=160, max_test_samples=100, val_split=0.25, seed=0, progress=False,
+                max_train_samples=160, max_test_samples=100, val_fraction=0.25, seed=0, progress=False,
                 output=str(tmp_path), experiment="run", decay_milestones=[1])
 
 

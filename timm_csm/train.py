@@ -5,8 +5,9 @@
 Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pieces live in
 :mod:`timm_csm.training`):
 
-1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is loaded into memory; a seeded ``--val-split`` fraction
-   of the training split is held out for checkpoint selection, stateful-loss hooks and temperature scaling. CSM
+1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is loaded into memory; the ``--val-split`` split, else a
+   seeded ``--val-fraction`` of the training split, is the validation set for checkpoint selection, stateful-loss
+   hooks and temperature scaling; the test split is ``--test-split``, else ``test``, ``validation`` or ``val``. CSM
    companions come from ``--csm-dataset`` (the published generated dataset) through
    :class:`~timm_csm.data.CSMCollator`.
 2. training (defaults: the CIFAR recipe of the CSM paper: SGD 0.1 without Nesterov, momentum 0.9, weight decay
@@ -37,7 +38,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from . import __version__
 from .io import write_text_atomic
+from .training.args import CONFIG_MARKER
 from .training import (CHECKPOINT_LAST, check_model_name, check_resumed_processes, claim_run_dir, config_record,
                        create_criterion, create_train_model, eval_loader, evaluate_calibration, fill_from_checkpoint,
                        fit, load_best, load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id,
@@ -74,7 +77,7 @@ def _experiment_dir(args) -> Path:
 def _model_meta(args, data_info: Dict[str, Any]) -> Dict[str, Any]:
     """The run metadata stored with every model file and training state (what eval-only and loaders read)."""
     keys = ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-            "max_train_samples", "max_test_samples", "seed", "loss", "model_kwargs")
+            "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss", "model_kwargs")
     meta = {k: getattr(args, k) for k in keys}
     meta["model_kwargs"] = [list(kv) for kv in (args.model_kwargs or [])]
     meta.update(data_info)
@@ -184,8 +187,8 @@ def run(config) -> Dict[str, Any]:
         if accelerator.is_main_process:
             import yaml
 
-            write_text_atomic(out_dir / "args.yaml", yaml.safe_dump(dict(run_id=args._run_id, **meta["config"]),
-                                                                    sort_keys=False))
+            record = dict(run_id=args._run_id, **{CONFIG_MARKER: __version__}, **meta["config"])
+            write_text_atomic(out_dir / "args.yaml", yaml.safe_dump(record, sort_keys=False))
         eval_bs = args.validation_batch_size or args.batch_size
         val_loader = eval_loader(data.val, eval_tf, eval_bs, args, accelerator) if len(data.val) else None
         test_loader = eval_loader(data.test, eval_tf, eval_bs, args, accelerator)

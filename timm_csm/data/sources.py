@@ -2,22 +2,28 @@
 
 ``fashion_mnist`` (Debian's embedded copy, else the Hub when online; offline its absence is an error naming the
 install command), ``digits`` (scikit-learn), or any Hugging Face dataset name or folder with an image column and a
-label column (detected, or named explicitly).
+label column (detected, or named explicitly). :func:`dataset_split_names` lists a dataset's splits and
+:func:`detect_test_split` picks the split to report on when none is named: ``test``, else ``validation``, else
+``val`` (Hugging Face datasets name their held-out split ``validation`` when they have no ``test``).
 """
 from __future__ import annotations
 
 import io
-from typing import Optional
+from typing import Iterable, List, Optional
 
 import numpy as np
 
 from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
 
-__all__ = ["load_image_arrays", "hf_split_to_arrays", "EMBEDDED_DATASETS"]
+__all__ = ["load_image_arrays", "hf_split_to_arrays", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
+           "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits")
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "png")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "coarse_label", "target")
+#: split names tried, in order, for the split to report on when none is named
+TEST_SPLIT_NAMES = ("test", "validation", "val")
+_HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
 
 
 def _pick(columns, candidates, what, explicit):
@@ -77,6 +83,27 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
         return load_digits(split)
     import datasets
 
-    alias = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}.get(name, name)
-    ds = datasets.load_dataset(alias, split=split)
+    ds = datasets.load_dataset(_HUB_ALIASES.get(name, name), split=split)
     return hf_split_to_arrays(ds, image_column, label_column, source=name)
+
+
+def dataset_split_names(name: str) -> List[str]:
+    """The split names of dataset ``name`` (as :func:`load_image_arrays` takes it), read from the dataset's
+    builder (data files or Hub metadata) without loading images; the embedded datasets have ``train`` and ``test``."""
+    if name in EMBEDDED_DATASETS and (name == "digits" or fashion_mnist_root() is not None or _offline()):
+        return ["train", "test"]
+    import datasets
+
+    hub = "zalando-datasets/fashion_mnist" if name == "fashion_mnist" else _HUB_ALIASES.get(name, name)
+    return list(datasets.get_dataset_split_names(hub))
+
+
+def detect_test_split(splits: Iterable[str], exclude: Iterable[str] = ()) -> str:
+    """The first of :data:`TEST_SPLIT_NAMES` among ``splits`` that is not in ``exclude`` (the splits already used
+    for training and validation); ``ValueError`` naming the splits when there is none."""
+    splits, exclude = list(splits), set(exclude)
+    for name in TEST_SPLIT_NAMES:
+        if name in splits and name not in exclude:
+            return name
+    raise ValueError(f"no split to report test metrics on: the dataset has splits {splits} and none of "
+                     f"{list(TEST_SPLIT_NAMES)} is free (used: {sorted(exclude)}); name one with --test-split")

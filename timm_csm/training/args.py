@@ -1,7 +1,10 @@
 """The command line of ``train.py``: the grouped argument parser, YAML configs (``-c FILE``) and run configs.
 
 Flag names follow timm's ``train.py`` where they overlap. A YAML file gives defaults (keys are flag names, with
-``-`` or ``_``); flags override it. :func:`resolve_config` completes a ``dict`` or hand-built ``Namespace`` with the
+``-`` or ``_``); flags override it. The file may be a run's own args.yaml (it reads back to the same configuration;
+its :data:`CONFIG_MARKER` key tells it apart), a hand-written one (an unknown key is an error naming it), or the
+args.yaml timm's ``train.py`` writes per run: the options both scripts share are taken, timm's others are named in
+one warning and ignored. :func:`resolve_config` completes a ``dict`` or hand-built ``Namespace`` with the
 defaults and records which options were given explicitly (``_explicit``), so that ``--eval-only`` can fill the rest
 from a checkpoint and ``--resume`` can refuse conflicting ones.
 """
@@ -9,13 +12,45 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from typing import Any, Dict, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..io import read_model_meta
 
-__all__ = ["PAPER_SEED", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint"]
+__all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "build_parser", "parse_args", "resolve_config",
+           "fill_from_checkpoint", "upgrade_stored_config"]
 
 PAPER_SEED = 12345
+#: the key that marks the args.yaml a run writes (its value: the timm-csm version)
+CONFIG_MARKER = "timm_csm_version"
+#: the options of timm's train.py (timm 1.0), the keys of the args.yaml it writes per run
+TIMM_TRAIN_KEYS = frozenset("""
+    data data_dir dataset train_split val_split train_num_samples val_num_samples dataset_download class_map
+    input_img_mode input_key target_key dataset_trust_remote_code model pretrained pretrained_path
+    initial_checkpoint resume no_resume_opt num_classes gp img_size in_chans input_size crop_pct mean std
+    interpolation batch_size validation_batch_size channels_last fuser grad_accum_steps grad_checkpointing
+    fast_norm model_kwargs head_init_scale head_init_bias torchcompile_mode torchscript torchcompile device amp
+    amp_dtype amp_impl model_dtype no_ddp_bb synchronize_step local_rank device_modules opt opt_eps opt_betas
+    momentum weight_decay clip_grad clip_mode layer_decay layer_decay_min_scale layer_decay_no_opt_scale opt_kwargs
+    sched sched_on_updates lr lr_base lr_base_size lr_base_scale lr_noise lr_noise_pct lr_noise_std lr_cycle_mul
+    lr_cycle_decay lr_cycle_limit lr_k_decay warmup_lr min_lr epochs epoch_repeats start_epoch decay_milestones
+    decay_epochs warmup_epochs warmup_prefix cooldown_epochs patience_epochs decay_rate no_aug train_crop_mode
+    scale ratio hflip vflip color_jitter color_jitter_prob grayscale_prob gaussian_blur_prob aa aug_repeats
+    aug_splits jsd_loss bce_loss bce_sum bce_target_thresh bce_pos_weight reprob remode recount resplit mixup
+    cutmix cutmix_minmax mixup_prob mixup_switch_prob mixup_mode mixup_off_epoch smoothing train_interpolation
+    drop drop_connect drop_path drop_block bn_momentum bn_eps sync_bn dist_bn split_bn model_ema
+    model_ema_force_cpu model_ema_decay model_ema_warmup seed worker_seeding log_interval recovery_interval
+    checkpoint_hist workers save_images pin_mem no_prefetcher output experiment eval_metric tta
+    use_multi_epochs_loader log_wandb wandb_project wandb_tags wandb_resume_id apex_amp native_amp
+    naflex_loader naflex_train_seq_lens naflex_max_seq_len naflex_loss_scale prefetcher distributed world_size rank
+""".split())
+#: timm options taken as they are (same name, same meaning)
+_TIMM_SHARED = frozenset("""
+    train_split model pretrained pretrained_path initial_checkpoint num_classes img_size in_chans mean std
+    batch_size validation_batch_size opt momentum weight_decay clip_mode sched lr warmup_lr min_lr epochs
+    decay_milestones decay_epochs warmup_epochs decay_rate hflip mixup mixup_mode smoothing drop drop_path
+    model_kwargs seed workers pin_mem amp amp_dtype output experiment
+""".split())
 
 
 def _key_value(text: str) -> Tuple[str, Any]:
@@ -37,12 +72,17 @@ def _add_dataset(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Dataset")
     g.add_argument("--dataset", default="cifar10",
                    help="fashion_mnist, digits, cifar10, cifar100, or a Hugging Face dataset name or folder")
-    g.add_argument("--train-split", default="train", help="split to train on (the validation set is cut from it)")
-    g.add_argument("--test-split", default="test", help="split to report test metrics on")
+    g.add_argument("--train-split", default="train", help="split to train on")
+    g.add_argument("--val-split", default=None,
+                   help="split used as the validation set (checkpoint selection, temperature scaling) instead of "
+                        "holding out --val-fraction of the training split")
+    g.add_argument("--test-split", default=None,
+                   help="split to report test metrics on (default: 'test', else 'validation', else 'val')")
     g.add_argument("--image-column", default=None, help="image column (detected when omitted)")
     g.add_argument("--label-column", default=None, help="label column (detected when omitted)")
-    g.add_argument("--val-split", type=float, default=0.1,
-                   help="fraction of the training split held out (seeded) for validation and temperature scaling")
+    g.add_argument("--val-fraction", type=float, default=0.1,
+                   help="fraction of the training split held out (seeded) for validation and temperature scaling "
+                        "when no --val-split is given")
     g.add_argument("--max-train-samples", type=int, default=None,
                    help="use a seeded random subset of this many training images (before the validation split)")
     g.add_argument("--max-test-samples", type=int, default=None, help="use a seeded subset of the test split")
@@ -186,22 +226,84 @@ def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return {a.dest: a for a in parser._actions if a.dest not in ("help",)}
 
 
+def _option_key(key) -> str:
+    """An option name as its ``dest``: ``--batch-size`` / ``batch-size`` / ``batch_size`` -> ``batch_size``."""
+    return str(key).lstrip("-").replace("-", "_")
+
+
 def _load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, Any]:
+    """The options of YAML file ``path``: a run's args.yaml (marked by :data:`CONFIG_MARKER`) or a hand-written file
+    (unknown keys are errors naming them), or timm's args.yaml (see :func:`_from_timm`)."""
     import yaml
 
     with open(path) as f:
         cfg = yaml.safe_load(f) or {}
     if not isinstance(cfg, dict):
         raise ValueError(f"config {path} must be a mapping of flag names to values")
-    cfg.pop("run_id", None)  # a run's args.yaml works as a config; its run id stays with that run
+    ours = cfg.pop(CONFIG_MARKER, None) is not None
+    for key in ("run_id", "config"):  # a run's id stays with that run; the config file is this invocation's
+        cfg.pop(key, None)
+    cfg = upgrade_stored_config(cfg)
+    if not ours and set(map(_option_key, cfg)) & (TIMM_TRAIN_KEYS - set(_dest_names(parser))):
+        cfg, ignored = _from_timm({_option_key(k): v for k, v in cfg.items()})
+        if ignored:
+            warnings.warn(f"config {path} is a timm train.py args.yaml; its options without a counterpart here "
+                          f"are ignored: {', '.join(sorted(ignored))}", UserWarning, stacklevel=3)
     return _normalise_keys(cfg, parser, f"config {path}")
+
+
+def _timm_dataset(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Our dataset options for timm's ``dataset`` / ``data_dir``: ``hfds/NAME`` is the Hugging Face dataset NAME,
+    ``torch/cifar10`` etc. the dataset of that name, an empty name the folder ``data_dir``. timm evaluates on its
+    ``val_split``, so that split is the test split here (torchvision datasets: their test set, detected)."""
+    name, folder = str(cfg.get("dataset") or ""), cfg.get("data_dir") or cfg.get("data")
+    prefix, _, rest = name.partition("/")
+    out: Dict[str, Any] = {}
+    if prefix.lower() in ("hfds", "hfids") and rest:
+        out["dataset"] = rest
+    elif prefix.lower() == "torch" and rest:
+        out["dataset"] = rest.lower()
+    elif name:
+        out["dataset"] = name
+    elif folder:
+        out["dataset"] = str(folder)
+    if cfg.get("val_split") and prefix.lower() != "torch":
+        out["test_split"] = cfg["val_split"]
+    return out
+
+
+def _from_timm(cfg: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """(our options, timm keys not taken) for the options of a timm train.py args.yaml.
+
+    Options of the same name and meaning are taken as they are (an empty string is timm's "not set");
+    ``input_size`` (C, H, W) gives ``in_chans`` and ``img_size``; ``clip_grad: null`` (timm: no clipping) is
+    ``clip_grad: 0``; the dataset as :func:`_timm_dataset`. ``resume`` (a timm checkpoint) and ``checkpoint_hist``
+    (timm keeps the N best checkpoints, here the N most recent) are not taken. Keys that are not timm's are kept
+    as options of ours (an unknown one is then an error)."""
+    out = _timm_dataset(cfg)
+    taken = {"dataset", "data_dir", "data", "val_split"}
+    for key in sorted(_TIMM_SHARED & set(cfg)):
+        taken.add(key)
+        if cfg[key] != "":
+            out[key] = cfg[key]
+    if "clip_grad" in cfg:
+        out["clip_grad"] = 0.0 if cfg["clip_grad"] is None else cfg["clip_grad"]
+    size = cfg.get("input_size")
+    if size:
+        if len(size) != 3 or size[1] != size[2]:
+            raise ValueError(f"timm input_size {size}: only square (C, H, H) inputs are supported")
+        out.setdefault("in_chans", int(size[0]))
+        out["img_size"] = out.get("img_size") or int(size[1])
+    taken |= {"clip_grad", "input_size"}
+    out.update({k: v for k, v in cfg.items() if k not in TIMM_TRAIN_KEYS})  # ours, or typos: checked as ours
+    return out, [k for k in cfg if k in TIMM_TRAIN_KEYS and k not in taken]
 
 
 def _normalise_keys(cfg: Dict[str, Any], parser: argparse.ArgumentParser, where: str) -> Dict[str, Any]:
     dests = _dest_names(parser)
     out, unknown = {}, []
     for k, v in cfg.items():
-        key = str(k).lstrip("-").replace("-", "_")
+        key = _option_key(k)
         if key not in dests or key == "config":
             unknown.append(k)
             continue
@@ -221,16 +323,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("-c", "--config", default=None)
     known, _ = pre.parse_known_args(argv)
-    if known.config:
-        parser.set_defaults(**_load_yaml_config(known.config, parser))
+    from_file = _load_yaml_config(known.config, parser) if known.config else {}
+    parser.set_defaults(**from_file)
     args = parser.parse_args(argv)
     # which options were given explicitly (flags or config): eval-only lets a checkpoint's metadata fill the rest
     probe = build_parser()
     for action in probe._actions:
         action.default = argparse.SUPPRESS
     explicit = set(vars(probe.parse_args(argv)).keys())
-    if known.config:
-        explicit |= set(_load_yaml_config(known.config, parser))
+    explicit |= set(from_file)
     args._explicit = sorted(explicit - {"config"})
     return args
 
@@ -254,14 +355,23 @@ def resolve_config(config) -> argparse.Namespace:
     return args
 
 
+def upgrade_stored_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """A stored configuration (args.yaml, a training state's or a model file's metadata) in today's option names:
+    runs before ``--val-fraction`` stored the held-out fraction as a number under ``val_split``."""
+    cfg = dict(cfg)
+    if isinstance(cfg.get("val_split"), (int, float)) and not isinstance(cfg["val_split"], bool):
+        cfg.setdefault("val_fraction", float(cfg.pop("val_split")))
+        cfg["val_split"] = None
+    return cfg
+
+
 def fill_from_checkpoint(args) -> None:
     """For --eval-only: fill options the user did not give from the checkpoint's metadata."""
-    state = read_model_meta(args.checkpoint)
-    if not state:
-        return
+    state = upgrade_stored_config(read_model_meta(args.checkpoint) or {})
     for k, v in state.items():
         if k in ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-                 "max_train_samples", "max_test_samples", "seed", "loss", "num_classes", "in_chans", "img_size"):
+                 "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss", "num_classes", "in_chans",
+                 "img_size"):
             if k not in args._explicit and hasattr(args, k):
                 setattr(args, k, v)
         if k == "model_kwargs" and "model_kwargs" not in args._explicit:

@@ -2,9 +2,11 @@
 evaluation loaders.
 
 ``load_data`` loads ``--dataset`` into memory (embedded ``fashion_mnist`` / ``digits``, ``cifar10`` / ``cifar100``
-or any Hugging Face dataset name or folder), takes the seeded ``--max-*-samples`` subsets, then holds out a seeded
-``--val-split`` fraction of the training split for checkpoint selection, stateful-loss hooks and temperature
-scaling.
+or any Hugging Face dataset name or folder) and takes the seeded ``--max-*-samples`` subsets. The validation set
+(checkpoint selection, stateful-loss hooks, temperature scaling) is the split named by ``--val-split`` (timm's
+meaning), else a seeded ``--val-fraction`` of the training split held out. The test split is ``--test-split``, else
+detected (``test``, else ``validation`` / ``val``, the first not already used): a dataset laid out as
+``train`` / ``validation`` reports on ``validation``. A named split the dataset lacks is an error naming its splits.
 """
 from __future__ import annotations
 
@@ -41,13 +43,12 @@ def _subset(arrays, n: Optional[int], seed: int, salt: int):
     return arrays.subset(torch.randperm(len(arrays), generator=g)[:n].sort().values.numpy())
 
 
-def _load_split(args, split: str):
-    from ..data import load_image_arrays
-
+def _from_source(args, what: str, load):
+    """``load()``, its failures turned into a ``ValueError`` that names the dataset and ``what`` was loaded."""
     name = args.dataset
     known = name in _EMBEDDED or name in _HUB_ALIASES or os.path.isdir(name) or "/" in name
     try:
-        return load_image_arrays(name, split, image_column=args.image_column, label_column=args.label_column)
+        return load()
     except ValueError:
         raise  # missing / undetectable column, bad images: already a clear message
     except Exception as e:  # not found locally, on the Hub, or offline
@@ -55,27 +56,62 @@ def _load_split(args, split: str):
             raise ValueError(f"unknown dataset {name!r}; available: {', '.join(_EMBEDDED)} (embedded), "
                              f"{', '.join(_HUB_ALIASES)} (Hub or cache), or a Hugging Face dataset name or folder "
                              f"({type(e).__name__}: {e})") from e
-        raise ValueError(f"dataset {name!r}, split {split!r} could not be loaded: {type(e).__name__}: {e}") from e
+        raise ValueError(f"dataset {name!r}, {what} could not be loaded: {type(e).__name__}: {e}") from e
+
+
+def _load_split(args, split: str):
+    from ..data import load_image_arrays
+
+    return _from_source(args, f"split {split!r}", lambda: load_image_arrays(
+        args.dataset, split, image_column=args.image_column, label_column=args.label_column))
+
+
+def _split_names(args) -> List[str]:
+    """The dataset's split names; a split named by ``args`` that is not among them is an error naming them."""
+    from ..data.sources import dataset_split_names
+
+    splits = _from_source(args, "the split names", lambda: dataset_split_names(args.dataset))
+    for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split),
+                        ("--test-split", args.test_split)):
+        if split is not None and split not in splits:
+            raise ValueError(f"{flag} {split!r}: dataset {args.dataset!r} has no such split; its splits are "
+                             f"{splits}")
+    if args.val_split is not None and args.val_split == args.train_split:
+        raise ValueError(f"--val-split {args.val_split!r} is the training split; name another split, or drop it to "
+                         "hold out --val-fraction of the training split")
+    return splits
+
+
+def _hold_out(train, fraction: float, seed: int):
+    """(rest, held out): a seeded ``fraction`` of ``train`` held out for validation."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"--val-fraction must lie in [0, 1), got {fraction}")
+    n_val = int(round(fraction * len(train)))
+    if fraction > 0 and n_val == 0:
+        raise ValueError(f"--val-fraction {fraction} of {len(train)} images leaves no validation image")
+    g = torch.Generator().manual_seed(derive_seed(seed, 0))
+    order = torch.randperm(len(train), generator=g).numpy()
+    return train.subset(np.sort(order[n_val:])), train.subset(np.sort(order[:n_val]))
 
 
 def load_data(args) -> DataSplits:
-    """Training / validation / test arrays for ``args`` (seeded subset and validation split)."""
+    """Training / validation / test arrays for ``args`` (seeded subsets; the validation split or the held-out
+    fraction). Sets ``args.test_split`` to the split reported on, so that the run records the detected name."""
+    from ..data.sources import detect_test_split
+
+    splits = _split_names(args)
     train = _load_split(args, args.train_split)
+    args.test_split = args.test_split or detect_test_split(splits, exclude=(args.train_split, args.val_split))
     test = _load_split(args, args.test_split)
-    if list(test.class_names) != list(train.class_names):
-        raise ValueError(f"the {args.test_split!r} split names classes {test.class_names[:10]}, the "
-                         f"{args.train_split!r} split {train.class_names[:10]}")
+    val = _load_split(args, args.val_split) if args.val_split is not None else None
+    for name, other in ((args.test_split, test), (args.val_split, val)):
+        if other is not None and list(other.class_names) != list(train.class_names):
+            raise ValueError(f"the {name!r} split names classes {other.class_names[:10]}, the "
+                             f"{args.train_split!r} split {train.class_names[:10]}")
     train = _subset(train, args.max_train_samples, args.seed, 1)
     test = _subset(test, args.max_test_samples, args.seed, 2)
-    if not 0.0 <= args.val_split < 1.0:
-        raise ValueError(f"--val-split must lie in [0, 1), got {args.val_split}")
-    n_val = int(round(args.val_split * len(train)))
-    if args.val_split > 0 and n_val == 0:
-        raise ValueError(f"--val-split {args.val_split} of {len(train)} images leaves no validation image")
-    g = torch.Generator().manual_seed(derive_seed(args.seed, 0))
-    order = torch.randperm(len(train), generator=g).numpy()
-    val = train.subset(np.sort(order[:n_val]))
-    train = train.subset(np.sort(order[n_val:]))
+    if val is None:
+        train, val = _hold_out(train, args.val_fraction, args.seed)
     if len(train) == 0:
         raise ValueError("no training images left after the validation split")
     return DataSplits(train, val, test, list(train.class_names))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..io import load_state, remove_temp_files
+from .args import upgrade_stored_config
 
 __all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
            "claim_run_dir", "config_record", "restore_config", "load_resumed", "check_resumed_processes"]
@@ -191,7 +192,7 @@ def load_resumed(args) -> Dict[str, Any]:
             args.output).resolve() not in (folder, folder.parent)):
         raise ValueError(f"--resume continues in the resumed run's folder {folder}; --output / --experiment name "
                          f"another ({named or args.output})")
-    state["restored"] = restore_config(args, meta["config"])
+    state["restored"] = restore_config(args, upgrade_stored_config(meta["config"]))
     return state
 
 
