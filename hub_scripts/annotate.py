@@ -63,6 +63,7 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
     that trains it on the real images it may see (without the held-out share when ``holdout``)."""
     from timm_csm.annotation import OpenClipEncoder, TimmEncoder, train_reference_encoder
     from timm_csm.data import load_image_arrays
+    from timm_csm.data.sources import dataset_split_names, detect_test_split
 
     if args.encoder == "open_clip":
         kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
@@ -75,18 +76,23 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
                            input_size=args.input_size)
     short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
     ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if holdout else ''}"
-    try:
-        test = load_image_arrays(dataset, "test", args.image_column, args.label_column)
-    except Exception:  # some datasets have no test split; the accuracy is then not reported
+
+    def train(fit):
+        # its test accuracy is reported when the dataset has a test split (read only when the encoder trains)
+        splits = dataset_split_names(dataset)
         test = None
-    return lambda fit: train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test,
-                                               device=args.device)
+        if any(n in splits for n in ("test", "validation", "val")):
+            test = load_image_arrays(dataset, detect_test_split(splits, exclude=["train"]), args.image_column,
+                                     args.label_column)
+        return train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test, device=args.device)
+
+    return train
 
 
 def main(argv=None):
     args = parse_args(argv)
     import timm_csm
-    from timm_csm.annotation import annotate_generated, dataset_fingerprint, default_scale
+    from timm_csm.annotation import annotate_generated, default_scale
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.writer import load_generated
     from timm_csm.hub import csm_dataset_name, install_dataset, provenance_from_plan, save_csm_dataset
@@ -108,14 +114,8 @@ def main(argv=None):
         holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode, batch_size=args.batch_size,
         drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged, min_spearman=args.min_spearman,
         cache_dir=args.cache_dir)
-    provenance = {
-        "dataset": dataset,
-        "dataset_revision": dataset_fingerprint(train),
-        "real_counts": {c: int(n) for c, n in zip(train.class_names, result.prototypes.counts.tolist())},
-        **provenance_from_plan(plan),
-        **result.provenance(),
-        "package": f"timm-csm {timm_csm.__version__}",
-    }
+    provenance = {"dataset": dataset, **provenance_from_plan(plan), **result.provenance(),
+                  "package": f"timm-csm {timm_csm.__version__}"}
     folder = save_csm_dataset(result.dataset, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},
                               class_names=train.class_names, lambdas=plan["lambdas"])
     print(f"saved {len(result.dataset)} images to {folder}")

@@ -65,8 +65,11 @@ class AnnotatedSet:
     dropped_flagged: bool
 
     def provenance(self) -> Dict:
-        """The annotation's part of the dataset card's provenance (encoder, s and its choice, checks)."""
+        """The annotation's part of the dataset card's provenance (the real data's fingerprint and class counts of
+        the prototypes, encoder, s and its choice, checks)."""
         return {
+            "dataset_revision": self.prototypes.dataset,
+            "real_counts": dict(zip(self.prototypes.class_names, map(int, self.prototypes.counts.tolist()))),
             "encoder": self.encoder.describe(),
             "s": round(float(self.s), 6),
             "s_selection": self.s_selection,

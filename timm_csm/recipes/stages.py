@@ -168,14 +168,13 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
         if not stage.done:
             from ..annotation import annotate_generated
             from ..generation import load_generated
-            from ..hub import install_dataset, save_csm_dataset
+            from ..hub import install_dataset, provenance_from_plan, save_csm_dataset
 
             images, plan = load_generated(generated.folder)
             result = annotate_generated(images, plan, train_real, _load_encoder(profile, encoder_dir), s,
                                         holdout_fraction=_HELD_OUT, seed=profile.seed,
                                         drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes")
-            provenance = {"dataset": profile.dataset, "generator": plan["generator"], "lambdas": plan["lambdas"],
-                          "num_groups": plan["num_groups"], **result.provenance()}
+            provenance = {"dataset": profile.dataset, **provenance_from_plan(plan), **result.provenance()}
             folder = save_csm_dataset(result.dataset, stage.folder / name, provenance=provenance,
                                       class_names=train_real.class_names)
             install_dataset(folder)
