@@ -46,7 +46,7 @@ def build(name, batch, classes, validate, generator):
         real, gen, q = leaf(batch), leaf(2 * batch), soft(2 * batch)
         return [real, gen], lambda: loss(real, labels, gen, q)
     if loss.needs_mixed:
-        copies = 1 if name == "mrl" else 3
+        copies = loss.num_mixed
         z, mixed = leaf(batch), leaf(copies * batch)
         q = soft(copies * batch)
         return [z, mixed], lambda: loss(z, labels, mixed, q)
@@ -60,11 +60,10 @@ def build(name, batch, classes, validate, generator):
             return [z], lambda: loss(z, target, index=index)
         return [z], lambda: loss(z, target)
     z = leaf(batch)
-    if hasattr(loss, "on_epoch_end"):
-        if loss.needs_index:
-            loss.warmup_epochs = 0
-        loss.on_epoch_end(torch.randn(4 * batch, classes, generator=generator) * 3,
-                          torch.randint(0, classes, (4 * batch,), generator=generator))
+    if loss.needs_index:
+        loss.warmup_epochs = 0
+    loss.on_epoch_end(torch.randn(4 * batch, classes, generator=generator) * 3,
+                      torch.randint(0, classes, (4 * batch,), generator=generator))
     if loss.needs_index:
         index = torch.arange(batch)
         return [z], lambda: loss(z, labels, index=index)

@@ -40,7 +40,7 @@ import torch
 
 from . import __version__
 from .io import write_text_atomic
-from .training.args import CONFIG_MARKER
+from .training.args import CONFIG_MARKER, RUN_META_KEYS
 from .training import (CHECKPOINT_LAST, check_model_name, check_resumed_processes, claim_run_dir, config_record,
                        create_criterion, create_train_model, eval_loader, evaluate_calibration, fill_from_checkpoint,
                        fit, load_best, load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id,
@@ -76,9 +76,7 @@ def _experiment_dir(args) -> Path:
 
 def _model_meta(args, data_info: Dict[str, Any]) -> Dict[str, Any]:
     """The run metadata stored with every model file and training state (what eval-only and loaders read)."""
-    keys = ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-            "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss", "model_kwargs")
-    meta = {k: getattr(args, k) for k in keys}
+    meta = {k: getattr(args, k) for k in RUN_META_KEYS}
     meta["model_kwargs"] = [list(kv) for kv in (args.model_kwargs or [])]
     meta.update(data_info)
     return meta
@@ -166,8 +164,6 @@ def run(config) -> Dict[str, Any]:
     args = resolve_config(config)
     resume_state = _prepare_args(args)
     from accelerate.utils import set_seed
-
-    import timm_csm  # noqa: F401  (registers models)
 
     check_model_name(args.model)
     if not args.eval_only:

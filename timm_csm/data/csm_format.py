@@ -77,7 +77,7 @@ def check_soft_labels(soft, num_classes: Optional[int] = None) -> None:
     row whose sum (in float64) is off 1 by more than :data:`SOFT_LABEL_TOL`."""
     soft = np.asarray(soft)
     if soft.dtype == object or soft.ndim != 2:
-        lengths = sorted({len(r) for r in soft}) if soft.ndim == 1 else [soft.shape[1:]]
+        lengths = sorted({len(r) for r in soft}) if soft.dtype == object else [soft.shape[1:]]
         raise ValueError(f"soft_label rows must all have length K={num_classes}, found lengths {lengths[:5]}")
     if num_classes is not None and soft.shape[1] != num_classes:
         raise ValueError(f"soft_label rows have length {soft.shape[1]}, expected K={num_classes}")

@@ -77,10 +77,10 @@ def proximity(features, ref_features=None, n_neighbors: int = 10, normalize: boo
 
 def _sample_proximity(features, ref_features, n_neighbors: int, prox, n: int) -> torch.Tensor:
     if prox is None:
-        prox = proximity(features, ref_features, n_neighbors)
-        if prox.shape != (n,):
-            raise ValueError(f"features have {prox.shape[0]} rows for {n} samples")
-        return prox
+        rows = _as_features(features, "features").shape[0]
+        if rows != n:  # before the O(N M) neighbour search
+            raise ValueError(f"features have {rows} rows for {n} samples")
+        return proximity(features, ref_features, n_neighbors)
     prox = as_tensor(prox, "prox").to(torch.float64).cpu()
     if prox.shape != (n,):
         raise ValueError(f"prox must have shape ({n},), got {tuple(prox.shape)}")

@@ -365,13 +365,17 @@ def upgrade_stored_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return cfg
 
 
+# the run options stored with every model file and training state (``model_kwargs`` besides), which an eval-only
+# run takes from its checkpoint when they are not given
+RUN_META_KEYS = ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
+                 "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss")
+
+
 def fill_from_checkpoint(args) -> None:
     """For --eval-only: fill options the user did not give from the checkpoint's metadata."""
     state = upgrade_stored_config(read_model_meta(args.checkpoint) or {})
     for k, v in state.items():
-        if k in ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-                 "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss", "num_classes", "in_chans",
-                 "img_size"):
+        if k in RUN_META_KEYS or k in ("num_classes", "in_chans", "img_size"):
             if k not in args._explicit and hasattr(args, k):
                 setattr(args, k, v)
         if k == "model_kwargs" and "model_kwargs" not in args._explicit:
