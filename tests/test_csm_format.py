@@ -57,6 +57,8 @@ def test_soft_label_tolerance_edge():
     inside[1, 0] += SOFT_LABEL_TOL / 2
     outside[2, 0] += 2 * SOFT_LABEL_TOL
     check_soft_labels(inside, k)
+    with pytest.raises(ValueError, match="length K=3"):  # one row of numbers, not (N, K): named, not a TypeError
+        check_soft_labels(np.ones(3), 3)
     with pytest.raises(ValueError, match=r"1 soft_label row\(s\) do not sum to 1 within 0.0001 \(first: row 2"):
         check_soft_labels(outside, k)
     with pytest.raises(ValueError, match="length 4, expected K=3"):
@@ -87,12 +89,16 @@ def test_every_reader_and_writer_uses_the_one_tolerance():
                     read()
 
 
-def test_hub_does_not_import_annotation():
+def test_hub_does_not_import_annotation_and_the_package_import_stays_light():
     import subprocess
     import sys
 
     code = ("import sys, timm_csm.hub; bad = [m for m in sys.modules if m.startswith('timm_csm.annotation')]; "
             "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    # `import timm_csm` registers models and metrics only: none of the heavy optional libraries
+    heavy = ("diffusers", "open_clip", "datasets", "matplotlib", "evaluate")
+    code = (f"import sys, timm_csm; bad = [m for m in {heavy!r} if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

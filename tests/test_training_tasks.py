@@ -80,6 +80,9 @@ def test_mixup_task_trains_on_mixed_images_and_soft_targets():
     task = MixupTask(model, create_loss("ce"), K, alpha=1.0)
     batch = _batch(task, images, labels)
     assert batch["labels"].shape == (B, K)
+    # the collator really mixed: soft targets (some rows below 1) summing to 1
+    assert bool((batch["labels"].amax(1) < 1).any())
+    torch.testing.assert_close(batch["labels"].sum(1), torch.ones(B))
     logits = model(batch["pixel_values"])
     _check(task(batch), CrossEntropyLoss()(logits, batch["labels"]), logits)
 
