@@ -536,8 +536,8 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
     lines += ["", "Methods (options added to the recipe):", ""]
     for m in methods:
         bm = METHODS[m]
-        data = {"soft": "; generated data: `--csm-dataset`", "hard": "; generated data: hard-label copy"}.get(
-            bm.csm or "", "")
+        data = ("; generated data: `--csm-dataset`" if bm.csm == "soft" else
+                f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm else "")
         lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
     if seed is not None:
         lines += ["", f"![Reliability diagrams, CE against CSM, seed {seed}]({figure.name})"]

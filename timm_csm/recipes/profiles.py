@@ -94,7 +94,7 @@ _WIDE = {"model_kwargs": {"widths": [16, 32, 64, 128, 256]}}
 # `make demo` fits in 30 minutes on 2 cores, set-up included. The paper's training ingredients (crops + flips, weight
 # decay 5e-4, step decay, best validation accuracy) on 2 500 real images to convergence (60 epochs: CE is
 # over-confident, ECE 4.59 +- 0.38% before temperature scaling at 3 seeds); 75 groups per class pair x 4 lambdas
-# (13 500 images, 5.4 per real training image; the benchmark has 150 per pair) from the sampler that makes the most
+# (13 500 images, 6 per real training image; the benchmark has 150 per pair) from the sampler that makes the most
 # recognisable pure-class images per CPU-second (DDIM, 8 steps, no guidance: benchmarks/sampler_study.md); s chosen
 # on held-out real images the encoder never saw; the groups the annotation checks flag dropped.
 register_profile("demo", RecipeProfile(
