@@ -14,10 +14,10 @@ from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from ._cfg import adapt_pretrained_cfg, small_image_cfg
-from .small_cnn import SmallCNN
+from ._cfg import small_image_cfg
+from .small_cnn import SmallCNN, build_small_cnn
 
 __all__ = ["checkpoint_filter_fn"]
 
@@ -61,7 +61,4 @@ def reference_cnn(pretrained: bool = False, **kwargs) -> SmallCNN:
     """SmallCNN, widths (16, 32, 64), depths (1, 1, 2), PyTorch's default conv initialisation (the reference
     encoder's network; 10 classes: 61 k parameters)."""
     kwargs = dict(dict(widths=(16, 32, 64), depth=(1, 1, 2), conv_init="default"), **kwargs)
-    model = build_model_with_cfg(SmallCNN, "reference_cnn", pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                 feature_cfg=dict(flatten_sequential=True), **kwargs)
-    adapt_pretrained_cfg(model, model.in_chans)
-    return model
+    return build_small_cnn("reference_cnn", pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)

@@ -15,6 +15,10 @@ At 32 px the ImageNet layout (patch 4, window 7) leaves 8/4/2/1 feature maps and
 window 4 keeps four attention stages with real windows. ``patch_size`` / ``window_size`` keyword arguments
 override the rule. ``pretrained=True`` loads the ImageNet-1k weights of the stock model; timm's checkpoint filter
 resamples the patch embedding and the relative-position tables to the new patch and window sizes.
+
+The rest of timm's model contract is the stock model's: ``features_only=True`` returns every stage's map in NHWC
+layout (the extractor's ``output_fmt``), ``drop_path_rate`` is stochastic depth rising linearly over the blocks (0.1
+by default, as in timm), and ``set_grad_checkpointing(True)`` recomputes each block in the backward pass.
 """
 from __future__ import annotations
 
