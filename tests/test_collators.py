@@ -71,7 +71,10 @@ def _groups(n_lambdas=8, seeds=2, pairs=None, names=NAMES4):
 def test_groups_from_published_columns_sorted_most_a_like_first():
     groups, ds = _groups()
     assert groups.num_groups == 6 * 2 and groups.group_size == 8
-    assert groups.images.shape == (len(ds), 1, 8, 8) and groups.images.dtype == torch.uint8
+    assert len(groups.images) == len(ds)  # read lazily: rows decode on request
+    decoded = groups.images[torch.arange(len(ds))]
+    assert decoded.shape == (len(ds), 1, 8, 8) and decoded.dtype == torch.uint8
+    assert np.array_equal(decoded[3, 0].numpy(), np.asarray(ds[3]["image"]))
     q = groups.soft_labels
     for g in range(groups.num_groups):
         rows = groups.members[g]
@@ -217,7 +220,7 @@ def test_csm_collator_outputs_and_same_transform():
     torch.testing.assert_close(out["mix_targets"].sum(1), torch.ones(15))
     for r in range(15):
         match = (groups.soft_labels == out["mix_targets"][r]).all(1) & \
-            (plain.apply(groups.images) == out["mix_pixel_values"][r]).flatten(1).all(1)
+            (plain.apply(groups.images[torch.arange(len(groups.images))]) == out["mix_pixel_values"][r]).flatten(1).all(1)
         assert match.any()
 
 

@@ -70,7 +70,7 @@ def test_val_split_names_the_validation_set(three_split_folder):
     assert (len(held_out.train), len(held_out.val), len(held_out.test)) == (180, 20, 40)
     from timm_csm.data import load_digits
 
-    assert np.array_equal(data.val.images[:, 0], load_digits("train").images[200:260, 0])
+    assert np.array_equal(data.val.images[np.arange(60)][:, 0].numpy(), load_digits("train").images[200:260, 0])
 
 
 def test_val_fraction_holds_out_that_share_of_the_training_split():
@@ -103,18 +103,20 @@ def test_a_timm_args_yaml_maps_the_shared_options_and_warns_about_the_others(tmp
                      seed=42, num_classes=10, input_size=[3, 32, 32], pretrained=False, clip_grad=None,
                      dataset="torch/cifar10", data_dir="/data", val_split="validation", aa="rand-m9-mstd0.5",
                      reprob=0.25, model_ema=True, channels_last=True, opt="adamw", warmup_epochs=2, output="",
-                     checkpoint_hist=10, resume="")
+                     checkpoint_hist=10, resume="", jsd_loss=False, aug_splits=0)  # the last two: timm's only
     path = tmp_path / "args.yaml"
     path.write_text(yaml.safe_dump(timm_args))
     with pytest.warns(UserWarning, match="timm train.py args.yaml") as caught:
         args = parse_args(["-c", str(path), "--epochs", "3"])
     assert len(caught) == 1
     ignored = str(caught[0].message).split("ignored: ")[1].split(", ")
-    assert sorted(ignored) == ["aa", "channels_last", "checkpoint_hist", "model_ema", "reprob", "resume"]
+    assert sorted(ignored) == ["aug_splits", "checkpoint_hist", "jsd_loss", "resume"]
+    assert (args.aa, args.reprob) == ("rand-m9-mstd0.5", 0.25)  # timm's train transform options are ours too
     assert (args.model, args.lr, args.epochs, args.batch_size, args.weight_decay, args.sched, args.seed) == (
         "resnet18", 0.02, 3, 64, 1e-4, "cosine", 42)
     assert (args.num_classes, args.in_chans, args.img_size, args.opt, args.warmup_epochs) == (10, 3, 32, "adamw", 2)
-    assert (args.dataset, args.test_split, args.clip_grad, args.output) == ("cifar10", None, 0.0, "output/train")
+    assert (args.dataset, args.data_dir, args.test_split, args.clip_grad, args.output) == (
+        "torch/cifar10", "/data", None, 0.0, "output/train")
     path.write_text(yaml.safe_dump(dict(timm_args, dataset="hfds/org/flowers", lrr=0.1)))
     with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"unknown option\(s\).*'lrr' \(did you mean"):
         parse_args(["-c", str(path)])
@@ -129,8 +131,8 @@ def test_a_typo_in_our_own_yaml_is_an_error(tmp_path):
     path.write_text("model: small_cnn\nbatch_sise: 16\n")
     with pytest.raises(ValueError, match=r"'batch_sise' \(did you mean 'batch_size'\?\)"):
         parse_args(["-c", str(path)])
-    path.write_text("timm_csm_version: 0.1.0\nmodel: small_cnn\naa: rand\n")  # a run's file has no timm options
-    with pytest.raises(ValueError, match=r"unknown option\(s\).*'aa'"):
+    path.write_text("timm_csm_version: 0.1.0\nmodel: small_cnn\njsd_loss: true\n")  # a run's file: no timm keys
+    with pytest.raises(ValueError, match=r"unknown option\(s\).*'jsd_loss'"):
         parse_args(["-c", str(path)])
 
 

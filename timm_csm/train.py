@@ -41,16 +41,20 @@ import torch
 from . import __version__
 from .io import write_text_atomic
 from .training.args import CONFIG_MARKER, RUN_META_KEYS
-from .training import (CHECKPOINT_LAST, check_model_name, check_resumed_processes, claim_run_dir, config_record,
-                       create_criterion, create_train_model, eval_loader, evaluate_calibration, fill_from_checkpoint,
-                       fit, load_best, load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id,
-                       parse_args, predict, resolve_config, resolve_input, select_task, write_results)
+from .training.prepare import check_training_options
+from .training.trackers import log_results, start_trackers, tracker_names
+from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, check_model_name,
+                       check_resumed_processes, claim_run_dir, config_record, create_criterion, create_train_model,
+                       eval_loader, evaluate_calibration, fill_from_checkpoint, fit, input_channels, load_best,
+                       load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id, parse_args, predict,
+                       resolve_config, select_task, write_results)
 
 __all__ = ["run", "main", "evaluate_checkpoint", "end_process_group"]
 
 
 def _make_accelerator(args, out_dir: Optional[Path]):
-    """An ``Accelerator`` for ``args``; its trackers (``--log-with``) only with the run folder ``out_dir``."""
+    """An ``Accelerator`` for ``args``; its trackers (``--log-with``, ``--log-wandb``) only with the run folder
+    ``out_dir``."""
     from accelerate import Accelerator
 
     kwargs = {}
@@ -58,8 +62,8 @@ def _make_accelerator(args, out_dir: Optional[Path]):
         kwargs["mixed_precision"] = "bf16" if args.amp_dtype == "bfloat16" else "fp16"
     if args.cpu:
         kwargs["cpu"] = True
-    if args.log_with and out_dir is not None:
-        kwargs["log_with"] = args.log_with
+    if tracker_names(args) and out_dir is not None:
+        kwargs["log_with"] = tracker_names(args)
         kwargs["project_dir"] = str(out_dir)
     return Accelerator(**kwargs)
 
@@ -97,6 +101,7 @@ def _prepare_args(args) -> Optional[Dict[str, Any]]:
     for name, value in (("batch_size", args.batch_size), ("epochs", args.epochs), ("n_bins", args.n_bins)):
         if value is None or value < (0 if name == "epochs" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    check_training_options(args)
     return resume_state
 
 
@@ -128,27 +133,27 @@ def _take_run_dir(args, accelerator, resume_state):
 def _build(args):
     """Data, loss, task, CSM companions, model and transforms: everything that can fail before training (the task
     is None with ``--eval-only``)."""
-    from .data import CSMCompanionSampler, create_transforms
+    from .data import CSMCompanionSampler, LazyImages, pil_mode
 
+    apply_input_size(args)
     data = load_data(args)
     k = len(data.class_names)
     if args.num_classes is not None and args.num_classes != k:
         raise ValueError(f"--num-classes {args.num_classes} but the dataset has {k} classes")
     criterion = create_criterion(args, len(data.train)) if not args.eval_only else None
     task_cls = select_task(args, criterion) if not args.eval_only else None
+    in_chans = input_channels(args, data)
+    model = create_train_model(args.model, k, in_chans, args.img_size, pretrained=args.pretrained,
+                               pretrained_path=args.pretrained_path, initial_checkpoint=args.initial_checkpoint,
+                               drop=args.drop, drop_path=args.drop_path, model_kwargs=dict(args.model_kwargs or []))
+    train_tf, eval_tf, data_info = build_transforms(args, data, in_chans, getattr(model, "pretrained_cfg", None))
+    data_info.update(num_classes=k, class_names=data.class_names)
     companions = None
     if task_cls is not None and task_cls.needs_companions:
         groups = load_csm_groups(args, data.class_names)
+        if isinstance(groups.images, LazyImages):  # decoded in the real images' mode, as they are read
+            groups.images = groups.images.with_output(pil_mode(in_chans), tuple(train_tf.img_size))
         companions = CSMCompanionSampler(groups, n_aug=args.n_aug, num_classes=k)
-    model = create_train_model(args.model, k, args.in_chans or int(data.train.images.shape[1]), args.img_size,
-                               pretrained=args.pretrained, pretrained_path=args.pretrained_path,
-                               initial_checkpoint=args.initial_checkpoint, drop=args.drop, drop_path=args.drop_path,
-                               model_kwargs=dict(args.model_kwargs or []))
-    img_size, in_chans, mean, std = resolve_input(args, data, getattr(model, "pretrained_cfg", None))
-    train_tf, eval_tf = create_transforms(img_size, mean, std, in_chans, crop_padding=args.crop_pad,
-                                          hflip=args.hflip)
-    data_info = {"num_classes": k, "in_chans": in_chans, "img_size": img_size, "mean": list(mean), "std": list(std),
-                 "class_names": data.class_names}
     task = task_cls.from_args(args, model, criterion, k, companions) if task_cls is not None else None
     return data, task, model, train_tf, eval_tf, data_info
 
@@ -176,8 +181,9 @@ def run(config) -> Dict[str, Any]:
     data, task, model, train_tf, eval_tf, data_info = _build(args)
     lock, out_dir, args._run_id = _take_run_dir(args, accelerator, resume_state)
     try:
-        if args.log_with:  # trackers write into the run folder, known only now
+        if tracker_names(args):  # trackers write into the run folder, known only now
             accelerator = _make_accelerator(args, out_dir)
+            start_trackers(accelerator, args, out_dir.name)
         meta = dict(_model_meta(args, data_info), run_id=args._run_id, config=config_record(args),
                     num_processes=accelerator.num_processes)
         if accelerator.is_main_process:
@@ -197,9 +203,11 @@ def run(config) -> Dict[str, Any]:
         else:
             load_model_weights(model, args.checkpoint)
             weights_path = Path(args.checkpoint)
-        model = model.to(accelerator.device)
+        model = model.to(accelerator.device, memory_format=torch.channels_last if args.channels_last else
+                         torch.preserve_format)
         results = _evaluate(args, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path)
         results["history"] = history
+        log_results(accelerator, results, step=history[-1].get("step", 0) if history else 0)
         accelerator.wait_for_everyone()
         for tracker in accelerator.trackers:
             tracker.finish()
@@ -213,8 +221,9 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
               weights_path) -> Dict[str, Any]:
     """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`) and
     write the reports (main process); the results dict of results.json."""
-    test = predict(model, test_loader, accelerator, features=bool(args.piece))
-    val = predict(model, val_loader, accelerator, features=bool(args.piece)) if val_loader is not None else None
+    test = predict(model, test_loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
+    val = (predict(model, val_loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
+           if val_loader is not None else None)
     scores = evaluate_calibration(val, test, n_bins=args.n_bins, ts_method=args.ts_method, with_piece=args.piece)
     results: Dict[str, Any] = {
         "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .csm import CSMCompanionSampler
+from .lazy import LazyImages, take_images
 from .loader import SampleRef
 from .seeding import batch_generator
 from .transforms import BatchTransform
@@ -40,7 +41,10 @@ __all__ = ["ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", 
 _LOCAL_STREAM = 1  # key separating per-process draws (mixing) from global per-slot draws
 
 
-def _as_tensor_images(images) -> torch.Tensor:
+def _as_tensor_images(images):
+    """uint8 (N, C, H, W) images as a tensor; a :class:`~timm_csm.data.lazy.LazyImages` stays lazy."""
+    if isinstance(images, LazyImages):
+        return images
     images = torch.as_tensor(images)
     if images.ndim != 4 or images.dtype != torch.uint8:
         raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -71,8 +75,8 @@ class ImageCollator:
     def __init__(self, images, labels, transform: BatchTransform, seed: int = 0):
         self.images = _as_tensor_images(images)
         self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-        if self.labels.shape != (self.images.shape[0],):
-            raise ValueError(f"labels must have shape ({self.images.shape[0]},), got {tuple(self.labels.shape)}")
+        if self.labels.shape != (len(self.images),):
+            raise ValueError(f"labels must have shape ({len(self.images)},), got {tuple(self.labels.shape)}")
         self.transform = transform
         self.seed = int(seed)
         self._calls = 0
@@ -96,7 +100,11 @@ class ImageCollator:
         keys = (self.seed, 2 ** 62, worker + 1, self._calls)
         return idx, torch.arange(len(idx)), len(idx), batch_generator(*keys), batch_generator(*keys, _LOCAL_STREAM)
 
-    def _transform(self, images: torch.Tensor, slots: torch.Tensor, global_size: int, generator,
+    def _take(self, images, rows: torch.Tensor):
+        """The rows of ``images`` the transform takes: a uint8 batch, or images one by one (per-image transforms)."""
+        return take_images(images, rows, per_sample=getattr(self.transform, "per_sample", False))
+
+    def _transform(self, images, slots: torch.Tensor, global_size: int, generator,
                    per_slot: int = 1) -> torch.Tensor:
         """Transform ``images`` (len(slots) * per_slot rows, slot-major) with parameters drawn for the global batch."""
         if not self.transform.is_random:
@@ -107,7 +115,7 @@ class ImageCollator:
 
     def _gather(self, batch):
         idx, slots, global_size, g_global, g_local = self._resolve(batch)
-        x = self._transform(self.images[idx], slots, global_size, g_global)
+        x = self._transform(self._take(self.images, idx), slots, global_size, g_global)
         return idx, slots, global_size, g_global, g_local, x
 
     def __call__(self, batch) -> Dict[str, torch.Tensor]:
@@ -136,7 +144,8 @@ class CSMCollator(ImageCollator):
         u_group, u_interior = self.companions.draw_uniforms(global_size, g)
         rows = self.companions.select(y, u_group[slots], u_interior[slots]).flatten()
         groups = self.companions.groups
-        mix = self._transform(groups.images[rows], slots, global_size, g, per_slot=self.companions.per_sample)
+        mix = self._transform(self._take(groups.images, rows), slots, global_size, g,
+                              per_slot=self.companions.per_sample)
         return {"pixel_values": x, "labels": y, "index": idx, "mix_pixel_values": mix,
                 "mix_targets": groups.soft_labels[rows]}
 

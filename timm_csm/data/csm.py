@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .csm_format import REQUIRED_CSM_COLUMNS, check_class_names, check_soft_labels
+from .lazy import ArrowImages, LazyImages
 
 __all__ = ["CSMGroups", "CSMCompanionSampler"]
 
@@ -39,7 +40,25 @@ def _class_names_of(ds) -> Optional[List[str]]:
     return None
 
 
-def _check_duplicate_rows(images: torch.Tensor, q: torch.Tensor, gid: torch.Tensor, lambda_gen) -> None:
+def _image_keys(images) -> np.ndarray:
+    """(M, k) uint8 rows that are equal when two images are: the pixels of in-memory images, the sha256 of the
+    encoded file of lazily read ones (read in chunks, never decoded)."""
+    if not isinstance(images, ArrowImages):
+        return images.reshape(len(images), -1).numpy()
+    import hashlib
+
+    import datasets
+
+    ds = images.ds.cast_column(images.column, datasets.Image(decode=False)).select(images.rows)
+    keys = []
+    for batch in ds.iter(batch_size=4096):
+        for cell in batch[images.column]:
+            data = cell.get("bytes") or open(cell["path"], "rb").read()
+            keys.append(np.frombuffer(hashlib.sha256(data).digest(), dtype=np.uint8))
+    return np.stack(keys)
+
+
+def _check_duplicate_rows(images, q: torch.Tensor, gid: torch.Tensor, lambda_gen) -> None:
     """ValueError naming the first group that holds a member twice: its ``lambda_gen`` repeated when given, else an
     identical (image, soft label) row."""
     m = len(gid)
@@ -50,7 +69,7 @@ def _check_duplicate_rows(images: torch.Tensor, q: torch.Tensor, gid: torch.Tens
             raise ValueError(f"lambda_gen must have shape ({m},), got {lam.shape}")
         key, what = np.stack([gid_np, lam], 1), "lambda_gen"
     else:
-        key = np.concatenate([gid_np.astype("<i8").view(np.uint8).reshape(m, 8), images.reshape(m, -1).numpy(),
+        key = np.concatenate([gid_np.astype("<i8").view(np.uint8).reshape(m, 8), _image_keys(images),
                               q.numpy().astype("<f4").view(np.uint8).reshape(m, -1)], 1)
         what = "image and soft label"
     _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
@@ -88,7 +107,8 @@ class CSMGroups:
     """Generated images grouped for companion sampling.
 
     Attributes:
-        images: uint8 (M, C, H, W), every generated image.
+        images: uint8 (M, C, H, W), every generated image, in memory (a tensor) or read lazily (a
+            :class:`~timm_csm.data.lazy.LazyImages`; ``images[rows]`` decodes those rows only).
         soft_labels: float32 (M, K), annotated soft labels (rows sum to 1).
         members: int64 (G, S), rows of ``images`` per complete group, most class_a-like first.
         class_a, class_b: int64 (G,), the class pair of each group.
@@ -127,14 +147,15 @@ class CSMGroups:
         more members than the common group size (two groups sharing one ``group_id``). Only groups with fewer
         members than the others are left out, with a warning.
         """
-        images = torch.as_tensor(np.asarray(images))
+        if not isinstance(images, LazyImages):
+            images = torch.as_tensor(np.asarray(images))
         q = torch.as_tensor(np.asarray(soft_labels, dtype=np.float32))
         a = torch.as_tensor(np.asarray(class_a, dtype=np.int64))
         b = torch.as_tensor(np.asarray(class_b, dtype=np.int64))
         gid = torch.as_tensor(np.asarray(group_ids, dtype=np.int64))
         k = len(class_names)
-        m = images.shape[0] if images.ndim else 0
-        if images.ndim != 4 or images.dtype != torch.uint8:
+        m = len(images) if isinstance(images, LazyImages) or images.ndim else 0
+        if not isinstance(images, LazyImages) and (images.ndim != 4 or images.dtype != torch.uint8):
             raise ValueError(f"images must be uint8 (M, C, H, W), got {images.dtype} {tuple(images.shape)}")
         if q.ndim != 2 or q.shape != (m, k):
             raise ValueError(f"soft_label must be ({m}, {k}) for {m} images and {k} classes, got {tuple(q.shape)}")
@@ -179,7 +200,8 @@ class CSMGroups:
                      progress: bool = False) -> "CSMGroups":
         """Build from the generated dataset's ``train`` split (a ``datasets.Dataset``) in the published format:
         columns ``image``, ``soft_label`` (K floats), ``class_a``, ``class_b``, ``group_id`` (and optionally
-        ``lambda_gen``). Images are decoded into memory once.
+        ``lambda_gen``). Images stay in the (memory-mapped) dataset and are decoded when a batch draws them
+        (:class:`~timm_csm.data.lazy.ArrowImages`); the other columns are read into memory.
 
         ``class_names``: the real dataset's class names; when given, the generated dataset's ClassLabel names must
         match them (same names, same order).
@@ -195,9 +217,6 @@ class CSMGroups:
             names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
         if class_names is not None:
             check_class_names(names, class_names, "CSM dataset", "the real dataset")
-        from .sources import hf_split_to_arrays
-
-        arrays = hf_split_to_arrays(ds.select_columns([image_column, "class_a"]), image_column, "class_a")
         plain = ds.select_columns([c for c in ("soft_label", "class_a", "class_b", "group_id", "lambda_gen")
                                    if c in columns]).with_format("numpy")
         soft = np.asarray(plain["soft_label"], dtype=np.float32)
@@ -206,7 +225,7 @@ class CSMGroups:
             raise ValueError(f"soft_label rows must all have {len(names)} values, found lengths {lengths}")
         if soft.shape[1] != len(names):
             raise ValueError(f"soft_label has {soft.shape[1]} values per row, the dataset has {len(names)} classes")
-        return cls.from_arrays(arrays.images, soft, plain["class_a"], plain["class_b"], plain["group_id"], names,
+        return cls.from_arrays(ArrowImages(ds, image_column), soft, plain["class_a"], plain["class_b"], plain["group_id"], names,
                                plain["lambda_gen"] if "lambda_gen" in columns else None)
 
 

@@ -1,21 +1,26 @@
-"""Resolve a dataset argument to in-memory :class:`ImageArrays`.
+"""Resolve a dataset argument to its splits: in memory (:class:`ImageArrays`) or read lazily (:class:`LazySplit`).
 
 ``fashion_mnist`` (Debian's embedded copy, else the Hub when online; offline its absence is an error naming the
 install command), ``digits`` (scikit-learn), or any Hugging Face dataset name or folder with an image column and a
-label column (detected, or named explicitly). :func:`dataset_split_names` lists a dataset's splits and
-:func:`detect_test_split` picks the split to report on when none is named: ``test``, else ``validation``, else
-``val`` (Hugging Face datasets name their held-out split ``validation`` when they have no ``test``).
+label column (detected, or named explicitly), or a timm ``create_dataset`` name (``hfds/...``, ``torch/...``).
+:func:`load_image_arrays` decodes a split into memory (the generator, encoder and annotation stages);
+:func:`open_image_split` is what training reads: the embedded datasets in memory, everything else lazily.
+:func:`dataset_split_names` lists a dataset's splits and :func:`detect_test_split` picks the split to report on
+when none is named: ``test``, else ``validation``, else ``val`` (Hugging Face datasets name their held-out split
+``validation`` when they have no ``test``).
 """
 from __future__ import annotations
 
 import io
-from typing import Iterable, List, Optional
+from pathlib import Path
+from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
+from .lazy import ArrowImages, DatasetImages, LazySplit
 
-__all__ = ["load_image_arrays", "hf_split_to_arrays", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
+__all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits")
@@ -24,6 +29,9 @@ _LABEL_COLUMNS = ("label", "labels", "fine_label", "coarse_label", "target")
 #: split names tried, in order, for the split to report on when none is named
 TEST_SPLIT_NAMES = ("test", "validation", "val")
 _HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
+# timm create_dataset prefixes: map-style ones read here, iterable ones refused
+_ITERABLE_PREFIXES = ("wds", "tfds", "hfids")
+_TIMM_PREFIXES = ("hfds", "torch") + _ITERABLE_PREFIXES
 
 
 def _pick(columns, candidates, what, explicit):
@@ -38,18 +46,30 @@ def _pick(columns, candidates, what, explicit):
                      f"name it explicitly")
 
 
+def _image_label_columns(ds, image_column, label_column):
+    """(image column, labels (N,), class names) of a Hugging Face split; the label column is read, no image."""
+    image_column = _pick(ds.column_names, _IMAGE_COLUMNS, "image", image_column)
+    label_column = _pick(ds.column_names, _LABEL_COLUMNS, "label", label_column)
+    names = list(getattr(ds.features[label_column], "names", None) or [])
+    labels = np.asarray(ds[label_column], dtype=np.int64)
+    if not names:
+        names = [str(i) for i in range(int(labels.max()) + 1)] if len(labels) else []
+    return image_column, labels, names
+
+
+def hf_split_to_lazy(ds, image_column: Optional[str] = None, label_column: Optional[str] = None,
+                     source: str = "") -> LazySplit:
+    """A Hugging Face ``Dataset`` split read lazily: its labels now, its images when a batch asks for them."""
+    image_column, labels, names = _image_label_columns(ds, image_column, label_column)
+    return LazySplit(ArrowImages(ds, image_column), labels, names, source)
+
+
 def hf_split_to_arrays(ds, image_column: Optional[str] = None, label_column: Optional[str] = None,
                        source: str = "") -> ImageArrays:
     """Decode a Hugging Face ``Dataset`` split into uint8 (N, C, H, W) arrays. All images must share one size."""
     from PIL import Image
 
-    image_column = _pick(ds.column_names, _IMAGE_COLUMNS, "image", image_column)
-    label_column = _pick(ds.column_names, _LABEL_COLUMNS, "label", label_column)
-    feature = ds.features[label_column]
-    names = list(getattr(feature, "names", None) or [])
-    labels = np.asarray(ds[label_column], dtype=np.int64)
-    if not names:
-        names = [str(i) for i in range(int(labels.max()) + 1)]
+    image_column, labels, names = _image_label_columns(ds, image_column, label_column)
     arrays = []
     for i, img in enumerate(ds.with_format(None)[image_column]):
         if isinstance(img, dict):  # undecoded {"bytes", "path"}
@@ -81,20 +101,86 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
         name = "zalando-datasets/fashion_mnist"
     elif name == "digits":
         return load_digits(split)
+    return hf_split_to_arrays(_hf_split(name, split), image_column, label_column, source=name)
+
+
+def _is_saved(name: str) -> bool:
+    """Whether ``name`` is a folder written by ``save_to_disk`` (read with ``load_from_disk``)."""
+    folder = Path(name)
+    return (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
+
+
+def _hf_split(name: str, split: str):
+    """Split ``split`` of a Hugging Face dataset: a Hub id or alias, a data folder (``imagefolder`` for an image
+    folder), or a ``save_to_disk`` folder. Arrow-backed and memory-mapped: nothing is decoded."""
     import datasets
 
-    ds = datasets.load_dataset(_HUB_ALIASES.get(name, name), split=split)
-    return hf_split_to_arrays(ds, image_column, label_column, source=name)
+    if _is_saved(name):
+        saved = datasets.load_from_disk(name)
+        if isinstance(saved, datasets.Dataset):
+            if split != "train":
+                raise ValueError(f"unknown split {split!r}: {name} holds a single dataset, read as 'train'")
+            return saved
+        if split not in saved:
+            raise ValueError(f'Unknown split "{split}". Should be one of {list(saved)}.')
+        return saved[split]
+    return datasets.load_dataset(_HUB_ALIASES.get(name, name), split=split)
+
+
+def _timm_spec(name: str) -> Tuple[str, str]:
+    """(prefix, rest) of a timm ``create_dataset`` name (``hfds/cifar10``, ``torch/cifar100``); ('', name) else.
+    timm's iterable readers are refused: sampling by index is what keeps batches seeded per sample."""
+    prefix, sep, rest = name.partition("/")
+    if not (sep and prefix.lower() in _TIMM_PREFIXES and rest):
+        return "", name
+    if prefix.lower() in _ITERABLE_PREFIXES:
+        raise ValueError(f"{name}: timm's {prefix}/ datasets are iterable, and training here samples by index "
+                         "(per-sample seeds, CSM companions); use the Hugging Face dataset (hfds/<id>, or its "
+                         "name), an image folder, or a saved dataset")
+    return prefix.lower(), rest
+
+
+def _torch_split(rest: str, split: str, data_dir: Optional[str]) -> LazySplit:
+    """A torchvision dataset through timm's ``create_dataset("torch/<name>")``, read from ``data_dir`` (never
+    downloaded: this reads what is there)."""
+    from timm.data import create_dataset
+
+    if not data_dir:
+        raise ValueError(f"torch/{rest}: give --data-dir, the folder torchvision's {rest} files are in")
+    ds = create_dataset(f"torch/{rest}", root=data_dir, split=split, is_training=split == "train", download=False)
+    names = [str(c) for c in getattr(ds, "classes", None) or sorted(set(map(int, ds.targets)))]
+    return LazySplit(DatasetImages(ds), np.asarray(ds.targets, dtype=np.int64), names, f"torch/{rest}")
+
+
+def open_image_split(name: str, split: str = "train", image_column=None, label_column=None,
+                     data_dir: Optional[str] = None):
+    """Split ``split`` of dataset ``name`` for training: the embedded datasets in memory (:class:`ImageArrays`),
+    every other dataset read lazily (:class:`~timm_csm.data.lazy.LazySplit`): Hugging Face datasets (Hub ids, data
+    and image folders, ``save_to_disk`` folders) and timm's ``create_dataset`` names ``hfds/<Hub id>`` (the same
+    dataset) and ``torch/<name>`` (torchvision's files in ``data_dir``). timm's iterable readers (``wds/``,
+    ``tfds/``, ``hfids/``) are refused."""
+    if name in EMBEDDED_DATASETS:
+        return load_image_arrays(name, split)
+    prefix, rest = _timm_spec(name)
+    if prefix == "torch":
+        return _torch_split(rest, split, data_dir)
+    return hf_split_to_lazy(_hf_split(rest, split), image_column, label_column, source=rest)
 
 
 def dataset_split_names(name: str) -> List[str]:
-    """The split names of dataset ``name`` (as :func:`load_image_arrays` takes it), read from the dataset's
-    builder (data files or Hub metadata) without loading images; the embedded datasets have ``train`` and ``test``."""
-    if name in EMBEDDED_DATASETS and (name == "digits" or fashion_mnist_root() is not None or _offline()):
+    """The split names of dataset ``name`` (as :func:`open_image_split` takes it), read from the dataset's
+    builder (data files or Hub metadata) without loading images; the embedded datasets and torchvision's have
+    ``train`` and ``test``."""
+    prefix, rest = _timm_spec(name)
+    if prefix == "torch" or (name in EMBEDDED_DATASETS and (
+            name == "digits" or fashion_mnist_root() is not None or _offline())):
         return ["train", "test"]
     import datasets
 
-    hub = "zalando-datasets/fashion_mnist" if name == "fashion_mnist" else _HUB_ALIASES.get(name, name)
+    if _is_saved(rest):
+        saved = datasets.load_from_disk(rest)
+        return list(saved) if isinstance(saved, datasets.DatasetDict) else ["train"]
+    hub = "zalando-datasets/fashion_mnist" if rest == "fashion_mnist" else _HUB_ALIASES.get(rest, rest)
     return list(datasets.get_dataset_split_names(hub))
 
 

@@ -7,6 +7,9 @@
 * :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
 * :mod:`~timm_csm.training.optim`: optimizer and schedule;
 * :mod:`~timm_csm.training.loop`: one epoch, prediction, the epochs of a run;
+* :mod:`~timm_csm.training.prepare`: the model on its accelerator (``--sync-bn``, ``--channels-last``,
+  ``--model-ema``, ``--torchcompile``); :mod:`~timm_csm.training.sync_bn`: the batch norm synchronised by all-reduce;
+* :mod:`~timm_csm.training.trackers`: accelerate's experiment trackers (``--log-with``, ``--log-wandb``);
 * :mod:`~timm_csm.training.checkpoint`: last / best / history checkpoints;
 * :mod:`~timm_csm.training.evaluation`: calibration before and after temperature scaling, PIECE;
 * :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
@@ -14,21 +17,25 @@
 """
 from .args import PAPER_SEED, build_parser, fill_from_checkpoint, parse_args, resolve_config
 from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_best
-from .data import DataSplits, eval_loader, load_csm_groups, load_data, resolve_input
+from .data import DataSplits, apply_input_size, build_transforms, eval_loader, input_channels, load_csm_groups, load_data
 from .evaluation import Evaluation, evaluate_calibration
 from .loop import fit, predict, train_one_epoch
 from .model import check_model_name, create_train_model, load_model_weights, load_trained_classifier
+from .prepare import check_training_options, prepare_training
 from .reporting import results_markdown, write_results
 from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, check_resumed_processes, claim_run_dir, config_record,
                       folder_run_id, load_resumed, new_run_id, restore_config)
+from .sync_bn import AllReduceBatchNorm, convert_sync_batchnorm
 from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TrainingModule, TrainingTask,
                     create_criterion, select_task)
+from .trackers import tracker_names
 
 __all__ = [
     "PAPER_SEED", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
     "CHECKPOINT_BEST", "CHECKPOINT_LAST", "CheckpointSaver", "load_best",
-    "DataSplits", "load_data", "load_csm_groups", "resolve_input", "eval_loader",
+    "DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "build_transforms", "eval_loader",
     "Evaluation", "evaluate_calibration", "fit", "predict", "train_one_epoch",
+    "check_training_options", "prepare_training", "AllReduceBatchNorm", "convert_sync_batchnorm", "tracker_names",
     "check_model_name", "create_train_model", "load_model_weights", "load_trained_classifier",
     "results_markdown", "write_results",
     "LOCK_FILE", "RUN_FILES", "RunDirLock", "claim_run_dir", "config_record", "folder_run_id", "new_run_id",

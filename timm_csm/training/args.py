@@ -50,6 +50,9 @@ _TIMM_SHARED = frozenset("""
     batch_size validation_batch_size opt momentum weight_decay clip_mode sched lr warmup_lr min_lr epochs
     decay_milestones decay_epochs warmup_epochs decay_rate hflip mixup mixup_mode smoothing drop drop_path
     model_kwargs seed workers pin_mem amp amp_dtype output experiment
+    sync_bn model_ema model_ema_decay model_ema_warmup grad_accum_steps channels_last torchcompile torchcompile_mode
+    log_wandb
+    scale ratio vflip color_jitter aa reprob remode recount interpolation train_interpolation crop_pct no_aug
 """.split())
 
 
@@ -86,6 +89,7 @@ def _add_dataset(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-train-samples", type=int, default=None,
                    help="use a seeded random subset of this many training images (before the validation split)")
     g.add_argument("--max-test-samples", type=int, default=None, help="use a seeded subset of the test split")
+    g.add_argument("--data-dir", default=None, help="root folder of a timm torch/<name> dataset (torchvision files)")
     g.add_argument("-j", "--workers", type=int, default=0, help="DataLoader worker processes")
     g.add_argument("--pin-mem", action="store_true", help="pin CPU memory of batches (GPU training)")
 
@@ -108,6 +112,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drop-path", type=float, default=None, help="drop-path rate (models that support it)")
     g.add_argument("--model-kwargs", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
                    help="extra keyword arguments for timm.create_model")
+    g.add_argument("--sync-bn", action="store_true",
+                   help="batch-norm statistics over the global batch of all processes (torch's SyncBatchNorm on "
+                        "CUDA, an all-reduce batch norm elsewhere); one process: no change")
+    g.add_argument("--channels-last", action="store_true", help="model and inputs in torch.channels_last layout")
+    g.add_argument("--model-ema", action="store_true",
+                   help="keep an exponential moving average of the weights (timm's ModelEmaV3); validation, "
+                        "model_best and the test evaluation use it")
+    g.add_argument("--model-ema-decay", type=float, default=0.9998, help="decay of --model-ema")
+    g.add_argument("--model-ema-warmup", action="store_true",
+                   help="warm the --model-ema decay up over the first updates (timm's schedule)")
 
 
 def _add_optimizer(p: argparse.ArgumentParser) -> None:
@@ -115,6 +129,8 @@ def _add_optimizer(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Optimizer and schedule")
     g.add_argument("-b", "--batch-size", type=int, default=128, help="real images per process and step")
     g.add_argument("-vb", "--validation-batch-size", type=int, default=None, help="evaluation batch size")
+    g.add_argument("--grad-accum-steps", type=int, default=1,
+                   help="batches per optimizer update (the update's batch: steps x processes x --batch-size)")
     g.add_argument("--epochs", type=int, default=200)
     g.add_argument("--opt", default="momentum",
                    help="timm optimizer name; 'momentum' is SGD without Nesterov (the paper), 'sgd' is Nesterov")
@@ -134,11 +150,36 @@ def _add_optimizer(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-lr", type=float, default=0.0)
 
 
+def _add_input(p: argparse.ArgumentParser) -> None:
+    """The "Input and transforms" flags: the pad-crop recipe's and timm's train transform's (same names)."""
+    g = p.add_argument_group("Input and transforms")
+    g.add_argument("--input-size", type=int, nargs=3, default=None, metavar="N",
+                   help="input (channels, height, width), as timm: sets --in-chans and --img-size (square)")
+    g.add_argument("--transform", default="auto", choices=("auto", "cifar", "timm"),
+                   help="cifar: resize, zero-padded random crop, flip (the paper's CIFAR recipe, batched); timm: "
+                        "timm.data.create_transform (RandomResizedCrop, --aa, --reprob, ...); auto: timm's when one "
+                        "of its flags is given or the input is at least 96 px")
+    g.add_argument("--no-aug", action="store_true", help="train on the eval transform (no augmentation)")
+    g.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
+    g.add_argument("--crop-pad", type=int, default=4, help="cifar: zero padding of the random crop (0: no crop)")
+    g.add_argument("--scale", type=float, nargs=2, default=[0.08, 1.0], metavar="PCT",
+                   help="timm: RandomResizedCrop area range")
+    g.add_argument("--ratio", type=float, nargs=2, default=[3.0 / 4.0, 4.0 / 3.0], metavar="RATIO",
+                   help="timm: RandomResizedCrop aspect-ratio range")
+    g.add_argument("--vflip", type=float, default=0.0, help="timm: vertical flip probability")
+    g.add_argument("--color-jitter", type=float, default=0.4, help="timm: colour jitter factor (off with --aa)")
+    g.add_argument("--aa", default=None, help="timm: AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5")
+    g.add_argument("--reprob", type=float, default=0.0, help="timm: random erasing probability")
+    g.add_argument("--remode", default="pixel", help="timm: random erasing mode")
+    g.add_argument("--recount", type=int, default=1, help="timm: random erasing count")
+    g.add_argument("--interpolation", default="", help="timm: eval resize interpolation (default: the model's)")
+    g.add_argument("--train-interpolation", default="random", help="timm: train crop interpolation")
+    g.add_argument("--crop-pct", type=float, default=None, help="timm: eval centre-crop fraction (default: the model's)")
+
+
 def _add_mixing(p: argparse.ArgumentParser) -> None:
     """The "Augmentation and mixing" flags."""
     g = p.add_argument_group("Augmentation and mixing")
-    g.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
-    g.add_argument("--crop-pad", type=int, default=4, help="zero padding of the random crop (0: no crop)")
     g.add_argument("--smoothing", type=float, default=0.0,
                    help="label smoothing: with --loss ce it selects the 'ls' loss; with --mixup it smooths the "
                         "mixed targets")
@@ -195,7 +236,9 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint", default=None,
                    help="weights to evaluate with --eval-only (model_best.safetensors, last.safetensors, or a "
                         "timm weight file with --model etc.)")
-    g.add_argument("--log-with", default=None, help="accelerate tracker (tensorboard, wandb, ...) when installed")
+    g.add_argument("--log-with", default=None,
+                   help="accelerate trackers, comma-separated (tensorboard, wandb, ..., all); each must be installed")
+    g.add_argument("--log-wandb", action="store_true", help="log to Weights & Biases (as --log-with wandb)")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bar on the main process")
 
@@ -207,6 +250,9 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     g.add_argument("--amp", action="store_true", help="mixed precision (accelerate); see --amp-dtype")
     g.add_argument("--amp-dtype", default="float16", choices=("float16", "bfloat16"))
     g.add_argument("--cpu", action="store_true", help="train on the CPU even when an accelerator is present")
+    g.add_argument("--torchcompile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the training forward with this backend (the flag alone: inductor)")
+    g.add_argument("--torchcompile-mode", default=None, help="torch.compile mode (default, reduce-overhead, ...)")
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; flag names follow timm's train.py where they overlap."""
@@ -217,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "processes.")
     p.add_argument("-c", "--config", default=None, metavar="FILE",
                    help="YAML file of defaults (keys are the flag names, with - or _); flags override it")
-    for add_group in (_add_dataset, _add_model, _add_optimizer, _add_mixing, _add_calibration, _add_output, _add_run):
+    for add_group in (_add_dataset, _add_model, _add_input, _add_optimizer, _add_mixing, _add_calibration, _add_output,
+                      _add_run):
         add_group(p)
     return p
 
@@ -254,15 +301,17 @@ def _load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, A
 
 def _timm_dataset(cfg: Dict[str, Any]) -> Dict[str, Any]:
     """Our dataset options for timm's ``dataset`` / ``data_dir``: ``hfds/NAME`` is the Hugging Face dataset NAME,
-    ``torch/cifar10`` etc. the dataset of that name, an empty name the folder ``data_dir``. timm evaluates on its
+    ``torch/cifar10`` etc. that torchvision dataset in ``data_dir``, an empty name the folder ``data_dir``. timm evaluates on its
     ``val_split``, so that split is the test split here (torchvision datasets: their test set, detected)."""
     name, folder = str(cfg.get("dataset") or ""), cfg.get("data_dir") or cfg.get("data")
     prefix, _, rest = name.partition("/")
     out: Dict[str, Any] = {}
     if prefix.lower() in ("hfds", "hfids") and rest:
         out["dataset"] = rest
-    elif prefix.lower() == "torch" and rest:
-        out["dataset"] = rest.lower()
+    elif prefix.lower() == "torch" and rest:  # torchvision's files in data_dir, read through timm
+        out["dataset"] = f"torch/{rest.lower()}"
+        if folder:
+            out["data_dir"] = str(folder)
     elif name:
         out["dataset"] = name
     elif folder:

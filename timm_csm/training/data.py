@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -20,7 +20,8 @@ import torch
 from ..data import derive_seed
 from .model import fixed_input_size
 
-__all__ = ["DataSplits", "load_data", "load_csm_groups", "resolve_input", "eval_loader"]
+__all__ = ["DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",
+           "eval_loader", "TIMM_TRANSFORM_FLAGS"]
 
 _EMBEDDED = ("fashion_mnist", "digits")
 _HUB_ALIASES = ("cifar10", "cifar100")
@@ -28,7 +29,7 @@ _HUB_ALIASES = ("cifar10", "cifar100")
 
 @dataclass
 class DataSplits:
-    train: Any  # ImageArrays
+    train: Any  # ImageArrays (in memory) or LazySplit
     val: Any
     test: Any
     class_names: List[str]
@@ -60,10 +61,11 @@ def _from_source(args, what: str, load):
 
 
 def _load_split(args, split: str):
-    from ..data import load_image_arrays
+    from ..data import open_image_split
 
-    return _from_source(args, f"split {split!r}", lambda: load_image_arrays(
-        args.dataset, split, image_column=args.image_column, label_column=args.label_column))
+    return _from_source(args, f"split {split!r}", lambda: open_image_split(
+        args.dataset, split, image_column=args.image_column, label_column=args.label_column,
+        data_dir=args.data_dir))
 
 
 def _split_names(args) -> List[str]:
@@ -128,33 +130,131 @@ def load_csm_groups(args, class_names):
 
 
 
-def resolve_input(args, data: DataSplits, pretrained_cfg=None):
-    """(img_size, in_chans, mean, std) from flags, the model config and the data."""
-    from ..data import channel_stats
+def apply_input_size(args) -> None:
+    """timm's ``--input-size C H W`` as ``--in-chans C --img-size H`` (square inputs); a conflict is an error."""
+    if not args.input_size:
+        return
+    c, h, w = (int(v) for v in args.input_size)
+    if h != w:
+        raise ValueError(f"--input-size {list(args.input_size)}: only square inputs are supported")
+    for flag, given, value in (("--in-chans", args.in_chans, c), ("--img-size", args.img_size, h)):
+        if given is not None and int(given) != value:
+            raise ValueError(f"--input-size {list(args.input_size)} and {flag} {given} disagree")
+    args.in_chans, args.img_size = c, h
 
-    in_chans = args.in_chans or int(data.train.images.shape[1])
+
+def input_channels(args, data: DataSplits) -> int:
+    """``--in-chans``, else the training images': the array's channels in memory; for a lazy split 1 when the
+    probed images are all grey, else 3."""
+    from ..data import image_geometry
+
+    if args.in_chans:
+        return int(args.in_chans)
+    return image_geometry(data.train, args.seed)[0]
+
+
+#: flags of timm's train transform with no counterpart in the pad-crop recipe: any of them given selects timm's
+TIMM_TRANSFORM_FLAGS = ("aa", "reprob", "color_jitter", "scale", "ratio", "vflip", "crop_pct", "interpolation",
+                        "train_interpolation")
+_TIMM_SIDE = 96  # from this input side on, the default is timm's RandomResizedCrop recipe (ImageNet-like images)
+
+
+def _given(args) -> set:
+    """The options given with a value other than their default (a run's own args.yaml gives every option)."""
+    from .args import build_parser
+
+    defaults = vars(build_parser().parse_args([]))
+    return {k for k in getattr(args, "_explicit", ()) if getattr(args, k, None) != defaults.get(k)}
+
+
+def transform_kind(args, img_size: int) -> str:
+    """``--transform``: ``cifar`` (resize, pad-crop, flip: the paper's CIFAR recipe, batched) or ``timm``
+    (``timm.data.create_transform``); ``auto`` is timm's when one of its flags is given (with a value other than
+    its default) or the input side is at least 96 px. A flag of the other recipe is an error."""
+    given = _given(args)
+    timm_flags = [f for f in TIMM_TRANSFORM_FLAGS if f in given]
+    kind = args.transform
+    if kind == "auto":
+        kind = "timm" if timm_flags or img_size >= _TIMM_SIDE else "cifar"
+    if kind == "cifar" and timm_flags:
+        raise ValueError(f"--transform cifar (the pad-crop recipe) has no {', '.join('--' + f.replace('_', '-') for f in timm_flags)}; "
+                         "use --transform timm")
+    if kind == "timm" and "crop_pad" in given:
+        raise ValueError("--crop-pad belongs to the pad-crop recipe (--transform cifar); timm's train transform "
+                         "crops with --scale / --ratio")
+    return kind
+
+
+def _image_side(args, data: DataSplits, pretrained_cfg) -> int:
+    from ..data import image_geometry
+
+    side = args.img_size
     fixed, cfg_size = fixed_input_size(args.model)
-    if args.img_size:
-        img_size = int(args.img_size)
-    elif fixed and cfg_size:
-        img_size = int(cfg_size[-1])
-    else:
-        img_size = int(data.train.images.shape[-1])
+    if side:
+        return int(side)
+    if fixed and cfg_size:
+        return int(cfg_size[-1])
+    data_side = image_geometry(data.train, args.seed)[1]
+    if data_side:
+        return int(data_side)
+    if args.transform != "cifar" and pretrained_cfg and pretrained_cfg.get("input_size"):  # timm's default
+        return int(pretrained_cfg["input_size"][-1])
+    raise ValueError(f"the images of {args.dataset!r} have different sizes; give the input size (--img-size)")
+
+
+def _normalisation(args, data: DataSplits, kind: str, in_chans: int, img_size: int, pretrained_cfg):
+    """(mean, std): the flags', else the pretrained config's (``--pretrained``, or timm's transform, which takes the
+    model's as timm's ``resolve_data_config``), else the training images' statistics (a sample of a lazy split)."""
+    from ..data import sampled_channel_stats
+    from ..models._cfg import _fit_channels
+
     if args.mean is not None or args.std is not None:
         if args.mean is None or args.std is None:
             raise ValueError("give both --mean and --std")
         mean, std = tuple(args.mean), tuple(args.std)
-    elif args.pretrained and pretrained_cfg is not None:
-        from ..models._cfg import _fit_channels
-
+    elif pretrained_cfg is not None and (args.pretrained or kind == "timm"):
         mean = _fit_channels(pretrained_cfg.get("mean", (0.5,)), in_chans)
         std = _fit_channels(pretrained_cfg.get("std", (0.5,)), in_chans)
     else:
-        mean, std = channel_stats(data.train.images, in_chans)
+        mean, std = sampled_channel_stats(data.train, in_chans, (img_size, img_size), seed=args.seed)
     for what, v in (("mean", mean), ("std", std)):
         if len(v) not in (1, in_chans):
             raise ValueError(f"--{what} has {len(v)} values for {in_chans} input channels")
-    return img_size, in_chans, tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    return tuple(float(m) for m in mean), tuple(float(v) for v in std)
+
+
+def _timm_train_kwargs(args) -> Dict[str, Any]:
+    return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, vflip=args.vflip,
+                color_jitter=args.color_jitter, auto_augment=args.aa, re_prob=args.reprob, re_mode=args.remode,
+                re_count=args.recount, train_interpolation=args.train_interpolation)
+
+
+def build_transforms(args, data: DataSplits, in_chans: int, pretrained_cfg=None):
+    """(train transform, eval transform, data info) of a run: the input size, normalisation and recipe from the
+    flags, the model's config and the data. The pad-crop recipe is batched
+    (:class:`~timm_csm.data.BatchTransform`; lazily read images of different sizes are resized to the input size as
+    they are read); timm's works image by image (:class:`~timm_csm.data.SampleTransform`)."""
+    from ..data import LazyImages, create_timm_transforms, create_transforms, pil_mode
+
+    img_size = _image_side(args, data, pretrained_cfg)
+    kind = transform_kind(args, img_size)
+    mean, std = _normalisation(args, data, kind, in_chans, img_size, pretrained_cfg)
+    if kind == "timm":
+        interpolation = args.interpolation or (pretrained_cfg or {}).get("interpolation", "bilinear")
+        crop_pct = args.crop_pct or (pretrained_cfg or {}).get("crop_pct")
+        train_tf, eval_tf = create_timm_transforms(img_size, mean, std, in_chans, interpolation, crop_pct,
+                                                   no_aug=args.no_aug, **_timm_train_kwargs(args))
+        timm_info = {"interpolation": interpolation, "crop_pct": crop_pct}
+    else:
+        timm_info = {}
+        pad, hflip = (0, 0.0) if args.no_aug else (args.crop_pad, args.hflip)
+        train_tf, eval_tf = create_transforms(img_size, mean, std, in_chans, crop_padding=pad, hflip=hflip)
+        for split in (data.train, data.val, data.test):
+            if split is not None and isinstance(split.images, LazyImages):
+                split.images = split.images.with_output(pil_mode(in_chans), (img_size, img_size))
+    info = {"in_chans": in_chans, "img_size": img_size, "mean": list(mean), "std": list(std), "transform": kind,
+            **timm_info}
+    return train_tf, eval_tf, info
 
 
 def eval_loader(arrays, transform, batch_size: int, args, accelerator):

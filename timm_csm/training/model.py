@@ -83,10 +83,11 @@ def load_trained_classifier(path, checkpoint: str = "model_best.safetensors"):
 
     The model is rebuilt from the file's metadata (architecture, classes, input channels and size, model kwargs),
     loaded with its weights and put in ``eval()`` mode; the transform is the evaluation transform of the run
-    (resize and normalise with the stored mean and std; :class:`~timm_csm.data.BatchTransform`), applied to uint8
+    (resize and normalise with the stored mean and std, :class:`~timm_csm.data.BatchTransform`; timm's resize and
+    centre crop, :class:`~timm_csm.data.SampleTransform`, for a run on timm's transforms), applied to uint8
     (N, C, H, W) images; ``meta`` is the stored metadata (the run's data options, class names, run id, epoch).
     """
-    from ..data import create_transforms
+    from ..data import create_timm_transforms, create_transforms
 
     path = Path(path)
     file = path / checkpoint if path.is_dir() else path
@@ -99,5 +100,9 @@ def load_trained_classifier(path, checkpoint: str = "model_best.safetensors"):
     model = create_train_model(meta["model"], meta["num_classes"], meta["in_chans"], meta["img_size"],
                                model_kwargs=dict(meta.get("model_kwargs") or []))
     load_model_weights(model, file)
-    _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
+    if meta.get("transform") == "timm":
+        _, eval_tf = create_timm_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"],
+                                            meta["interpolation"], meta["crop_pct"])
+    else:
+        _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
     return model.eval(), eval_tf, meta

@@ -1,0 +1,119 @@
+"""Per-image transforms (timm's ``create_transform``) with the seeded randomness of the batched transforms.
+
+timm's train transform (``RandomResizedCrop``, flips, ``--aa`` RandAugment / AutoAugment, ``--color-jitter``,
+``--reprob`` random erasing) works on one PIL image at a time and draws from the global ``random``, ``numpy`` and
+``torch`` generators. :class:`SampleTransform` keeps that transform as it is and gives it the batched transforms'
+contract (:class:`~timm_csm.data.transforms.BatchTransform`): ``sample_params(n, generator)`` draws one seed per
+image for the whole global batch, and ``apply(images, params)`` runs the transform on each image with the three
+global generators seeded from its seed. The global generators are restored afterwards, so the training process's
+own random state is untouched when the collator runs in the main process. A sample's augmentation therefore depends
+only on (run seed, epoch, step, slot): R processes of batch B see the images one process of batch R*B sees.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .lazy import pil_mode
+
+__all__ = ["SampleTransform", "create_timm_transforms"]
+
+
+@contextlib.contextmanager
+def _preserved_global_rng():
+    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(th)
+
+
+def _seed_globals(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.random.default_generator.manual_seed(seed)  # the CPU generator only: CUDA's stays the run's
+
+
+class SampleTransform:
+    """A per-image transform (PIL image -> float (C, S, S)) applied image by image with per-image seeds.
+
+    Args:
+        transform: the PIL transform (timm's ``create_transform`` output, a torchvision ``Compose``, ...).
+        in_chans: channels of the output; each image is converted to ``L`` (1) or ``RGB`` (3) first.
+        img_size: the output side (for the records; the transform decides the size).
+        random: whether ``transform`` is random (a train transform); an eval transform draws nothing.
+    """
+
+    per_sample = True
+
+    def __init__(self, transform: Callable, in_chans: int, img_size: Tuple[int, int], random: bool):
+        self.transform = transform
+        self.in_chans = int(in_chans)
+        self.img_size = tuple(img_size)
+        self.mode = pil_mode(self.in_chans)
+        self.random = bool(random)
+
+    @property
+    def is_random(self) -> bool:
+        return self.random
+
+    def sample_params(self, n: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+        """One seed per image (n,), drawn for the whole global batch."""
+        return {"seeds": torch.randint(0, 2 ** 62, (n,), generator=generator)}
+
+    def _pil(self, img):
+        from PIL import Image
+
+        if isinstance(img, torch.Tensor):  # a uint8 (C, H, W) row of in-memory images
+            a = img.numpy()
+            img = Image.fromarray(a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0))
+        return img if img.mode == self.mode else img.convert(self.mode)
+
+    def apply(self, images: Sequence[Any], params: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        """float32 (B, C, S, S): the transform of each image, under its seed from ``params`` (None: unseeded,
+        for a deterministic eval transform)."""
+        if params is None and self.random:
+            raise ValueError("a random per-image transform needs params from sample_params (one seed per image)")
+        if params is not None and len(params["seeds"]) != len(images):
+            raise ValueError(f"params for {len(params['seeds'])} images, batch has {len(images)}")
+        with _preserved_global_rng():
+            out = []
+            for i, img in enumerate(images):
+                if params is not None:
+                    _seed_globals(int(params["seeds"][i]))
+                out.append(self.transform(self._pil(img)))
+        return torch.stack(out)
+
+    def __call__(self, images, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        params = self.sample_params(len(images), generator) if self.random else None
+        return self.apply(images, params)
+
+    def __repr__(self):
+        return f"SampleTransform(in_chans={self.in_chans}, img_size={self.img_size}, random={self.random})"
+
+
+def create_timm_transforms(img_size: int, mean, std, in_chans: int, interpolation: str = "bilinear",
+                           crop_pct: Optional[float] = None, no_aug: bool = False, **train_kwargs):
+    """(train, eval) :class:`SampleTransform` of ``timm.data.create_transform``: train with ``train_kwargs``
+    (``scale``, ``ratio``, ``hflip``, ``vflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ``re_mode``,
+    ``re_count``, ``train_interpolation``, as timm's train.py passes them), eval resizing to ``img_size / crop_pct``
+    and centre-cropping. Channel statistics are fitted to ``in_chans``."""
+    from timm.data import create_transform
+
+    from ..models._cfg import _fit_channels
+
+    mean, std = _fit_channels(mean, in_chans), _fit_channels(std, in_chans)
+    size = (in_chans, int(img_size), int(img_size))
+    train_interpolation = train_kwargs.pop("train_interpolation", None) or interpolation
+    train = create_transform(size, is_training=True, no_aug=no_aug, mean=mean, std=std,
+                             interpolation=train_interpolation, **train_kwargs)
+    evaluation = create_transform(size, is_training=False, mean=mean, std=std, interpolation=interpolation,
+                                  crop_pct=crop_pct)
+    return (SampleTransform(train, in_chans, size[1:], random=True),
+            SampleTransform(evaluation, in_chans, size[1:], random=False))
