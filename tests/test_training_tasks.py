@@ -7,8 +7,8 @@ import torch.nn as nn
 
 from timm_csm.data import CSMCompanionSampler, CSMGroups, SampleRef, create_transforms
 from timm_csm.losses import CrossEntropyLoss, create_loss, regmixup_objective
-from timm_csm.training import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, build_parser,
-                               create_criterion, select_task)
+from timm_csm.training import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TimmMixupTask,
+                               build_parser, create_criterion, select_task)
 
 K, B, SIZE = 3, 6, 8
 
@@ -133,6 +133,7 @@ def _args(*argv):
 @pytest.mark.parametrize("argv,task", [
     (["--loss", "ce"], ClassificationTask), (["--loss", "aslp"], ClassificationTask),
     (["--loss", "ce", "--mixup", "1"], MixupTask), (["--loss", "mbls", "--regmixup", "20"], RegMixupTask),
+    (["--loss", "ce", "--cutmix", "1"], TimmMixupTask), (["--loss", "ce", "--mixup", ".8", "--cutmix", "1"], TimmMixupTask),
     (["--loss", "mndcg"], RankMixupTask), (["--loss", "csm_soft_ce", "--csm-dataset", "x"], CSMTask),
 ])
 def test_select_task_reads_the_loss_spec(argv, task):
@@ -142,7 +143,8 @@ def test_select_task_reads_the_loss_spec(argv, task):
 
 @pytest.mark.parametrize("argv,match", [
     (["--loss", "mrl", "--mixup", "1"], "builds its own batches; drop --mixup"),
-    (["--loss", "ce", "--mixup", "1", "--regmixup", "2"], "choose one of --mixup and --regmixup"),
+    (["--loss", "ce", "--mixup", "1", "--regmixup", "2"], "--regmixup mixes its own copy"),
+    (["--loss", "ce", "--cutmix", "1", "--regmixup", "2"], "--regmixup mixes its own copy"),
     (["--loss", "csm"], "needs --csm-dataset"),
     (["--loss", "focal", "--csm-dataset", "x"], "used by the csm losses only"),
 ])
@@ -164,3 +166,39 @@ def test_create_criterion_options_from_the_registry():
 def test_a_task_needs_a_loss_with_the_hooks():
     with pytest.raises(ValueError, match="LossBase criterion"):
         ClassificationTask(_model(), nn.CrossEntropyLoss())
+
+
+def test_timm_cutmix_task_cuts_a_box_from_the_mirrored_image_and_mixes_the_targets_by_its_area():
+    args = _args("--loss", "ce", "--cutmix", "1.0", "--smoothing", "0.1")
+    criterion = create_criterion(args, 20)
+    assert type(criterion).__name__ == "CrossEntropyLoss"  # timm's Mixup smooths the targets itself
+    task = TimmMixupTask.from_args(args, _model(), criterion, K)
+    images, labels = _data()
+    state = np.random.get_state()[1].copy()
+    batch = _batch(task, images, labels)
+    assert np.array_equal(np.random.get_state()[1], state)  # numpy's global generator is restored
+    again = _batch(task, images, labels)
+    torch.testing.assert_close(batch["pixel_values"], again["pixel_values"], rtol=0, atol=0)  # seeded per batch
+    plain = ClassificationTask(_model(), CrossEntropyLoss())
+    clean = _batch(plain, images, labels)["pixel_values"]
+    x, mirrored = batch["pixel_values"], clean.flip(0)
+    from_clean = (x == clean).flatten(1).float().mean(1)
+    from_mirror = (x == mirrored).flatten(1).float().mean(1)
+    assert torch.all(from_clean + from_mirror >= 1 - 1e-6)  # every pixel is its own or the mirror's (a box)
+    lam = from_clean[0]  # one box per batch: the share of the image's own pixels is lambda
+    y = batch["labels"]
+    assert y.shape == (B, K) and torch.allclose(y.sum(1), torch.ones(B))
+    own = labels[0]
+    expected = lam * (0.9 + 0.1 / K) + (1 - lam) * (0.1 / K) + (1 - lam) * 0.9 * float(labels[B - 1] == own)
+    assert abs(float(y[0, own]) - float(expected)) < 1e-5
+    out = task(batch)
+    assert out["loss"].requires_grad
+
+
+def test_timm_mixup_needs_an_even_batch():
+    args = _args("--loss", "ce", "--cutmix", "1.0")
+    task = TimmMixupTask.from_args(args, _model(), create_criterion(args, 20), K)
+    images, labels = _data()
+    train_tf, _ = create_transforms(SIZE, (0.5,), (0.25,), 1)
+    with pytest.raises(ValueError, match="must be even"):
+        task.create_collator(images, labels, train_tf, seed=3)([SampleRef(i, 0, 0, i, 5) for i in range(5)])

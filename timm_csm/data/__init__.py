@@ -1,6 +1,6 @@
 """Datasets, transforms, collators and samplers."""
 from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator,
-                        mix_soft_targets)
+                        TimmMixupCollator, mix_soft_targets)
 from .csm import CSMCompanionSampler, CSMGroups
 from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, SOFT_LABEL_TOL, GroupCheck, check_class_names,
                          check_groups, check_soft_labels, csm_features)
@@ -23,6 +23,7 @@ __all__ = [
     "CSMGroups", "CSMCompanionSampler",
     "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "SOFT_LABEL_TOL", "csm_features", "check_class_names",
     "check_soft_labels", "GroupCheck", "check_groups",
-    "ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator", "mix_soft_targets",
+    "ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator", "TimmMixupCollator",
+    "mix_soft_targets",
     "SampleRef", "IndexDataset", "GlobalBatchSampler", "derive_seed", "batch_generator",
 ]

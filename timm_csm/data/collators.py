@@ -13,6 +13,7 @@ RegMixupCollator       ``pixel_values``, ``labels`` (B,), ``mix_pixel_values`` (
                        ``lam`` (B,)
 RankMixupCollator      ``pixel_values``, ``labels`` (B,), ``mix_pixel_values`` (M*B, ...) copy-major,
                        ``mix_targets`` (M*B, K), ``lam`` (M,)
+TimmMixupCollator      ``pixel_values`` mixed or cut-mixed by timm's ``Mixup``, ``labels`` soft (B, K), ``index``
 =====================  =========================================================================================
 
 Randomness: a batch of SampleRefs draws from ``torch.Generator(derive_seed(seed, epoch, step, ...))``. Draws that
@@ -32,11 +33,11 @@ import torch.nn.functional as F
 from .csm import CSMCompanionSampler
 from .lazy import LazyImages, take_images
 from .loader import SampleRef
-from .seeding import batch_generator
+from .seeding import batch_generator, preserved_global_rng, seed_global_rng
 from .transforms import BatchTransform
 
 __all__ = ["ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator",
-           "mix_soft_targets"]
+           "TimmMixupCollator", "mix_soft_targets"]
 
 _LOCAL_STREAM = 1  # key separating per-process draws (mixing) from global per-slot draws
 
@@ -239,3 +240,23 @@ class RankMixupCollator(_MixCollatorBase):
         mixed, targets = zip(*(self._mix(x, y, lams[q], g_local) for q in range(self.num_mixup)))
         return {"pixel_values": x, "labels": y, "index": idx, "mix_pixel_values": torch.cat(mixed),
                 "mix_targets": torch.cat(targets), "lam": lams}
+
+
+class TimmMixupCollator(ImageCollator):
+    """timm's ``Mixup`` (Mixup and CutMix, per batch / pair / element, with switching and label smoothing, as timm's
+    ``--mixup`` / ``--cutmix``) on the transformed local batch. ``Mixup`` draws from numpy's global generator: it is
+    seeded from the batch's local generator and restored afterwards, so batches stay seeded. timm pairs each image
+    with its mirror in the batch, so the local batch size must be even."""
+
+    def __init__(self, images, labels, transform, mixup_fn, seed: int = 0):
+        super().__init__(images, labels, transform, seed)
+        self.mixup_fn = mixup_fn
+
+    def __call__(self, batch):
+        idx, _, _, _, g_local, x = self._gather(batch)
+        if len(x) % 2:
+            raise ValueError(f"timm's Mixup / CutMix pairs images within a batch: the batch of {len(x)} must be even")
+        with preserved_global_rng():
+            seed_global_rng(int(torch.randint(0, 2 ** 62, (1,), generator=g_local)))
+            mixed, targets = self.mixup_fn(x, self.labels[idx])
+        return {"pixel_values": mixed, "labels": targets, "index": idx}

@@ -11,33 +11,14 @@ only on (run seed, epoch, step, slot): R processes of batch B see the images one
 """
 from __future__ import annotations
 
-import contextlib
-import random
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from .lazy import pil_mode
+from .seeding import preserved_global_rng, seed_global_rng
 
 __all__ = ["SampleTransform", "create_timm_transforms"]
-
-
-@contextlib.contextmanager
-def _preserved_global_rng():
-    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.random.set_rng_state(th)
-
-
-def _seed_globals(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2 ** 32)
-    torch.random.default_generator.manual_seed(seed)  # the CPU generator only: CUDA's stays the run's
 
 
 class SampleTransform:
@@ -82,11 +63,11 @@ class SampleTransform:
             raise ValueError("a random per-image transform needs params from sample_params (one seed per image)")
         if params is not None and len(params["seeds"]) != len(images):
             raise ValueError(f"params for {len(params['seeds'])} images, batch has {len(images)}")
-        with _preserved_global_rng():
+        with preserved_global_rng():
             out = []
             for i, img in enumerate(images):
                 if params is not None:
-                    _seed_globals(int(params["seeds"][i]))
+                    seed_global_rng(int(params["seeds"][i]))
                 out.append(self.transform(self._pil(img)))
         return torch.stack(out)
 

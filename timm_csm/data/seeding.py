@@ -6,10 +6,13 @@ resumed run replays exactly the batches an uninterrupted one would have seen.
 """
 from __future__ import annotations
 
+import contextlib
+import random
+
 import numpy as np
 import torch
 
-__all__ = ["derive_seed", "batch_generator"]
+__all__ = ["derive_seed", "batch_generator", "preserved_global_rng", "seed_global_rng"]
 
 
 def derive_seed(*keys: int) -> int:
@@ -21,3 +24,24 @@ def derive_seed(*keys: int) -> int:
 def batch_generator(*keys: int) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with :func:`derive_seed` of ``keys``."""
     return torch.Generator().manual_seed(derive_seed(*keys))
+
+
+@contextlib.contextmanager
+def preserved_global_rng():
+    """Restore the global ``random``, ``numpy`` and torch CPU generators on exit: code that draws from them (timm's
+    transforms and ``Mixup``) can be seeded per sample or per batch without moving the training process's own
+    random state."""
+    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(th)
+
+
+def seed_global_rng(seed: int) -> None:
+    """Seed the global ``random``, ``numpy`` and torch CPU generators (CUDA's stay the run's) with ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.random.default_generator.manual_seed(seed)

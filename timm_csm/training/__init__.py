@@ -26,7 +26,8 @@ from .reporting import results_markdown, write_results
 from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, check_resumed_processes, claim_run_dir, config_record,
                       folder_run_id, load_resumed, new_run_id, restore_config)
 from .sync_bn import AllReduceBatchNorm, convert_sync_batchnorm
-from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TrainingModule, TrainingTask,
+from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TimmMixupTask, TrainingModule,
+                    TrainingTask,
                     create_criterion, select_task)
 from .trackers import tracker_names
 
@@ -40,6 +41,6 @@ __all__ = [
     "results_markdown", "write_results",
     "LOCK_FILE", "RUN_FILES", "RunDirLock", "claim_run_dir", "config_record", "folder_run_id", "new_run_id",
     "restore_config", "load_resumed", "check_resumed_processes",
-    "TrainingTask", "TrainingModule", "ClassificationTask", "MixupTask", "RegMixupTask", "RankMixupTask", "CSMTask",
+    "TrainingTask", "TrainingModule", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask", "RankMixupTask", "CSMTask",
     "select_task", "create_criterion",
 ]

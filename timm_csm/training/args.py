@@ -53,6 +53,7 @@ _TIMM_SHARED = frozenset("""
     sync_bn model_ema model_ema_decay model_ema_warmup grad_accum_steps channels_last torchcompile torchcompile_mode
     log_wandb
     scale ratio vflip color_jitter aa reprob remode recount interpolation train_interpolation crop_pct no_aug
+    cutmix cutmix_minmax mixup_prob mixup_switch_prob
 """.split())
 
 
@@ -184,7 +185,14 @@ def _add_mixing(p: argparse.ArgumentParser) -> None:
                    help="label smoothing: with --loss ce it selects the 'ls' loss; with --mixup it smooths the "
                         "mixed targets")
     g.add_argument("--mixup", type=float, default=0.0, help="Mixup alpha (0: off); trains on mixed images only")
-    g.add_argument("--mixup-mode", default="batch", choices=("batch", "elem"), help="one lambda per batch or per image")
+    g.add_argument("--mixup-mode", default="batch", choices=("batch", "pair", "elem"),
+                   help="one lambda per batch, per pair (timm's Mixup only) or per image")
+    g.add_argument("--cutmix", type=float, default=0.0,
+                   help="CutMix alpha (0: off), through timm's Mixup, with --mixup as its mixup alpha")
+    g.add_argument("--cutmix-minmax", type=float, nargs=2, default=None, help="timm Mixup: CutMix box ratio range")
+    g.add_argument("--mixup-prob", type=float, default=1.0, help="timm Mixup: probability of mixing a batch")
+    g.add_argument("--mixup-switch-prob", type=float, default=0.5,
+                   help="timm Mixup: probability of CutMix instead of Mixup when both are on")
     g.add_argument("--regmixup", type=float, default=0.0,
                    help="RegMixup alpha (0: off; 20 for CIFAR-10, 10 for CIFAR-100)")
     g.add_argument("--regmixup-weight", type=float, default=1.0, help="weight eta of RegMixup's mixed term")

@@ -28,10 +28,11 @@ from typing import Dict, Tuple, Type
 import torch
 import torch.nn as nn
 
-from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator
+from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator, TimmMixupCollator
 from ..losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
 
-__all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "RegMixupTask", "RankMixupTask",
+__all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask",
+           "RankMixupTask",
            "CSMTask", "select_task", "create_criterion"]
 
 
@@ -130,6 +131,27 @@ class MixupTask(ClassificationTask):
                              smoothing=self.smoothing, seed=seed)
 
 
+class TimmMixupTask(ClassificationTask):
+    """timm's Mixup / CutMix (``--cutmix``, with ``--mixup`` as timm's mixup alpha): :class:`ClassificationTask` on the
+    batches of :class:`~timm_csm.data.TimmMixupCollator` (soft targets, ``--smoothing`` applied by ``Mixup``)."""
+
+    def __init__(self, model, criterion, mixup_fn):
+        super().__init__(model, criterion)
+        self.mixup_fn = mixup_fn
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "TimmMixupTask":
+        from timm.data import Mixup
+
+        return cls(model, criterion, Mixup(
+            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
+            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
+            label_smoothing=args.smoothing, num_classes=num_classes))
+
+    def create_collator(self, images, labels, transform, seed: int):
+        return TimmMixupCollator(images, labels, transform, self.mixup_fn, seed=seed)
+
+
 class RegMixupTask(TrainingTask):
     """RegMixup: the clean and the mixed batch in one pass, ``regmixup_objective(loss(f(x), y), CE(f(x~), y~),
     weight, reduction)`` (the mixed term is soft-target cross-entropy, as in the released code)."""
@@ -211,16 +233,19 @@ _BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": Rank
 
 def select_task(args, criterion: LossBase) -> Type[TrainingTask]:
     """The task class of the training loss ``criterion`` (its :class:`~timm_csm.losses.LossSpec`) with
-    ``--mixup`` / ``--regmixup``; conflicting options raise ``ValueError``."""
+    ``--mixup`` / ``--cutmix`` (timm's ``Mixup``) / ``--regmixup``; conflicting options raise ``ValueError``."""
     spec = LossSpec.of(criterion)
-    conflicts = [flag for flag, on in (("--mixup", args.mixup > 0), ("--regmixup", args.regmixup > 0)) if on]
+    cutmix = args.cutmix > 0 or args.cutmix_minmax is not None
+    conflicts = [flag for flag, on in (("--mixup", args.mixup > 0), ("--cutmix", cutmix),
+                                       ("--regmixup", args.regmixup > 0)) if on]
     task = _BY_INPUTS.get(spec.inputs)
     if task is not None and conflicts:
         raise ValueError(f"--loss {args.loss} builds its own batches; drop {' and '.join(conflicts)}")
-    if len(conflicts) > 1:
-        raise ValueError("choose one of --mixup and --regmixup")
+    if "--regmixup" in conflicts and len(conflicts) > 1:
+        raise ValueError("--regmixup mixes its own copy; drop --mixup / --cutmix")
     if task is None:
-        task = MixupTask if args.mixup > 0 else RegMixupTask if args.regmixup > 0 else ClassificationTask
+        task = (TimmMixupTask if cutmix else MixupTask if args.mixup > 0 else RegMixupTask if args.regmixup > 0
+                else ClassificationTask)
     if task.needs_companions and not args.csm_dataset:
         raise ValueError(f"--loss {args.loss} needs --csm-dataset (the generated CSM dataset)")
     if not task.needs_companions and args.csm_dataset:
@@ -229,13 +254,14 @@ def select_task(args, criterion: LossBase) -> Type[TrainingTask]:
 
 
 def create_criterion(args, num_train: int) -> LossBase:
-    """The training loss from ``--loss`` / ``--loss-kwargs``. ``--smoothing`` (without ``--mixup``) selects the
+    """The training loss from ``--loss`` / ``--loss-kwargs``. ``--smoothing`` (without ``--mixup`` / ``--cutmix``,
+    which smooth their mixed targets) selects the
     loss's label-smoothing form (``ce`` -> ``ls``) with ``smoothing=``; a generated-batch loss takes
     ``weight=--csm-weight``, a per-sample-state loss ``num_samples=`` the training-set size."""
     name = args.loss
     kwargs = dict(args.loss_kwargs or [])
     spec = loss_spec(name)  # unknown names: ValueError listing the registered losses
-    if args.smoothing > 0 and args.mixup <= 0:
+    if args.smoothing > 0 and args.mixup <= 0 and args.cutmix <= 0 and args.cutmix_minmax is None:
         if spec.smoothed is None:
             raise ValueError(f"--smoothing applies to --loss ce / ls (or to --mixup targets), not to {name!r}")
         name = spec.smoothed
