@@ -334,6 +334,7 @@ def test_resume_restores_the_whole_configuration_and_extends_the_schedule(tmp_pa
     res = run(parse_args(["--resume", str(last), "--epochs", "5", "--no-progress"]))
     saved = yaml.safe_load((tmp_path / "cos" / "args.yaml").read_text())
     assert (saved["batch_size"], saved["lr"], saved["sched"], saved["epochs"]) == (48, 0.08, "cosine", 5)
+    assert saved["max_test_samples"] == 200 and res["n_test"] == first["n_test"] == 200  # the test subset is kept
     assert saved["run_id"] == res["run_id"] == first["run_id"] and res["dataset"] == "digits"
     assert res["history"][:3] == first["history"]
     # epochs 3 and 4 follow a cosine over the new total (not the finished schedule's final lr 0)

@@ -5,7 +5,8 @@
 Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pieces live in
 :mod:`timm_csm.training`):
 
-1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is loaded into memory; the ``--val-split`` split, else a
+1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is opened (the embedded sets in memory, any other read
+   lazily, decoded per batch in the DataLoader workers); the ``--val-split`` split, else a
    seeded ``--val-fraction`` of the training split, is the validation set for checkpoint selection, stateful-loss
    hooks and temperature scaling; the test split is ``--test-split``, else ``test``, ``validation`` or ``val``. CSM
    companions come from ``--csm-dataset`` (the published generated dataset) through

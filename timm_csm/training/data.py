@@ -1,12 +1,15 @@
 """The data of a training run: the seeded train / validation / test splits, the CSM groups, input settings and the
 evaluation loaders.
 
-``load_data`` loads ``--dataset`` into memory (embedded ``fashion_mnist`` / ``digits``, ``cifar10`` / ``cifar100``
-or any Hugging Face dataset name or folder) and takes the seeded ``--max-*-samples`` subsets. The validation set
+``load_data`` opens ``--dataset`` (the embedded ``fashion_mnist`` / ``digits`` in memory; ``cifar10`` / ``cifar100``,
+any Hugging Face dataset name or folder and timm's ``hfds/`` / ``torch/`` names read lazily:
+:func:`timm_csm.data.open_image_split`) and takes the seeded ``--max-*-samples`` subsets. The validation set
 (checkpoint selection, stateful-loss hooks, temperature scaling) is the split named by ``--val-split`` (timm's
 meaning), else a seeded ``--val-fraction`` of the training split held out. The test split is ``--test-split``, else
 detected (``test``, else ``validation`` / ``val``, the first not already used): a dataset laid out as
 ``train`` / ``validation`` reports on ``validation``. A named split the dataset lacks is an error naming its splits.
+``build_transforms`` chooses the input size, channels, normalisation and recipe (the batched pad-crop recipe or
+timm's ``create_transform``, image by image).
 """
 from __future__ import annotations
 
