@@ -152,3 +152,27 @@ def test_a_pretrained_timm_model_fine_tunes_at_224_from_a_local_weights_file(tmp
     assert eval_tf(torch.zeros(2, 3, 30, 30, dtype=torch.uint8)).shape == (2, 3, 224, 224)  # timm's resize + crop
     diff = (model.layer4[1].conv2.weight - weights["layer4.1.conv2.weight"]).abs().max()
     assert float(diff) < 0.01
+
+
+def test_csm_companions_get_the_real_images_timm_train_transform(tmp_path):
+    """Companions read lazily from the generated Arrow dataset go through the same per-image timm transform."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from csm_testdata import save_digits_csm_folder
+    from timm_csm.data import CSMCollator, CSMCompanionSampler, CSMGroups, SampleRef
+    from timm_csm.hub import load_csm_dataset
+
+    folder = save_digits_csm_folder(tmp_path / "csm-digits-aug")
+    groups = CSMGroups.from_dataset(load_csm_dataset(str(folder))["train"])
+    assert isinstance(groups.images, ArrowImages)  # nothing decoded up front
+    train_tf, _ = create_timm_transforms(16, (0.5,), (0.5,), 1, re_prob=1.0)
+    real = np.zeros((8, 1, 8, 8), np.uint8)
+    collator = CSMCollator(real, np.arange(8) % groups.num_classes, train_tf, CSMCompanionSampler(groups), seed=0)
+    out = collator([SampleRef(i, 0, 0, i, 8) for i in range(8)])
+    assert out["mix_pixel_values"].shape == (16, 1, 16, 16)
+    erased = (out["mix_pixel_values"] != out["mix_pixel_values"].flatten(1).mode(1).values[:, None, None, None])
+    assert erased.flatten(1).float().mean(1).min() > 0.01  # random erasing (probability 1) reached every companion
+    results = run(_options(tmp_path, "digits", loss="csm", csm_dataset=str(folder), transform="timm", img_size=16,
+                           reprob=0.25, epochs=1))
+    assert results["loss"] == "csm"
