@@ -21,7 +21,10 @@ Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pi
    After each epoch (:mod:`~timm_csm.training.loop`): validation logits (gathered over processes), the loss's
    ``sync`` and ``on_epoch_end`` hooks, the scheduler step, the per-epoch log, ``last.safetensors`` (model,
    optimizer, scheduler, loss state, RNG) and ``model_best.safetensors`` when ``--select-by`` improves
-   (:mod:`~timm_csm.training.checkpoint`).
+   (:mod:`~timm_csm.training.checkpoint`), timm's ``summary.csv``. timm's ``--sync-bn``, ``--model-ema``,
+   ``--grad-accum-steps``, ``--channels-last`` and ``--torchcompile`` keep timm's meaning
+   (:mod:`~timm_csm.training.prepare`); trackers (``--log-with``, ``--log-wandb``) get the per-update loss, the
+   epoch rows and the final metrics (:mod:`~timm_csm.training.trackers`).
 3. evaluation of the best checkpoint on the test split, before and after temperature scaling fitted on the
    validation split (``--ts-method``), optionally PIECE (``--piece``) (:mod:`~timm_csm.training.evaluation`):
    ``results.json``, ``results.md``, reliability diagrams (:mod:`~timm_csm.training.reporting`).

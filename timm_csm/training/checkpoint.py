@@ -2,10 +2,12 @@
 an optional history of per-epoch states.
 
 * ``last.safetensors``: the training state after every epoch (model, optimizer, scheduler, loss state, RNG, epoch,
-  best, history, run metadata; :func:`timm_csm.io.save_state`), what ``--resume`` continues;
+  best, history, run metadata, and the EMA weights with ``--model-ema``; :func:`timm_csm.io.save_state`), what
+  ``--resume`` continues;
 * ``model_best.safetensors``: the model weights of the best epoch by the validation metric ``select_by``
   (:func:`timm_csm.io.save_model_file`), replaced only when an epoch is strictly better (every epoch counts as
-  better when there is no validation split);
+  better when there is no validation split); with ``--model-ema`` the EMA weights, which are the ones validated
+  (as timm's ``train.py`` selects on the EMA's metrics);
 * ``checkpoint-<epoch>.safetensors``: with ``max_history > 0``, the training states of the ``max_history`` most
   recent epochs (older ones are deleted).
 
@@ -84,9 +86,10 @@ class CheckpointSaver:
     def save(self, epoch: int, state: Dict[str, Any], improved: bool) -> None:
         """Write epoch ``epoch``'s files: the best model (when ``improved``), ``last.safetensors``, and the history
         entry (deleting the one that falls out). ``state`` is the training state, with ``model`` (the model's state
-        dict) and ``meta`` (the run metadata, stored with the best model along with ``epoch`` and ``best``)."""
+        dict), optionally ``ema`` (the EMA's, then the best model's weights) and ``meta`` (the run metadata, stored
+        with the best model along with ``epoch`` and ``best``)."""
         if improved:
-            save_model_file(self.folder / CHECKPOINT_BEST, state["model"],
+            save_model_file(self.folder / CHECKPOINT_BEST, state.get("ema", state["model"]),
                             dict(state["meta"], epoch=epoch, best=self.best))
         save_state(self.folder / CHECKPOINT_LAST, state)
         if self.max_history > 0:

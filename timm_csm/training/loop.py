@@ -1,17 +1,21 @@
 """The training loop: one epoch of a :class:`~timm_csm.training.tasks.TrainingTask`, prediction over a loader, and
 the epochs of a run (validation, the loss's epoch-end hooks, the schedule, the log and the checkpoints).
 
-The loop knows no method: every step is ``out = task(batch)``, ``accelerator.backward(out["loss"])``, gradient
-clipping (``--clip-grad``, by norm or value) and ``optimizer.step()``. After each epoch: the criterion's ``sync``,
-validation logits gathered over processes, its ``on_epoch_end``, the scheduler step, the per-epoch log and the
-checkpoints of :class:`~timm_csm.training.checkpoint.CheckpointSaver`.
+The loop knows no method: every batch is ``out = task(batch)`` and ``accelerator.backward(out["loss"])``; every
+``--grad-accum-steps`` batches an update: gradient clipping (``--clip-grad``, by norm or value),
+``optimizer.step()``, the ``--model-ema`` update and the per-update tracker log. After each epoch: the criterion's
+``sync``, validation logits gathered over processes (of the EMA, when there is one, and of the model), its
+``on_epoch_end``, the scheduler step, the per-epoch log (``log.json``, timm's ``summary.csv``, the trackers) and
+the checkpoints of :class:`~timm_csm.training.checkpoint.CheckpointSaver`. The model's set-up (``--sync-bn``,
+``--channels-last``, ``--torchcompile``) is :mod:`~timm_csm.training.prepare`'s.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,61 +26,99 @@ from ..metrics import calibration_metrics
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .evaluation import metric_row
 from .optim import create_optimizer, create_scheduler, restore_scheduler
-from .reporting import write_log
+from .prepare import prepare_training, updates_per_epoch
+from .reporting import SUMMARY_FILE, write_log, write_summary
+from .trackers import numeric, tracker_names
 
 __all__ = ["train_one_epoch", "predict", "train_loader", "fit"]
 
 _SHOWN = ("epoch", "lr", "train_loss", "val_accuracy", "val_ece", "val_nll", "epoch_time")
 
 
-def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, clip_grad: float = 0.0,
-                    clip_mode: str = "norm", progress: bool = False) -> Dict[str, float]:
-    """One pass over ``loader``; returns ``{"train_loss": mean step loss over processes, "train_<term>": mean of
-    each logged loss term on this process}``. A non-finite loss raises ``FloatingPointError``."""
+def _device_batch(batch: Dict[str, torch.Tensor], device, channels_last: bool) -> Dict[str, torch.Tensor]:
+    """``batch`` on ``device``; with ``channels_last`` its image tensors (4-D) in ``torch.channels_last``."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if channels_last:
+        out = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in out.items()}
+    return out
+
+
+def _optimizer_step(optimizer, accelerator, params, clip_grad: float, clip_mode: str) -> None:
+    """Clip the accumulated gradients (``--clip-grad``, by norm or value), step and clear them."""
+    if clip_grad and clip_grad > 0:
+        if clip_mode == "norm":
+            accelerator.clip_grad_norm_(params, clip_grad)
+        else:
+            accelerator.clip_grad_value_(params, clip_grad)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, args, ema=None, num_updates: int = 0,
+                    log_steps: bool = False) -> Tuple[Dict[str, float], int]:
+    """One pass over ``loader``; returns (``{"train_loss": mean batch loss over processes, "train_<term>": mean of
+    each logged loss term on this process}``, the optimizer update count after the epoch).
+
+    Options of ``args``: ``grad_accum_steps`` (N: the gradients of N batches, each loss divided by N, add up before
+    one optimizer update; the epoch's last group of ``len(loader) % N`` batches divides by its own size, as timm; the
+    distributed gradient all-reduce runs on the update's batch only, ``accelerator.no_sync`` on the others),
+    ``clip_grad`` / ``clip_mode`` (on the update's gradients), ``channels_last``, ``progress``. After each update:
+    ``ema.update(model, step=num_updates)`` and, with ``log_steps``, ``train/loss`` (the update's loss averaged over
+    processes) to the trackers. A non-finite loss raises ``FloatingPointError``."""
     from tqdm.auto import tqdm
 
     task.forward_module.train()
-    device = accelerator.device
+    device, accum, n = accelerator.device, args.grad_accum_steps, len(loader)
+    short_from = n - n % accum  # batches from here form the epoch's last, shorter group
     total = torch.zeros((), dtype=torch.float64, device=device)
-    steps = 0
-    terms_sum: Dict[str, float] = {}
+    group_loss = torch.zeros_like(total)
+    steps, terms_sum = 0, {}
     params = [p for p in task.model.parameters() if p.requires_grad]
     bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
-               disable=not (progress and accelerator.is_main_process))
-    for batch in bar:
-        out = task({k: v.to(device, non_blocking=True) for k, v in batch.items()})
-        loss = out["loss"]
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss {float(loss)} at epoch {epoch}, step {steps}")
-        optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
-        if clip_grad and clip_grad > 0:
-            if clip_mode == "norm":
-                accelerator.clip_grad_norm_(params, clip_grad)
-            else:
-                accelerator.clip_grad_value_(params, clip_grad)
-        optimizer.step()
+               disable=not (args.progress and accelerator.is_main_process))
+    optimizer.zero_grad(set_to_none=True)
+    for i, batch in enumerate(bar):
+        group = accum if i < short_from else n - short_from
+        update = (i + 1) % accum == 0 or i == n - 1
+        with contextlib.nullcontext() if update else accelerator.no_sync(task.forward_module):
+            out = task(_device_batch(batch, device, args.channels_last))
+            loss = out["loss"]
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite training loss {float(loss)} at epoch {epoch}, step {steps}")
+            accelerator.backward(loss / group if group > 1 else loss)
         total += loss.detach().double()
+        group_loss += loss.detach().double()
         steps += 1
         for k, v in (out["terms"] or {}).items():
             terms_sum[k] = terms_sum.get(k, 0.0) + float(v)
+        if update:
+            _optimizer_step(optimizer, accelerator, params, args.clip_grad, args.clip_mode)
+            num_updates += 1
+            if ema is not None:
+                ema.update(task.model, step=num_updates)
+            if log_steps:
+                loss_value = float(accelerator.reduce(group_loss / group, reduction="mean"))
+                accelerator.log({"train/loss": loss_value}, step=num_updates)
+            group_loss.zero_()
         if steps % 10 == 0:
             bar.set_postfix(loss=f"{float(total) / steps:.4f}")
     bar.close()
     row = {"train_loss": float(accelerator.reduce(total / max(steps, 1), reduction="mean"))}
     row.update({f"train_{k}": v / max(steps, 1) for k, v in terms_sum.items()})
-    return row
+    return row, num_updates
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader, accelerator, features: bool = False):
+def predict(model: nn.Module, loader, accelerator, features: bool = False, channels_last: bool = False):
     """Logits (N, K), labels (N,) and optionally penultimate features (N, D) over ``loader``, gathered from
-    every process in dataset order (float32 on the CPU)."""
+    every process in dataset order (float32 on the CPU); ``channels_last``: inputs in that memory layout."""
     was_training = model.training
     model.eval()
     logits_all, labels_all, feats_all = [], [], []
     for batch in loader:
         x = batch["pixel_values"].to(accelerator.device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         y = batch["labels"].to(accelerator.device)
         with accelerator.autocast():
             if features:
@@ -118,43 +160,69 @@ def _resume(args, task, optimizer, scheduler, resume_state, accelerator) -> tupl
     return start_epoch, list(resume_state["history"]), dict(resume_state["best"])
 
 
+def _validate(task, ema, val_loader, accelerator, args) -> Tuple[Dict[str, float], tuple, tuple]:
+    """(log entries, the model's validation predictions, the validated weights' predictions). With an EMA the
+    validated weights are the EMA's (``val_*``; the model's own metrics are ``val_online_*``); the loss's epoch-end
+    hooks take the model's predictions, since they adapt the loss to the model being trained."""
+    if val_loader is None:
+        return {}, (), ()
+    online = predict(task.model, val_loader, accelerator, channels_last=args.channels_last)
+    if ema is None:
+        return metric_row("val", calibration_metrics(*online, n_bins=args.n_bins)), online, online
+    validated = predict(ema.module, val_loader, accelerator, channels_last=args.channels_last)
+    entries = metric_row("val", calibration_metrics(*validated, n_bins=args.n_bins))
+    entries.update(metric_row("val_online", calibration_metrics(*online, n_bins=args.n_bins)))
+    return entries, online, validated
+
+
+def _training_state(task, optimizer, scheduler, ema, epoch: int, saver, history, meta) -> Dict[str, Any]:
+    state = {"model": task.model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "loss": task.criterion.state_dict(), "rng": rng_state(), "epoch": epoch, "best": saver.best,
+             "history": history, "meta": meta}
+    if ema is not None:
+        state["ema"] = ema.module.state_dict()
+    return state
+
+
 def fit(args, task, train_arrays, train_tf, accelerator, out_dir: Path, meta: Dict[str, Any], val_loader,
         resume_state: Optional[Dict[str, Any]] = None):
-    """Train ``task`` for epochs ``[start, --epochs)``; returns (history, best)."""
+    """Train ``task`` for epochs ``[start, --epochs)``; returns (history, best). Each epoch's row also records
+    ``step``, the optimizer update count (the step axis of the trackers)."""
     optimizer = create_optimizer(args, task.model)
     scheduler = create_scheduler(args, optimizer)
     start_epoch, history, best = 0, [], None
     if resume_state is not None:
         start_epoch, history, best = _resume(args, task, optimizer, scheduler, resume_state, accelerator)
     saver = CheckpointSaver(out_dir, args.select_by, args.checkpoint_hist, best)
-    optimizer = task.prepare(accelerator, optimizer)
+    optimizer, ema = prepare_training(args, task, optimizer, accelerator, resume_state)
     loader, sampler = train_loader(task, train_arrays, train_tf, args, accelerator)
-    if args.log_with:
-        accelerator.init_trackers(out_dir.name, config={k: v for k, v in vars(args).items() if not k.startswith("_")
-                                                        and isinstance(v, (int, float, str, bool))})
+    num_updates = start_epoch * updates_per_epoch(len(loader), args.grad_accum_steps)
+    log_steps = bool(tracker_names(args))
+    if accelerator.is_main_process:
+        from timm.utils import trim_summary
+
+        trim_summary(str(out_dir / SUMMARY_FILE), start_epoch)
     for epoch in range(start_epoch, args.epochs):
         t0 = time.time()
         sampler.set_epoch(epoch)
         row: Dict[str, Any] = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"]}
-        row.update(train_one_epoch(task, optimizer, loader, accelerator, epoch, args.clip_grad, args.clip_mode,
-                                   args.progress))
-        val = predict(task.model, val_loader, accelerator) if val_loader is not None else ()
-        if val:
-            row.update(metric_row("val", calibration_metrics(*val, n_bins=args.n_bins)))
-        task.end_epoch(accelerator, *val)
+        train_row, num_updates = train_one_epoch(task, optimizer, loader, accelerator, epoch, args, ema, num_updates,
+                                                 log_steps)
+        row.update(train_row, step=num_updates)
+        entries, online, validated = _validate(task, ema, val_loader, accelerator, args)
+        row.update(entries)
+        task.end_epoch(accelerator, *online)
         scheduler.step(epoch + 1, row.get(saver.metric_key))
         row["epoch_time"] = round(time.time() - t0, 3)
         history.append(row)
         improved = saver.update(epoch, row, validated=val_loader is not None)
         if accelerator.is_main_process:
-            saver.save(epoch, {"model": task.model.state_dict(), "optimizer": optimizer.state_dict(),
-                               "scheduler": scheduler.state_dict(), "loss": task.criterion.state_dict(),
-                               "rng": rng_state(), "epoch": epoch, "best": saver.best, "history": history,
-                               "meta": meta}, improved)
+            saver.save(epoch, _training_state(task, optimizer, scheduler, ema, epoch, saver, history, meta), improved)
             write_log(out_dir, history)
+            write_summary(out_dir, row, validated)
             accelerator.print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                           if k in _SHOWN}))
-        if args.log_with:
-            accelerator.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=epoch)
+        if log_steps:
+            accelerator.log(numeric(row), step=num_updates)
         accelerator.wait_for_everyone()
     return history, saver.best

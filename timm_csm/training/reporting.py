@@ -1,5 +1,6 @@
-"""Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), ``results.md`` (the markdown table of
-:func:`results_markdown`), ``results.json``, the test predictions and the reliability diagrams."""
+"""Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), timm's ``summary.csv``, ``results.md``
+(the markdown table of :func:`results_markdown`), ``results.json``, the test predictions and the reliability
+diagrams."""
 from __future__ import annotations
 
 import csv
@@ -7,11 +8,14 @@ import io
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..io import save_model_file, write_text_atomic
 
-__all__ = ["results_markdown", "comparison_markdown", "write_log", "write_results"]
+__all__ = ["results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE", "write_summary",
+           "write_results"]
+
+SUMMARY_FILE = "summary.csv"
 
 
 _REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
@@ -78,6 +82,24 @@ def write_log(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
     w.writeheader()
     w.writerows(rows)
     write_text_atomic(out_dir / "log.csv", buf.getvalue())
+
+
+def write_summary(out_dir: Path, row: Dict[str, Any], val: Optional[Sequence] = None) -> None:
+    """Append epoch ``row`` (a ``log.json`` row) to ``summary.csv`` in timm's format (``timm.utils.update_summary``):
+    ``epoch``, ``train_<term>`` (``train_loss`` and the loss's terms), then with validation predictions ``val`` =
+    (logits, labels) of the weights that are validated (the EMA with ``--model-ema``, as timm): ``eval_loss`` (NLL),
+    ``eval_top1`` / ``eval_top5`` in percent (``timm.utils.accuracy``) and our calibration metrics ``eval_<name>``
+    as fractions (``ece``, ``aece``, ...), and ``lr``."""
+    from timm.utils import accuracy, update_summary
+
+    train = {k[len("train_"):]: v for k, v in row.items() if k.startswith("train_")}
+    evals = None
+    if val is not None and len(val):
+        top1, top5 = accuracy(val[0], val[1], topk=(1, 5))
+        evals = {"loss": row["val_nll"], "top1": float(top1), "top5": float(top5)}
+        evals.update({k[len("val_"):]: v for k, v in row.items() if k.startswith("val_")
+                      and not k.startswith("val_online_") and k not in ("val_nll", "val_accuracy")})
+    update_summary(row["epoch"], train, evals, str(Path(out_dir) / SUMMARY_FILE), lr=row["lr"])
 
 
 def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, n_bins: int) -> None:

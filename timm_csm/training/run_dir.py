@@ -30,7 +30,8 @@ LOCK_FILE = ".run.lock"
 RUN_FILES = ("args.yaml", "last.safetensors", "model_best.safetensors", "results.json")
 #: options a resumed run may change when given: where and how fast it runs, how it reports, the number of epochs
 RUN_LOCAL_OPTIONS = frozenset({"epochs", "output", "experiment", "workers", "pin_mem", "progress", "log_with",
-                               "validation_batch_size", "checkpoint_hist", "cpu"})
+                               "log_wandb", "validation_batch_size", "checkpoint_hist", "cpu", "channels_last",
+                               "torchcompile", "torchcompile_mode"})
 #: options of one invocation, never taken from the resumed run
 _INVOCATION_OPTIONS = frozenset({"config", "resume", "auto_resume", "eval_only", "checkpoint"})
 _KEY_VALUE_OPTIONS = ("model_kwargs", "loss_kwargs")
