@@ -79,17 +79,24 @@ class SampleTransform:
         return f"SampleTransform(in_chans={self.in_chans}, img_size={self.img_size}, random={self.random})"
 
 
+def _per_channel(values, in_chans: int, what: str) -> tuple:
+    values = tuple(float(v) for v in values)
+    if len(values) == 1:
+        return values * in_chans
+    if len(values) != in_chans:
+        raise ValueError(f"{what} has {len(values)} values for {in_chans} channels")
+    return values
+
+
 def create_timm_transforms(img_size: int, mean, std, in_chans: int, interpolation: str = "bilinear",
                            crop_pct: Optional[float] = None, no_aug: bool = False, **train_kwargs):
     """(train, eval) :class:`SampleTransform` of ``timm.data.create_transform``: train with ``train_kwargs``
     (``scale``, ``ratio``, ``hflip``, ``vflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ``re_mode``,
     ``re_count``, ``train_interpolation``, as timm's train.py passes them), eval resizing to ``img_size / crop_pct``
-    and centre-cropping. Channel statistics are fitted to ``in_chans``."""
+    and centre-cropping. ``mean`` / ``std`` hold one value per channel, or one for all."""
     from timm.data import create_transform
 
-    from ..models._cfg import _fit_channels
-
-    mean, std = _fit_channels(mean, in_chans), _fit_channels(std, in_chans)
+    mean, std = _per_channel(mean, in_chans, "mean"), _per_channel(std, in_chans, "std")
     size = (in_chans, int(img_size), int(img_size))
     train_interpolation = train_kwargs.pop("train_interpolation", None) or interpolation
     train = create_transform(size, is_training=True, no_aug=no_aug, mean=mean, std=std,
