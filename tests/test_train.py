@@ -193,7 +193,7 @@ def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
     (dict(dataset="no_such_dataset"), "unknown dataset 'no_such_dataset'; available: fashion_mnist, digits"),
     (dict(loss="csm"), "needs --csm-dataset"),
     (dict(loss="csm", n_aug=7), "n_aug=7 is larger than the 6 interior members"),
-    (dict(mixup=0.2, regmixup=10.0), "one of --mixup and --regmixup"),
+    (dict(mixup=0.2, regmixup=10.0), "--regmixup mixes its own copy"),
 ])
 def test_errors_before_training(tmp_path, csm_folder, overrides, match):
     if overrides.get("loss") == "csm" and "n_aug" in overrides:
