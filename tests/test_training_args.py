@@ -155,7 +155,8 @@ def test_resuming_a_state_that_stored_the_fraction_as_val_split(tmp_path):
 
 
 def test_the_timm_options_taken_as_they_are_are_options_here():
-    from timm_csm.training.args import _TIMM_SHARED, TIMM_TRAIN_KEYS, build_parser
+    from timm_csm.training.args import build_parser
+    from timm_csm.training.timm_args import TIMM_SHARED_KEYS, TIMM_TRAIN_KEYS
 
     dests = {a.dest for a in build_parser()._actions}
-    assert _TIMM_SHARED <= dests & TIMM_TRAIN_KEYS and len(TIMM_TRAIN_KEYS) > 150
+    assert TIMM_SHARED_KEYS <= dests & TIMM_TRAIN_KEYS and len(TIMM_TRAIN_KEYS) > 150

@@ -3,8 +3,8 @@
 Flag names follow timm's ``train.py`` where they overlap. A YAML file gives defaults (keys are flag names, with
 ``-`` or ``_``); flags override it. The file may be a run's own args.yaml (it reads back to the same configuration;
 its :data:`CONFIG_MARKER` key tells it apart), a hand-written one (an unknown key is an error naming it), or the
-args.yaml timm's ``train.py`` writes per run: the options both scripts share are taken, timm's others are named in
-one warning and ignored. :func:`resolve_config` completes a ``dict`` or hand-built ``Namespace`` with the
+args.yaml timm's ``train.py`` writes per run: the options both scripts share are taken
+(:mod:`~timm_csm.training.timm_args`), timm's others are named in one warning and ignored. :func:`resolve_config` completes a ``dict`` or hand-built ``Namespace`` with the
 defaults and records which options were given explicitly (``_explicit``), so that ``--eval-only`` can fill the rest
 from a checkpoint and ``--resume`` can refuse conflicting ones.
 """
@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..io import read_model_meta
+from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
 __all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "build_parser", "parse_args", "resolve_config",
            "fill_from_checkpoint", "upgrade_stored_config"]
@@ -23,40 +24,6 @@ __all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "build_parser", "pa
 PAPER_SEED = 12345
 #: the key that marks the args.yaml a run writes (its value: the timm-csm version)
 CONFIG_MARKER = "timm_csm_version"
-#: the options of timm's train.py (timm 1.0), the keys of the args.yaml it writes per run
-TIMM_TRAIN_KEYS = frozenset("""
-    data data_dir dataset train_split val_split train_num_samples val_num_samples dataset_download class_map
-    input_img_mode input_key target_key dataset_trust_remote_code model pretrained pretrained_path
-    initial_checkpoint resume no_resume_opt num_classes gp img_size in_chans input_size crop_pct mean std
-    interpolation batch_size validation_batch_size channels_last fuser grad_accum_steps grad_checkpointing
-    fast_norm model_kwargs head_init_scale head_init_bias torchcompile_mode torchscript torchcompile device amp
-    amp_dtype amp_impl model_dtype no_ddp_bb synchronize_step local_rank device_modules opt opt_eps opt_betas
-    momentum weight_decay clip_grad clip_mode layer_decay layer_decay_min_scale layer_decay_no_opt_scale opt_kwargs
-    sched sched_on_updates lr lr_base lr_base_size lr_base_scale lr_noise lr_noise_pct lr_noise_std lr_cycle_mul
-    lr_cycle_decay lr_cycle_limit lr_k_decay warmup_lr min_lr epochs epoch_repeats start_epoch decay_milestones
-    decay_epochs warmup_epochs warmup_prefix cooldown_epochs patience_epochs decay_rate no_aug train_crop_mode
-    scale ratio hflip vflip color_jitter color_jitter_prob grayscale_prob gaussian_blur_prob aa aug_repeats
-    aug_splits jsd_loss bce_loss bce_sum bce_target_thresh bce_pos_weight reprob remode recount resplit mixup
-    cutmix cutmix_minmax mixup_prob mixup_switch_prob mixup_mode mixup_off_epoch smoothing train_interpolation
-    drop drop_connect drop_path drop_block bn_momentum bn_eps sync_bn dist_bn split_bn model_ema
-    model_ema_force_cpu model_ema_decay model_ema_warmup seed worker_seeding log_interval recovery_interval
-    checkpoint_hist workers save_images pin_mem no_prefetcher output experiment eval_metric tta
-    use_multi_epochs_loader log_wandb wandb_project wandb_tags wandb_resume_id apex_amp native_amp
-    naflex_loader naflex_train_seq_lens naflex_max_seq_len naflex_loss_scale prefetcher distributed world_size rank
-""".split())
-#: timm options taken as they are (same name, same meaning)
-_TIMM_SHARED = frozenset("""
-    train_split model pretrained pretrained_path initial_checkpoint num_classes img_size in_chans mean std
-    batch_size validation_batch_size opt momentum weight_decay clip_mode sched lr warmup_lr min_lr epochs
-    decay_milestones decay_epochs warmup_epochs decay_rate hflip mixup mixup_mode smoothing drop drop_path
-    model_kwargs seed workers pin_mem amp amp_dtype output experiment
-    sync_bn model_ema model_ema_decay model_ema_warmup grad_accum_steps channels_last torchcompile torchcompile_mode
-    log_wandb
-    scale ratio vflip color_jitter aa reprob remode recount interpolation train_interpolation crop_pct no_aug
-    cutmix cutmix_minmax mixup_prob mixup_switch_prob
-""".split())
-
-
 def _key_value(text: str) -> Tuple[str, Any]:
     """Parse ``key=value``; the value is read as YAML (numbers, booleans, lists), else kept as a string."""
     if "=" not in text:
@@ -300,60 +267,11 @@ def _load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, A
         cfg.pop(key, None)
     cfg = upgrade_stored_config(cfg)
     if not ours and set(map(_option_key, cfg)) & (TIMM_TRAIN_KEYS - set(_dest_names(parser))):
-        cfg, ignored = _from_timm({_option_key(k): v for k, v in cfg.items()})
+        cfg, ignored = from_timm_args({_option_key(k): v for k, v in cfg.items()})
         if ignored:
             warnings.warn(f"config {path} is a timm train.py args.yaml; its options without a counterpart here "
                           f"are ignored: {', '.join(sorted(ignored))}", UserWarning, stacklevel=3)
     return _normalise_keys(cfg, parser, f"config {path}")
-
-
-def _timm_dataset(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    """Our dataset options for timm's ``dataset`` / ``data_dir``: ``hfds/NAME`` is the Hugging Face dataset NAME,
-    ``torch/cifar10`` etc. that torchvision dataset in ``data_dir``, an empty name the folder ``data_dir``. timm evaluates on its
-    ``val_split``, so that split is the test split here (torchvision datasets: their test set, detected)."""
-    name, folder = str(cfg.get("dataset") or ""), cfg.get("data_dir") or cfg.get("data")
-    prefix, _, rest = name.partition("/")
-    out: Dict[str, Any] = {}
-    if prefix.lower() in ("hfds", "hfids") and rest:
-        out["dataset"] = rest
-    elif prefix.lower() == "torch" and rest:  # torchvision's files in data_dir, read through timm
-        out["dataset"] = f"torch/{rest.lower()}"
-        if folder:
-            out["data_dir"] = str(folder)
-    elif name:
-        out["dataset"] = name
-    elif folder:
-        out["dataset"] = str(folder)
-    if cfg.get("val_split") and prefix.lower() != "torch":
-        out["test_split"] = cfg["val_split"]
-    return out
-
-
-def _from_timm(cfg: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
-    """(our options, timm keys not taken) for the options of a timm train.py args.yaml.
-
-    Options of the same name and meaning are taken as they are (an empty string is timm's "not set");
-    ``input_size`` (C, H, W) gives ``in_chans`` and ``img_size``; ``clip_grad: null`` (timm: no clipping) is
-    ``clip_grad: 0``; the dataset as :func:`_timm_dataset`. ``resume`` (a timm checkpoint) and ``checkpoint_hist``
-    (timm keeps the N best checkpoints, here the N most recent) are not taken. Keys that are not timm's are kept
-    as options of ours (an unknown one is then an error)."""
-    out = _timm_dataset(cfg)
-    taken = {"dataset", "data_dir", "data", "val_split"}
-    for key in sorted(_TIMM_SHARED & set(cfg)):
-        taken.add(key)
-        if cfg[key] != "":
-            out[key] = cfg[key]
-    if "clip_grad" in cfg:
-        out["clip_grad"] = 0.0 if cfg["clip_grad"] is None else cfg["clip_grad"]
-    size = cfg.get("input_size")
-    if size:
-        if len(size) != 3 or size[1] != size[2]:
-            raise ValueError(f"timm input_size {size}: only square (C, H, H) inputs are supported")
-        out.setdefault("in_chans", int(size[0]))
-        out["img_size"] = out.get("img_size") or int(size[1])
-    taken |= {"clip_grad", "input_size"}
-    out.update({k: v for k, v in cfg.items() if k not in TIMM_TRAIN_KEYS})  # ours, or typos: checked as ours
-    return out, [k for k in cfg if k in TIMM_TRAIN_KEYS and k not in taken]
 
 
 def _normalise_keys(cfg: Dict[str, Any], parser: argparse.ArgumentParser, where: str) -> Dict[str, Any]:
