@@ -1,18 +1,22 @@
-"""Recipes: the profile registry, the stage cache (skip when done, re-run after a kill) and stage keys that still
-find the caches written before the recipes package (``runs/demo/<stage>-<key>/``)."""
+"""Recipes: the profile registry, the stage cache (skip when done, re-run after a kill), stage keys that still
+find the caches written before the recipes package (``runs/demo/<stage>-<key>/``), the EDM pickle route and the
+open_clip encoder's checks, the command line's overrides."""
 import contextlib
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from timm_csm.recipes import (RecipeProfile, Stage, StageCache, get_profile, list_profiles, register_profile, stage_key,
-                              stages)
+from timm_csm.recipes import (RecipeProfile, Stage, StageCache, get_profile, list_profiles, register_profile,
+                              rehearsal_profile, stage_key, stages)
 from timm_csm.recipes.cache import MARKER
-from timm_csm.recipes.run import build_parser
+from timm_csm.recipes.profiles import FULL_EDM_PICKLE_URL
+from timm_csm.recipes.run import build_parser, profile_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,6 +150,92 @@ def test_module_cli_lists_the_profiles():
 def test_the_full_profile_builds_openai_clip_with_quickgelu():
     import open_clip
 
-    kind, model_name, weights = get_profile("full").encoder.split(":", 2)
-    assert kind == "open_clip" and weights.endswith(".safetensors")
+    model_name, pretrained = stages.open_clip_spec(get_profile("full").encoder)
+    assert pretrained == "openai" and pretrained in open_clip.list_pretrained_tags_by_model(model_name)
     assert open_clip.get_model_config(model_name)["quick_gelu"] is True
+    assert open_clip.get_pretrained_cfg(model_name, pretrained)["quick_gelu"] is True
+
+
+def test_the_full_profile_samples_the_papers_cifar100_edm_network():
+    full = get_profile("full")
+    assert full.generator == FULL_EDM_PICKLE_URL.rsplit("/", 1)[1] == "edm-cifar100-cond-32x32-cond-vp.pkl"
+    assert FULL_EDM_PICKLE_URL.startswith("https://huggingface.co/wzekai99/DM-Improves-AT/")
+    assert (full.sampler_steps, full.guidance_scale, full.scheduler) == (25, None, "ddim")
+    # the released CIFAR-100 run: seeds 0-19799, 8 lambdas each
+    assert full.num_groups * full.num_lambdas == 19800 * 8 == 158400
+    assert (full.dataset, full.model, full.epochs, full.soft_label_scale) == ("cifar100", "resnet50_cifar", 200, 2.3)
+
+
+def _tiny_edm_pickle(path, seed=0):
+    from test_edm import _random_net, write_edm_pickle
+
+    from timm_csm.generation.edm import EDMPrecond
+
+    kwargs = dict(img_resolution=8, img_channels=3, label_dim=4, model_type="SongUNet", model_channels=4,
+                  channel_mult=[1, 2], channel_mult_emb=2, num_blocks=1, attn_resolutions=[4])
+    return write_edm_pickle(path, _random_net(EDMPrecond, kwargs, seed), kwargs)
+
+
+def test_an_edm_pickle_generates_keyed_by_its_file_digest(tmp_path):
+    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3, num_lambdas=3,
+                            sampler_steps=2)
+    names = ["w", "x", "y", "z"]
+    log = []
+    cache = StageCache(tmp_path / "run", log.append)
+    path = stages.generator(cache, profile, None, log.append)
+    assert path == Path(profile.generator) and list((tmp_path / "run").glob("generator-*")) == []
+    first = stages.generate(cache, profile, path, names)
+    plan = json.loads((first.folder / "plan.json").read_text())
+    assert plan["class_names"] == names and plan["generator"]["name"] == "a" and plan["generator"]["steps"] == 2
+    from timm_csm.generation import load_generated
+
+    images, _ = load_generated(first.folder)
+    assert len(images) == 9 and np.asarray(images[0]["image"]).shape == (8, 8, 3)
+
+    moved = tmp_path / "elsewhere" / "b.pkl"  # another path, the same file: the same set
+    moved.parent.mkdir()
+    moved.write_bytes(path.read_bytes())
+    assert stages.generate(cache, dataclasses.replace(profile, generator=str(moved)), moved, names).done
+    other = _tiny_edm_pickle(tmp_path / "c.pkl", seed=1)  # other weights, or other class names: another set
+    assert stages.generate(cache, profile, other, names).folder != first.folder
+    assert stages.generate(cache, profile, path, ["a", "b", "c", "d"]).folder != first.folder
+
+
+def test_an_edm_pickle_is_sampled_without_guidance_and_must_exist(tmp_path):
+    pkl = _tiny_edm_pickle(tmp_path / "a.pkl")
+    cache = StageCache(tmp_path / "run", lambda line: None)
+    for bad in ({"guidance_scale": 1.5}, {"scheduler": "dpm"}):
+        with pytest.raises(ValueError, match="Heun sampler without guidance"):
+            stages.generate(cache, RecipeProfile(generator=str(pkl), num_groups=1, **bad), pkl, list("wxyz"))
+    missing = RecipeProfile(generator=str(tmp_path / "absent.pkl"))
+    with pytest.raises(FileNotFoundError, match=f"absent.pkl not found: download it .*{re.escape(FULL_EDM_PICKLE_URL)}"
+                                                ".*--generator"):
+        stages.generator(cache, missing, None, lambda line: None)
+
+
+def test_a_missing_open_clip_file_or_tag_cache_names_both_ways(tmp_path):
+    both = (r"open_clip:ViT-B-32-quickgelu:/path/to/weights\.safetensors.*network access.*"
+            "open_clip:ViT-B-32-quickgelu:openai")
+    absent = RecipeProfile(encoder=f"open_clip:ViT-B-32-quickgelu:{tmp_path / 'clip.safetensors'}")
+    with pytest.raises(FileNotFoundError, match="neither an existing file nor an open_clip tag.*" + both):
+        stages.check_encoder(absent)
+    # offline (the tests set HF_HUB_OFFLINE) with an empty cache, the tag's weights cannot be had
+    with pytest.raises(RuntimeError, match="tag 'openai' are not in the cache and could not be downloaded.*" + both):
+        stages.check_encoder(get_profile("full"))
+    with pytest.raises(ValueError, match="give 'reference' or 'open_clip:<model>:<tag or weights file>'"):
+        stages.check_encoder(RecipeProfile(encoder="open_clip:ViT-B-32"))
+    stages.check_encoder(RecipeProfile())  # the reference encoder is trained by the recipe: nothing to check
+
+
+def test_the_command_line_points_a_profile_at_other_files():
+    args = build_parser().parse_args(["--profile", "full", "--generator", "my.pkl", "--encoder",
+                                      "open_clip:ViT-B-32-quickgelu:w.safetensors", "--dataset", "data/c100"])
+    assert profile_from_args(args) == dataclasses.replace(
+        get_profile("full"), generator="my.pkl", encoder="open_clip:ViT-B-32-quickgelu:w.safetensors",
+        dataset="data/c100")
+    assert profile_from_args(build_parser().parse_args(["--profile", "smoke"])) == get_profile("smoke")
+    rehearsal = profile_from_args(build_parser().parse_args(["--profile", "demo", "--rehearse"]))
+    assert rehearsal == rehearsal_profile(get_profile("demo"))
+    assert rehearsal.train_extra["decay_milestones"] == [1, 1] and rehearsal.epochs == 1
+    with pytest.raises(ValueError, match="changes only the sizes"):
+        rehearsal_profile(get_profile("demo"), lr=1.0)

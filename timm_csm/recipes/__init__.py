@@ -1,18 +1,19 @@
 """Recipes: the main job (generator -> semantic mixing -> re-annotation -> CE vs CSM -> report) as data and stages.
 
 * :mod:`.profiles`: the registered profiles (``demo``, ``noaug``, ``smoke``, ``full``): :func:`get_profile`,
-  :func:`list_profiles`;
+  :func:`list_profiles`, and :func:`rehearsal_profile` (a profile at toy size);
 * :mod:`.cache`: the stage cache (``<output>/<stage>-<key>/``, a ``DONE.json`` marker written last);
 * :mod:`.stages`: one function per stage;
 * :mod:`.report`: ``report.md`` and its figures;
 * :mod:`.run`: :func:`run_recipe` and the command line, ``python -m timm_csm.recipes --profile demo``.
 """
 from .cache import Stage, StageCache, stage_key
-from .profiles import RecipeProfile, get_profile, list_profiles, register_profile, resolve_dataset, training_options
+from .profiles import (RecipeProfile, get_profile, list_profiles, register_profile, rehearsal_profile, resolve_dataset,
+                       training_options)
 from .report import save_group_figure, write_report
 from .run import main, run_recipe
 from .stages import shipped_generator
 
-__all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "resolve_dataset", "training_options",
-           "Stage",
+__all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "rehearsal_profile", "resolve_dataset",
+           "training_options", "Stage",
            "StageCache", "stage_key", "shipped_generator", "run_recipe", "write_report", "save_group_figure", "main"]

@@ -4,19 +4,25 @@
 * ``demo``: real Fashion-MNIST (Debian's package, which must be installed), the shipped generator, a reference
   encoder trained here in place of CLIP, then the same small classifier trained with CE and with CSM;
 * ``smoke``: the same stages at toy size (CI runs it);
-* ``full``: the GPU recipe of the paper (Luo et al., ICML 2025: CIFAR-100, a CIFAR generator, open_clip ViT-B-32
-  from a local weights file, ResNet-50 for 200 epochs, SGD 0.1 with steps at epochs 80 and 120).
+* ``full``: the GPU recipe of the paper (Luo et al., ICML 2025: CIFAR-100, the conditional EDM network of Wang et
+  al. (2023) sampled with 25 Heun steps, open_clip ViT-B-32 with OpenAI's weights, ResNet-50 for 200 epochs, SGD 0.1
+  with steps at epochs 80 and 120).
+
+:func:`rehearsal_profile` turns a profile into its rehearsal: every field kept but the sizes (groups, sampler
+steps, epochs, image counts), so that all of its code paths run end to end in minutes before the long run.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
-           "resolve_dataset"]
+           "resolve_dataset", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
+           "FULL_EDM_PICKLE_URL"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,8 @@ class RecipeProfile:
     and the classifier recipe shared by the CE and the CSM run (``train_extra`` holds further training options)."""
 
     dataset: str = "fashion_mnist"
-    # generator: "shipped" (package weights for the dataset) or a generator-training profile name
+    # generator: "shipped" (package weights for the dataset), a generator-training profile name, or the path of an
+    # NVlabs EDM network pickle (*.pkl: EDM's Heun sampler, no guidance; scheduler does not apply)
     generator: str = "shipped"
     generator_steps: Optional[int] = None
     num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
@@ -34,7 +41,7 @@ class RecipeProfile:
     sampler_steps: int = 20
     guidance_scale: Optional[float] = None  # None: the generator's recommended scale
     # re-annotation
-    encoder: str = "reference"  # "reference" or "open_clip:<model>:<weights file>"
+    encoder: str = "reference"  # "reference" or "open_clip:<model>:<pretrained tag or weights file>"
     encoder_epochs: int = 4
     encoder_max_steps: Optional[int] = None
     soft_label_scale: Optional[float] = None  # None: chosen on held-out real data (annotation.select_scale)
@@ -108,13 +115,45 @@ register_profile("noaug", RecipeProfile(train_extra={**_WIDE, "crop_pad": 0, "hf
 register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sampler_steps=4, encoder_epochs=1,
                                         encoder_max_steps=20, soft_label_scale=4.0, epochs=1, batch_size=64,
                                         max_train_samples=512, max_test_samples=512))
-register_profile("full", RecipeProfile(dataset="cifar100", generator="cifar100", num_groups=19800, sampler_steps=50,
-                                       # OpenAI's CLIP weights run with QuickGELU: the -quickgelu config builds
-                                       # it (open_clip only switches it on by itself for the "openai" tag)
-                                       encoder="open_clip:ViT-B-32-quickgelu:open_clip_vit_b32.safetensors",
+# full: the paper's CIFAR-100 setting. The generator is the class-conditional EDM network that Wang et al. trained
+# for "Better diffusion models further improve adversarial training" (ICML 2023, github.com/wzekai99/DM-Improves-AT),
+# the one the CSM authors sample (their gen_edm-mix/README.md); the user downloads it (FULL_EDM_PICKLE_URL) into the
+# working directory or names their copy with --generator. The reader follows NVlabs' published pickle format; it has
+# not yet been run on the released file. 25 Heun steps, no guidance, one noise per group. Volume:
+# the released gen_edm-mix/run_mix.sh samples seeds 0-19799 for CIFAR-100: 19 800 groups x 8 lambdas = 158 400
+# images; 159 840 (19 980 groups x 8) is the volume of its CIFAR-10 run. CLIP: open_clip's "openai" tag, which
+# open_clip downloads when online; OpenAI's weights run with QuickGELU, which the -quickgelu config builds (offline:
+# --encoder open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors).
+FULL_EDM_PICKLE_URL = ("https://huggingface.co/wzekai99/DM-Improves-AT/resolve/main/others/"
+                       "edm-cifar100-cond-32x32-cond-vp.pkl")
+register_profile("full", RecipeProfile(dataset="cifar100", generator=FULL_EDM_PICKLE_URL.rsplit("/", 1)[1],
+                                       num_groups=19800, sampler_steps=25,
+                                       encoder="open_clip:ViT-B-32-quickgelu:openai",
                                        soft_label_scale=2.3, model="resnet50_cifar", epochs=200, batch_size=128,
                                        lr=0.1, weight_decay=5e-4, sched="multistep", max_train_samples=None,
                                        train_extra={"decay_milestones": [80, 120], "clip_grad": 2.0}))
+
+#: the sizes a rehearsal sets: 100 groups (every class of CIFAR-100 in at least one), 2 sampler steps, 1 epoch, 112
+#: real training images in batches of 4, 10 test images, 2 steps of a trained generator or reference encoder
+REHEARSAL_SIZES = {"generator_steps": 2, "num_groups": 100, "sampler_steps": 2, "epochs": 1, "batch_size": 4,
+                   "max_train_samples": 112, "max_test_samples": 10, "encoder_epochs": 1, "encoder_max_steps": 2}
+#: the rehearsal's validation share: 101 of its 112 images, as many as temperature scaling needs for 100 classes
+REHEARSAL_VAL_FRACTION = 0.9
+
+
+def rehearsal_profile(profile: RecipeProfile, **sizes) -> RecipeProfile:
+    """``profile`` at toy size: :data:`REHEARSAL_SIZES` (``sizes`` replaces any of them) and the validation share
+    :data:`REHEARSAL_VAL_FRACTION`, every other field kept, so that each stage runs the same code path in minutes.
+    The epoch milestones of ``train_extra["decay_milestones"]`` keep their share of the run: milestone m of E epochs
+    becomes ``ceil(m * E' / E)`` of E' (80 and 120 of 200 are epochs 1 and 2 of 2, and both epoch 1 of 1)."""
+    unknown = sorted(set(sizes) - set(REHEARSAL_SIZES))
+    if unknown:
+        raise ValueError(f"a rehearsal changes only the sizes {sorted(REHEARSAL_SIZES)}; got {unknown}")
+    sizes = {**REHEARSAL_SIZES, **sizes}
+    extra = dict(copy.deepcopy(profile.train_extra), val_fraction=REHEARSAL_VAL_FRACTION)
+    if "decay_milestones" in extra:
+        extra["decay_milestones"] = [math.ceil(m * sizes["epochs"] / profile.epochs) for m in extra["decay_milestones"]]
+    return dataclasses.replace(profile, train_extra=extra, **sizes)
 
 
 def resolve_dataset(profile: RecipeProfile, log: Callable[[str], None]) -> RecipeProfile:

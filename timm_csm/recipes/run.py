@@ -8,6 +8,12 @@ resumes (the generator, generation and training stages checkpoint as they go). P
 Fashion-MNIST, the shipped generator, a reference encoder trained here in place of CLIP, a small classifier trained
 with CE and with CSM), ``smoke`` (the same stages at toy size; CI runs it) and ``full`` (the paper's GPU recipe on
 CIFAR-100; see the README for its commands).
+
+``--generator`` / ``--encoder`` / ``--dataset`` point a profile at other files, and ``--rehearse`` runs it at toy
+size (:func:`~timm_csm.recipes.profiles.rehearsal_profile`: every stage, in minutes, into ``runs/<profile>-rehearsal``)
+before the long run:
+
+    python -m timm_csm.recipes --profile full --generator path/to/edm-cifar100-cond-32x32-cond-vp.pkl --rehearse
 """
 from __future__ import annotations
 
@@ -19,10 +25,10 @@ from typing import Callable, Dict
 
 from . import stages
 from .cache import StageCache
-from .profiles import RecipeProfile, get_profile, list_profiles, resolve_dataset
+from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset
 from .report import write_report
 
-__all__ = ["run_recipe", "build_parser", "main"]
+__all__ = ["run_recipe", "build_parser", "profile_from_args", "main"]
 
 
 def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = print) -> Dict:
@@ -36,13 +42,14 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     cache = StageCache(output, log)
     train_real = load_image_arrays(profile.dataset, "train")
     test_real = load_image_arrays(profile.dataset, "test")
+    stages.check_encoder(profile)
 
     generator_dir = stages.generator(cache, profile, train_real, log)
-    generated = stages.generate(cache, profile, generator_dir)
+    generated = stages.generate(cache, profile, generator_dir, train_real.class_names)
     encoder_dir = stages.encoder(cache, profile, train_real, test_real, log)
     quality = None
     if encoder_dir is not None:  # measured with the reference encoder's classifier
-        quality = stages.quality(cache, profile, generator_dir, generated, encoder_dir)
+        quality = stages.quality(cache, profile, generator_dir, generated, encoder_dir, train_real.class_names)
     annotated = stages.annotate(cache, profile, generated, encoder_dir, train_real)
     results = {loss: stages.train(cache, profile, loss, annotated) for loss in ("ce", "csm")}
 
@@ -55,22 +62,35 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default="demo", choices=list_profiles())
-    p.add_argument("--output", default=None, help="default: runs/<profile>")
+    p.add_argument("--output", default=None, help="default: runs/<profile>, runs/<profile>-rehearsal with --rehearse")
     p.add_argument("--generator", default=None,
-                   help="'shipped' or a generator-training profile (retrains from scratch), e.g. fmnist")
+                   help="'shipped', a generator-training profile (retrains from scratch, e.g. fmnist) or an NVlabs "
+                        "EDM network pickle (a .pkl path)")
+    p.add_argument("--encoder", default=None,
+                   help="'reference' or open_clip:<model>:<tag or weights file>, e.g. open_clip:ViT-B-32-quickgelu:"
+                        "openai (downloaded when online) or open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors")
     p.add_argument("--dataset", default=None)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="run every stage of the profile at toy size (groups, steps, epochs, image counts) first")
     return p
 
 
-def main(argv=None) -> None:
-    """The command line: a registered profile with its ``--generator``, ``--dataset`` and ``--epochs`` replaced
-    and ``--seed`` replaced when given, run into ``--output`` (``runs/<profile>``)."""
-    args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in (("generator", args.generator), ("dataset", args.dataset),
-                                   ("epochs", args.epochs), ("seed", args.seed)) if v is not None}
+def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
+    """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs`` and
+    ``--seed`` replaced where given, then at rehearsal size with ``--rehearse``."""
+    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed")
+                 if getattr(args, k) is not None}
     profile = dataclasses.replace(get_profile(args.profile), **overrides)
+    return rehearsal_profile(profile) if args.rehearse else profile
+
+
+def main(argv=None) -> None:
+    """The command line: :func:`profile_from_args` run into ``--output`` (``runs/<profile>``, or
+    ``runs/<profile>-rehearsal``)."""
+    args = build_parser().parse_args(argv)
+    profile = profile_from_args(args)
     t0 = time.time()
-    run_recipe(profile, args.output or f"runs/{args.profile}")
+    run_recipe(profile, args.output or f"runs/{args.profile}{'-rehearsal' if args.rehearse else ''}")
     print(f"pipeline finished in {time.time() - t0:.0f} s")

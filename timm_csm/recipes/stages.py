@@ -3,22 +3,29 @@ re-annotation, classifier training (CE or CSM).
 
 Each takes the stage cache, the profile and its inputs and returns its outputs. A stage's configuration (its cache
 key) holds its own settings and the configurations of the stages it reads, so that changing a setting re-runs that
-stage and every stage after it. The generated set is keyed by the generator's weights, not their path: a moved
-checkout or another copy of the same generator reuses it.
+stage and every stage after it. The generated set is keyed by the generator's weights, not their path (the UNet
+weights of a generator folder, the file of an EDM pickle): a moved checkout or another copy of the same generator
+reuses it.
+
+Two generator routes: a diffusers generator folder (shipped or trained here) sampled with its scheduler, and an
+NVlabs EDM network pickle (``*.pkl``, :meth:`~timm_csm.generation.EDMSemanticMixingPipeline.from_edm_pickle`) sampled
+with EDM's Heun sampler without guidance, named with the real dataset's class names (the label order the EDM
+networks are trained with). Both write the same group plan, shards and resume. Generation and open_clip annotation
+run on the GPU when there is one.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..io import write_json_atomic
-from .cache import Stage, StageCache
-from .profiles import RecipeProfile, training_options
+from .cache import Stage, StageCache, stage_key
+from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
 
 __all__ = ["shipped_generator", "short_name", "csm_dataset_name", "generator", "generate", "encoder_config",
-           "encoder", "quality", "annotate", "train_config", "train"]
+           "open_clip_spec", "check_encoder", "encoder", "quality", "annotate", "train_config", "train"]
 
 _ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
@@ -39,9 +46,29 @@ def csm_dataset_name(dataset: str) -> str:
     return f"csm-{short_name(dataset)}-aug"
 
 
+def _is_edm_pickle(generator_name: str) -> bool:
+    """An NVlabs EDM network pickle is named by its ``.pkl`` path; any other generator is a folder or a profile."""
+    return Path(generator_name).suffix.lower() == ".pkl"
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
-    """The generator folder: the shipped weights, or a generator trained on ``train_real`` with the
-    generator-training profile ``profile.generator`` (at the real images' size and channels)."""
+    """The generator: an EDM network pickle (``profile.generator`` ending in ``.pkl``, which must exist), the
+    shipped weights, or a generator folder trained on ``train_real`` with the generator-training profile
+    ``profile.generator`` (at the real images' size and channels)."""
+    if _is_edm_pickle(profile.generator):
+        path = Path(profile.generator)
+        if not path.is_file():
+            raise FileNotFoundError(f"EDM network pickle {profile.generator} not found: download it (the full "
+                                    f"profile's CIFAR-100 network: {FULL_EDM_PICKLE_URL}) or give the path of your "
+                                    "copy with --generator")
+        log(f"[generator] EDM network pickle: {path}")
+        return path
     if profile.generator == "shipped":
         shipped = shipped_generator(short_name(profile.dataset))
         if shipped is None:
@@ -66,29 +93,46 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
     return stage.folder
 
 
-def _mixing_pipeline(profile: RecipeProfile, generator_dir: Path):
-    from ..generation import SemanticMixingPipeline, create_scheduler
+def _mixing_pipeline(profile: RecipeProfile, generator_path: Path, class_names: Optional[List[str]]):
+    """The semantic-mixing pipeline of ``generator_path`` on the GPU when there is one: an EDM pickle (Heun, the
+    profile's steps, no guidance, ``class_names`` in label order) or a generator folder (its DDIM scheduler, or
+    ``profile.scheduler``)."""
+    from ..generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
 
-    pipe = SemanticMixingPipeline.from_pretrained(generator_dir, num_inference_steps=profile.sampler_steps,
+    if _is_edm_pickle(str(generator_path)):
+        if profile.guidance_scale not in (None, 1.0) or profile.scheduler != "ddim":
+            raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
+                             f"guidance_scale {profile.guidance_scale} and scheduler {profile.scheduler!r} do not "
+                             "apply; leave them at None and 'ddim'")
+        return EDMSemanticMixingPipeline.from_edm_pickle(generator_path, profile.sampler_steps, device=_device(),
+                                                         class_names=class_names)
+    pipe = SemanticMixingPipeline.from_pretrained(generator_path, num_inference_steps=profile.sampler_steps,
                                                   guidance_scale=profile.guidance_scale)
     if profile.scheduler != "ddim":  # the folder's scheduler is DDIM
         pipe.scheduler = create_scheduler(profile.scheduler, pipe.scheduler.config)
-    return pipe
+    return pipe.to(_device())
 
 
-def generate(cache: StageCache, profile: RecipeProfile, generator_dir: Path) -> Stage:
-    """The semantic-mixing set: ``num_groups`` groups x ``num_lambdas`` ratios, sharded (32 groups a shard)."""
-    from ..generation.models import weights_digest
+def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
+             class_names: Optional[List[str]] = None) -> Stage:
+    """The semantic-mixing set: ``num_groups`` groups x ``num_lambdas`` ratios, sharded (32 groups a shard).
+    ``class_names``: the real dataset's, which name the classes of an EDM pickle (a generator folder names its
+    own); they are part of the key of the EDM route."""
+    from ..generation.models import file_digest, weights_digest
 
-    config = {"generator": weights_digest(generator_dir), "num_groups": profile.num_groups,
-              "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
-    if profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
+    edm = _is_edm_pickle(str(generator_path))
+    config = {"generator": file_digest(generator_path) if edm else weights_digest(generator_path),
+              "num_groups": profile.num_groups, "lambdas": profile.num_lambdas, "steps": profile.sampler_steps,
+              "guidance": profile.guidance_scale}
+    if edm:
+        config["class_names"] = stage_key({"class_names": class_names})
+    elif profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
         config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
             from ..generation import generate_to_folder, lambda_grid, make_plan
 
-            pipe = _mixing_pipeline(profile, generator_dir)
+            pipe = _mixing_pipeline(profile, generator_path, class_names)
             plan = make_plan(pipe.num_classes, profile.num_groups, lambda_grid(profile.num_lambdas),
                              pipe.class_names, groups_per_shard=32, generator=pipe.provenance)
             generate_to_folder(pipe, stage.folder, plan, batch_groups=32)
@@ -125,22 +169,15 @@ def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
     return stage.folder / "encoder"
 
 
-def quality(cache: StageCache, profile: RecipeProfile, generator_dir: Path, generated: Stage,
-            encoder_dir: Path) -> Dict[str, Any]:
-    """Generator quality: the share of generated pure-class images (up to 90 groups) that the reference encoder's
-    classifier recognises, with its accuracy on real test images and the guidance scale used."""
-    with cache.stage("quality", {"generated": generated.config, "encoder": encoder_config(profile)}) as stage:
-        if not stage.done:
-            from ..annotation import load_reference_encoder
-            from ..generation import pure_class_accuracy
-
-            classifier = load_reference_encoder(encoder_dir)
-            pipe = _mixing_pipeline(profile, generator_dir)
-            q = pure_class_accuracy(pipe, classifier.classify, num_groups=min(90, profile.num_groups))
-            q["classifier_real_test_accuracy"] = classifier.test_accuracy
-            q["guidance_scale"] = pipe.guidance_scale
-            write_json_atomic(stage.folder / "quality.json", q, indent=1)
-    return json.loads((stage.folder / "quality.json").read_text())
+def open_clip_spec(encoder_name: str) -> Tuple[str, str]:
+    """``(model, pretrained)`` of ``open_clip:<model>:<pretrained>``, ``pretrained`` an open_clip tag of the model
+    (``openai``: downloaded by open_clip when online) or a local weights file."""
+    kind, _, rest = encoder_name.partition(":")
+    model, _, pretrained = rest.partition(":")
+    if kind != "open_clip" or not model or not pretrained:
+        raise ValueError(f"encoder {encoder_name!r}: give 'reference' or 'open_clip:<model>:<tag or weights file>' "
+                         "(e.g. open_clip:ViT-B-32-quickgelu:openai, open_clip:ViT-B-32-quickgelu:/path/w.safetensors)")
+    return model, pretrained
 
 
 def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
@@ -148,8 +185,53 @@ def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
 
     if profile.encoder == "reference":
         return load_reference_encoder(encoder_dir)
-    _, model_name, weights = profile.encoder.split(":", 2)
-    return create_encoder("open_clip", model_name=model_name, pretrained=weights)
+    model, pretrained = open_clip_spec(profile.encoder)
+    return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=_device())
+
+
+def check_encoder(profile: RecipeProfile) -> None:
+    """Build the profile's open_clip encoder once, before any long stage, so that missing weights stop the run at
+    its start. A weights file that does not exist, or a tag whose weights are neither in the cache nor downloadable
+    (offline), is an error naming both ways: a local file, or the tag with network access. Nothing for the
+    reference encoder, which the recipe trains."""
+    if profile.encoder == "reference":
+        return
+    import open_clip
+
+    model, pretrained = open_clip_spec(profile.encoder)
+    tags = open_clip.list_pretrained_tags_by_model(model)
+    ways = (f"give a local weights file (--encoder open_clip:{model}:/path/to/weights.safetensors), or an open_clip "
+            f"tag and network access, where open_clip downloads the weights once into the Hugging Face cache "
+            f"(--encoder open_clip:{model}:{tags[0] if tags else '<tag>'}; HF_HUB_OFFLINE unset)")
+    if pretrained not in tags and not Path(pretrained).is_file():
+        raise FileNotFoundError(f"--encoder {profile.encoder}: {pretrained!r} is neither an existing file nor an "
+                                f"open_clip tag of {model} (its tags: {', '.join(tags) or 'none'}); {ways}")
+    try:
+        _load_encoder(profile, None)
+    except RuntimeError as e:
+        if pretrained not in tags:
+            raise
+        raise RuntimeError(f"--encoder {profile.encoder}: the weights of tag {pretrained!r} are not in the cache "
+                           f"and could not be downloaded; {ways}. ({str(e)[:300]})") from e
+
+
+def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, generated: Stage,
+            encoder_dir: Path, class_names: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Generator quality: the share of generated pure-class images (up to 90 groups) that the reference encoder's
+    classifier recognises, with its accuracy on real test images and the guidance scale used (1 for an EDM
+    pickle). ``class_names`` as for :func:`generate`."""
+    with cache.stage("quality", {"generated": generated.config, "encoder": encoder_config(profile)}) as stage:
+        if not stage.done:
+            from ..annotation import load_reference_encoder
+            from ..generation import pure_class_accuracy
+
+            classifier = load_reference_encoder(encoder_dir)
+            pipe = _mixing_pipeline(profile, generator_path, class_names)
+            q = pure_class_accuracy(pipe, classifier.classify, num_groups=min(90, profile.num_groups))
+            q["classifier_real_test_accuracy"] = classifier.test_accuracy
+            q["guidance_scale"] = pipe.provenance["guidance_scale"]
+            write_json_atomic(stage.folder / "quality.json", q, indent=1)
+    return json.loads((stage.folder / "quality.json").read_text())
 
 
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],

@@ -1,0 +1,171 @@
+"""GPU cost of the ``full`` recipe: generation images/s of both generator routes, the CE and CSM training-step times
+of resnet50_cifar, and their projection to the whole run. Random weights throughout: only the time is measured.
+
+    python benchmarks/gpu_bench.py                              # on the GPU (the full profile's sizes)
+    OMP_NUM_THREADS=1 python benchmarks/gpu_bench.py --toy      # a check that it runs: CPU, toy sizes
+
+* diffusers route: the ``cifar100`` generator profile's class-conditional UNet2DModel (100 classes + the null row),
+  DDIM without guidance;
+* EDM route: ``EDMPrecond`` around DDPM++ in NVlabs' CIFAR configuration (EDM ``train.py --arch=ddpmpp``: 128
+  channels, channel_mult 2,2,2, 4 blocks a resolution, attention at 16 px, augment_dim 9), 100 classes, 32 px, Heun;
+  both at the full profile's sampler steps, 32 groups x 8 lambdas a call (the recipe's batch);
+* training: resnet50_cifar for 100 classes at 32 px, real batch 128, the recipe's optimiser (SGD 0.1, momentum 0.9,
+  weight decay 5e-4, gradient norm clipped at 2), fp32: a CE step (``ClassificationTask``) and a CSM step
+  (``CSMTask``: the real batch, then its 2 x 128 companions with soft labels, in a second pass).
+
+Projection: the full profile's num_groups x num_lambdas images; 200 epochs of the 45 000 training images
+(CIFAR-100's 50 000 less the 10% validation share) in full batches of 128. Not counted: CLIP annotation, validation
+passes, data loading. Writes ``<output>/gpu_bench.json`` and ``<output>/gpu_bench.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+# NVlabs EDM train.py, --arch=ddpmpp with CIFAR's dropout (0.13) and augmentation (augment_dim 9)
+EDM_CIFAR = dict(model_type="SongUNet", embedding_type="positional", encoder_type="standard", decoder_type="standard",
+                 channel_mult_noise=1, resample_filter=[1, 1], model_channels=128, channel_mult=[2, 2, 2],
+                 num_blocks=4, attn_resolutions=[16], dropout=0.13, augment_dim=9)
+EDM_TOY = dict(EDM_CIFAR, model_channels=8, channel_mult=[1, 2], num_blocks=1)
+TRAIN_IMAGES = 45_000  # CIFAR-100's 50 000 training images less the 10% validation share
+
+
+def timed(fn, repeats: int, device: str) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call (CUDA synchronised)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def generation_rows(args, steps: int, num_classes: int = 100):
+    """Images per second of the two routes on ``args.groups`` groups x 8 lambdas."""
+    from diffusers import DDIMScheduler
+
+    from timm_csm.generation import (GENERATOR_PROFILES, EDMSemanticMixingPipeline, SemanticMixingPipeline,
+                                     create_class_unet, lambda_grid, plan_groups)
+    from timm_csm.generation.edm import EDMPrecond
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke" if args.toy else "cifar100"], sample_size=32, in_channels=3)
+    unet = create_class_unet(cfg, num_classes)
+    names = [str(k) for k in range(num_classes)]
+    diffusers_pipe = SemanticMixingPipeline(unet.eval(), DDIMScheduler(beta_schedule="squaredcos_cap_v2"), names,
+                                            num_inference_steps=steps, guidance_scale=1.0).to(args.device)
+    diffusers_pipe.set_progress_bar_config(disable=True)
+    net = EDMPrecond(32, 3, num_classes, **(EDM_TOY if args.toy else EDM_CIFAR)).to(args.device).eval()
+    edm_pipe = EDMSemanticMixingPipeline(net.requires_grad_(False), num_classes, (3, 32, 32), steps, args.device)
+    groups, lambdas = plan_groups(num_classes, args.groups), lambda_grid(8)
+    rows = []
+    for name, pipe, nfe, model in (("diffusers UNet, DDIM", diffusers_pipe, steps, unet),
+                                   ("EDM DDPM++, Heun", edm_pipe, 2 * steps - 1, net)):
+        seconds = timed(lambda: pipe(groups, lambdas), args.repeats, args.device)
+        n = len(groups) * len(lambdas)
+        rows.append({"route": name, "steps": steps, "nfe_per_image": nfe, "batch_images": n,
+                     "parameters": sum(p.numel() for p in model.parameters()), "images_per_s": n / seconds})
+    return rows
+
+
+def training_rows(args, num_classes: int = 100):
+    """Seconds per CE and per CSM step of resnet50_cifar at real batch ``args.batch``."""
+    import timm
+    from timm.optim import create_optimizer_v2
+
+    import timm_csm  # noqa: F401  (registers resnet50_cifar)
+    from timm_csm.losses import create_loss
+    from timm_csm.training import ClassificationTask, CSMTask
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet50_cifar", num_classes=num_classes).to(args.device).train()
+    opt = create_optimizer_v2(model, opt="momentum", lr=0.1, momentum=0.9, weight_decay=5e-4)
+    b, dev = args.batch, args.device
+    real = {"pixel_values": torch.randn(b, 3, 32, 32, device=dev),
+            "labels": torch.randint(0, num_classes, (b,), device=dev), "index": torch.arange(b, device=dev)}
+    companions = {"mix_pixel_values": torch.randn(2 * b, 3, 32, 32, device=dev),
+                  "mix_targets": torch.softmax(torch.randn(2 * b, num_classes, device=dev), 1)}
+    tasks = {"CE": (ClassificationTask(model, create_loss("ce")), real),
+             "CSM": (CSMTask(model, create_loss("csm"), companions=None), {**real, **companions})}
+    rows = []
+    for name, (task, batch) in tasks.items():
+        task.criterion.to(dev)
+
+        def step():  # the training loop's order: backward, clip, step, clear
+            task(batch)["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        rows.append({"loss": name, "batch": b, "images_per_step": b * (3 if name == "CSM" else 1),
+                     "seconds_per_step": timed(step, args.repeats, dev)})
+    return rows
+
+
+def project(gen, train, images: int, epochs: int, batch: int):
+    """Hours of the full run: generation of ``images``, ``epochs`` of ``TRAIN_IMAGES // batch`` steps."""
+    for r in gen:
+        r["projected_hours"] = images / r["images_per_s"] / 3600
+    for r in train:
+        r["projected_hours"] = epochs * (TRAIN_IMAGES // batch) * r["seconds_per_step"] / 3600
+    return {"generated_images": images, "epochs": epochs, "train_images": TRAIN_IMAGES, "steps_per_epoch":
+            TRAIN_IMAGES // batch}
+
+
+def markdown(result) -> str:
+    p = result["projection"]
+    sizes = "the full profile's sizes"
+    if result["toy"]:
+        sizes = "TOY SIZES: a check that the script runs, not a measurement"
+    lines = [f"Device: {result['device']} ({result['device_name']}); torch {result['torch']}; {sizes}.",
+             "", "| generation route | steps | NFE / image | batch (images) | parameters | images/s | "
+             f"{p['generated_images']:,} images (h) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['route']} | {r['steps']} | {r['nfe_per_image']} | {r['batch_images']} | {r['parameters']:,} | "
+              f"{r['images_per_s']:.1f} | {r['projected_hours']:.2f} |" for r in result["generation"]]
+    lines += ["", f"| training step (resnet50_cifar) | real batch | images / step | s / step | {p['epochs']} epochs x "
+              f"{p['steps_per_epoch']} steps (h) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['loss']} | {r['batch']} | {r['images_per_step']} | {r['seconds_per_step']:.4f} | "
+              f"{r['projected_hours']:.2f} |" for r in result["training"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--toy", action="store_true", help="toy sizes (tiny generators, batch 4, 2 steps), e.g. on a CPU")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls (default: 5, toy 1)")
+    p.add_argument("--output", default="runs/gpu_bench")
+    args = p.parse_args(argv)
+    from timm_csm.recipes import get_profile
+
+    full = get_profile("full")
+    args.repeats = args.repeats or (1 if args.toy else 5)
+    args.groups, args.batch = (1, 4) if args.toy else (32, full.batch_size)
+    gen = generation_rows(args, 2 if args.toy else full.sampler_steps)
+    train = training_rows(args)
+    result = {"device": args.device, "toy": args.toy, "torch": torch.__version__, "machine": platform.machine(),
+              "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+              else platform.processor() or platform.machine(),
+              "projection": project(gen, train, full.num_groups * full.num_lambdas, full.epochs, args.batch),
+              "generation": gen, "training": train}
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
+    (out / "gpu_bench.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
