@@ -8,7 +8,6 @@ EDM network pickle of a tiny conditional DDPM++ at 32 px for 100 classes, and th
 """
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -104,9 +103,7 @@ def test_the_rehearsal_differs_from_full_only_in_sizes_and_files(files, tmp_path
 
 def test_full_runs_end_to_end_at_toy_size(files, tmp_path):
     out = tmp_path / "run"
-    t0 = time.time()
     main(_argv(files, out))
-    seconds = time.time() - t0
     done = sorted(p.name.rsplit("-", 1)[0] for p in out.iterdir() if (p / "DONE.json").exists())
     # the EDM pickle needs no generator stage and open_clip no encoder; the quality stage needs the reference encoder
     assert done == ["annotated", "generated", "train-ce", "train-csm"]
@@ -130,7 +127,6 @@ def test_full_runs_end_to_end_at_toy_size(files, tmp_path):
         res = json.loads(next(out.glob(f"train-{loss}-*/results.json")).read_text())
         assert res["loss"] == loss and res["model"] == "resnet50_cifar" and 0.0 <= res["test"]["pre_ts"]["ece"] <= 1.0
         assert res["n_val"] >= 100 and res["temperature"] is not None  # temperature scaling over 100 classes ran
-    assert seconds < 240, f"the rehearsal took {seconds:.0f} s"
 
 
 def test_quality_measures_an_edm_pickle_with_the_reference_encoder(files, tmp_path):
