@@ -145,6 +145,8 @@ def test_a_pretrained_timm_model_fine_tunes_at_224_from_a_local_weights_file(tmp
     meta = read_model_meta(tmp_path / "run" / "model_best.safetensors")
     assert meta["transform"] == "timm" and meta["img_size"] == 224  # the model's config, as resolve_data_config
     assert np.allclose(meta["mean"], (0.485, 0.456, 0.406)) and results["n_test"] == 8
+    cfg = timm.create_model("resnet18").pretrained_cfg
+    assert (meta["crop_pct"], meta["interpolation"]) == (cfg["crop_pct"], cfg["interpolation"])
     # the pretrained body was loaded: a layer that trained one step at lr 1e-3 stays near the file's weights
     from timm_csm.training import load_trained_classifier
 

@@ -226,6 +226,16 @@ def _normalisation(args, data: DataSplits, kind: str, in_chans: int, img_size: i
     return tuple(float(m) for m in mean), tuple(float(v) for v in std)
 
 
+def _timm_data_config(args, in_chans: int, img_size: int, mean, std, pretrained_cfg) -> Dict[str, Any]:
+    """timm's ``resolve_data_config`` of the model's pretrained config with the run's input size, normalisation and
+    ``--interpolation`` / ``--crop-pct`` (flags first, then the model's config, then timm's defaults)."""
+    from timm.data import resolve_data_config
+
+    given = {"input_size": (in_chans, img_size, img_size), "mean": mean, "std": std,
+             "interpolation": args.interpolation or None, "crop_pct": args.crop_pct}
+    return resolve_data_config(given, pretrained_cfg=dict(pretrained_cfg or {}), verbose=False)
+
+
 def _timm_train_kwargs(args) -> Dict[str, Any]:
     return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, vflip=args.vflip,
                 color_jitter=args.color_jitter, auto_augment=args.aa, re_prob=args.reprob, re_mode=args.remode,
@@ -243,11 +253,10 @@ def build_transforms(args, data: DataSplits, in_chans: int, pretrained_cfg=None)
     kind = transform_kind(args, img_size)
     mean, std = _normalisation(args, data, kind, in_chans, img_size, pretrained_cfg)
     if kind == "timm":
-        interpolation = args.interpolation or (pretrained_cfg or {}).get("interpolation", "bilinear")
-        crop_pct = args.crop_pct or (pretrained_cfg or {}).get("crop_pct")
-        train_tf, eval_tf = create_timm_transforms(img_size, mean, std, in_chans, interpolation, crop_pct,
-                                                   no_aug=args.no_aug, **_timm_train_kwargs(args))
-        timm_info = {"interpolation": interpolation, "crop_pct": crop_pct}
+        cfg = _timm_data_config(args, in_chans, img_size, mean, std, pretrained_cfg)
+        train_tf, eval_tf = create_timm_transforms(img_size, mean, std, in_chans, cfg["interpolation"],
+                                                   cfg["crop_pct"], no_aug=args.no_aug, **_timm_train_kwargs(args))
+        timm_info = {"interpolation": cfg["interpolation"], "crop_pct": cfg["crop_pct"]}
     else:
         timm_info = {}
         pad, hflip = (0, 0.0) if args.no_aug else (args.crop_pad, args.hflip)
