@@ -178,3 +178,10 @@ def test_csm_companions_get_the_real_images_timm_train_transform(tmp_path):
     results = run(_options(tmp_path, "digits", loss="csm", csm_dataset=str(folder), transform="timm", img_size=16,
                            reprob=0.25, epochs=1))
     assert results["loss"] == "csm"
+
+
+def test_pretrained_weights_offline_without_a_file_is_an_error_naming_both_ways(folder, tmp_path):
+    with pytest.raises(ValueError, match="not in the Hub cache.*--pretrained-path"):
+        run(_options(tmp_path, folder, model="resnet18", pretrained=True))
+    with pytest.raises(FileNotFoundError, match="--pretrained-path .* does not exist"):
+        run(_options(tmp_path, folder, model="resnet18", pretrained=True, pretrained_path=str(tmp_path / "no.pth")))

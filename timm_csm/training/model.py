@@ -56,8 +56,17 @@ def create_train_model(name: str, num_classes: int, in_chans: int, img_size: Opt
     if fixed and img_size:
         kwargs.setdefault("img_size", img_size)
     if pretrained_path:
+        if not os.path.isfile(pretrained_path):
+            raise FileNotFoundError(f"--pretrained-path {pretrained_path} does not exist")
         kwargs["pretrained_cfg_overlay"] = dict(file=str(pretrained_path))
-    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    except (OSError, RuntimeError) as e:  # the Hub's not-found / offline errors (huggingface_hub's are OSErrors)
+        if not pretrained or pretrained_path:
+            raise
+        raise ValueError(f"--pretrained {name}: its weights are not in the Hub cache and could not be downloaded "
+                         f"({type(e).__name__}: {e}); go online once, or give a local file with --pretrained-path "
+                         "FILE") from e
     if initial_checkpoint:
         if not os.path.exists(initial_checkpoint):
             raise FileNotFoundError(f"--initial-checkpoint {initial_checkpoint} does not exist")
