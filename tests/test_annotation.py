@@ -174,6 +174,61 @@ def test_prototypes_equal_direct_mean_and_cache(timm_pair, real, tmp_path):
     assert len(list((tmp_path / "prototypes").glob("*.safetensors"))) == 2
 
 
+def _counting(encoder, seen):
+    """``encoder`` whose ``encode`` also records the bytes of every image it encodes."""
+    encode = encoder.encode
+
+    def counted(images):
+        seen.extend(bytes(np.ascontiguousarray(im)) for im in np.asarray(images))
+        return encode(images)
+
+    encoder.encode = counted
+    return encoder
+
+
+def test_s_auto_encodes_each_real_image_once(tmp_path):
+    """s="auto": one encoding pass over the real images gives the prototypes (all of them) and the choice of s (the
+    held-out features, the class means of the rest); a cached prototype file leaves the one pass s needs. The
+    results are those of the steps by hand on the pass's features."""
+    from timm_csm.annotation import annotate_generated, holdout_rows
+
+    seen = []
+    encoder = _counting(tiny_timm_encoder(tmp_path)[0], seen)
+    real = synthetic_arrays(n_per_class=30)
+    labels = real.labels.copy()
+    labels[::5] = (labels[::5] + 1) % len(CLASS_NAMES)  # real images on the wrong side: s inside the bounds
+    real = type(real)(real.images, labels, real.class_names, real.source)
+    generated = raw_generated(num_groups=4)
+    plan = {"class_names": CLASS_NAMES, "lambdas": LAMBDAS}
+    kw = dict(holdout_fraction=0.3, seed=1, batch_size=16, cache_dir=tmp_path / "c", progress=False,
+              log=lambda m: None)
+    result = annotate_generated(generated, plan, real, encoder, "auto", **kw)
+    real_bytes = sorted(bytes(im) for im in real.images)
+    assert sorted(b for b in seen if b in set(real_bytes)) == real_bytes  # each real image once
+    assert len(seen) == len(real) + len(generated)
+
+    feats = encode_images(encoder, real.images, batch_size=16)  # the pass, by hand
+    held = np.zeros(len(real), dtype=bool)
+    held[holdout_rows(len(real), 0.3, 1)] = True
+    fit_sums = torch.zeros(len(CLASS_NAMES), feats.shape[1], dtype=torch.float64)
+    fit_sums.index_add_(0, torch.from_numpy(real.labels[~held]), feats[torch.from_numpy(~held)].double())
+    fit_means = fit_sums / torch.bincount(torch.from_numpy(real.labels[~held]), minlength=len(CLASS_NAMES))[:, None]
+    s = select_scale(feats[torch.from_numpy(held)], real.labels[held], fit_means)
+    assert 0.05 < s < 100 and result.s == s and result.s_selection["held_out_images"] == held.sum()
+    protos = compute_prototypes(encoder, real, batch_size=16, progress=False)
+    torch.testing.assert_close(result.prototypes.means, protos.means, rtol=0, atol=0)
+    by_hand = annotate(generated, CLASS_NAMES, encoder, protos, s, lambdas=LAMBDAS, progress=False)
+    assert np.array_equal(np.asarray(result.dataset["soft_label"]), np.asarray(by_hand["soft_label"]))
+
+    seen.clear()  # the prototypes now come from the cache: the pass only serves s
+    again = annotate_generated(generated, plan, real, encoder, "auto", **kw)
+    assert len(seen) == len(real) + len(generated) and again.s == result.s
+    assert np.array_equal(np.asarray(again.dataset["soft_label"]), np.asarray(result.dataset["soft_label"]))
+    seen.clear()  # a number and the cache: no real image is encoded
+    annotate_generated(generated, plan, real, encoder, 4.0, **kw)
+    assert len(seen) == len(generated)
+
+
 def test_prototypes_reject_empty_class(timm_pair, real):
     encoder, _ = timm_pair
     subset = real.subset(np.flatnonzero(real.labels != 2))

@@ -16,9 +16,10 @@ from .checks import annotation_report, drop_groups, flag_groups, group_spearman,
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, encode_images,
                        weights_fingerprint)
 from .factory import ENCODER_KINDS, create_encoder
-from .generated import AnnotatedSet, annotate_generated, choose_scale, holdout_split
+from .generated import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
 from .preprocess import ImagePreprocessor
-from .prototypes import ClassPrototypes, compute_prototypes, load_or_compute_prototypes
+from .prototypes import (ClassPrototypes, HeldOutFeatures, compute_prototypes, load_or_compute_prototypes,
+                         prototypes_and_held_out)
 from .reference import REFERENCE_MODEL, ReferenceEncoder, load_reference_encoder, train_reference_encoder
 from .soft_labels import (DEFAULT_SCALES, default_scale, dominant_class, generation_class_labels, pair_soft_labels,
                           pairwise_true_lambda, projection_coefficient, scale_nll, select_scale)
@@ -27,10 +28,11 @@ __all__ = [
     "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
     "create_encoder", "ENCODER_KINDS", "encode_images", "weights_fingerprint", "ImagePreprocessor",
     "DEFAULT_ZERO_SHOT_TEMPLATES", "train_reference_encoder", "load_reference_encoder",
-    "ClassPrototypes", "compute_prototypes", "load_or_compute_prototypes", "dataset_fingerprint", "load_cache",
+    "ClassPrototypes", "HeldOutFeatures", "compute_prototypes", "load_or_compute_prototypes",
+    "prototypes_and_held_out", "dataset_fingerprint", "load_cache",
     "DEFAULT_SCALES", "default_scale", "projection_coefficient", "pair_soft_labels", "generation_class_labels",
     "dominant_class", "select_scale", "scale_nll", "pairwise_true_lambda",
     "annotate", "rescale_soft_labels", "decode_images", "LABEL_MODES",
-    "annotate_generated", "AnnotatedSet", "holdout_split", "choose_scale",
+    "annotate_generated", "AnnotatedSet", "holdout_rows", "holdout_split", "choose_scale",
     "annotation_report", "drop_groups", "flag_groups", "group_spearman", "soft_label_confidence",
 ]

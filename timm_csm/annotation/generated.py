@@ -18,37 +18,40 @@ from ..data import ImageArrays
 from ..data.csm_format import check_class_names
 from .annotate import annotate
 from .checks import annotation_report, drop_groups
-from .encoders import ImageEncoder, encode_images
-from .prototypes import ClassPrototypes, compute_prototypes, load_or_compute_prototypes
+from .encoders import ImageEncoder
+from .prototypes import ClassPrototypes, HeldOutFeatures, prototypes_and_held_out
 from .soft_labels import pairwise_true_lambda, scale_nll, select_scale
 
-__all__ = ["AnnotatedSet", "annotate_generated", "holdout_split", "choose_scale"]
+__all__ = ["AnnotatedSet", "annotate_generated", "holdout_rows", "holdout_split", "choose_scale"]
 
 EncoderArg = Union[ImageEncoder, Callable[[ImageArrays], ImageEncoder]]
 
 
-def holdout_split(real: ImageArrays, fraction: float = 0.1, seed: int = 0) -> Tuple[ImageArrays, ImageArrays]:
-    """``(fit, held_out)``: a seeded random ``fraction`` of ``real`` (at least one image) held out, both in the
-    original order. The same ``(fraction, seed)`` always gives the same split."""
+def holdout_rows(n: int, fraction: float = 0.1, seed: int = 0) -> np.ndarray:
+    """The sorted row indices of a seeded random ``fraction`` of ``n`` real images (at least one, never all) that
+    :func:`holdout_split` holds out. The same ``(fraction, seed)`` always gives the same rows."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"the held-out fraction must lie in (0, 1), got {fraction}")
-    if len(real) < 2:
-        raise ValueError(f"holding out real images needs at least 2, got {len(real)}")
-    order = np.random.default_rng(seed).permutation(len(real))
-    n_val = min(len(real) - 1, max(1, int(round(fraction * len(real)))))
-    return real.subset(np.sort(order[n_val:])), real.subset(np.sort(order[:n_val]))
+    if n < 2:
+        raise ValueError(f"holding out real images needs at least 2, got {n}")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[:min(n - 1, max(1, int(round(fraction * n))))])
 
 
-def choose_scale(encoder: ImageEncoder, fit: ImageArrays, held_out: ImageArrays, batch_size: int = 256,
-                 progress: bool = True) -> Tuple[float, Dict]:
-    """s by :func:`~timm_csm.annotation.soft_labels.select_scale` on ``held_out`` real images, with the prototypes
-    of ``fit`` (the images the encoder may have seen); returns s and a record of the choice for the dataset card."""
-    fit_protos = compute_prototypes(encoder, fit, batch_size=batch_size, progress=progress)
-    feats = encode_images(encoder, held_out.images, batch_size=batch_size, progress=progress, desc="held-out")
-    s = select_scale(feats, held_out.labels, fit_protos.means)
-    nll = scale_nll(s, pairwise_true_lambda(feats, held_out.labels, fit_protos.means))
+def holdout_split(real: ImageArrays, fraction: float = 0.1, seed: int = 0) -> Tuple[ImageArrays, ImageArrays]:
+    """``(fit, held_out)``: the rows of :func:`holdout_rows` held out, both in the original order."""
+    held = holdout_rows(len(real), fraction, seed)
+    return real.subset(np.setdiff1d(np.arange(len(real)), held)), real.subset(held)
+
+
+def choose_scale(held_out: HeldOutFeatures) -> Tuple[float, Dict]:
+    """s by :func:`~timm_csm.annotation.soft_labels.select_scale` on the features of held-out real images, with the
+    class means of the other real images (those the encoder may have seen); returns s and a record of the choice
+    for the dataset card."""
+    s = select_scale(held_out.features, held_out.labels, held_out.fit_means)
+    nll = scale_nll(s, pairwise_true_lambda(held_out.features, held_out.labels, held_out.fit_means))
     return s, {"criterion": "maximum likelihood of the true class on held-out real images (select_scale)",
-               "held_out_images": len(held_out), "nll": round(nll, 6)}
+               "held_out_images": len(held_out.labels), "nll": round(nll, 6)}
 
 
 @dataclass
@@ -102,7 +105,9 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
       ``cache_dir``;
     * ``s="auto"``: s is chosen on held-out real images, a seeded ``holdout_fraction`` of ``real``
       (:func:`holdout_split` with ``seed``): maximum likelihood of their true class
-      (:func:`~timm_csm.annotation.soft_labels.select_scale`) under the prototypes of the remaining images. A
+      (:func:`~timm_csm.annotation.soft_labels.select_scale`) under the prototypes of the remaining images. One
+      encoding pass over ``real`` gives the prototypes and the held-out features
+      (:func:`~timm_csm.annotation.prototypes.prototypes_and_held_out`): each real image is encoded once. A
       number is used as given (4.0 for CIFAR-10 / Tiny-ImageNet and 2.3 for CIFAR-100 in the paper).
     * ``encoder``: a ready :class:`ImageEncoder` (pretrained elsewhere), or a callable that builds one from the real
       images it may be fitted on: the images outside the held-out share when ``holdout`` (default: when
@@ -115,17 +120,17 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
     """
     auto, holdout = _resolve(s, holdout)
     check_class_names(plan["class_names"], real.class_names, "generation plan", "the real dataset")
-    fit, held_out = holdout_split(real, holdout_fraction, seed) if holdout else (real, None)
+    held = holdout_rows(len(real), holdout_fraction, seed) if auto else None
     if not isinstance(encoder, ImageEncoder):
-        encoder = encoder(fit)
+        encoder = encoder(holdout_split(real, holdout_fraction, seed)[0] if holdout else real)
     log(f"encoder: {encoder.identity}")
-    protos = load_or_compute_prototypes(encoder, real, cache_dir=cache_dir, batch_size=batch_size,
-                                        progress=progress, log=log)
+    protos, held_out = prototypes_and_held_out(encoder, real, held, cache_dir=cache_dir, batch_size=batch_size,
+                                               progress=progress, log=log)
     selection = None
     if auto:
-        s, selection = choose_scale(encoder, fit, held_out, batch_size, progress)
+        s, selection = choose_scale(held_out)
         selection["seed"] = seed
-        log(f"s = {s:.4f} (fitted on {len(held_out)} held-out real images, NLL {selection['nll']:.4f})")
+        log(f"s = {s:.4f} (fitted on {len(held)} held-out real images, NLL {selection['nll']:.4f})")
     annotated = annotate(generated, plan["class_names"], encoder, protos, float(s), lambdas=plan["lambdas"],
                          label_mode=label_mode, batch_size=batch_size, drop_incomplete=drop_incomplete,
                          progress=progress, log=log)
