@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 
 from timm_csm.data import CSMCompanionSampler, CSMGroups, SampleRef, create_transforms
-from timm_csm.losses import CrossEntropyLoss, create_loss, regmixup_objective
+from timm_csm.losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
+from timm_csm.losses import registry as loss_registry
 from timm_csm.training import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TimmMixupTask,
                                build_parser, create_criterion, select_task)
 
@@ -138,7 +139,7 @@ def _args(*argv):
 ])
 def test_select_task_reads_the_loss_spec(argv, task):
     args = _args(*argv)
-    assert select_task(args, create_criterion(args, 10)) is task
+    assert select_task(args, create_criterion(args, 10)[1]) is task
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -151,14 +152,15 @@ def test_select_task_reads_the_loss_spec(argv, task):
 def test_select_task_refuses_conflicting_options(argv, match):
     args = _args(*argv)
     with pytest.raises(ValueError, match=match):
-        select_task(args, create_criterion(args, 10))
+        select_task(args, create_criterion(args, 10)[1])
 
 
 def test_create_criterion_options_from_the_registry():
-    assert type(create_criterion(_args("--loss", "ce", "--smoothing", "0.1"), 10)).__name__ == "LabelSmoothingLoss"
-    assert create_criterion(_args("--loss", "ls", "--smoothing", "0.2"), 10).smoothing == 0.2
-    assert create_criterion(_args("--loss", "csm_soft_focal", "--csm-weight", "0.3"), 10).weight == 0.3
-    assert create_criterion(_args("--loss", "aslp"), 17).num_samples == 17
+    smoothed, spec = create_criterion(_args("--loss", "ce", "--smoothing", "0.1"), 10)
+    assert type(smoothed).__name__ == "LabelSmoothingLoss" and spec is loss_spec("ls")
+    assert create_criterion(_args("--loss", "ls", "--smoothing", "0.2"), 10)[0].smoothing == 0.2
+    assert create_criterion(_args("--loss", "csm_soft_focal", "--csm-weight", "0.3"), 10)[0].weight == 0.3
+    assert create_criterion(_args("--loss", "aslp"), 17)[0].num_samples == 17
     with pytest.raises(ValueError, match="--smoothing applies to --loss ce / ls"):
         create_criterion(_args("--loss", "focal", "--smoothing", "0.1"), 10)
 
@@ -168,11 +170,56 @@ def test_a_task_needs_a_loss_with_the_hooks():
         ClassificationTask(_model(), nn.CrossEntropyLoss())
 
 
+class _RecordingCE(LossBase):
+    """Cross-entropy that records the ``index`` it is given; its class declares a plain loss."""
+
+    def forward(self, logits, target, index=None):
+        self.seen = index
+        return nn.functional.cross_entropy(logits, target)
+
+
+class _IndexedCE(_RecordingCE):
+    needs_index = True  # per-sample state: forward(logits, target, index=...)
+
+
+def test_the_task_reads_the_spec_it_is_given_once():
+    """The registry's spec travels with the criterion (create_criterion -> select_task -> the task), even where the
+    class attributes of what the factory returns say otherwise; a criterion from outside the registry is read from
+    its class attributes (LossSpec.of)."""
+    images, labels = _data()
+    name = "test_tasks_indexed_factory"
+    try:
+        loss_registry.register_loss(name, lambda num_samples: _RecordingCE(), spec=LossSpec("index"))
+        args = _args("--loss", name)
+        criterion, spec = create_criterion(args, 20)
+        assert spec is loss_spec(name) and LossSpec.of(criterion).inputs == "plain"
+        task = select_task(args, spec).from_args(args, _model(), criterion, K, spec=spec)
+        assert type(task) is ClassificationTask and task.spec is spec
+        batch = _batch(task, images, labels)
+        task(batch)
+        assert torch.equal(criterion.seen, batch["index"])  # the registry says index=: the task passes it
+    finally:
+        loss_registry._LOSS_ENTRYPOINTS.pop(name, None)
+        loss_registry._LOSS_SPECS.pop(name, None)
+
+    outside = _IndexedCE()  # never registered
+    task = ClassificationTask(_model(), outside)
+    assert task.spec == LossSpec("index")
+    batch = _batch(task, images, labels)
+    task(batch)
+    assert torch.equal(outside.seen, batch["index"])
+    plain = ClassificationTask(_model(), _RecordingCE())
+    plain(_batch(plain, images, labels))
+    assert plain.criterion.seen is None
+    ranked = RankMixupTask(_model(), create_loss("mndcg"), K)  # num_mixup from the class's spec: M-NDCG's 3
+    assert ranked.num_mixup == 3 and RankMixupTask(_model(), create_loss("mndcg"), K, num_mixup=2).num_mixup == 2
+
+
 def test_timm_cutmix_task_cuts_a_box_from_the_mirrored_image_and_mixes_the_targets_by_its_area():
     args = _args("--loss", "ce", "--cutmix", "1.0", "--smoothing", "0.1")
-    criterion = create_criterion(args, 20)
+    criterion, spec = create_criterion(args, 20)
     assert type(criterion).__name__ == "CrossEntropyLoss"  # timm's Mixup smooths the targets itself
-    task = TimmMixupTask.from_args(args, _model(), criterion, K)
+    task = TimmMixupTask.from_args(args, _model(), criterion, K, spec=spec)
     images, labels = _data()
     state = np.random.get_state()[1].copy()
     batch = _batch(task, images, labels)
@@ -197,7 +244,7 @@ def test_timm_cutmix_task_cuts_a_box_from_the_mirrored_image_and_mixes_the_targe
 
 def test_timm_mixup_needs_an_even_batch():
     args = _args("--loss", "ce", "--cutmix", "1.0")
-    task = TimmMixupTask.from_args(args, _model(), create_criterion(args, 20), K)
+    task = TimmMixupTask.from_args(args, _model(), create_criterion(args, 20)[0], K)
     images, labels = _data()
     train_tf, _ = create_transforms(SIZE, (0.5,), (0.25,), 1)
     with pytest.raises(ValueError, match="must be even"):

@@ -144,8 +144,8 @@ def _build(args):
     k = len(data.class_names)
     if args.num_classes is not None and args.num_classes != k:
         raise ValueError(f"--num-classes {args.num_classes} but the dataset has {k} classes")
-    criterion = create_criterion(args, len(data.train)) if not args.eval_only else None
-    task_cls = select_task(args, criterion) if not args.eval_only else None
+    criterion, spec = create_criterion(args, len(data.train)) if not args.eval_only else (None, None)
+    task_cls = select_task(args, spec) if not args.eval_only else None
     in_chans = input_channels(args, data)
     model = create_train_model(args.model, k, in_chans, args.img_size, pretrained=args.pretrained,
                                pretrained_path=args.pretrained_path, initial_checkpoint=args.initial_checkpoint,
@@ -158,7 +158,7 @@ def _build(args):
         if isinstance(groups.images, LazyImages):  # decoded in the real images' mode, as they are read
             groups.images = groups.images.with_output(pil_mode(in_chans), tuple(train_tf.img_size))
         companions = CSMCompanionSampler(groups, n_aug=args.n_aug, num_classes=k)
-    task = task_cls.from_args(args, model, criterion, k, companions) if task_cls is not None else None
+    task = task_cls.from_args(args, model, criterion, k, companions, spec) if task_cls is not None else None
     return data, task, model, train_tf, eval_tf, data_info
 
 

@@ -18,12 +18,12 @@ CSMTask            ``loss(f(x), y, f(x_gen), q_gen)``, real and generated batche
 
 Two passes keep separate batch-norm statistics per batch, as CSM and RankMixup specify; both run inside one
 forward of :class:`TrainingModule`, so a distributed wrapper sees one forward and one backward per step.
-:func:`select_task` picks the task from the loss's registry spec (:func:`timm_csm.losses.loss_spec`) and the
-``--mixup`` / ``--regmixup`` flags.
+:func:`select_task` picks the task from the loss's registry spec (:func:`timm_csm.losses.loss_spec`, returned by
+:func:`create_criterion` with the loss and handed to the task) and the ``--mixup`` / ``--regmixup`` flags.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple, Type
+from typing import Dict, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -54,6 +54,11 @@ class TrainingTask(nn.Module):
     """Base of the tasks: ``model`` (the classifier), ``criterion`` (a :class:`~timm_csm.losses.LossBase`) and
     ``forward_module`` (the :class:`TrainingModule` a distributed wrapper replaces, see :meth:`prepare`).
 
+    ``spec``: what the criterion needs from the batch (its :class:`~timm_csm.losses.LossSpec`), read once here:
+    the registry's, as :func:`create_criterion` returns it with the criterion; by default
+    :meth:`LossSpec.of(criterion) <timm_csm.losses.LossSpec.of>`, the attributes of its class (a criterion from
+    outside the registry).
+
     Subclasses set ``batch_keys``, implement :meth:`create_collator` and :meth:`forward`, and build themselves from
     the command-line options in :meth:`from_args`.
     """
@@ -62,7 +67,7 @@ class TrainingTask(nn.Module):
     #: whether the task trains on the generated CSM companions (``--csm-dataset``)
     needs_companions = False
 
-    def __init__(self, model: nn.Module, criterion: LossBase):
+    def __init__(self, model: nn.Module, criterion: LossBase, spec: Optional[LossSpec] = None):
         super().__init__()
         if not isinstance(criterion, LossBase):
             raise ValueError(f"{type(self).__name__} needs a timm_csm.losses.LossBase criterion (it calls its hooks "
@@ -70,11 +75,12 @@ class TrainingTask(nn.Module):
         self.model = model
         self.criterion = criterion
         self.forward_module = TrainingModule(model)
-        self._index = LossSpec.of(criterion).needs_index
+        self.spec = LossSpec.of(criterion) if spec is None else spec
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "TrainingTask":
-        return cls(model, criterion)
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "TrainingTask":
+        return cls(model, criterion, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         """The collator that builds this task's training batches."""
@@ -95,7 +101,7 @@ class TrainingTask(nn.Module):
             self.criterion.on_epoch_end(val_logits.to(accelerator.device), val_targets.to(accelerator.device))
 
     def _clean_loss(self, logits: torch.Tensor, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        if self._index:
+        if self.spec.needs_index:
             return self.criterion(logits, batch["labels"], index=batch["index"])
         return self.criterion(logits, batch["labels"])
 
@@ -118,13 +124,15 @@ class MixupTask(ClassificationTask):
 
     batch_keys = ("pixel_values", "labels", "lam", "index")
 
-    def __init__(self, model, criterion, num_classes: int, alpha: float, mode: str = "batch", smoothing: float = 0.0):
-        super().__init__(model, criterion)
+    def __init__(self, model, criterion, num_classes: int, alpha: float, mode: str = "batch", smoothing: float = 0.0,
+                 spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
         self.num_classes, self.alpha, self.mode, self.smoothing = int(num_classes), float(alpha), mode, smoothing
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "MixupTask":
-        return cls(model, criterion, num_classes, args.mixup, args.mixup_mode, args.smoothing)
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "MixupTask":
+        return cls(model, criterion, num_classes, args.mixup, args.mixup_mode, args.smoothing, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return MixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, mode=self.mode,
@@ -135,18 +143,19 @@ class TimmMixupTask(ClassificationTask):
     """timm's Mixup / CutMix (``--cutmix``, with ``--mixup`` as timm's mixup alpha): :class:`ClassificationTask` on the
     batches of :class:`~timm_csm.data.TimmMixupCollator` (soft targets, ``--smoothing`` applied by ``Mixup``)."""
 
-    def __init__(self, model, criterion, mixup_fn):
-        super().__init__(model, criterion)
+    def __init__(self, model, criterion, mixup_fn, spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
         self.mixup_fn = mixup_fn
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "TimmMixupTask":
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "TimmMixupTask":
         from timm.data import Mixup
 
         return cls(model, criterion, Mixup(
             mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
             prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
-            label_smoothing=args.smoothing, num_classes=num_classes))
+            label_smoothing=args.smoothing, num_classes=num_classes), spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return TimmMixupCollator(images, labels, transform, self.mixup_fn, seed=seed)
@@ -159,14 +168,15 @@ class RegMixupTask(TrainingTask):
     batch_keys = ("pixel_values", "labels", "index", "mix_pixel_values", "mix_targets", "lam")
 
     def __init__(self, model, criterion, num_classes: int, alpha: float, weight: float = 1.0,
-                 reduction: str = "mean"):
-        super().__init__(model, criterion)
+                 reduction: str = "mean", spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
         self.num_classes, self.alpha, self.weight, self.reduction = int(num_classes), float(alpha), weight, reduction
         self.mixed_loss = CrossEntropyLoss()
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "RegMixupTask":
-        return cls(model, criterion, num_classes, args.regmixup, args.regmixup_weight, args.regmixup_reduction)
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "RegMixupTask":
+        return cls(model, criterion, num_classes, args.regmixup, args.regmixup_weight, args.regmixup_reduction, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return RegMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, seed=seed)
@@ -192,18 +202,20 @@ class _TwoPassTask(TrainingTask):
 
 class RankMixupTask(_TwoPassTask):
     """RankMixup (MRL, M-NDCG): the clean batch and ``num_mixup`` mixed copies (copy-major, one lam per copy) of
-    :class:`~timm_csm.data.RankMixupCollator`, in two passes."""
+    :class:`~timm_csm.data.RankMixupCollator`, in two passes; ``num_mixup=None``: the spec's ``num_mixed``."""
 
     batch_keys = _TwoPassTask.batch_keys + ("lam",)
 
-    def __init__(self, model, criterion, num_classes: int, alpha: float = 2.0, num_mixup: int = 1):
-        super().__init__(model, criterion)
-        self.num_classes, self.alpha, self.num_mixup = int(num_classes), float(alpha), int(num_mixup)
+    def __init__(self, model, criterion, num_classes: int, alpha: float = 2.0, num_mixup: Optional[int] = None,
+                 spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
+        self.num_classes, self.alpha = int(num_classes), float(alpha)
+        self.num_mixup = int(num_mixup or self.spec.num_mixed)
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "RankMixupTask":
-        num_mixup = args.num_mixup or LossSpec.of(criterion).num_mixed
-        return cls(model, criterion, num_classes, args.rankmixup_alpha, num_mixup)
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "RankMixupTask":
+        return cls(model, criterion, num_classes, args.rankmixup_alpha, args.num_mixup, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return RankMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha,
@@ -216,13 +228,14 @@ class CSMTask(_TwoPassTask):
 
     needs_companions = True
 
-    def __init__(self, model, criterion, companions):
-        super().__init__(model, criterion)
+    def __init__(self, model, criterion, companions, spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
         self.companions = companions
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None) -> "CSMTask":
-        return cls(model, criterion, companions)
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None) -> "CSMTask":
+        return cls(model, criterion, companions, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return CSMCollator(images, labels, transform, self.companions, seed=seed)
@@ -231,10 +244,9 @@ class CSMTask(_TwoPassTask):
 _BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": RankMixupTask}
 
 
-def select_task(args, criterion: LossBase) -> Type[TrainingTask]:
-    """The task class of the training loss ``criterion`` (its :class:`~timm_csm.losses.LossSpec`) with
+def select_task(args, spec: LossSpec) -> Type[TrainingTask]:
+    """The task class of the training loss of registry spec ``spec`` (:func:`create_criterion`'s) with
     ``--mixup`` / ``--cutmix`` (timm's ``Mixup``) / ``--regmixup``; conflicting options raise ``ValueError``."""
-    spec = LossSpec.of(criterion)
     cutmix = args.cutmix > 0 or args.cutmix_minmax is not None
     conflicts = [flag for flag, on in (("--mixup", args.mixup > 0), ("--cutmix", cutmix),
                                        ("--regmixup", args.regmixup > 0)) if on]
@@ -253,11 +265,12 @@ def select_task(args, criterion: LossBase) -> Type[TrainingTask]:
     return task
 
 
-def create_criterion(args, num_train: int) -> LossBase:
-    """The training loss from ``--loss`` / ``--loss-kwargs``. ``--smoothing`` (without ``--mixup`` / ``--cutmix``,
-    which smooth their mixed targets) selects the
-    loss's label-smoothing form (``ce`` -> ``ls``) with ``smoothing=``; a generated-batch loss takes
-    ``weight=--csm-weight``, a per-sample-state loss ``num_samples=`` the training-set size."""
+def create_criterion(args, num_train: int) -> Tuple[LossBase, LossSpec]:
+    """The training loss from ``--loss`` / ``--loss-kwargs`` and its registry :class:`~timm_csm.losses.LossSpec`
+    (which :func:`select_task` and the task read: one spec for the run). ``--smoothing`` (without ``--mixup`` /
+    ``--cutmix``, which smooth their mixed targets) selects the loss's label-smoothing form (``ce`` -> ``ls``) with
+    ``smoothing=``; a generated-batch loss takes ``weight=--csm-weight``, a per-sample-state loss ``num_samples=``
+    the training-set size."""
     name = args.loss
     kwargs = dict(args.loss_kwargs or [])
     spec = loss_spec(name)  # unknown names: ValueError listing the registered losses
@@ -271,4 +284,4 @@ def create_criterion(args, num_train: int) -> LossBase:
         kwargs.setdefault("weight", args.csm_weight)
     if spec.needs_index:
         kwargs.setdefault("num_samples", num_train)
-    return create_loss(name, **kwargs)
+    return create_loss(name, **kwargs), spec
