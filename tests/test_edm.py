@@ -5,7 +5,9 @@ The pickles are written here in NVlabs' format (``torch_utils/persistence.py``):
 class_name=..., state=<the module's __dict__ with _init_args / _init_kwargs>)``, containers and tensors pickled as
 torch pickles them.
 """
+import builtins
 import contextlib
+import hashlib
 import io
 import math
 import os
@@ -121,7 +123,7 @@ def test_edm_format_pickle_loads_strictly_into_the_same_network(cls, kwargs, tmp
 
 def test_record_content_is_data_only(tmp_path):
     kwargs = dict(DDPMPP, label_dim=4)
-    content = read_edm_pickle(write_edm_pickle(tmp_path / "n.pkl", _random_net(EDMPrecond, kwargs), kwargs))
+    content, _ = read_edm_pickle(write_edm_pickle(tmp_path / "n.pkl", _random_net(EDMPrecond, kwargs), kwargs))
     record = content["ema"]
     assert record.class_name == "EDMPrecond" and record.module_src == MODULE_SRC and record.version == 6
     assert content["dataset_kwargs"] == {"path": "cifar10-32x32.zip"}
@@ -264,6 +266,28 @@ def test_pipeline_samples_the_network_with_the_papers_defaults(tmp_path):
     with pytest.raises(ValueError, match="unconditional network"):
         EDMSemanticMixingPipeline.from_edm_pickle(write_edm_pickle(tmp_path / "u.pkl", _random_net(EDMPrecond, uncond),
                                                                    uncond))
+
+
+def test_a_pickle_is_read_once_and_hashed_as_it_is_read(tmp_path, monkeypatch):
+    """Loading an EDM pickle opens it once; the digest taken while reading is the file's (file_digest's)."""
+    from timm_csm.generation.models import file_digest
+
+    kwargs = dict(DDPMPP, label_dim=4)
+    path = write_edm_pickle(tmp_path / "edm.pkl", _random_net(EDMPrecond, kwargs), kwargs)
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert file_digest(path) == sha256[:12]
+    opened, real_open = [], builtins.open
+
+    def counting_open(file, *args, **kw):
+        if isinstance(file, (str, os.PathLike)) and os.path.abspath(file) == str(path):
+            opened.append(args[0] if args else kw.get("mode", "r"))
+        return real_open(file, *args, **kw)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    pipe = EDMSemanticMixingPipeline.from_edm_pickle(path, num_inference_steps=3, class_names=list("abcd"))
+    assert opened == ["rb"] and pipe.provenance["revision"] == sha256[:12]
+    assert load_edm_network(path).file_sha256 == sha256 and read_edm_pickle(path)[1] == sha256
+    assert opened == ["rb"] * 3
 
 
 def _generate_script():

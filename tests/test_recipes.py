@@ -227,6 +227,40 @@ def test_a_missing_open_clip_file_or_tag_cache_names_both_ways(tmp_path):
     stages.check_encoder(RecipeProfile())  # the reference encoder is trained by the recipe: nothing to check
 
 
+def test_the_open_clip_weights_are_read_once_per_run(tmp_path, monkeypatch):
+    """check_encoder builds the open_clip encoder that the annotation stage then uses: one read of its weights."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    from timm_csm.data import ImageArrays
+
+    config = tmp_path / "timm-csm-recipes-tiny-clip.json"
+    config.write_text(json.dumps({"embed_dim": 16, "vision_cfg": {"image_size": 16, "layers": 1, "width": 16,
+                                                                  "patch_size": 8, "head_width": 8},
+                                  "text_cfg": {"context_length": 8, "vocab_size": 49408, "width": 16, "heads": 2,
+                                               "layers": 1}}))
+    open_clip.add_model_config(str(config))
+    weights = tmp_path / "clip.safetensors"
+    save_file(open_clip.create_model(config.stem).state_dict(), str(weights))
+    built, create = [], open_clip.create_model
+
+    def counting_create(*args, **kw):
+        built.append(kw.get("pretrained"))
+        return create(*args, **kw)
+
+    monkeypatch.setattr(open_clip, "create_model", counting_create)
+    names = ["w", "x", "y", "z"]
+    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3, num_lambdas=3,
+                            sampler_steps=2, encoder=f"open_clip:{config.stem}:{weights}", soft_label_scale=4.0)
+    clip = stages.check_encoder(profile)
+    assert built == [str(weights)]
+    cache = StageCache(tmp_path / "run", lambda line: None)
+    generated = stages.generate(cache, profile, Path(profile.generator), names)
+    images = np.random.default_rng(0).integers(0, 256, size=(8, 3, 8, 8), dtype=np.uint8)
+    annotated = stages.annotate(cache, profile, generated, None, ImageArrays(images, np.arange(8) % 4, names), clip)
+    assert built == [str(weights)] and (annotated.folder / "annotation.json").exists()
+
+
 def test_the_command_line_points_a_profile_at_other_files():
     args = build_parser().parse_args(["--profile", "full", "--generator", "my.pkl", "--encoder",
                                       "open_clip:ViT-B-32-quickgelu:w.safetensors", "--dataset", "data/c100"])

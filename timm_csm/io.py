@@ -1,4 +1,5 @@
-"""File I/O shared across the package: atomic writers, and the safetensors formats of training states and models.
+"""File I/O shared across the package: atomic writers, a reader that hashes what it reads, and the safetensors formats
+of training states and models.
 
 Files appear complete or not at all. Every writer goes through a temporary file ``.<name>.<random>.tmp`` beside
 the target, then ``os.replace``. The temporary file is created with the mode a plain ``open`` gives (``0o666`` less
@@ -14,6 +15,7 @@ header (:func:`read_model_meta`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -24,8 +26,8 @@ import numpy as np
 import torch
 
 __all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
-           "remove_temp_files", "save_state", "load_state", "is_state_file", "safetensors_metadata", "save_model_file",
-           "read_model_meta"]
+           "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state", "is_state_file",
+           "safetensors_metadata", "save_model_file", "read_model_meta"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -95,6 +97,41 @@ def remove_temp_files(folder) -> List[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+class HashingReader:
+    """A binary file's reader that feeds every byte it hands out to a SHA-256, so that a parser (``pickle``) reads a
+    file and its digest is taken in the same single read. ``read``, ``readinto`` and ``readline`` as the file's."""
+
+    def __init__(self, f):
+        self._f, self._hash = f, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._f.read(size)
+        self._hash.update(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        self._hash.update(memoryview(buffer)[:n])
+        return n
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self._f.readline(size)
+        self._hash.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        """The SHA-256 (hex) of the whole file: what was not read yet is read (and hashed) first."""
+        while self.read(1 << 20):
+            pass
+        return self._hash.hexdigest()
+
+
+def file_sha256(path) -> str:
+    """The SHA-256 (hex) of a file, read in 1 MiB chunks."""
+    with open(path, "rb") as f:
+        return HashingReader(f).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,15 +5,15 @@ A trained generator is saved and loaded as a :class:`~timm_csm.generation.pipeli
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Tuple
 
+from ..io import file_sha256
 from .conditioning import enable_soft_class_conditioning
 
 __all__ = [
-    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "weights_digest", "file_digest",
+    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "weights_digest", "file_digest", "revision",
 ]
 
 
@@ -88,13 +88,14 @@ def create_class_unet(config: GeneratorConfig, num_classes: int):
     return enable_soft_class_conditioning(unet)
 
 
+def revision(sha256: str) -> str:
+    """A generator's revision in dataset provenance: the first 12 hex digits of its weights file's SHA-256."""
+    return sha256[:12]
+
+
 def file_digest(path) -> str:
-    """First 12 hex digits of the SHA-256 of a file: a generator's revision in dataset provenance."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:12]
+    """The :func:`revision` of a file (its SHA-256 read here; a loader that hashes as it reads gives the same)."""
+    return revision(file_sha256(path))
 
 
 def weights_digest(folder) -> str:

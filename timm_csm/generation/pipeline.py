@@ -283,11 +283,12 @@ class EDMSemanticMixingPipeline:
         ``num_inference_steps=None`` takes the paper's: 20 Heun steps for 10 classes (CIFAR-10), 25 otherwise
         (CIFAR-100); no guidance. ``class_names`` default to CIFAR-10's or CIFAR-100's by the label dimension. The
         noise range is EDM's [0.002, 80] clamped to the network's, as EDM's sampler. ``pipeline.provenance`` records
-        the file's name and digest, the sampler, steps and the network's constructor arguments for the dataset card.
+        the file's name and digest (hashed in the one read that loads it), the sampler, steps and the network's
+        constructor arguments for the dataset card.
         """
         from .edm import load_edm_network
         from .edm.labels import default_class_names
-        from .models import file_digest
+        from .models import revision
 
         net = load_edm_network(path, key, device)
         k = net.label_dim
@@ -303,7 +304,7 @@ class EDMSemanticMixingPipeline:
         pipe.class_names = names
         pipe.provenance = {
             "name": Path(path).stem,
-            "revision": file_digest(path),
+            "revision": revision(net.file_sha256),  # the file's digest, hashed as it was read
             "sampler": "edm heun (S_churn 0, rho 7)",
             "steps": steps,
             "guidance_scale": 1.0,

@@ -42,7 +42,7 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     cache = StageCache(output, log)
     train_real = load_image_arrays(profile.dataset, "train")
     test_real = load_image_arrays(profile.dataset, "test")
-    stages.check_encoder(profile)
+    clip = stages.check_encoder(profile)  # an open_clip encoder is built once: checked now, used to annotate
 
     generator_dir = stages.generator(cache, profile, train_real, log)
     generated = stages.generate(cache, profile, generator_dir, train_real.class_names)
@@ -50,7 +50,8 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     quality = None
     if encoder_dir is not None:  # measured with the reference encoder's classifier
         quality = stages.quality(cache, profile, generator_dir, generated, encoder_dir, train_real.class_names)
-    annotated = stages.annotate(cache, profile, generated, encoder_dir, train_real)
+    annotated = stages.annotate(cache, profile, generated, encoder_dir, train_real, clip)
+    del clip  # its memory is free for the training stages
     results = {loss: stages.train(cache, profile, loss, annotated) for loss in ("ce", "csm")}
 
     csm_dataset = annotated.folder / stages.csm_dataset_name(profile.dataset)

@@ -189,13 +189,13 @@ def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
     return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=_device())
 
 
-def check_encoder(profile: RecipeProfile) -> None:
+def check_encoder(profile: RecipeProfile):
     """Build the profile's open_clip encoder once, before any long stage, so that missing weights stop the run at
-    its start. A weights file that does not exist, or a tag whose weights are neither in the cache nor downloadable
-    (offline), is an error naming both ways: a local file, or the tag with network access. Nothing for the
-    reference encoder, which the recipe trains."""
+    its start; returns it for :func:`annotate` (its weights are read once per run). A weights file that does not
+    exist, or a tag whose weights are neither in the cache nor downloadable (offline), is an error naming both ways:
+    a local file, or the tag with network access. None for the reference encoder, which the recipe trains."""
     if profile.encoder == "reference":
-        return
+        return None
     import open_clip
 
     model, pretrained = open_clip_spec(profile.encoder)
@@ -207,7 +207,7 @@ def check_encoder(profile: RecipeProfile) -> None:
         raise FileNotFoundError(f"--encoder {profile.encoder}: {pretrained!r} is neither an existing file nor an "
                                 f"open_clip tag of {model} (its tags: {', '.join(tags) or 'none'}); {ways}")
     try:
-        _load_encoder(profile, None)
+        return _load_encoder(profile, None)
     except RuntimeError as e:
         if pretrained not in tags:
             raise
@@ -235,11 +235,12 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
 
 
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],
-             train_real) -> Stage:
+             train_real, encoder=None) -> Stage:
     """Re-annotation through :func:`timm_csm.annotation.annotate_generated`: prototypes of the real training split,
     lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
     saved as the Hub-layout dataset ``csm-<short name>-aug`` inside the stage folder and installed under that bare
-    name."""
+    name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's encoder is loaded
+    here)."""
     name = csm_dataset_name(profile.dataset)
     s = "auto" if profile.soft_label_scale is None else profile.soft_label_scale
     config = {"generated": generated.config, "encoder": encoder_config(profile), "s": profile.soft_label_scale,
@@ -253,7 +254,8 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
             from ..hub import install_dataset, provenance_from_plan, save_csm_dataset
 
             images, plan = load_generated(generated.folder)
-            result = annotate_generated(images, plan, train_real, _load_encoder(profile, encoder_dir), s,
+            encoder = _load_encoder(profile, encoder_dir) if encoder is None else encoder
+            result = annotate_generated(images, plan, train_real, encoder, s,
                                         holdout_fraction=_HELD_OUT, seed=profile.seed,
                                         drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes")
             provenance = {"dataset": profile.dataset, **provenance_from_plan(plan), **result.provenance()}

@@ -31,6 +31,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
+from ...io import HashingReader
 from .precond import PRECONDITIONERS
 
 __all__ = ["EDMUnpickler", "PersistentRecord", "UnsafePickleError", "read_edm_pickle", "load_edm_network",
@@ -139,20 +140,22 @@ class EDMUnpickler(pickle.Unpickler):
                                 "(a torch.save checkpoint reads with torch.load(..., weights_only=True))")
 
 
-def read_edm_pickle(path) -> Any:
-    """The unpickled content of an EDM pickle: a dict (``ema``, ``loss_fn``, ...) of :class:`PersistentRecord`\\s,
-    tensors and plain values."""
+def read_edm_pickle(path) -> Tuple[Any, str]:
+    """``(content, sha256)``: the unpickled content of an EDM pickle, a dict (``ema``, ``loss_fn``, ...) of
+    :class:`PersistentRecord`\\s, tensors and plain values, and the SHA-256 (hex) of the file, hashed as it is read
+    (:class:`~timm_csm.io.HashingReader`): the file is read once."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"EDM network pickle not found: {path}")
     with open(path, "rb") as f:
-        if f.read(4) == b"PK\x03\x04":
+        if f.peek(4)[:4] == b"PK\x03\x04":
             raise ValueError(f"{path} is a zip archive (a torch.save checkpoint), not an EDM network pickle")
-        f.seek(0)
+        reader = HashingReader(f)
         try:
-            return EDMUnpickler(f).load()
+            content = EDMUnpickler(reader).load()
         except UnsafePickleError as e:
             raise UnsafePickleError(f"{path}: {e}") from None
+        return content, reader.hexdigest()
 
 
 def _module_state(obj, where: str) -> Dict[str, Any]:
@@ -203,9 +206,11 @@ def load_edm_network(path, key: str = "ema", device="cpu") -> torch.nn.Module:
 
     ``key``: the entry of the pickle's dict (EDM's snapshots: ``ema``). The network is rebuilt from the record's
     constructor arguments, its state dict must match ours exactly (no missing, extra or reshaped tensor), and it is
-    returned in eval mode without gradients. ``net.init_kwargs`` keeps the recorded arguments.
+    returned in eval mode without gradients. ``net.init_kwargs`` keeps the recorded arguments, ``net.file_sha256``
+    the SHA-256 (hex) of the pickle, taken in the same read.
     """
-    record = _network_record(read_edm_pickle(path), key)
+    content, sha256 = read_edm_pickle(path)
+    record = _network_record(content, key)
     args, kwargs = _constructor_arguments(record)
     try:
         net = PRECONDITIONERS[record.class_name](*args, **kwargs)
@@ -217,5 +222,5 @@ def load_edm_network(path, key: str = "ema", device="cpu") -> torch.nn.Module:
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise ValueError(f"{path}: the weights do not fit {record.class_name}({kwargs}): {e}") from e
-    net.init_kwargs = kwargs
+    net.init_kwargs, net.file_sha256 = kwargs, sha256
     return net.to(device).eval().requires_grad_(False)
