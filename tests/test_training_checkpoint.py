@@ -1,5 +1,7 @@
 """CheckpointSaver: last after every epoch, best replaced only by a strictly better epoch, a bounded history, and a
 write killed mid-file leaves the previous files intact."""
+import errno
+import os
 import signal
 import subprocess
 import sys
@@ -50,6 +52,69 @@ def test_history_keeps_the_most_recent_epochs(tmp_path):
         kept = sorted(p.name for p in tmp_path.glob("checkpoint-*.safetensors"))
         assert kept == [f"checkpoint-{e}.safetensors" for e in range(max(0, epoch - 1), epoch + 1)]
     assert load_state(tmp_path / "checkpoint-4.safetensors")["epoch"] == 4
+
+
+def _history(folder):
+    return sorted(p.name for p in folder.glob("checkpoint-*.safetensors"))
+
+
+def _check_states(folder, epochs):
+    for epoch in epochs:
+        state = load_state(folder / f"checkpoint-{epoch}.safetensors")
+        assert state["epoch"] == epoch and float(state["model"]["w"][0]) == epoch
+
+
+def test_history_links_the_last_state_written_once_per_epoch(tmp_path, monkeypatch):
+    """The history entry of an epoch is a hard link of that epoch's last.safetensors: one state write per epoch.
+    last.safetensors is replaced by a new file every epoch, so each entry keeps its own epoch's state."""
+    import timm_csm.io as file_io
+
+    written, save = [], file_io.save_safetensors_atomic
+
+    def counting_save(path, *args):
+        written.append(Path(path).name)
+        save(path, *args)
+
+    monkeypatch.setattr(file_io, "save_safetensors_atomic", counting_save)
+    saver = CheckpointSaver(tmp_path, "acc", max_history=2)
+    for epoch in range(4):
+        written.clear()
+        saver.save(epoch, _state(epoch, saver), saver.update(epoch, {"val_accuracy": 0.1}))
+        assert written == (["model_best.safetensors"] if epoch == 0 else []) + ["last.safetensors"]
+        assert os.path.samefile(tmp_path / f"checkpoint-{epoch}.safetensors", tmp_path / "last.safetensors")
+        _check_states(tmp_path, range(max(0, epoch - 1), epoch + 1))
+    assert _history(tmp_path) == ["checkpoint-2.safetensors", "checkpoint-3.safetensors"]
+    assert not os.path.samefile(tmp_path / "checkpoint-2.safetensors", tmp_path / "last.safetensors")
+    saver.save(3, _state(3, saver), False)  # an epoch saved again (a resumed run) replaces its entry
+    _check_states(tmp_path, [2, 3])
+    assert remove_temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("code", [errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP])
+def test_history_is_a_copy_where_the_filesystem_gives_no_link(tmp_path, monkeypatch, code):
+    """Another device, or a filesystem without hard links (os.link fails as there: this machine has links)."""
+    def no_link(src, dst):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "link", no_link)
+    saver = CheckpointSaver(tmp_path, "acc", max_history=2)
+    for epoch in range(3):
+        saver.save(epoch, _state(epoch, saver), saver.update(epoch, {"val_accuracy": 0.1}))
+    assert _history(tmp_path) == ["checkpoint-1.safetensors", "checkpoint-2.safetensors"]
+    _check_states(tmp_path, [1, 2])
+    assert not os.path.samefile(tmp_path / "checkpoint-2.safetensors", tmp_path / "last.safetensors")
+    assert remove_temp_files(tmp_path) == []
+
+
+def test_other_link_errors_are_errors(tmp_path, monkeypatch):
+    def failing_link(src, dst):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "link", failing_link)
+    saver = CheckpointSaver(tmp_path, "acc", max_history=2)
+    with pytest.raises(OSError, match=os.strerror(errno.EIO)):
+        saver.save(0, _state(0, saver), saver.update(0, {"val_accuracy": 0.1}))
+    assert _history(tmp_path) == [] and remove_temp_files(tmp_path) == []
 
 
 def test_a_resumed_saver_keeps_the_stored_best(tmp_path):

@@ -15,30 +15,34 @@ header (:func:`read_model_meta`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 __all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
-           "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state", "is_state_file",
+           "link_or_copy_atomic", "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state", "is_state_file",
            "safetensors_metadata", "save_model_file", "read_model_meta"]
 
 _TMP_SUFFIX = ".tmp"
 
 
-def _create_temp(path: Path) -> Tuple[int, Path]:
-    """A new, exclusively created ``.<name>.<random>.tmp`` beside ``path`` (parents made); its descriptor and path."""
+def _create_temp(path: Path, create: Optional[Callable[[Path], Any]] = None) -> Tuple[Any, Path]:
+    """A new, exclusively created ``.<name>.<random>.tmp`` beside ``path`` (parents made): ``create(tmp)``'s result
+    (default: the descriptor of a new file) and the temporary path. ``create`` must fail on an existing name."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    create = create or (lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}{_TMP_SUFFIX}")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            return create(tmp), tmp
         except FileExistsError:  # 48 random bits: practically never
             continue
 
@@ -85,6 +89,35 @@ def write_bytes_atomic(path, data: bytes) -> None:
 def write_json_atomic(path, obj, indent: Optional[int] = 2, sort_keys: bool = False) -> None:
     """``obj`` as JSON (``default=str`` for paths and other plain values), written atomically."""
     write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=str))
+
+
+#: os.link errors that mean "this filesystem gives no hard link here": another device, or links not supported
+_NO_HARD_LINK = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def link_or_copy_atomic(src, dst) -> bool:
+    """Make ``dst`` the file ``src`` is, without writing its bytes again: a hard link made under a temporary name
+    beside ``dst``, then ``os.replace``. Where the filesystem gives no hard link (``EXDEV``: another device;
+    ``EPERM`` / ``ENOTSUP`` / ``EOPNOTSUPP``: not supported), ``dst`` is a copy, written atomically; any other
+    error is raised. True when linked.
+
+    A link stays the content ``src`` had: the writers here replace a file (a new inode), never write into it.
+    """
+    src, dst = Path(src), Path(dst)
+    try:
+        _, tmp = _create_temp(dst, lambda tmp: os.link(src, tmp))
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINK:
+            raise
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+        return False
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def remove_temp_files(folder) -> List[Path]:

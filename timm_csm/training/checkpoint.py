@@ -9,7 +9,9 @@ an optional history of per-epoch states.
   better when there is no validation split); with ``--model-ema`` the EMA weights, which are the ones validated
   (as timm's ``train.py`` selects on the EMA's metrics);
 * ``checkpoint-<epoch>.safetensors``: with ``max_history > 0``, the training states of the ``max_history`` most
-  recent epochs (older ones are deleted).
+  recent epochs (older ones are deleted), each a hard link of that epoch's ``last.safetensors`` (a copy where the
+  filesystem has no hard links, :func:`timm_csm.io.link_or_copy_atomic`): the state is written once per epoch. As
+  ``last.safetensors`` is replaced (a new file) every epoch, an epoch's link keeps that epoch's state.
 
 Every file is written through a temporary file and ``os.replace`` (:mod:`timm_csm.io`): a writer killed mid-write
 leaves the previous files as they were.
@@ -21,7 +23,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..io import read_model_meta, save_model_file, save_state
+from ..io import link_or_copy_atomic, read_model_meta, save_model_file, save_state
 from .model import load_model_weights
 
 __all__ = ["CHECKPOINT_LAST", "CHECKPOINT_BEST", "SELECT_METRICS", "CheckpointSaver", "rng_state", "set_rng_state",
@@ -85,15 +87,15 @@ class CheckpointSaver:
 
     def save(self, epoch: int, state: Dict[str, Any], improved: bool) -> None:
         """Write epoch ``epoch``'s files: the best model (when ``improved``), ``last.safetensors``, and the history
-        entry (deleting the one that falls out). ``state`` is the training state, with ``model`` (the model's state
-        dict), optionally ``ema`` (the EMA's, then the best model's weights) and ``meta`` (the run metadata, stored
-        with the best model along with ``epoch`` and ``best``)."""
+        entry, a link of it (deleting the one that falls out). ``state`` is the training state, with ``model`` (the
+        model's state dict), optionally ``ema`` (the EMA's, then the best model's weights) and ``meta`` (the run
+        metadata, stored with the best model along with ``epoch`` and ``best``)."""
         if improved:
             save_model_file(self.folder / CHECKPOINT_BEST, state.get("ema", state["model"]),
                             dict(state["meta"], epoch=epoch, best=self.best))
         save_state(self.folder / CHECKPOINT_LAST, state)
         if self.max_history > 0:
-            save_state(self.folder / f"checkpoint-{epoch}.safetensors", state)
+            link_or_copy_atomic(self.folder / CHECKPOINT_LAST, self.folder / f"checkpoint-{epoch}.safetensors")
             stale = self.folder / f"checkpoint-{epoch - self.max_history}.safetensors"
             if stale.exists():
                 stale.unlink()
