@@ -1,6 +1,7 @@
 """Semantic mixing generation: conditioning, plan, samplers, pipelines, resumable sharded writing."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,6 +238,29 @@ def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
                     - np.asarray(__import__("PIL.Image").Image.open(__import__("io").BytesIO(b[5])), int)).max()
              for a, b in zip(one, two)]
     assert max(diffs) <= 1
+
+
+@pytest.mark.parametrize("files", [["training_state.pt"], ["training_state.pt", "model.safetensors", "state.json"]])
+def test_generator_resume_refuses_a_pickled_checkpoint_of_earlier_versions(tmp_path, files):
+    """A checkpoint folder written before the safetensors state files (its state a torch.save pickle): a clear
+    error naming the file and what to do, never a restart from scratch that replaces it."""
+    from timm_csm.generation.training import load_checkpoint_ema, train_generator
+
+    ckpt = tmp_path / "gen" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    for name in files:
+        (ckpt / name).write_bytes(b"{}" if name == "state.json" else b"old checkpoint")
+    images = np.zeros((4, 1, 28, 28), dtype=np.uint8)
+    cfg = GENERATOR_PROFILES["smoke"]
+    match = re.escape(str(ckpt / "training_state.pt")) + " is a generator checkpoint in the pickled format"
+    with pytest.raises(ValueError, match=match + ".*a fresh output folder, or delete"):
+        train_generator(images, np.arange(4) % 3, ["a", "b", "c"], tmp_path / "gen", cfg, progress=False,
+                        log=lambda m: None)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint_ema(tmp_path / "gen", 3, cfg)
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(files)
+    assert (ckpt / "training_state.pt").read_bytes() == b"old checkpoint"
+    assert sorted(p.name for p in (tmp_path / "gen").iterdir()) == ["checkpoint"]
 
 
 def test_generator_training_resumes_exactly(tmp_path):

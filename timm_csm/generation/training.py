@@ -22,6 +22,7 @@ __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
 _CKPT = "checkpoint"
 _TRAINING_STATE = "training_state.safetensors"  # EMA, optimizer and schedule of the checkpoint
+_PICKLED_STATE = "training_state.pt"  # the same, as torch.save wrote it before the safetensors state files
 
 
 def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -52,9 +53,18 @@ def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losse
 
 
 def _find_checkpoint(out: Path) -> Optional[Path]:
+    """The checkpoint folder of ``out``, None when there is none. One written before the safetensors state files
+    (a pickled ``training_state.pt``, which is never unpickled here) is an error: training would start from scratch
+    and replace it."""
     for name in (_CKPT, f"{_CKPT}.old"):  # .old only survives a kill between the two renames
-        if (out / name / "state.json").exists():
-            return out / name
+        ckpt = out / name
+        if (ckpt / _PICKLED_STATE).exists() and not (ckpt / _TRAINING_STATE).exists():
+            raise ValueError(f"{ckpt / _PICKLED_STATE} is a generator checkpoint in the pickled format of earlier "
+                             f"versions, which this version does not read; training in {out} would start from "
+                             f"scratch and overwrite it. Train into a fresh output folder, or delete {ckpt} to "
+                             "start again from scratch here")
+        if (ckpt / "state.json").exists():
+            return ckpt
     return None
 
 
