@@ -170,6 +170,19 @@ def peak_rss(folder: Path, workers: int = 1) -> dict:
                 **{k: peaks.get(k, 0) / 1024 for k in ("main", "setup", "training", "worker", "tree_pss")})
 
 
+def saved_copy(folder: Path) -> Path:
+    """``folder`` read once through ``imagefolder`` and written with ``save_to_disk`` (the same image paths in
+    Arrow, no bytes copied): a dataset ``train.py`` opens with ``load_from_disk``, without scanning the folder."""
+    import datasets
+
+    saved = folder.with_name(folder.name + "-saved")
+    if not (saved / "dataset_dict.json").is_file():
+        tmp = saved.with_name(saved.name + ".tmp")
+        datasets.load_dataset(str(folder)).save_to_disk(str(tmp))
+        os.replace(tmp, saved)
+    return saved
+
+
 def rss_table(rows) -> str:
     lines = ["| training images | train / val / test | wall (s) | peak RSS, largest process (MiB) "
              "| main: peak before training (MiB) | main: largest RSS while training, sampled (MiB) "
@@ -428,12 +441,13 @@ def csm_table(rows, setup, steps: int) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small folders and few batches (a smoke run)")
-    p.add_argument("--only", default="rss,loader,csm", help="comma-separated parts to run: rss, loader, csm")
+    p.add_argument("--only", default="rss,loader,csm",
+                   help="comma-separated parts to run: rss, loader, csm, saved (not run by default)")
     p.add_argument("--root", default=str(REPO / "runs" / "data_bench"), help="where the folders are written")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
-    if parts - {"rss", "loader", "csm"}:
-        raise SystemExit(f"--only takes rss, loader, csm; got {args.only}")
+    if parts - {"rss", "loader", "csm", "saved"}:
+        raise SystemExit(f"--only takes rss, loader, csm, saved; got {args.only}")
     torch.set_num_threads(1)
     root = Path(args.root) / ("quick" if args.quick else "full")
     sizes = (1000, 4000) if args.quick else (10_000, 100_000)
@@ -445,6 +459,10 @@ def main(argv=None):
     if "rss" in parts:
         rows = [(f"{n:,}", peak_rss(folder)) for n, folder in zip(sizes, folders)]
         print("## Peak memory of a one-epoch train.py run\n\n" + rss_table(rows) + "\n", flush=True)
+    if "saved" in parts:
+        rows = [(f"{n:,}", peak_rss(saved_copy(folder))) for n, folder in zip(sizes, folders)]
+        print("## Peak memory of a one-epoch train.py run on the folders saved with save_to_disk\n\n"
+              + rss_table(rows) + "\n", flush=True)
     if "loader" in parts:
         batches = 5 if args.quick else 30
         print("## Loader throughput (timm's train transform at 64 px, batch 128)\n\n"
