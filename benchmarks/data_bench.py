@@ -6,6 +6,8 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
 1. ``rss``: peak memory of a one-epoch ``train.py`` run (``small_cnn``, 64 px, 1 channel, batch 128, one
    DataLoader worker) on a folder of 10k and of 100k training images, each in a fresh ``HF_HOME`` (so the run
    includes building the ``imagefolder`` Arrow cache). Goal: the 100k run's peak RSS at most 1.10x the 10k run's.
+   ``saved`` (not run by default): the same runs on copies of the two folders written with ``save_to_disk`` (the
+   same image paths in Arrow), which ``train.py`` opens without scanning the folder.
 2. ``loader``: images per second of the training loader as ``train.py`` builds it (``load_data``,
    ``build_transforms``, ``ClassificationTask`` and ``train_loader``) with timm's train transform (``--transform
    timm``) against ``timm.data.create_loader`` over ``timm.data.ImageDataset`` of the same folder with the same
@@ -17,7 +19,7 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
    the published format (PNG-encoded 28 px blends of two real images of the group's class pair, soft labels of
    the calibrated-annotation form), saved with ``timm_csm.hub.save_csm_dataset``. Goal: ratio ~1.0.
 
-    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick] [--only rss,loader,csm]
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick] [--only rss,loader,csm,saved]
 """
 import argparse
 import json
@@ -131,7 +133,7 @@ def watch_tree(pid: int, peaks: dict, stop: threading.Event, every: float = 0.25
             break
         peaks["main"] = max(peaks.get("main", 0), _proc_kib(pid, "status", "VmHWM"))
         if kids and "setup" not in peaks:
-            peaks["setup"] = peaks["main"]
+            peaks["setup"], peaks["setup_s"] = peaks["main"], time.time() - peaks["start"]
         if "setup" in peaks:
             peaks["training"] = max(peaks.get("training", 0), _proc_kib(pid, "status", "VmRSS"))
         for k in kids:
@@ -154,7 +156,7 @@ def peak_rss(folder: Path, workers: int = 1) -> dict:
         cmd = train_command(folder, Path(tmp) / "runs", workers)
         t = time.time()
         proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        peaks, stop = {}, threading.Event()
+        peaks, stop = {"start": t}, threading.Event()
         watcher = threading.Thread(target=watch_tree, args=(proc.pid, peaks, stop), daemon=True)
         watcher.start()
         output = proc.stdout.read()
@@ -164,9 +166,11 @@ def peak_rss(folder: Path, workers: int = 1) -> dict:
         watcher.join()
         if proc.returncode != 0:
             raise RuntimeError(f"train.py failed ({proc.returncode}):\n{output[-3000:]}")
-        results = json.loads((next((Path(tmp) / "runs" / folder.name).glob("**/results.json"))).read_text())
+        run_dir = next((Path(tmp) / "runs" / folder.name).glob("**/results.json")).parent
+        results = json.loads((run_dir / "results.json").read_text())
+        epoch = json.loads((run_dir / "log.json").read_text())[0]["epoch_time"]
     return dict(n_train=results["n_train"], n_val=results["n_val"], n_test=results["n_test"],
-                wall=time.time() - t, maxrss=usage.ru_maxrss / 1024,
+                wall=time.time() - t, setup_s=peaks.get("setup_s", 0.0), epoch_s=epoch, maxrss=usage.ru_maxrss / 1024,
                 **{k: peaks.get(k, 0) / 1024 for k in ("main", "setup", "training", "worker", "tree_pss")})
 
 
@@ -184,12 +188,14 @@ def saved_copy(folder: Path) -> Path:
 
 
 def rss_table(rows) -> str:
-    lines = ["| training images | train / val / test | wall (s) | peak RSS, largest process (MiB) "
-             "| main: peak before training (MiB) | main: largest RSS while training, sampled (MiB) "
-             "| worker peak RSS (MiB) | peak PSS, main + workers (MiB) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| training images | train / val / test | wall (s) | to the first worker (s) | epoch + validation (s) "
+             "| peak RSS, largest process (MiB) | main: peak before training (MiB) "
+             "| main: largest RSS while training, sampled (MiB) | worker peak RSS (MiB) "
+             "| peak PSS, main + workers (MiB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n, r in rows:
-        lines.append(f"| {n} | {r['n_train']} / {r['n_val']} / {r['n_test']} | {r['wall']:.0f} | {r['maxrss']:.0f} | "
-                     f"{r['setup']:.0f} | {r['training']:.0f} | {r['worker']:.0f} | {r['tree_pss']:.0f} |")
+        lines.append(f"| {n} | {r['n_train']} / {r['n_val']} / {r['n_test']} | {r['wall']:.0f} | {r['setup_s']:.0f} | "
+                     f"{r['epoch_s']:.0f} | {r['maxrss']:.0f} | {r['setup']:.0f} | {r['training']:.0f} | "
+                     f"{r['worker']:.0f} | {r['tree_pss']:.0f} |")
     (small_n, small), (large_n, large) = rows[0], rows[-1]
     ratio = large["maxrss"] / small["maxrss"]
     verdict = "met" if ratio <= 1.10 else "not met"
@@ -452,8 +458,13 @@ def main(argv=None):
     root = Path(args.root) / ("quick" if args.quick else "full")
     sizes = (1000, 4000) if args.quick else (10_000, 100_000)
     n_test = 200 if args.quick else 1000
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-          f"1 thread per process; command: {' '.join(sys.argv)}\n", flush=True)
+    import datasets
+    import PIL
+    import timm
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, timm "
+          f"{timm.__version__}, datasets {datasets.__version__}, Pillow {PIL.__version__}, 1 thread per process; "
+          f"command: {' '.join(sys.argv)}\n", flush=True)
     t0 = time.time()
     folders = [image_folder(root, n, n_test) for n in sizes]
     if "rss" in parts:
