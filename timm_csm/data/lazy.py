@@ -1,8 +1,8 @@
 """Image splits read lazily: rows are decoded when a batch asks for them, in the DataLoader worker that builds it.
 
 A :class:`LazyImages` is a random-access view of the images of a dataset too large (or too varied) to decode up
-front: a Hugging Face ``datasets.Dataset`` column (Arrow, memory-mapped: image folders through ``imagefolder``, Hub
-datasets, saved datasets), or any map-style dataset returning ``(image, target)`` (the torchvision datasets behind
+front: the files of an image folder (timm's ``ReaderImageFolder`` lists them), a Hugging Face ``datasets.Dataset``
+column (Arrow, memory-mapped: Hub datasets, data folders, saved datasets), or any map-style dataset returning ``(image, target)`` (the torchvision datasets behind
 timm's ``torch/...`` specs). ``images.pil(rows)`` gives PIL images; ``images[rows]`` gives a uint8 (B, C, H, W)
 tensor in the channel count of ``mode`` for the batched transforms of :mod:`timm_csm.data.transforms`; rows of
 different sizes are resized to a common size there (see :func:`stack_images`). :class:`LazySplit` pairs the images
@@ -11,6 +11,7 @@ in-memory data: ``len``, ``labels``, ``class_names``, ``subset``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LazyImages", "ArrowImages", "DatasetImages", "LazySplit", "stack_images", "pil_mode", "take_images",
+__all__ = ["LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images", "pil_mode", "take_images",
            "image_geometry", "sampled_channel_stats"]
 
 
@@ -145,6 +146,37 @@ class DatasetImages(LazyImages):
         for row in rows:
             img = self.dataset[row][0]
             out.append(img if isinstance(img, Image.Image) else Image.fromarray(np.asarray(img)))
+        return out
+
+
+class FolderImages(LazyImages):
+    """The images of an ImageFolder layout (``<class>/<image>``), listed by timm's ``ReaderImageFolder``: only the
+    file paths are held, each image is opened when a batch asks for it. ``class_names`` (default: the folder's
+    class folders, sorted) give the label order, so that the splits of one dataset share it; ``labels`` are the
+    reader's."""
+
+    def __init__(self, folder, class_names=None, rows=None, mode=None, size=None):
+        from timm.data.readers.reader_image_folder import ReaderImageFolder
+
+        class_map = {c: i for i, c in enumerate(class_names)} if class_names else ""
+        reader = ReaderImageFolder(str(folder), class_map=class_map)
+        self.paths = np.array([os.fsencode(p) for p, _ in reader.samples])  # bytes: 1 byte a character, not 4
+        self.labels = np.array([t for _, t in reader.samples], dtype=np.int64)
+        self.class_names = [c for c, _ in sorted(reader.class_to_idx.items(), key=lambda kv: kv[1])]
+        super().__init__(len(self.paths), rows, mode, size)
+
+    def _load(self, rows):
+        from PIL import Image
+
+        out = []
+        for row in rows:
+            path = os.fsdecode(self.paths[row])
+            try:
+                img = Image.open(path)
+                img.load()
+            except Exception as e:
+                raise ValueError(f"{path}: image does not decode ({e})") from e
+            out.append(img)
         return out
 
 

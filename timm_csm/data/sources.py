@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional, Tuple
 import numpy as np
 
 from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
-from .lazy import ArrowImages, DatasetImages, LazySplit
+from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit
 
 __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
@@ -104,6 +104,44 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
     return hf_split_to_arrays(_hf_split(name, split), image_column, label_column, source=name)
 
 
+#: sub-folder names of an image folder that are splits (timm's and Hugging Face's conventions)
+_SPLIT_DIRS = ("train", "training", "validation", "val", "valid", "test", "testing")
+_DATA_FILES = (".parquet", ".arrow", ".csv", ".json", ".jsonl", ".txt")
+
+
+def _image_folder_splits(name: str) -> Optional[List[str]]:
+    """The splits of an ImageFolder layout (``[<split>/]<class>/<image>``, images only), or None when ``name`` is not
+    one (a data folder of parquet / CSV / metadata files is read by ``datasets``): its split sub-folders, else
+    ``train`` (the folder itself holds the classes)."""
+    from timm.data.readers.img_extensions import get_img_extensions
+
+    root = Path(name)
+    if not root.is_dir() or _is_saved(name):
+        return None
+    images, extensions = False, tuple(get_img_extensions())
+    for path in root.rglob("*"):
+        if path.is_file():
+            if path.suffix.lower() in _DATA_FILES or path.stem.lower() == "metadata":
+                return None
+            images = images or path.suffix.lower() in extensions
+    if not images:
+        return None
+    splits = [d.name for d in sorted(root.iterdir()) if d.is_dir() and d.name.lower() in _SPLIT_DIRS]
+    return splits or ["train"]
+
+
+def _folder_split(name: str, split: str) -> LazySplit:
+    """Split ``split`` of an ImageFolder layout, its files listed by timm's folder reader (nothing decoded)."""
+    splits = _image_folder_splits(name)
+    if split not in splits:
+        raise ValueError(f'Unknown split "{split}". Should be one of {splits}.')
+    root = Path(name)
+    folders = [root / s for s in splits] if (root / splits[0]).is_dir() else [root]
+    classes = sorted({d.name for f in folders for d in f.iterdir() if d.is_dir()})  # shared by every split
+    images = FolderImages(root / split if (root / split).is_dir() else root, classes)
+    return LazySplit(images, images.labels, images.class_names, name)
+
+
 def _is_saved(name: str) -> bool:
     """Whether ``name`` is a folder written by ``save_to_disk`` (read with ``load_from_disk``)."""
     folder = Path(name)
@@ -155,8 +193,9 @@ def _torch_split(rest: str, split: str, data_dir: Optional[str]) -> LazySplit:
 def open_image_split(name: str, split: str = "train", image_column=None, label_column=None,
                      data_dir: Optional[str] = None):
     """Split ``split`` of dataset ``name`` for training: the embedded datasets in memory (:class:`ImageArrays`),
-    every other dataset read lazily (:class:`~timm_csm.data.lazy.LazySplit`): Hugging Face datasets (Hub ids, data
-    and image folders, ``save_to_disk`` folders) and timm's ``create_dataset`` names ``hfds/<Hub id>`` (the same
+    every other dataset read lazily (:class:`~timm_csm.data.lazy.LazySplit`): image folders (``[<split>/]<class>/
+    <image>``, listed by timm's folder reader), Hugging Face datasets (Hub ids, data folders, ``save_to_disk``
+    folders) and timm's ``create_dataset`` names ``hfds/<Hub id>`` (the same
     dataset) and ``torch/<name>`` (torchvision's files in ``data_dir``). timm's iterable readers (``wds/``,
     ``tfds/``, ``hfids/``) are refused."""
     if name in EMBEDDED_DATASETS:
@@ -164,6 +203,8 @@ def open_image_split(name: str, split: str = "train", image_column=None, label_c
     prefix, rest = _timm_spec(name)
     if prefix == "torch":
         return _torch_split(rest, split, data_dir)
+    if _image_folder_splits(rest) is not None:
+        return _folder_split(rest, split)
     return hf_split_to_lazy(_hf_split(rest, split), image_column, label_column, source=rest)
 
 
@@ -177,6 +218,9 @@ def dataset_split_names(name: str) -> List[str]:
         return ["train", "test"]
     import datasets
 
+    folder_splits = _image_folder_splits(rest)
+    if folder_splits is not None:
+        return folder_splits
     if _is_saved(rest):
         saved = datasets.load_from_disk(rest)
         return list(saved) if isinstance(saved, datasets.DatasetDict) else ["train"]
