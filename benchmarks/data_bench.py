@@ -4,10 +4,10 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
 ``test/``, 64 x 64 grey PNGs, written once under ``--root`` and reused):
 
 1. ``rss``: peak memory of a one-epoch ``train.py`` run (``small_cnn``, 64 px, 1 channel, batch 128, one
-   DataLoader worker) on a folder of 10k and of 100k training images, each in a fresh ``HF_HOME`` (so the run
-   includes building the ``imagefolder`` Arrow cache). Goal: the 100k run's peak RSS at most 1.10x the 10k run's.
-   ``saved`` (not run by default): the same runs on copies of the two folders written with ``save_to_disk`` (the
-   same image paths in Arrow), which ``train.py`` opens without scanning the folder.
+   DataLoader worker) on a folder of 10k and of 100k training images, offline, each in a fresh ``HF_HOME``. Goal:
+   the 100k run's peak RSS at most 1.10x the 10k run's. ``saved`` (not run by default): the same runs on copies of
+   the two folders written with ``save_to_disk`` (the same image paths in an Arrow table, read through
+   ``ArrowImages``, the route of Hub and saved datasets, instead of the folder's file list).
 2. ``loader``: images per second of the training loader as ``train.py`` builds it (``load_data``,
    ``build_transforms``, ``ClassificationTask`` and ``train_loader``) with timm's train transform (``--transform
    timm``) against ``timm.data.create_loader`` over ``timm.data.ImageDataset`` of the same folder with the same
@@ -175,8 +175,8 @@ def peak_rss(folder: Path, workers: int = 1) -> dict:
 
 
 def saved_copy(folder: Path) -> Path:
-    """``folder`` read once through ``imagefolder`` and written with ``save_to_disk`` (the same image paths in
-    Arrow, no bytes copied): a dataset ``train.py`` opens with ``load_from_disk``, without scanning the folder."""
+    """``folder`` read once through ``datasets``' ``imagefolder`` and written with ``save_to_disk`` (the same image
+    paths in Arrow, no bytes copied; written once): a dataset ``train.py`` opens with ``load_from_disk``."""
     import datasets
 
     saved = folder.with_name(folder.name + "-saved")
