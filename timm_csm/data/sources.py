@@ -12,6 +12,7 @@ when none is named: ``test``, else ``validation``, else ``val`` (Hugging Face da
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
@@ -112,21 +113,24 @@ _DATA_FILES = (".parquet", ".arrow", ".csv", ".json", ".jsonl", ".txt")
 def _image_folder_splits(name: str) -> Optional[List[str]]:
     """The splits of an ImageFolder layout (``[<split>/]<class>/<image>``, images only), or None when ``name`` is not
     one (a data folder of parquet / CSV / metadata files is read by ``datasets``): its split sub-folders, else
-    ``train`` (the folder itself holds the classes)."""
+    ``train`` (the folder itself holds the classes). Looks at the folder and split levels and at the first class
+    folder only, so that a folder of a million images is recognised at once."""
     from timm.data.readers.img_extensions import get_img_extensions
 
     root = Path(name)
     if not root.is_dir() or _is_saved(name):
         return None
-    images, extensions = False, tuple(get_img_extensions())
-    for path in root.rglob("*"):
-        if path.is_file():
-            if path.suffix.lower() in _DATA_FILES or path.stem.lower() == "metadata":
-                return None
-            images = images or path.suffix.lower() in extensions
-    if not images:
-        return None
     splits = [d.name for d in sorted(root.iterdir()) if d.is_dir() and d.name.lower() in _SPLIT_DIRS]
+    for level in [root] + [root / s for s in splits]:
+        for entry in os.scandir(level):
+            stem, suffix = os.path.splitext(entry.name)
+            if entry.is_file() and (suffix.lower() in _DATA_FILES or stem.lower() == "metadata"):
+                return None
+    class_level = root / splits[0] if splits else root
+    first_class = next((e.path for e in sorted(os.scandir(class_level), key=lambda e: e.name) if e.is_dir()), None)
+    extensions = tuple(get_img_extensions())
+    if first_class is None or not any(e.name.lower().endswith(extensions) for e in os.scandir(first_class)):
+        return None
     return splits or ["train"]
 
 
