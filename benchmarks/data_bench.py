@@ -96,7 +96,7 @@ def image_folder(root: Path, n_train: int, n_test: int, seed: int = SEED) -> Pat
 
     folder = root / f"fmnist{SIDE}-{n_train}"
     spec = {"n_train": n_train, "n_test": n_test, "side": SIDE, "seed": seed, "source": "fashion_mnist"}
-    marker = folder / "complete.json"
+    marker = root / f"{folder.name}.complete.json"  # beside it: a data file inside makes it a datasets data folder
     if marker.is_file() and json.loads(marker.read_text()) == spec:
         return folder
     t = time.time()

@@ -186,3 +186,14 @@ def test_pretrained_weights_offline_without_a_file_is_an_error_naming_both_ways(
         run(_options(tmp_path, folder, model="resnet18", pretrained=True))
     with pytest.raises(FileNotFoundError, match="--pretrained-path .* does not exist"):
         run(_options(tmp_path, folder, model="resnet18", pretrained=True, pretrained_path=str(tmp_path / "no.pth")))
+
+
+def test_a_loose_json_or_text_file_leaves_an_image_folder_an_image_folder(tmp_path):
+    root = _fashion_folder(tmp_path / "data", per_split=(("train", 12),), sizes=(28, 28))
+    (root / "complete.json").write_text("{}")
+    (root / "train" / "notes.txt").write_text("made from Fashion-MNIST")
+    assert isinstance(open_image_split(str(root), "train").images, FolderImages)
+    (root / "metadata.csv").write_text("file_name,label\n")  # a datasets metadata file: read by datasets
+    from timm_csm.data.sources import _image_folder_splits
+
+    assert _image_folder_splits(str(root)) is None

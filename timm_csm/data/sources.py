@@ -107,7 +107,8 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
 
 #: sub-folder names of an image folder that are splits (timm's and Hugging Face's conventions)
 _SPLIT_DIRS = ("train", "training", "validation", "val", "valid", "test", "testing")
-_DATA_FILES = (".parquet", ".arrow", ".csv", ".json", ".jsonl", ".txt")
+# files that make a folder a data folder of ``datasets`` (loose notes, class maps or markers do not)
+_DATA_FILES = (".parquet", ".arrow", ".csv", ".jsonl")
 
 
 def _image_folder_splits(name: str) -> Optional[List[str]]:
