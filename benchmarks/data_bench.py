@@ -152,10 +152,11 @@ def train_command(folder: Path, out: Path, workers: int):
             "--lr", "0.05", "--seed", str(SEED), "--no-progress", "--output", str(out), "--experiment", folder.name]
 
 
-def peak_rss(folder: Path, workers: int = 1) -> dict:
-    """Peak memory of one ``train.py`` epoch on ``folder`` (a fresh ``HF_HOME``, offline, one thread)."""
+def peak_rss(folder: Path, workers: int = 1, extra_env=None) -> dict:
+    """Peak memory of one ``train.py`` epoch on ``folder`` (a fresh ``HF_HOME``, offline, one thread, and
+    ``extra_env``)."""
     with tempfile.TemporaryDirectory(prefix="data-bench-") as tmp:
-        env = dict(os.environ, **OFFLINE, HF_HOME=str(Path(tmp) / "hf"))
+        env = dict(os.environ, **OFFLINE, **(extra_env or {}), HF_HOME=str(Path(tmp) / "hf"))
         cmd = train_command(folder, Path(tmp) / "runs", workers)
         t = time.time()
         proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -455,7 +456,10 @@ def main(argv=None):
     p.add_argument("--only", default="rss,loader,csm",
                    help="comma-separated parts to run: rss, loader, csm, saved (not run by default)")
     p.add_argument("--root", default=str(REPO / "runs" / "data_bench"), help="where the folders are written")
+    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="environment of the train.py runs of rss / saved (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
     args = p.parse_args(argv)
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
     parts = set(args.only.split(","))
     if parts - {"rss", "loader", "csm", "saved"}:
         raise SystemExit(f"--only takes rss, loader, csm, saved; got {args.only}")
@@ -473,10 +477,10 @@ def main(argv=None):
     t0 = time.time()
     folders = [image_folder(root, n, n_test) for n in sizes]
     if "rss" in parts:
-        rows = [(f"{n:,}", peak_rss(folder)) for n, folder in zip(sizes, folders)]
+        rows = [(f"{n:,}", peak_rss(folder, extra_env=extra_env)) for n, folder in zip(sizes, folders)]
         print("## Peak memory of a one-epoch train.py run\n\n" + rss_table(rows) + "\n", flush=True)
     if "saved" in parts:
-        rows = [(f"{n:,}", peak_rss(saved_copy(folder))) for n, folder in zip(sizes, folders)]
+        rows = [(f"{n:,}", peak_rss(saved_copy(folder), extra_env=extra_env)) for n, folder in zip(sizes, folders)]
         print("## Peak memory of a one-epoch train.py run on the folders saved with save_to_disk\n\n"
               + rss_table(rows) + "\n", flush=True)
     if "loader" in parts:
