@@ -144,6 +144,8 @@ def test_sampler_errors_at_construction():
 
 
 def test_dataset_validation_errors():
+    import datasets
+
     ds = make_csm_dataset(NAMES4, n_lambdas=4)
     with pytest.raises(ValueError, match="differ from the real dataset's at 1 position.*'b' != 'B'"):
         CSMGroups.from_dataset(ds, class_names=["a", "B", "c", "d"])
@@ -151,6 +153,11 @@ def test_dataset_validation_errors():
         CSMGroups.from_dataset(ds, class_names=["a", "b", "c"])
     with pytest.raises(ValueError, match="lacks column.*soft_label"):
         CSMGroups.from_dataset(ds.remove_columns("soft_label"))
+    ragged = ds.cast_column("soft_label", datasets.Sequence(datasets.Value("float32")))
+    ragged = ragged.map(lambda row, i: {"soft_label": row["soft_label"][:2] if i == 0 else row["soft_label"]},
+                        with_indices=True)
+    with pytest.raises(ValueError, match=r"soft_label rows must all have 4 values, found lengths \[2, 4\]"):
+        CSMGroups.from_dataset(ragged)
     images = np.arange(16, dtype=np.uint8).reshape(4, 1, 2, 2)  # distinct members
     q = np.tile(np.array([[0.7, 0.2, 0.0, 0.0]], np.float32), (4, 1))
     with pytest.raises(ValueError, match="sum to 1"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from timm_csm.data import (ArrowImages, FolderImages, GlobalBatchSampler, ImageCollator, IndexDataset, LazySplit,
+from timm_csm.data import (ArrowImages, FolderImages, column_arrays, GlobalBatchSampler, ImageCollator, IndexDataset, LazySplit,
                            create_timm_transforms, load_fashion_mnist, open_image_split, stack_images)
 from timm_csm.io import read_model_meta
 from timm_csm.train import run
@@ -197,3 +197,15 @@ def test_a_loose_json_or_text_file_leaves_an_image_folder_an_image_folder(tmp_pa
     from timm_csm.data.sources import _image_folder_splits
 
     assert _image_folder_splits(str(root)) is None
+
+
+def test_column_arrays_reads_the_selected_rows_in_order_and_keeps_ragged_rows():
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"label": [0, 1, 2, 3, 4], "q": [[0.0, 1.0]] * 4 + [[1.0]]})
+    picked = ds.select([4, 0, 2])
+    cols = column_arrays(picked, ["label", "q"])
+    assert cols["label"].tolist() == [4, 0, 2]
+    assert [len(r) for r in cols["q"]] == [1, 2, 2]
+    fixed = column_arrays(ds.select([1, 3]), ["q"])["q"]
+    assert fixed.shape == (2, 2) and fixed.dtype == np.float32

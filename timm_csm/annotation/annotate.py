@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ..data.lazy import column_arrays
 from ..data.csm_format import (CSM_COLUMNS, RAW_COLUMNS, check_class_names, check_groups, check_soft_labels,
                                csm_features)
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
@@ -77,11 +78,6 @@ def decode_images(items, first_row: int = 0, group_ids=None) -> np.ndarray:
         raise ValueError(f"rows {first_row}..{first_row + len(arrays) - 1} hold images of different sizes "
                          f"{sorted(shapes)[:3]}; resize them to one size first")
     return np.stack(arrays)
-
-
-def _columns(ds, names) -> dict:
-    batch = ds.with_format("numpy", columns=list(names))[:]
-    return {n: np.asarray(batch[n]) for n in names}
 
 
 def annotate(
@@ -166,7 +162,7 @@ def _raw_columns(generated, k: int) -> dict:
     missing = [c for c in RAW_COLUMNS if c not in generated.column_names]
     if missing:
         raise ValueError(f"generated dataset lacks column(s) {missing}; it has {generated.column_names}")
-    cols = _columns(generated, ("group_id", "seed", "class_a", "class_b", "lambda_gen"))
+    cols = column_arrays(generated, ["group_id", "seed", "class_a", "class_b", "lambda_gen"])
     cols["class_a"], cols["class_b"] = cols["class_a"].astype(np.int64), cols["class_b"].astype(np.int64)
     if len(cols["class_a"]) == 0:
         raise ValueError("the generated dataset is empty")

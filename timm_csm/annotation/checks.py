@@ -13,6 +13,8 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from ..data.lazy import column_arrays
+
 __all__ = ["group_spearman", "flag_groups", "soft_label_confidence", "annotation_report", "drop_groups"]
 
 
@@ -79,7 +81,7 @@ def soft_label_confidence(soft_labels, quantiles: Sequence[float] = (0.1, 0.25, 
 
 def annotation_report(dataset, min_spearman: float = 0.8) -> Dict:
     """:func:`soft_label_confidence` and :func:`flag_groups` of an annotated CSM ``datasets.Dataset``."""
-    cols = dataset.select_columns(["group_id", "lambda_gen", "lambda_hat", "soft_label"]).with_format("numpy")[:]
+    cols = column_arrays(dataset, ["group_id", "lambda_gen", "lambda_hat", "soft_label"])
     flags = flag_groups(cols["group_id"], cols["lambda_gen"], cols["lambda_hat"], min_spearman)
     rho = np.array([r for r in group_spearman(cols["group_id"], cols["lambda_gen"], cols["lambda_hat"]).values()])
     either = np.union1d(flags["not_monotone"], flags["endpoint_misread"])
@@ -98,5 +100,5 @@ def annotation_report(dataset, min_spearman: float = 0.8) -> Dict:
 def drop_groups(dataset, group_ids):
     """``dataset`` without the rows of ``group_ids`` (whole groups, so no group is left incomplete)."""
     drop = set(int(g) for g in group_ids)
-    keep = [i for i, g in enumerate(dataset["group_id"]) if int(g) not in drop]
-    return dataset.select(keep)
+    group_of_row = column_arrays(dataset, ["group_id"])["group_id"]
+    return dataset.select(np.flatnonzero(~np.isin(group_of_row, list(drop))))

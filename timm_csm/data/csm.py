@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .csm_format import REQUIRED_CSM_COLUMNS, check_class_names, check_soft_labels
-from .lazy import ArrowImages, LazyImages
+from .lazy import ArrowImages, LazyImages, column_arrays
 
 __all__ = ["CSMGroups", "CSMCompanionSampler"]
 
@@ -217,16 +217,17 @@ class CSMGroups:
             names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
         if class_names is not None:
             check_class_names(names, class_names, "CSM dataset", "the real dataset")
-        plain = ds.select_columns([c for c in ("soft_label", "class_a", "class_b", "group_id", "lambda_gen")
-                                   if c in columns]).with_format("numpy")
-        soft = np.asarray(plain["soft_label"], dtype=np.float32)
+        plain = column_arrays(ds, [c for c in ("soft_label", "class_a", "class_b", "group_id", "lambda_gen")
+                                   if c in columns])
+        soft = plain["soft_label"]
         if soft.ndim != 2:  # ragged rows
-            lengths = sorted({len(r) for r in ds["soft_label"]})
+            lengths = sorted({len(r) for r in soft})
             raise ValueError(f"soft_label rows must all have {len(names)} values, found lengths {lengths}")
+        soft = soft.astype(np.float32, copy=False)
         if soft.shape[1] != len(names):
             raise ValueError(f"soft_label has {soft.shape[1]} values per row, the dataset has {len(names)} classes")
         return cls.from_arrays(ArrowImages(ds, image_column), soft, plain["class_a"], plain["class_b"], plain["group_id"], names,
-                               plain["lambda_gen"] if "lambda_gen" in columns else None)
+                               plain.get("lambda_gen"))
 
 
 class CSMCompanionSampler:

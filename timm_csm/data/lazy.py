@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images", "pil_mode", "take_images",
+__all__ = ["column_arrays", "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images", "pil_mode", "take_images",
            "image_geometry", "sampled_channel_stats"]
 
 
@@ -102,6 +102,13 @@ class LazyImages:
     def __getitem__(self, indices) -> torch.Tensor:
         """uint8 (len(indices), C, H, W) of positions ``indices`` (see :func:`stack_images`)."""
         return stack_images(self.pil(indices), self.mode, self.size)
+
+
+def column_arrays(ds, columns: Sequence[str]) -> dict:
+    """``{column: numpy array}`` of the non-image ``columns`` of a ``datasets.Dataset``, read in one formatted slice.
+    (``ds[column]`` formats row by row: about 1 000x slower, seconds per 10k rows.) A fixed-length sequence column
+    gives a 2-D array, a ragged one an object array of rows."""
+    return dict(ds.select_columns(list(columns)).with_format("numpy")[:])
 
 
 class ArrowImages(LazyImages):

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Tuple
 import numpy as np
 
 from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
-from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit
+from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit, column_arrays
 
 __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
@@ -52,7 +52,7 @@ def _image_label_columns(ds, image_column, label_column):
     image_column = _pick(ds.column_names, _IMAGE_COLUMNS, "image", image_column)
     label_column = _pick(ds.column_names, _LABEL_COLUMNS, "label", label_column)
     names = list(getattr(ds.features[label_column], "names", None) or [])
-    labels = np.asarray(ds[label_column], dtype=np.int64)
+    labels = column_arrays(ds, [label_column])[label_column].astype(np.int64)
     if not names:
         names = [str(i) for i in range(int(labels.max()) + 1)] if len(labels) else []
     return image_column, labels, names

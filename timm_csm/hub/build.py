@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..data.lazy import column_arrays
 from ..data.csm_format import CSM_COLUMNS, check_class_names, check_groups, check_soft_labels, csm_features
 
 __all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset"]
@@ -50,7 +51,7 @@ def validate_csm_dataset(dataset, class_names: Optional[Sequence[str]] = None,
     n = len(dataset)
     if n == 0:
         raise ValueError("the CSM dataset is empty")
-    cols = dataset.select_columns([c for c in CSM_COLUMNS if c != "image"]).with_format("numpy")[:]
+    cols = column_arrays(dataset, [c for c in CSM_COLUMNS if c != "image"])
     soft = cols["soft_label"]
     check_soft_labels(soft, k)
     for c in ("label", "class_a", "class_b"):

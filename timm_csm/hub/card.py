@@ -6,6 +6,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..data.lazy import column_arrays
+
 __all__ = ["class_counts", "render_card_body", "card_metadata", "provenance_from_plan", "SOURCE_LICENSES"]
 
 # licence notes of the sources this package knows about; anything else must be stated by the caller
@@ -35,7 +37,7 @@ _ENCODER_NOTES = {
 def class_counts(dataset) -> Dict[str, Dict[str, int]]:
     """Per class: rows whose dominant label it is, and groups that mix it (as class a or b)."""
     names = dataset.features["label"].names
-    cols = dataset.select_columns(["label", "class_a", "class_b", "group_id"]).with_format("numpy")[:]
+    cols = column_arrays(dataset, ["label", "class_a", "class_b", "group_id"])
     k = len(names)
     label = np.bincount(cols["label"], minlength=k)
     _, first = np.unique(cols["group_id"], return_index=True)
@@ -121,7 +123,7 @@ def _provenance_lines(dataset_dict, prov: Dict) -> List[str]:
             lines.append(f"| {key} | {_fmt(value)} |")
     for split in split_names:
         ds = dataset_dict[split]
-        groups = len(np.unique(ds.with_format("numpy", columns=["group_id"])[:]["group_id"]))
+        groups = len(np.unique(column_arrays(ds, ["group_id"])["group_id"]))
         lines.append(f"| split `{split}` | {len(ds)} images in {groups} groups |")
     lines += ["", "## Counts per class", ""]
     for split in split_names:

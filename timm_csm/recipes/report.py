@@ -62,11 +62,13 @@ def save_group_figure(dataset, path, num_groups: int = 4) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    cols = dataset.select_columns(["group_id", "lambda_gen", "lambda_hat", "class_a", "class_b", "soft_label"])
-    gid = np.asarray(cols["group_id"])
+    from ..data.lazy import column_arrays
+
+    cols = column_arrays(dataset, ["group_id", "lambda_gen", "class_a", "class_b"])
+    gid = cols["group_id"]
     names = dataset.features["class_a"].names
     groups = list(dict.fromkeys(gid.tolist()))[:num_groups]
-    rows = [sorted(np.flatnonzero(gid == g).tolist(), key=lambda i: -cols[i]["lambda_gen"]) for g in groups]
+    rows = [sorted(np.flatnonzero(gid == g).tolist(), key=lambda i: -cols["lambda_gen"][i]) for g in groups]
     ncol = max(len(r) for r in rows)
     fig, axes = plt.subplots(len(rows), ncol, figsize=(1.3 * ncol, 1.6 * len(rows)), squeeze=False)
     for r, members in enumerate(rows):
@@ -79,7 +81,7 @@ def save_group_figure(dataset, path, num_groups: int = 4) -> Path:
             img = np.asarray(row["image"])
             ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=255)
             ax.set_title(f"λ={row['lambda_gen']:.2f}\nq_a={row['soft_label'][row['class_a']]:.2f}", fontsize=7)
-        axes[r][0].text(-0.1, 0.5, f"{names[cols[members[0]]['class_a']]}\n→ {names[cols[members[0]]['class_b']]}",
+        axes[r][0].text(-0.1, 0.5, f"{names[cols['class_a'][members[0]]]}\n→ {names[cols['class_b'][members[0]]]}",
                         transform=axes[r][0].transAxes, ha="right", va="center", fontsize=7)
     fig.suptitle("Semantic-mixing groups: generation ratio λ (weight of class a) and calibrated soft label q_a",
                  fontsize=8)
