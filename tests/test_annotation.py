@@ -425,6 +425,16 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
     for (k, v), (_, w) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
 
+    # a checkpoint of earlier versions (a torch.save pickle, never unpickled): named, removed, trained from the seed
+    old = tmp_path / "old" / "checkpoint"
+    old.mkdir(parents=True)
+    (old / reference.PICKLED_STATE_FILE).write_bytes(b"old checkpoint")
+    messages.clear()
+    restarted = train_reference_encoder(data, tmp_path / "old", **{**kw, "log": messages.append})
+    assert len(messages) == 1 and str(old / reference.PICKLED_STATE_FILE) in messages[0] and "starts over" in messages[0]
+    assert not old.exists()
+    torch.testing.assert_close(restarted.encode(data.images[:10]), feats, rtol=0, atol=0)
+
     # same configuration: reused, not retrained; another configuration in the folder: refused
     messages.clear()
     again = train_reference_encoder(data, tmp_path / "full", **{**kw, "log": messages.append})

@@ -37,6 +37,7 @@ REFERENCE_MODEL = "reference_cnn"  # the registered timm model (timm_csm.models.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"  # the resumable checkpoint: model, optimizer, schedule, epoch, history
+PICKLED_STATE_FILE = "optimizer.pt"  # the optimizer and schedule, as torch.save wrote them in earlier versions
 _AUGMENT_PADDING = 2
 
 
@@ -230,6 +231,10 @@ def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
                                                 pct_start=0.25)
     run = {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
            "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
+    if (ckpt / PICKLED_STATE_FILE).exists() and not (ckpt / STATE_FILE).exists():
+        log(f"reference encoder: {ckpt / PICKLED_STATE_FILE} is a checkpoint in the pickled format of earlier "
+            "versions, which is never unpickled here; it is removed and training starts over from the seed")
+        shutil.rmtree(ckpt)
     if not (ckpt / STATE_FILE).exists():
         return run
 
