@@ -3,6 +3,7 @@ of resnet50_cifar, and their projection to the whole run. Random weights through
 
     python benchmarks/gpu_bench.py                              # on the GPU (the full profile's sizes)
     OMP_NUM_THREADS=1 python benchmarks/gpu_bench.py --toy      # a check that it runs: CPU, toy sizes
+    python benchmarks/gpu_bench.py --flops-only                 # any machine: FLOPs and their projection
 
 * diffusers route: the ``cifar100`` generator profile's class-conditional UNet2DModel (100 classes + the null row),
   DDIM without guidance;
@@ -15,7 +16,14 @@ of resnet50_cifar, and their projection to the whole run. Random weights through
 
 Projection: the full profile's num_groups x num_lambdas images; 200 epochs of the 45 000 training images
 (CIFAR-100's 50 000 less the 10% validation share) in full batches of 128. Not counted: CLIP annotation, validation
-passes, data loading. Writes ``<output>/gpu_bench.json`` and ``<output>/gpu_bench.md``.
+passes, data loading.
+
+FLOPs (every run, and alone with ``--flops-only``, on any machine): torch's ``FlopCounterMode`` over the same
+networks built on the meta device at the full sizes (no memory, no compute), per network evaluation of one image and
+per training step (forward and backward of the model; the loss and the optimiser update, under 0.1%, are not
+counted). The run's total FLOPs, divided by the rate the paper's anchor implies (its generation of the full profile's
+images in about 4 hours on an RTX 4090), give a projection that needs no GPU: it assumes training sustains the rate
+that generation did. Writes ``<output>/gpu_bench.json`` and ``<output>/gpu_bench.md``.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ EDM_CIFAR = dict(model_type="SongUNet", embedding_type="positional", encoder_typ
                  num_blocks=4, attn_resolutions=[16], dropout=0.13, augment_dim=9)
 EDM_TOY = dict(EDM_CIFAR, model_channels=8, channel_mult=[1, 2], num_blocks=1)
 TRAIN_IMAGES = 45_000  # CIFAR-100's 50 000 training images less the 10% validation share
+ANCHOR_HOURS = 4.0  # the CSM authors' generation of the CIFAR-100 set on one RTX 4090
 
 
 def timed(fn, repeats: int, device: str) -> float:
@@ -113,6 +122,54 @@ def training_rows(args, num_classes: int = 100):
     return rows
 
 
+def flop_rows(steps: int, batch: int, num_classes: int = 100):
+    """FLOPs of the full-size networks, counted on the meta device: per network evaluation of one image (both
+    generator routes) and per training step of resnet50_cifar (forward and backward, ``batch`` real images; CSM
+    adds its 2 x ``batch`` companions)."""
+    import timm
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import timm_csm  # noqa: F401  (registers resnet50_cifar)
+    from timm_csm.generation import GENERATOR_PROFILES, create_class_unet
+    from timm_csm.generation.conditioning import enable_soft_class_conditioning
+    from timm_csm.generation.edm import EDMPrecond
+
+    def count(fn) -> int:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
+    with torch.device("meta"):
+        cfg = dataclasses.replace(GENERATOR_PROFILES["cifar100"], sample_size=32, in_channels=3)
+        unet = enable_soft_class_conditioning(create_class_unet(cfg, num_classes)).eval()
+        net = EDMPrecond(32, 3, num_classes, **EDM_CIFAR).eval()
+        x, w = torch.randn(1, 3, 32, 32), torch.full((1, num_classes), 1.0 / num_classes)
+        with torch.no_grad():
+            gen = [("diffusers UNet, DDIM", steps, count(lambda: unet(x, torch.tensor([500]), class_labels=w))),
+                   ("EDM DDPM++, Heun", 2 * steps - 1, count(lambda: net(x, torch.tensor([1.0]), class_labels=w)))]
+        model = timm.create_model("resnet50_cifar", num_classes=num_classes).train()
+        per_image = count(lambda: model(torch.randn(batch, 3, 32, 32)).sum().backward()) / batch
+    return ([{"route": r, "nfe_per_image": nfe, "gflop_per_evaluation": f / 1e9, "gflop_per_image": nfe * f / 1e9}
+             for r, nfe, f in gen],
+            [{"loss": name, "batch": batch, "images_per_step": batch * k, "gflop_per_step": per_image * batch * k / 1e9}
+             for name, k in (("CE", 1), ("CSM", 3))])
+
+
+def project_flops(gen, train, images: int, epochs: int, batch: int):
+    """Total PFLOPs of the run's stages, and hours at the rate implied by the anchor (the EDM route's generation of
+    ``images`` in ``ANCHOR_HOURS``)."""
+    edm = next(r for r in gen if r["route"].startswith("EDM"))
+    rate = images * edm["gflop_per_image"] * 1e9 / (ANCHOR_HOURS * 3600)
+    for r in gen:
+        r["total_pflop"] = images * r["gflop_per_image"] / 1e6
+    for r in train:
+        r["total_pflop"] = epochs * (TRAIN_IMAGES // batch) * r["gflop_per_step"] / 1e6
+    for r in gen + train:
+        r["hours_at_anchor_rate"] = r["total_pflop"] * 1e15 / rate / 3600
+    return {"anchor_hours": ANCHOR_HOURS, "anchor_tflop_per_s": rate / 1e12, "generated_images": images,
+            "epochs": epochs, "steps_per_epoch": TRAIN_IMAGES // batch}
+
+
 def project(gen, train, images: int, epochs: int, batch: int):
     """Hours of the full run: generation of ``images``, ``epochs`` of ``TRAIN_IMAGES // batch`` steps."""
     for r in gen:
@@ -123,8 +180,26 @@ def project(gen, train, images: int, epochs: int, batch: int):
             TRAIN_IMAGES // batch}
 
 
+def flops_markdown(flops) -> str:
+    f = flops["projection"]
+    lines = [f"FLOPs at the full profile's sizes (meta device), {f['generated_images']:,} images, {f['epochs']} epochs "
+             f"x {f['steps_per_epoch']} steps; the anchor ({f['anchor_hours']:g} h for the EDM route's generation) "
+             f"implies {f['anchor_tflop_per_s']:.1f} TFLOP/s sustained.", "",
+             "| stage | GFLOP / evaluation | evaluations / image | GFLOP / image or step | run total (PFLOP) | "
+             "hours at the anchor's rate |", "|---|---|---|---|---|---|"]
+    lines += [f"| generation, {r['route']} | {r['gflop_per_evaluation']:.2f} | {r['nfe_per_image']} | "
+              f"{r['gflop_per_image']:.1f} | {r['total_pflop']:.1f} | {r['hours_at_anchor_rate']:.2f} |"
+              for r in flops["generation"]]
+    lines += [f"| training step, {r['loss']} ({r['images_per_step']} images) | | | {r['gflop_per_step']:.0f} | "
+              f"{r['total_pflop']:.1f} | {r['hours_at_anchor_rate']:.2f} |" for r in flops["training"]]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result) -> str:
     p = result["projection"]
+    flops = flops_markdown(result["flops"])
+    if result["flops_only"]:
+        return flops
     sizes = "the full profile's sizes"
     if result["toy"]:
         sizes = "TOY SIZES: a check that the script runs, not a measurement"
@@ -137,7 +212,7 @@ def markdown(result) -> str:
               f"{p['steps_per_epoch']} steps (h) |", "|---|---|---|---|---|"]
     lines += [f"| {r['loss']} | {r['batch']} | {r['images_per_step']} | {r['seconds_per_step']:.4f} | "
               f"{r['projected_hours']:.2f} |" for r in result["training"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + flops
 
 
 def main(argv=None):
@@ -145,6 +220,7 @@ def main(argv=None):
     p.add_argument("--toy", action="store_true", help="toy sizes (tiny generators, batch 4, 2 steps), e.g. on a CPU")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=None, help="timed calls (default: 5, toy 1)")
+    p.add_argument("--flops-only", action="store_true", help="only count the FLOPs and project from them (no timing)")
     p.add_argument("--output", default="runs/gpu_bench")
     args = p.parse_args(argv)
     from timm_csm.recipes import get_profile
@@ -152,13 +228,20 @@ def main(argv=None):
     full = get_profile("full")
     args.repeats = args.repeats or (1 if args.toy else 5)
     args.groups, args.batch = (1, 4) if args.toy else (32, full.batch_size)
-    gen = generation_rows(args, 2 if args.toy else full.sampler_steps)
-    train = training_rows(args)
-    result = {"device": args.device, "toy": args.toy, "torch": torch.__version__, "machine": platform.machine(),
+    images = full.num_groups * full.num_lambdas
+    flop_gen, flop_train = flop_rows(full.sampler_steps, full.batch_size)
+    flops = {"projection": project_flops(flop_gen, flop_train, images, full.epochs, full.batch_size),
+             "generation": flop_gen, "training": flop_train}
+    gen, train = [], []
+    if not args.flops_only:
+        gen = generation_rows(args, 2 if args.toy else full.sampler_steps)
+        train = training_rows(args)
+    result = {"device": args.device, "toy": args.toy, "flops_only": args.flops_only, "torch": torch.__version__,
+              "machine": platform.machine(),
               "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
               else platform.processor() or platform.machine(),
-              "projection": project(gen, train, full.num_groups * full.num_lambdas, full.epochs, args.batch),
-              "generation": gen, "training": train}
+              "projection": project(gen, train, images, full.epochs, args.batch),
+              "generation": gen, "training": train, "flops": flops}
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
