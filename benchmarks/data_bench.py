@@ -6,8 +6,12 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
 1. ``rss``: peak memory of a one-epoch ``train.py`` run (``small_cnn``, 64 px, 1 channel, batch 128, one
    DataLoader worker) on a folder of 10k and of 100k training images, offline, each in a fresh ``HF_HOME``. Goal:
    the 100k run's peak RSS at most 1.10x the 10k run's. ``saved`` (not run by default): the same runs on copies of
-   the two folders written with ``save_to_disk`` (the same image paths in an Arrow table, read through
-   ``ArrowImages``, the route of Hub and saved datasets, instead of the folder's file list).
+   the two folders written with ``save_to_disk`` (the same images, their PNG bytes embedded in an Arrow table, read through
+   ``ArrowImages``, the route of Hub and saved datasets, instead of the folder's file list). ``alloc`` (not run by
+   default): the 10k run in 3 interleaved rounds with glibc's default allocator settings and with its mmap
+   threshold fixed (``MALLOC_MMAP_THRESHOLD_=131072``), and with each ``--preload`` allocator library (jemalloc,
+   tcmalloc): wall, CPU time and peak RSS. ``setup`` (not run by default): anonymous and file-backed memory of a
+   fresh process before and after ``load_data`` of each folder and its saved copy.
 2. ``loader``: images per second of the training loader as ``train.py`` builds it (``load_data``,
    ``build_transforms``, ``ClassificationTask`` and ``train_loader``) with timm's train transform (``--transform
    timm``) against ``timm.data.create_loader`` over ``timm.data.ImageDataset`` of the same folder with the same
@@ -19,7 +23,8 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
    the published format (PNG-encoded 28 px blends of two real images of the group's class pair, soft labels of
    the calibrated-annotation form), saved with ``timm_csm.hub.save_csm_dataset``. Goal: ratio ~1.0.
 
-    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick] [--only rss,loader,csm,saved]
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick] [--only rss,loader,csm,saved,alloc,setup]
+        [--env KEY=VALUE ...]   # extra environment of the train.py runs of rss / saved
 """
 import argparse
 import json
@@ -175,12 +180,13 @@ def peak_rss(folder: Path, workers: int = 1, extra_env=None) -> dict:
         epoch = json.loads((run_dir / "log.json").read_text())[0]["epoch_time"]
     return dict(n_train=results["n_train"], n_val=results["n_val"], n_test=results["n_test"],
                 wall=time.time() - t, setup_s=peaks.get("setup_s", 0.0), epoch_s=epoch, maxrss=usage.ru_maxrss / 1024,
+                user_s=usage.ru_utime, sys_s=usage.ru_stime,
                 **{k: peaks.get(k, 0) / 1024 for k in ("main", "setup", "steps", "evaluation", "worker", "tree_pss")})
 
 
 def saved_copy(folder: Path) -> Path:
-    """``folder`` read once through ``datasets``' ``imagefolder`` and written with ``save_to_disk`` (the same image
-    paths in Arrow, no bytes copied; written once): a dataset ``train.py`` opens with ``load_from_disk``."""
+    """``folder`` read once through ``datasets``' ``imagefolder`` and written with ``save_to_disk`` (which embeds
+    each file's PNG bytes in the Arrow file: 158 MiB at 100k images; written once): a dataset ``train.py`` opens with ``load_from_disk``."""
     import datasets
 
     saved = folder.with_name(folder.name + "-saved")
@@ -189,6 +195,41 @@ def saved_copy(folder: Path) -> Path:
         datasets.load_dataset(str(folder)).save_to_disk(str(tmp))
         os.replace(tmp, saved)
     return saved
+
+
+SETUP_MEMORY = """
+import json, sys
+from timm_csm.training import apply_input_size, load_data, parse_args
+
+def status():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("RssAnon", "RssFile")}
+
+before = status()
+args = parse_args(["--dataset", sys.argv[1], "--model", "small_cnn", "--img-size", "64", "--in-chans", "1"])
+apply_input_size(args)
+load_data(args)
+print(json.dumps({"before": before, "after": status()}))
+"""
+
+
+def setup_memory(folder: Path) -> dict:
+    """Anonymous and file-backed RSS (MiB) of a fresh process before and after ``load_data`` of ``folder``."""
+    with tempfile.TemporaryDirectory(prefix="data-bench-") as tmp:
+        env = dict(os.environ, **OFFLINE, HF_HOME=str(Path(tmp) / "hf"))
+        out = subprocess.run([sys.executable, "-c", SETUP_MEMORY, str(folder)], env=env, cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def setup_memory_table(folders) -> str:
+    lines = ["| dataset | anonymous before (MiB) | anonymous after (MiB) | file-backed before (MiB) | "
+             "file-backed after (MiB) |", "|---|---|---|---|---|"]
+    for folder in folders:
+        m = setup_memory(folder)
+        lines.append(f"| {folder.name} | {m['before']['RssAnon']:.0f} | {m['after']['RssAnon']:.0f} | "
+                     f"{m['before']['RssFile']:.0f} | {m['after']['RssFile']:.0f} |")
+    return "\n".join(lines)
 
 
 def rss_table(rows) -> str:
@@ -208,6 +249,30 @@ def rss_table(rows) -> str:
                  f"{large['evaluation'] / small['evaluation']:.3f}; peak PSS "
                  f"{large['tree_pss'] / small['tree_pss']:.3f}. "
                  "Phases of the main process: sampled RSS every 0.25 s (the peak before training is its VmHWM)")
+    return "\n".join(lines)
+
+
+def allocator_rows(folder: Path, rounds: int, preload=(), threshold: str = "131072"):
+    """``rounds`` interleaved rounds of :func:`peak_rss` runs on ``folder``: glibc's default allocator settings, its
+    mmap threshold fixed at ``threshold`` bytes, and each allocator library of ``preload`` (``LD_PRELOAD``)."""
+    settings = [("glibc default", {}), (f"MALLOC_MMAP_THRESHOLD_={threshold}", {"MALLOC_MMAP_THRESHOLD_": threshold})]
+    for lib in preload:
+        if not Path(lib).is_file():
+            raise SystemExit(f"--preload {lib}: no such file")
+        settings.append((f"LD_PRELOAD {Path(lib).name}", {"LD_PRELOAD": str(lib)}))
+    return [(name, r, peak_rss(folder, extra_env=env)) for r in range(rounds) for name, env in settings]
+
+
+def allocator_table(rows) -> str:
+    lines = ["| allocator | round | wall (s) | epoch + validation (s) | user CPU (s) | system CPU (s) | "
+             "peak RSS, largest process (MiB) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {r + 1} | {x['wall']:.1f} | {x['epoch_s']:.1f} | {x['user_s']:.1f} | {x['sys_s']:.1f} | "
+              f"{x['maxrss']:.0f} |" for name, r, x in rows]
+    names = list(dict.fromkeys(name for name, _, _ in rows))
+    walls = {n: [x["wall"] for name, _, x in rows if name == n] for n in names}
+    lines.append("")
+    lines += [f"wall {n} / {names[0]}, round by round: "
+              + ", ".join(f"{b / a:.3f}" for a, b in zip(walls[names[0]], walls[n])) for n in names[1:]]
     return "\n".join(lines)
 
 
@@ -454,15 +519,17 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small folders and few batches (a smoke run)")
     p.add_argument("--only", default="rss,loader,csm",
-                   help="comma-separated parts to run: rss, loader, csm, saved (not run by default)")
+                   help="comma-separated parts to run: rss, loader, csm; saved, alloc, setup (these not by default)")
     p.add_argument("--root", default=str(REPO / "runs" / "data_bench"), help="where the folders are written")
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="environment of the train.py runs of rss / saved (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
+    p.add_argument("--preload", nargs="*", default=[], metavar="LIB",
+                   help="alloc: allocator libraries to compare through LD_PRELOAD (e.g. Debian's libjemalloc2)")
     args = p.parse_args(argv)
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     parts = set(args.only.split(","))
-    if parts - {"rss", "loader", "csm", "saved"}:
-        raise SystemExit(f"--only takes rss, loader, csm, saved; got {args.only}")
+    if parts - {"rss", "loader", "csm", "saved", "alloc", "setup"}:
+        raise SystemExit(f"--only takes rss, loader, csm, saved, alloc, setup; got {args.only}")
     torch.set_num_threads(1)
     root = Path(args.root) / ("quick" if args.quick else "full")
     sizes = (1000, 4000) if args.quick else (10_000, 100_000)
@@ -483,6 +550,13 @@ def main(argv=None):
         rows = [(f"{n:,}", peak_rss(saved_copy(folder), extra_env=extra_env)) for n, folder in zip(sizes, folders)]
         print("## Peak memory of a one-epoch train.py run on the folders saved with save_to_disk\n\n"
               + rss_table(rows) + "\n", flush=True)
+    if "setup" in parts:
+        print("## Main-process memory before and after load_data (imports done)\n\n"
+              + setup_memory_table([f for folder in folders for f in (folder, saved_copy(folder))]) + "\n",
+              flush=True)
+    if "alloc" in parts:
+        print(f"## One-epoch train.py runs on the {sizes[0]:,}-image folder, by allocator setting\n\n"
+              + allocator_table(allocator_rows(folders[0], 1 if args.quick else 3, args.preload)) + "\n", flush=True)
     if "loader" in parts:
         batches = 5 if args.quick else 30
         print("## Loader throughput (timm's train transform at 64 px, batch 128)\n\n"
