@@ -11,7 +11,7 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
    default): the 10k run in 3 interleaved rounds with glibc's default allocator settings and with its mmap
    threshold fixed (``MALLOC_MMAP_THRESHOLD_=131072``), and with each ``--preload`` allocator library (jemalloc,
    tcmalloc): wall, CPU time and peak RSS. ``setup`` (not run by default): anonymous and file-backed memory of a
-   fresh process before and after ``load_data`` of each folder and its saved copy.
+   fresh process before and after ``load_data`` and ``build_transforms`` of each folder and its saved copy.
 2. ``loader``: images per second of the training loader as ``train.py`` builds it (``load_data``,
    ``build_transforms``, ``ClassificationTask`` and ``train_loader``) with timm's train transform (``--transform
    timm``) against ``timm.data.create_loader`` over ``timm.data.ImageDataset`` of the same folder with the same
@@ -199,7 +199,7 @@ def saved_copy(folder: Path) -> Path:
 
 SETUP_MEMORY = """
 import json, sys
-from timm_csm.training import apply_input_size, load_data, parse_args
+from timm_csm.training import apply_input_size, build_transforms, input_channels, load_data, parse_args
 
 def status():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
@@ -208,13 +208,16 @@ def status():
 before = status()
 args = parse_args(["--dataset", sys.argv[1], "--model", "small_cnn", "--img-size", "64", "--in-chans", "1"])
 apply_input_size(args)
-load_data(args)
-print(json.dumps({"before": before, "after": status()}))
+data = load_data(args)
+loaded = status()
+build_transforms(args, data, input_channels(args, data))  # reads a sample of the images for the normalisation
+print(json.dumps({"before": before, "after": loaded, "transforms": status()}))
 """
 
 
 def setup_memory(folder: Path) -> dict:
-    """Anonymous and file-backed RSS (MiB) of a fresh process before and after ``load_data`` of ``folder``."""
+    """Anonymous and file-backed RSS (MiB) of a fresh process before and after ``load_data`` of ``folder``, and after
+    ``build_transforms`` (which reads a sample of the training images for the normalisation)."""
     with tempfile.TemporaryDirectory(prefix="data-bench-") as tmp:
         env = dict(os.environ, **OFFLINE, HF_HOME=str(Path(tmp) / "hf"))
         out = subprocess.run([sys.executable, "-c", SETUP_MEMORY, str(folder)], env=env, cwd=REPO, check=True,
@@ -223,12 +226,13 @@ def setup_memory(folder: Path) -> dict:
 
 
 def setup_memory_table(folders) -> str:
-    lines = ["| dataset | anonymous before (MiB) | anonymous after (MiB) | file-backed before (MiB) | "
-             "file-backed after (MiB) |", "|---|---|---|---|---|"]
+    lines = ["| dataset | anonymous: before / after load_data / after build_transforms (MiB) | file-backed: before / "
+             "after load_data / after build_transforms (MiB) |", "|---|---|---|"]
     for folder in folders:
         m = setup_memory(folder)
-        lines.append(f"| {folder.name} | {m['before']['RssAnon']:.0f} | {m['after']['RssAnon']:.0f} | "
-                     f"{m['before']['RssFile']:.0f} | {m['after']['RssFile']:.0f} |")
+        lines.append(f"| {folder.name} | " + " | ".join(
+            " / ".join(f"{m[k][kind]:.0f}" for k in ("before", "after", "transforms")) for kind in ("RssAnon", "RssFile"))
+            + " |")
     return "\n".join(lines)
 
 
@@ -551,7 +555,7 @@ def main(argv=None):
         print("## Peak memory of a one-epoch train.py run on the folders saved with save_to_disk\n\n"
               + rss_table(rows) + "\n", flush=True)
     if "setup" in parts:
-        print("## Main-process memory before and after load_data (imports done)\n\n"
+        print("## Main-process memory of the set-up: load_data, then build_transforms (imports done)\n\n"
               + setup_memory_table([f for folder in folders for f in (folder, saved_copy(folder))]) + "\n",
               flush=True)
     if "alloc" in parts:
