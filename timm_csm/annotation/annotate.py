@@ -14,9 +14,9 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..data.lazy import column_arrays
 from ..data.csm_format import (CSM_COLUMNS, RAW_COLUMNS, check_class_names, check_groups, check_soft_labels,
                                csm_features)
+from ..data.lazy import column_arrays
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
 from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient

@@ -106,8 +106,8 @@ class LazyImages:
 
 def column_arrays(ds, columns: Sequence[str]) -> dict:
     """``{column: numpy array}`` of the non-image ``columns`` of a ``datasets.Dataset``, read in one formatted slice.
-    (``ds[column]`` formats row by row: about 1 000x slower, seconds per 10k rows.) A fixed-length sequence column
-    gives a 2-D array, a ragged one an object array of rows."""
+    (``ds[column]`` formats row by row: 8.6 s against 0.05 s for the label columns of a 10k-row generated set.) A
+    fixed-length sequence column gives a 2-D array, a ragged one an object array of rows."""
     return dict(ds.select_columns(list(columns)).with_format("numpy")[:])
 
 

@@ -6,8 +6,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..data.lazy import column_arrays
 from ..data.csm_format import CSM_COLUMNS, check_class_names, check_groups, check_soft_labels, csm_features
+from ..data.lazy import column_arrays
 
 __all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset"]
 
