@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -52,7 +52,12 @@ def _image_label_columns(ds, image_column, label_column):
     image_column = _pick(ds.column_names, _IMAGE_COLUMNS, "image", image_column)
     label_column = _pick(ds.column_names, _LABEL_COLUMNS, "label", label_column)
     names = list(getattr(ds.features[label_column], "names", None) or [])
-    labels = column_arrays(ds, [label_column])[label_column].astype(np.int64)
+    values = column_arrays(ds, [label_column])[label_column]
+    whole_floats = values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all()
+    if values.dtype.kind not in "iub" and not whole_floats:
+        raise ValueError(f"label column {label_column!r} must hold class indices, found values of type "
+                         f"{values.dtype} ({values[:3].tolist()} ...)")
+    labels = values.astype(np.int64)
     if not names:
         names = [str(i) for i in range(int(labels.max()) + 1)] if len(labels) else []
     return image_column, labels, names
@@ -111,10 +116,10 @@ _SPLIT_DIRS = ("train", "training", "validation", "val", "valid", "test", "testi
 _DATA_FILES = (".parquet", ".arrow", ".csv", ".jsonl")
 
 
-def _image_folder_splits(name: str) -> Optional[List[str]]:
-    """The splits of an ImageFolder layout (``[<split>/]<class>/<image>``, images only), or None when ``name`` is not
-    one (a data folder of parquet / CSV / metadata files is read by ``datasets``): its split sub-folders, else
-    ``train`` (the folder itself holds the classes). Looks at the folder and split levels and at the first class
+def _image_folder_splits(name: str) -> Optional[Dict[str, Path]]:
+    """``{split: its class-level folder}`` of an ImageFolder layout (``[<split>/]<class>/<image>``, images only), or
+    None when ``name`` is not one (a data folder of parquet / CSV / metadata files is read by ``datasets``): its split
+    sub-folders, else ``train`` for the folder itself. Looks at the folder and split levels and at the first class
     folder only, so that a folder of a million images is recognised at once."""
     from timm.data.readers.img_extensions import get_img_extensions
 
@@ -132,18 +137,16 @@ def _image_folder_splits(name: str) -> Optional[List[str]]:
     extensions = tuple(get_img_extensions())
     if first_class is None or not any(e.name.lower().endswith(extensions) for e in os.scandir(first_class)):
         return None
-    return splits or ["train"]
+    return {s: root / s for s in splits} if splits else {"train": root}
 
 
-def _folder_split(name: str, split: str) -> LazySplit:
-    """Split ``split`` of an ImageFolder layout, its files listed by timm's folder reader (nothing decoded)."""
-    splits = _image_folder_splits(name)
-    if split not in splits:
-        raise ValueError(f'Unknown split "{split}". Should be one of {splits}.')
-    root = Path(name)
-    folders = [root / s for s in splits] if (root / splits[0]).is_dir() else [root]
-    classes = sorted({d.name for f in folders for d in f.iterdir() if d.is_dir()})  # shared by every split
-    images = FolderImages(root / split if (root / split).is_dir() else root, classes)
+def _folder_split(name: str, folders: Dict[str, Path], split: str) -> LazySplit:
+    """Split ``split`` of the ImageFolder layout ``name`` (``folders``: :func:`_image_folder_splits`), its files
+    listed by timm's folder reader (nothing decoded)."""
+    if split not in folders:
+        raise ValueError(f'Unknown split "{split}". Should be one of {list(folders)}.')
+    classes = sorted({d.name for f in folders.values() for d in f.iterdir() if d.is_dir()})  # shared by every split
+    images = FolderImages(folders[split], classes)
     return LazySplit(images, images.labels, images.class_names, name)
 
 
@@ -208,8 +211,9 @@ def open_image_split(name: str, split: str = "train", image_column=None, label_c
     prefix, rest = _timm_spec(name)
     if prefix == "torch":
         return _torch_split(rest, split, data_dir)
-    if _image_folder_splits(rest) is not None:
-        return _folder_split(rest, split)
+    folders = _image_folder_splits(rest)
+    if folders is not None:
+        return _folder_split(rest, folders, split)
     return hf_split_to_lazy(_hf_split(rest, split), image_column, label_column, source=rest)
 
 
@@ -223,9 +227,9 @@ def dataset_split_names(name: str) -> List[str]:
         return ["train", "test"]
     import datasets
 
-    folder_splits = _image_folder_splits(rest)
-    if folder_splits is not None:
-        return folder_splits
+    folders = _image_folder_splits(rest)
+    if folders is not None:
+        return list(folders)
     if _is_saved(rest):
         saved = datasets.load_from_disk(rest)
         return list(saved) if isinstance(saved, datasets.DatasetDict) else ["train"]
