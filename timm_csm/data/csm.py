@@ -196,8 +196,7 @@ class CSMGroups:
                    group_ids=uniq[complete], class_names=list(class_names))
 
     @classmethod
-    def from_dataset(cls, ds, class_names: Optional[Sequence[str]] = None, image_column: str = "image",
-                     progress: bool = False) -> "CSMGroups":
+    def from_dataset(cls, ds, class_names: Optional[Sequence[str]] = None, image_column: str = "image") -> "CSMGroups":
         """Build from the generated dataset's ``train`` split (a ``datasets.Dataset``) in the published format:
         columns ``image``, ``soft_label`` (K floats), ``class_a``, ``class_b``, ``group_id`` (and optionally
         ``lambda_gen``). Images stay in the (memory-mapped) dataset and are decoded when a batch draws them
@@ -211,23 +210,22 @@ class CSMGroups:
         missing = [c for c in required if c not in columns]
         if missing:
             raise ValueError(f"the CSM dataset lacks column(s) {missing}; it has {columns}")
-        names = _class_names_of(ds)
-        if names is None:
-            k = len(ds[0]["soft_label"])
-            names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
-        if class_names is not None:
-            check_class_names(names, class_names, "CSM dataset", "the real dataset")
         plain = column_arrays(ds, [c for c in ("soft_label", "class_a", "class_b", "group_id", "lambda_gen")
                                    if c in columns])
         soft = plain["soft_label"]
+        names = _class_names_of(ds)
+        if names is None:
+            names = list(class_names) if class_names is not None else [str(i) for i in range(len(soft[0]))]
+        if class_names is not None:
+            check_class_names(names, class_names, "CSM dataset", "the real dataset")
         if soft.ndim != 2:  # ragged rows
             lengths = sorted({len(r) for r in soft})
             raise ValueError(f"soft_label rows must all have {len(names)} values, found lengths {lengths}")
         soft = soft.astype(np.float32, copy=False)
         if soft.shape[1] != len(names):
             raise ValueError(f"soft_label has {soft.shape[1]} values per row, the dataset has {len(names)} classes")
-        return cls.from_arrays(ArrowImages(ds, image_column), soft, plain["class_a"], plain["class_b"], plain["group_id"], names,
-                               plain.get("lambda_gen"))
+        return cls.from_arrays(ArrowImages(ds, image_column), soft, plain["class_a"], plain["class_b"],
+                               plain["group_id"], names, plain.get("lambda_gen"))
 
 
 class CSMCompanionSampler:
