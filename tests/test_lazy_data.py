@@ -7,8 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from timm_csm.data import (ArrowImages, FolderImages, column_arrays, GlobalBatchSampler, ImageCollator, IndexDataset, LazySplit,
-                           create_timm_transforms, load_fashion_mnist, open_image_split, stack_images)
+from timm_csm.data import (ArrowImages, FolderImages, GlobalBatchSampler, ImageCollator, IndexDataset, LazySplit,
+                           column_arrays, create_timm_transforms, hf_split_to_lazy, load_fashion_mnist,
+                           open_image_split, stack_images)
 from timm_csm.io import read_model_meta
 from timm_csm.train import run
 
@@ -69,7 +70,8 @@ def test_training_splits_are_read_lazily_and_labels_without_decoding(folder):
     assert isinstance(split, LazySplit) and isinstance(split.images, FolderImages) and len(split) == 120
     assert split.class_names == sorted(os.listdir(folder / "train"))  # timm's folder reader: classes by name
     for i in (0, 50, 119):  # each label is the class folder of its file
-        assert split.class_names[split.labels[i]] == os.path.basename(os.path.dirname(os.fsdecode(split.images.paths[i])))
+        class_folder = os.path.basename(os.path.dirname(os.fsdecode(split.images.paths[i])))
+        assert split.class_names[split.labels[i]] == class_folder
     batch = split.images.with_output("L", (24, 24))[torch.tensor([0, 1, 2])]
     assert batch.shape == (3, 1, 24, 24) and batch.dtype == torch.uint8
 
@@ -209,3 +211,23 @@ def test_column_arrays_reads_the_selected_rows_in_order_and_keeps_ragged_rows():
     assert [len(r) for r in cols["q"]] == [1, 2, 2]
     fixed = column_arrays(ds.select([1, 3]), ["q"])["q"]
     assert fixed.shape == (2, 2) and fixed.dtype == np.float32
+
+
+def test_a_label_column_that_is_not_class_indices_is_an_error_naming_it():
+    import datasets
+
+    png = {"bytes": _png_bytes(), "path": None}
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("float32")})
+    whole = datasets.Dataset.from_dict({"image": [png] * 3, "label": [0.0, 2.0, 1.0]}, features=features)
+    assert hf_split_to_lazy(whole).labels.tolist() == [0, 2, 1]
+    halves = datasets.Dataset.from_dict({"image": [png] * 3, "label": [0.0, 1.5, float("nan")]}, features=features)
+    with pytest.raises(ValueError, match=r"label column 'label' must hold class indices, found values of type float32"):
+        hf_split_to_lazy(halves)
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()

@@ -5,8 +5,8 @@ from .csm import CSMCompanionSampler, CSMGroups
 from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, SOFT_LABEL_TOL, GroupCheck, check_class_names,
                          check_groups, check_soft_labels, csm_features)
 from .embedded import FASHION_MNIST_CLASSES, ImageArrays, load_digits, load_fashion_mnist, read_idx
-from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry, pil_mode,
-                   sampled_channel_stats, stack_images, take_images)
+from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
+                   pil_mode, sampled_channel_stats, stack_images, take_images)
 from .loader import GlobalBatchSampler, IndexDataset, SampleRef
 from .sample_transforms import SampleTransform, create_timm_transforms
 from .seeding import batch_generator, derive_seed
@@ -16,8 +16,8 @@ from .transforms import BatchTransform, channel_stats, convert_channels, create_
 __all__ = [
     "ImageArrays", "FASHION_MNIST_CLASSES", "load_fashion_mnist", "load_digits", "read_idx", "EMBEDDED_DATASETS",
     "hf_split_to_arrays", "hf_split_to_lazy", "load_image_arrays", "open_image_split",
-    "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "column_arrays", "stack_images", "take_images", "pil_mode",
-    "image_geometry", "sampled_channel_stats",
+    "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "column_arrays", "stack_images",
+    "take_images", "pil_mode", "image_geometry", "sampled_channel_stats",
     "BatchTransform", "convert_channels", "channel_stats", "create_transforms", "SampleTransform",
     "create_timm_transforms",
     "CSMGroups", "CSMCompanionSampler",

@@ -2,12 +2,13 @@
 
 A :class:`LazyImages` is a random-access view of the images of a dataset too large (or too varied) to decode up
 front: the files of an image folder (timm's ``ReaderImageFolder`` lists them), a Hugging Face ``datasets.Dataset``
-column (Arrow, memory-mapped: Hub datasets, data folders, saved datasets), or any map-style dataset returning ``(image, target)`` (the torchvision datasets behind
-timm's ``torch/...`` specs). ``images.pil(rows)`` gives PIL images; ``images[rows]`` gives a uint8 (B, C, H, W)
-tensor in the channel count of ``mode`` for the batched transforms of :mod:`timm_csm.data.transforms`; rows of
-different sizes are resized to a common size there (see :func:`stack_images`). :class:`LazySplit` pairs the images
-with their labels (read from the label column, never by decoding images) and is what :class:`ImageArrays` is for
-in-memory data: ``len``, ``labels``, ``class_names``, ``subset``.
+column (Arrow, memory-mapped: Hub datasets, data folders, saved datasets), or any map-style dataset returning
+``(image, target)`` (the torchvision datasets behind timm's ``torch/...`` specs). ``images.pil(rows)`` gives PIL
+images; ``images[rows]`` gives a uint8 (B, C, H, W) tensor in the channel count of ``mode`` for the batched
+transforms of :mod:`timm_csm.data.transforms`; rows of different sizes are resized to a common size there (see
+:func:`stack_images`). :class:`LazySplit` pairs the images with their labels (read from the label column with
+:func:`column_arrays`, never by decoding images) and is what :class:`ImageArrays` is for in-memory data: ``len``,
+``labels``, ``class_names``, ``subset``.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["column_arrays", "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images", "pil_mode", "take_images",
-           "image_geometry", "sampled_channel_stats"]
+__all__ = ["column_arrays", "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images",
+           "pil_mode", "take_images", "image_geometry", "sampled_channel_stats"]
 
 
 def pil_mode(in_chans: Optional[int]) -> Optional[str]:
