@@ -186,7 +186,7 @@ def peak_rss(folder: Path, workers: int = 1, extra_env=None) -> dict:
 
 def saved_copy(folder: Path) -> Path:
     """``folder`` read once through ``datasets``' ``imagefolder`` and written with ``save_to_disk`` (which embeds
-    each file's PNG bytes in the Arrow file: 158 MiB at 100k images; written once): a dataset ``train.py`` opens with ``load_from_disk``."""
+    each file's PNG bytes in the Arrow file; written once): a dataset ``train.py`` opens with ``load_from_disk``."""
     import datasets
 
     saved = folder.with_name(folder.name + "-saved")
@@ -197,22 +197,22 @@ def saved_copy(folder: Path) -> Path:
     return saved
 
 
-SETUP_MEMORY = """
-import json, sys
-from timm_csm.training import apply_input_size, build_transforms, input_channels, load_data, parse_args
+def _rss_kinds() -> dict:
+    """This process's anonymous and file-backed RSS (MiB)."""
+    return {k: _proc_kib(os.getpid(), "status", k) / 1024 for k in ("RssAnon", "RssFile")}
 
-def status():
-    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
-    return {k: int(fields[k].split()[0]) / 1024 for k in ("RssAnon", "RssFile")}
 
-before = status()
-args = parse_args(["--dataset", sys.argv[1], "--model", "small_cnn", "--img-size", "64", "--in-chans", "1"])
-apply_input_size(args)
-data = load_data(args)
-loaded = status()
-build_transforms(args, data, input_channels(args, data))  # reads a sample of the images for the normalisation
-print(json.dumps({"before": before, "after": loaded, "transforms": status()}))
-"""
+def probe_setup(folder: Path) -> None:
+    """Print (JSON) this process's :func:`_rss_kinds` before and after ``load_data`` of ``folder`` and after
+    ``build_transforms``, the set-up of a ``train.py`` run with the default transform (run in a fresh process)."""
+    from timm_csm.training import build_transforms, input_channels, load_data
+
+    before = _rss_kinds()
+    args = training_args(folder, "auto")
+    data = load_data(args)
+    loaded = _rss_kinds()
+    build_transforms(args, data, input_channels(args, data))  # reads a sample of the images for the normalisation
+    print(json.dumps({"before": before, "after": loaded, "transforms": _rss_kinds()}))
 
 
 def setup_memory(folder: Path) -> dict:
@@ -220,17 +220,18 @@ def setup_memory(folder: Path) -> dict:
     ``build_transforms`` (which reads a sample of the training images for the normalisation)."""
     with tempfile.TemporaryDirectory(prefix="data-bench-") as tmp:
         env = dict(os.environ, **OFFLINE, HF_HOME=str(Path(tmp) / "hf"))
-        out = subprocess.run([sys.executable, "-c", SETUP_MEMORY, str(folder)], env=env, cwd=REPO, check=True,
+        out = subprocess.run([sys.executable, __file__, "--probe-setup", str(folder)], env=env, cwd=REPO, check=True,
                              capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def setup_memory_table(folders) -> str:
-    lines = ["| dataset | anonymous: before / after load_data / after build_transforms (MiB) | file-backed: before / "
-             "after load_data / after build_transforms (MiB) |", "|---|---|---|"]
+    lines = ["| dataset | Arrow files (MiB) | anonymous: before / after load_data / after build_transforms (MiB) | "
+             "file-backed: before / after load_data / after build_transforms (MiB) |", "|---|---|---|---|"]
     for folder in folders:
         m = setup_memory(folder)
-        lines.append(f"| {folder.name} | " + " | ".join(
+        arrow = sum(f.stat().st_size for f in folder.rglob("*.arrow")) / 2 ** 20
+        lines.append(f"| {folder.name} | {arrow:.0f} | " + " | ".join(
             " / ".join(f"{m[k][kind]:.0f}" for k in ("before", "after", "transforms")) for kind in ("RssAnon", "RssFile"))
             + " |")
     return "\n".join(lines)
@@ -281,13 +282,21 @@ def allocator_table(rows) -> str:
 
 
 # -- 2. loader throughput ------------------------------------------------------------------------------------------
-def training_data(folder: Path):
-    """(args, splits) of a ``train.py`` run on ``folder`` (small_cnn, 64 px, 1 channel, batch 128)."""
-    from timm_csm.training import apply_input_size, load_data, parse_args
+def training_args(folder: Path, transform: str):
+    """The parsed arguments of a ``train.py`` run on ``folder`` (small_cnn, 64 px, 1 channel, batch 128)."""
+    from timm_csm.training import apply_input_size, parse_args
 
     args = parse_args(["--dataset", str(folder), "--model", "small_cnn", "--img-size", str(SIDE), "--in-chans", "1",
-                       "-b", str(BATCH), "--transform", "timm", "--seed", str(SEED)])
+                       "-b", str(BATCH), "--transform", transform, "--seed", str(SEED)])
     apply_input_size(args)
+    return args
+
+
+def training_data(folder: Path):
+    """(args, splits) of a ``train.py`` run on ``folder`` with timm's transform."""
+    from timm_csm.training import load_data
+
+    args = training_args(folder, "timm")
     return args, load_data(args)
 
 
@@ -529,7 +538,11 @@ def main(argv=None):
                    help="environment of the train.py runs of rss / saved (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
     p.add_argument("--preload", nargs="*", default=[], metavar="LIB",
                    help="alloc: allocator libraries to compare through LD_PRELOAD (e.g. Debian's libjemalloc2)")
+    p.add_argument("--probe-setup", metavar="FOLDER", help=argparse.SUPPRESS)  # the child process of ``setup``
     args = p.parse_args(argv)
+    if args.probe_setup:
+        probe_setup(Path(args.probe_setup))
+        return 0
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     parts = set(args.only.split(","))
     if parts - {"rss", "loader", "csm", "saved", "alloc", "setup"}:
