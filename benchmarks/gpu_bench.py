@@ -223,6 +223,7 @@ def main(argv=None):
     p.add_argument("--flops-only", action="store_true", help="only count the FLOPs and project from them (no timing)")
     p.add_argument("--output", default="runs/gpu_bench")
     args = p.parse_args(argv)
+    t0 = time.time()
     from timm_csm.recipes import get_profile
 
     full = get_profile("full")
@@ -247,6 +248,7 @@ def main(argv=None):
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
     (out / "gpu_bench.md").write_text(markdown(result))
     print(markdown(result))
+    print(f"total wall time {time.time() - t0:.0f} s")
     return result
 
 
