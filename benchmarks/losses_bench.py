@@ -1,7 +1,7 @@
 """Forward + backward time of every registered loss against plain cross-entropy, at B=128 and C=100 / 1000.
 
     OMP_NUM_THREADS=1 python benchmarks/losses_bench.py [--batch 128] [--classes 100 1000] [--repeats 200]
-                                                        [--output benchmarks/losses.md]
+                                                        [--losses NAME ...] [--output benchmarks/losses.md]
 
 Each loss gets the batch its call convention needs: (B, C) logits and hard labels; the CSM losses a real batch of B
 and a generated batch of 2B soft-labelled rows (the default sampler, n_aug = 1); MRL one mixed copy and M-NDCG three;
@@ -97,6 +97,8 @@ def main(argv=None):
     p.add_argument("--classes", type=int, nargs="+", default=[100, 1000])
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--losses", nargs="+", default=None, metavar="NAME",
+                   help="time only these registered losses (torch_ce, ce and ce_3b always run)")
     p.add_argument("--output", default=None, help="write the markdown section to this file")
     p.add_argument("--note", default="", help="a sentence about the machine's conditions, added to the section")
     args = p.parse_args(argv)
@@ -104,7 +106,11 @@ def main(argv=None):
     started = time.perf_counter()
     generator = torch.Generator().manual_seed(0)
 
-    names = ["torch_ce", "ce", "ce_3b"] + [n for n in list_losses() if n != "ce"]
+    chosen = list_losses() if args.losses is None else args.losses
+    unknown = sorted(set(chosen) - set(list_losses()))
+    if unknown:
+        p.error(f"unknown losses {unknown}; registered: {list_losses()}")
+    names = ["torch_ce", "ce", "ce_3b"] + [n for n in chosen if n != "ce"]
     results = {}
     for classes in args.classes:
         for validate in (True, False):

@@ -558,6 +558,60 @@ def test_dense_with_ignore_index_equals_flat_rows(name):
     assert torch.allclose(dense, flat, atol=1e-12)
 
 
+
+def _reference_margin_loss(name, z, y, margin):
+    """MbLS / ACLS written as plain autograd expressions over the kept rows (the hand-written backward of the
+    registered losses must give the same value and gradient)."""
+    keep = y != -100
+    z, y = z[keep], y[keep]
+    ce = F.cross_entropy(z, y) if len(y) else z.sum() * 0.0
+    z_max = z.max(dim=1, keepdim=True).values
+    if name == "mbls":
+        return ce + 0.1 * ((z_max - margin) - z).clamp_min(0.0).mean()
+    ties = (z.detach() == z_max.detach()).sum(dim=1, keepdim=True)
+    pos = (z_max - margin).clamp_min(0.0).square() * ties
+    neg = ((z_max.detach() - margin) - z).clamp_min(0.0).square().sum(dim=1, keepdim=True) / (z.shape[1] - 1)
+    return ce + 0.1 * (pos.mean() + 0.1 * neg.mean())
+
+
+@pytest.mark.parametrize("name", ["mbls", "acls"])
+@pytest.mark.parametrize("ignored", [False, True])
+def test_margin_losses_match_their_autograd_form(name, ignored):
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(7, 6, generator=g, dtype=torch.float64) * 6
+    base[2, 4] = base[2, 1] = base[2].max() + 1.0  # tied maxima
+    y = torch.randint(0, 6, (7,), generator=g)
+    if ignored:
+        y[[0, 5]] = -100
+    grads = []
+    for form in ("registered", "reference"):
+        z = base.clone().requires_grad_()
+        value = create_loss(name, margin=3.0)(z, y) if form == "registered" else _reference_margin_loss(
+            name, z, y, 3.0)
+        value.backward()
+        grads.append((value.detach(), z.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_brier_reduced_inside_its_function_matches_its_rows(reduction):
+    g = torch.Generator().manual_seed(12)
+    base = torch.randn(5, 4, generator=g, dtype=torch.float64) * 2
+    q = soft_rows(5, 4, 13)
+    results = []
+    for reduced in (True, False):
+        z, target = base.clone().requires_grad_(), q.clone().requires_grad_()
+        if reduced:
+            value = create_loss("brier", reduction=reduction)(z, target)
+        else:
+            rows = create_loss("brier", reduction="none")(z, target)
+            value = rows.mean() if reduction == "mean" else rows.sum()
+        value.backward()
+        results.append((value.detach(), z.grad, target.grad))
+    for ours, plain in zip(*results):
+        torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-12)
+
 def test_dense_soft_targets_and_reduction_none():
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)
@@ -717,6 +771,30 @@ def test_validation_errors():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         create_loss("bce")(z, torch.full((3, 4), 2.0))
     assert ce.__class__(validate=False)(z, torch.tensor([0, 1, 2])).isfinite()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_soft_target_errors_name_the_problem(dtype):
+    """The soft-target check reads a few numbers on the fast path; a failing batch must still get the message that
+    names its problem, in this order."""
+    ce = create_loss("ce")
+    z = torch.randn(3, 4, dtype=dtype)
+    good = soft_rows(3, 4, 1, dtype)
+    ce(z, good)  # passes
+    cases = [
+        (torch.full((3, 4), float("inf"), dtype=dtype), good, "logits contain NaN"),
+        (z, good.clone().index_put_((torch.tensor(1), torch.tensor(2)), torch.tensor(float("nan"), dtype=dtype)),
+         "soft target contains NaN"),
+        (z, good.clone().index_put_((torch.tensor(0), torch.tensor(0)), torch.tensor(float("inf"), dtype=dtype)),
+         "soft target contains NaN"),
+        (z, torch.tensor([[1.5, -0.5, 0.0, 0.0]] * 3, dtype=dtype), "negative entries"),
+        (z, good * 1.1, "sum to 1"),
+    ]
+    for logits, target, message in cases:
+        with pytest.raises(ValueError, match=message):
+            ce(logits, target)
+    # an empty batch is checked for its logits only
+    assert create_loss("brier")(torch.zeros(0, 4, dtype=dtype), torch.zeros(0, 4, dtype=dtype)).item() == 0.0
 
 
 def test_aslp_levels_sync_across_two_gloo_processes(tmp_path):

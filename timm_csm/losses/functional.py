@@ -27,7 +27,7 @@ __all__ = ["FlatBatch", "BinaryBatch", "flatten_batch", "flatten_binary", "reduc
            "check_finite_number"]
 
 _REDUCTIONS = ("mean", "sum", "none")
-_SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance
+_SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance (or the dtype's epsilon, if larger)
 
 
 def check_reduction(reduction: str) -> str:
@@ -90,12 +90,12 @@ def _is_int(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool
 
 
-def _finite_sum(x: torch.Tensor) -> torch.Tensor:
-    """A 0-d tensor that is finite iff every entry of ``x`` is (a NaN or inf makes the sum NaN/inf; half types are
-    summed in float32 so large but finite logits cannot overflow)."""
+def _total(x: torch.Tensor) -> torch.Tensor:
+    """The sum of every entry as a 0-d tensor: finite iff every entry is (a NaN or inf makes it NaN/inf). Half types
+    are summed in float32 so that large but finite logits cannot overflow."""
     if x.dtype in (torch.float16, torch.bfloat16):
-        return torch.isfinite(x.sum(dtype=torch.float32))
-    return torch.isfinite(x.sum())
+        return x.sum(dtype=torch.float32)
+    return x.sum()
 
 
 def _row_sums(target: torch.Tensor) -> torch.Tensor:
@@ -103,6 +103,50 @@ def _row_sums(target: torch.Tensor) -> torch.Tensor:
     if target.dtype in (torch.float16, torch.bfloat16):
         return target.sum(dim=1, dtype=torch.float32)
     return target.sum(dim=1)
+
+
+def _host_values(*values: torch.Tensor) -> list:
+    """0-d tensors as Python numbers, with one host synchronisation: stacked (in float64, exact for integer labels)
+    on an accelerator; read one by one on the CPU, where a read waits for nothing and the stack would cost kernels."""
+    if all(v.is_cpu for v in values):
+        return [v.item() for v in values]
+    return torch.stack([v.double() for v in values]).tolist()
+
+
+def _check_soft(name: str, logits: torch.Tensor, target: torch.Tensor) -> None:
+    """Finite logits, and target rows on the simplex, in one host synchronisation.
+
+    The fast path reads four numbers (the logits' total, the target's minimum, the smallest and largest row sum):
+    a NaN or inf anywhere in the target makes a row sum NaN/inf and fails the row-sum test, so finiteness needs no
+    pass of its own. Only a failing batch pays for the finer checks that name the problem.
+    """
+    if not target.numel():
+        _target_range(name, logits, target)
+        return
+    low_sum, high_sum = torch.aminmax(_row_sums(target))
+    total, low, low_sum, high_sum = _host_values(_total(logits), target.min(), low_sum, high_sum)
+    # bfloat16 rounds each entry by up to 2^-9 of its value, so a rounded simplex row can miss 1 by more than 1e-3
+    tol = max(_SUM_TOL, torch.finfo(target.dtype).eps)
+    sums_ok = abs(low_sum - 1.0) <= tol and abs(high_sum - 1.0) <= tol  # False for NaN
+    if math.isfinite(total) and low >= -_SUM_TOL and sums_ok:
+        return
+    if not math.isfinite(total):
+        raise ValueError(f"{name}: logits contain NaN or infinite values")
+    if not bool(torch.isfinite(target).all()):
+        raise ValueError(f"{name}: soft target contains NaN or infinite values")
+    if low < -_SUM_TOL:
+        raise ValueError(f"{name}: soft target has negative entries (smallest {low:.3g})")
+    worst = max(abs(low_sum - 1.0), abs(high_sum - 1.0))
+    raise ValueError(f"{name}: soft target rows must sum to 1 (largest deviation {worst:.3g})")
+
+
+def _target_range(name: str, logits: torch.Tensor, target: torch.Tensor) -> Optional[Tuple[float, float]]:
+    """Raise if the logits are not finite; return the target's (min, max), or None when it is empty. One host
+    synchronisation."""
+    values = _host_values(_total(logits), *torch.aminmax(target)) if target.numel() else [float(_total(logits))]
+    if not math.isfinite(values[0]):
+        raise ValueError(f"{name}: logits contain NaN or infinite values")
+    return None if len(values) == 1 else (values[1], values[2])
 
 
 def flatten_batch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, validate: bool = True,
@@ -143,31 +187,12 @@ def flatten_batch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
     if is_soft:
         if validate:
-            flags = [_finite_sum(flat_logits), _finite_sum(flat_target)]
-            if flat_target.numel():
-                flags.append(flat_target.min() >= -_SUM_TOL)
-                flags.append((_row_sums(flat_target) - 1.0).abs().max() <= _SUM_TOL)
-            ok = torch.stack(flags).tolist()
-            if not ok[0]:
-                raise ValueError(f"{name}: logits contain NaN or infinite values")
-            if not ok[1]:
-                raise ValueError(f"{name}: soft target contains NaN or infinite values")
-            if len(ok) > 2 and not ok[2]:
-                raise ValueError(f"{name}: soft target has negative entries")
-            if len(ok) > 2 and not ok[3]:
-                worst = float((_row_sums(flat_target) - 1.0).abs().max())
-                raise ValueError(f"{name}: soft target rows must sum to 1 (largest deviation {worst:.3g})")
+            _check_soft(name, flat_logits, flat_target)
         return FlatBatch(flat_logits, None, flat_target.to(flat_logits.dtype), None, spatial_shape)
 
     if validate:
-        flags = [_finite_sum(flat_logits)]
-        if flat_target.numel():
-            low, high = torch.aminmax(flat_target)
-            flags.append((low >= 0) & (high < num_classes))
-        ok = torch.stack(flags).tolist()
-        if not ok[0]:
-            raise ValueError(f"{name}: logits contain NaN or infinite values")
-        if len(ok) == 1 or ok[1]:  # every label is a class: nothing to ignore
+        bounds = _target_range(name, flat_logits, flat_target)
+        if bounds is None or (bounds[0] >= 0 and bounds[1] < num_classes):  # every label is a class: nothing to ignore
             return FlatBatch(flat_logits, flat_target.long(), None, None, spatial_shape)
         valid = flat_target != ignore_index
         bad = valid & ((flat_target < 0) | (flat_target >= num_classes))
@@ -184,15 +209,13 @@ def flatten_batch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
 def reduce_rows(values: torch.Tensor, batch: FlatBatch, reduction: str = "mean") -> torch.Tensor:
     """Reduce per-row values (M,) honouring the ignore mask: masked mean, masked sum, or (N, *S) with zeros."""
-    if batch.weight is not None:
-        values = values * batch.weight
-    if reduction == "mean":
-        if batch.weight is None:
-            return values.sum() / max(values.shape[0], 1)
-        return values.sum() / batch.weight.sum().clamp_min(1.0)
-    if reduction == "sum":
-        return values.sum()
-    return values.reshape(batch.shape)
+    if reduction == "none":
+        return (values if batch.weight is None else values * batch.weight).reshape(batch.shape)
+    if batch.weight is None:
+        total = values.sum()
+        return total / max(values.shape[0], 1) if reduction == "mean" else total
+    total = values.dot(batch.weight)  # the masked sum as one kernel
+    return total / batch.weight.sum().clamp_min(1.0) if reduction == "mean" else total
 
 
 def row_nll(log_probs: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
@@ -286,14 +309,8 @@ def flatten_binary(logits: torch.Tensor, target: torch.Tensor, ignore_index: int
     flat_logits = logits.reshape(-1)
     flat_target = target.reshape(-1)
     if validate:
-        flags = [_finite_sum(flat_logits)]
-        if flat_target.numel():
-            low, high = torch.aminmax(flat_target)
-            flags.append((low >= 0) & (high <= 1))
-        ok = torch.stack(flags).tolist()
-        if not ok[0]:
-            raise ValueError(f"{name}: logits contain NaN or infinite values")
-        if len(ok) == 1 or ok[1]:  # every entry is a probability: nothing to ignore
+        bounds = _target_range(name, flat_logits, flat_target)
+        if bounds is None or (bounds[0] >= 0 and bounds[1] <= 1):  # every entry is a probability: nothing to ignore
             return BinaryBatch(flat_logits, flat_target.to(flat_logits.dtype), None, logits.shape[0],
                                tuple(logits.shape))
         valid = flat_target != ignore_index

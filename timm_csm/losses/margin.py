@@ -20,6 +20,81 @@ from .registry import register_loss
 __all__ = ["MbLSLoss", "ACLSLoss", "CALSLoss", "augmented_lagrangian_penalty"]
 
 
+def _hinge_scale(batch, per_entry: bool):
+    """What the fused regularisers multiply each row's sum by to give ``masked_mean``'s value: a number when every
+    row counts, else a (M, 1) column of row weights over the kept rows' count (times K when the mean runs over the
+    K entries of a row)."""
+    divisor = batch.num_classes if per_entry else 1
+    if batch.weight is None:
+        return 1.0 / max(batch.num_rows * divisor, 1)
+    return (batch.weight / (batch.weight.sum().clamp_min(1.0) * divisor)).unsqueeze(1)
+
+
+def _weighted_sum(a: torch.Tensor, b: torch.Tensor, scale) -> torch.Tensor:
+    """sum_i scale_i sum_k a_ik b_ik, ``scale`` a number or a (M, 1) column, as one dot product (one kernel)."""
+    if torch.is_tensor(scale):
+        return (a * b).sum(dim=1).dot(scale.reshape(-1))
+    return a.reshape(-1).dot(b.reshape(-1)) * scale
+
+
+class _MarginHinge(torch.autograd.Function):
+    """MbLS's regulariser ``sum_{i,k} scale_i ReLU(max_j z_ij - z_ik - margin)`` with a hand-written backward.
+
+    The gradient of the max goes to one index per row (``torch.max``'s), as in the released code. Written out, the
+    forward and backward take about half the kernels of the autograd graph (max, two subtractions, clamp, mean and
+    their backward), which at classification sizes each cost about as much as the fused cross-entropy.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, margin, scale):
+        z_max, arg = logits.max(dim=1, keepdim=True)
+        hinge = ((z_max - margin) - logits).clamp_min_(0.0)
+        ctx.save_for_backward(hinge, arg)
+        ctx.scale = scale  # a number, or a (M, 1) column of row weights (no gradient)
+        return (hinge * scale).sum() if torch.is_tensor(scale) else hinge.sum() * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        hinge, arg = ctx.saved_tensors
+        step = grad * ctx.scale
+        # sign() of the non-negative hinge is the 0/1 mask of active entries; boolean masks (a comparison, where)
+        # run several times slower on the CPU than this float kernel
+        grad_logits = torch.sign(hinge).mul_(-step)
+        # every active entry pulls its row's maximum up by the same step
+        grad_logits.scatter_add_(1, arg, grad_logits.sum(dim=1, keepdim=True).neg_())
+        return grad_logits, None, None
+
+
+class _ACLSPenalty(torch.autograd.Function):
+    """ACLS's regulariser with a hand-written backward:
+
+        pos_scale_i * ties_i * ReLU(z_max,i - margin)^2 + neg_scale_i * sum_k ReLU(z_max,i - z_ik - margin)^2
+
+    summed over rows; the positive term's gradient goes to one argmax per row, the negative term treats the max as
+    a constant (both as released). Same reason as :class:`_MarginHinge`: half the kernels of the autograd graph.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, margin, pos_scale, neg_scale):
+        z_max, arg = logits.max(dim=1, keepdim=True)
+        ties = (logits == z_max).sum(dim=1, keepdim=True).to(logits.dtype)  # every entry equal to the max counts
+        shifted = z_max - margin
+        pos = shifted.clamp_min(0.0)
+        pos_ties = pos * ties
+        neg = (shifted - logits).clamp_min_(0.0)  # 0 at the max itself, so the negative term needs no mask
+        ctx.save_for_backward(pos_ties, neg, arg)
+        ctx.scales = pos_scale, neg_scale
+        return _weighted_sum(pos_ties, pos, pos_scale) + _weighted_sum(neg, neg, neg_scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pos_ties, neg, arg = ctx.saved_tensors
+        pos_scale, neg_scale = ctx.scales
+        grad_logits = neg * (grad * (-2.0 * neg_scale))
+        grad_logits.scatter_add_(1, arg, pos_ties * (grad * (2.0 * pos_scale)))
+        return grad_logits, None, None, None
+
+
 @register_loss("mbls")
 class MbLSLoss(LossBase):
     """Margin-based label smoothing (Liu et al., CVPR 2022):
@@ -37,10 +112,8 @@ class MbLSLoss(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
-        z = batch.logits
         ce = mean_ce(batch)
-        z_max = z.max(dim=1, keepdim=True).values  # max, not amax: the gradient goes to one index, as released
-        reg = masked_mean(((z_max - self.margin) - z).clamp_min(0.0), batch)  # one full-size subtraction
+        reg = _MarginHinge.apply(batch.logits, self.margin, _hinge_scale(batch, per_entry=True))
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
@@ -74,20 +147,12 @@ class ACLSLoss(LossBase):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         batch = self._flat(logits, target)
-        z = batch.logits
         num_classes = batch.num_classes
         ce = mean_ce(batch)
-        z_max = z.max(dim=1, keepdim=True).values
-        z_max_detached = z_max.detach()
-        # every entry equal to the max is a positive (ties included, as released); at those entries the negative
-        # hinge is ReLU(-margin) = 0, so the negative term needs no mask
-        ties = (z.detach() == z_max_detached).sum(dim=1, keepdim=True).to(z.dtype)
-        pos = (z_max - self.margin).clamp_min(0.0).square() * ties  # (M, 1)
-        neg = ((z_max_detached - self.margin) - z).clamp_min(0.0).square()  # (M, K)
-        # mean over rows of the sum over classes = K * mean over all entries
-        reg_batch = batch.unmasked() if self.regularize_ignored else batch
-        reg = (self.pos_lambda * masked_mean(pos, reg_batch)
-               + self.neg_lambda * num_classes / (num_classes - 1) * masked_mean(neg, reg_batch))
+        # the positive term is a mean over rows, the negative one over the K - 1 other entries of each row
+        row_scale = _hinge_scale(batch.unmasked() if self.regularize_ignored else batch, per_entry=False)
+        reg = _ACLSPenalty.apply(batch.logits, self.margin, self.pos_lambda * row_scale,
+                                 self.neg_lambda / (num_classes - 1) * row_scale)
         self._record(ce=ce, reg=reg)
         return ce + self.alpha * reg
 
