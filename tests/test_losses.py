@@ -773,6 +773,19 @@ def test_validation_errors():
     assert ce.__class__(validate=False)(z, torch.tensor([0, 1, 2])).isfinite()
 
 
+def test_checked_numbers_read_in_one_stack_match_the_cpu_reads():
+    """An accelerator reads the checked numbers in one stacked copy; the CPU reads them one by one. Both give the
+    same Python numbers (the stack is exact for integer labels)."""
+    from timm_csm.losses import functional
+
+    values = (torch.tensor(1.5), torch.tensor(2 ** 40 + 3), torch.tensor(-7, dtype=torch.int32),
+              torch.tensor(float("nan"), dtype=torch.bfloat16))
+    cpu = functional._host_values(*values)
+    stacked = functional._stacked_values(values)
+    assert cpu[:3] == stacked[:3] == [1.5, 2 ** 40 + 3, -7]
+    assert math.isnan(cpu[3]) and math.isnan(stacked[3])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_soft_target_errors_name_the_problem(dtype):
     """The soft-target check reads a few numbers on the fast path; a failing batch must still get the message that

@@ -106,11 +106,17 @@ def _row_sums(target: torch.Tensor) -> torch.Tensor:
 
 
 def _host_values(*values: torch.Tensor) -> list:
-    """0-d tensors as Python numbers, with one host synchronisation: stacked (in float64, exact for integer labels)
-    on an accelerator; read one by one on the CPU, where a read waits for nothing and the stack would cost kernels."""
+    """0-d tensors as Python numbers, with one host synchronisation: stacked on an accelerator (in float64, exact for
+    integer labels, where the device has it: MPS has no float64); read one by one on the CPU, where a read waits for
+    nothing and the stack would cost kernels."""
     if all(v.is_cpu for v in values):
         return [v.item() for v in values]
-    return torch.stack([v.double() for v in values]).tolist()
+    return _stacked_values(values)
+
+
+def _stacked_values(values) -> list:
+    dtype = torch.float32 if values[0].device.type == "mps" else torch.float64
+    return torch.stack([v.to(dtype) for v in values]).tolist()
 
 
 def _check_soft(name: str, logits: torch.Tensor, target: torch.Tensor) -> None:
@@ -125,7 +131,7 @@ def _check_soft(name: str, logits: torch.Tensor, target: torch.Tensor) -> None:
         return
     low_sum, high_sum = torch.aminmax(_row_sums(target))
     total, low, low_sum, high_sum = _host_values(_total(logits), target.min(), low_sum, high_sum)
-    # bfloat16 rounds each entry by up to 2^-9 of its value, so a rounded simplex row can miss 1 by more than 1e-3
+    # bfloat16 rounds each entry by up to 2^-8 of its value, so a rounded simplex row can miss 1 by more than 1e-3
     tol = max(_SUM_TOL, torch.finfo(target.dtype).eps)
     sums_ok = abs(low_sum - 1.0) <= tol and abs(high_sum - 1.0) <= tol  # False for NaN
     if math.isfinite(total) and low >= -_SUM_TOL and sums_ok:
