@@ -7,6 +7,7 @@
 * :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
 * :mod:`~timm_csm.training.optim`: optimizer and schedule;
 * :mod:`~timm_csm.training.loop`: one epoch, prediction, the epochs of a run;
+  :mod:`~timm_csm.training.memory`: freed heap memory handed back to the system during prediction (glibc);
 * :mod:`~timm_csm.training.prepare`: the model on its accelerator (``--sync-bn``, ``--channels-last``,
   ``--model-ema``, ``--torchcompile``); :mod:`~timm_csm.training.sync_bn`: the batch norm synchronised by all-reduce;
 * :mod:`~timm_csm.training.trackers`: accelerate's experiment trackers (``--log-with``, ``--log-wandb``);

@@ -25,6 +25,7 @@ from ..data import GlobalBatchSampler, IndexDataset
 from ..metrics import calibration_metrics
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .evaluation import metric_row
+from .memory import release_freed_memory
 from .optim import create_optimizer, create_scheduler, restore_scheduler
 from .prepare import prepare_training, updates_per_epoch
 from .reporting import SUMMARY_FILE, write_log, write_summary
@@ -108,6 +109,9 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, args, ema=
     return row, num_updates
 
 
+_RELEASE_EVERY = 20  # batches of an evaluation pass between two returns of freed memory to the system
+
+
 @torch.no_grad()
 def predict(model: nn.Module, loader, accelerator, features: bool = False, channels_last: bool = False):
     """Logits (N, K), labels (N,) and optionally penultimate features (N, D) over ``loader``, gathered from
@@ -115,7 +119,9 @@ def predict(model: nn.Module, loader, accelerator, features: bool = False, chann
     was_training = model.training
     model.eval()
     logits_all, labels_all, feats_all = [], [], []
-    for batch in loader:
+    for step, batch in enumerate(loader):
+        if step % _RELEASE_EVERY == 0:  # else glibc's heap grows with the number of batches (training.memory)
+            release_freed_memory()
         x = batch["pixel_values"].to(accelerator.device)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
