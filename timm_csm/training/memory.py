@@ -3,8 +3,9 @@
 glibc's ``malloc`` keeps freed blocks for reuse, and the heap it grows for the mid-sized tensors of an evaluation
 pass (its mmap threshold adapts upwards once such blocks are freed) fragments: the resident size then grows with the
 number of batches although nothing stays alive (``benchmarks/data.md``: 1.38x peak RSS from 10k to 100k images, set
-in validation and evaluation). ``malloc_trim(0)`` returns the free pages inside the heap, whatever their position.
-Other allocators (tcmalloc, jemalloc) and other C libraries return memory on their own, or not through this call.
+in validation and evaluation; 1.03x with this call in ``predict``). ``malloc_trim(0)`` returns the free pages inside
+the heap, whatever their position. Under an allocator preloaded in glibc's place (tcmalloc, jemalloc) the call finds
+glibc's heap unused and does nothing.
 """
 from __future__ import annotations
 
