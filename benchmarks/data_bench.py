@@ -6,9 +6,9 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
 1. ``rss``: peak memory of a one-epoch ``train.py`` run (``small_cnn``, 64 px, 1 channel, batch 128, one
    DataLoader worker) on a folder of 10k and of 100k training images, offline, each in a fresh ``HF_HOME``. Goal:
    the 100k run's peak RSS at most 1.10x the 10k run's. ``saved`` (not run by default): the same runs on copies of
-   the two folders written with ``save_to_disk`` (the same images, their PNG bytes embedded in an Arrow table, read through
-   ``ArrowImages``, the route of Hub and saved datasets, instead of the folder's file list). ``alloc`` (not run by
-   default): the 10k run in 3 interleaved rounds with glibc's default allocator settings and with its mmap
+   the two folders written with ``save_to_disk`` (the same images, their PNG bytes embedded in an Arrow table, read
+   through ``ArrowImages``, the route of Hub and saved datasets, instead of the folder's file list). ``alloc`` (not
+   run by default): the 10k run in 3 interleaved rounds with glibc's default allocator settings and with its mmap
    threshold fixed (``MALLOC_MMAP_THRESHOLD_=131072``), and with each ``--preload`` allocator library (jemalloc,
    tcmalloc): wall, CPU time and peak RSS. ``setup`` (not run by default): anonymous and file-backed memory of a
    fresh process before and after ``load_data`` and ``build_transforms`` of each folder and its saved copy.
@@ -23,8 +23,11 @@ Three measurements on image folders made from real Fashion-MNIST (``train/<class
    the published format (PNG-encoded 28 px blends of two real images of the group's class pair, soft labels of
    the calibrated-annotation form), saved with ``timm_csm.hub.save_csm_dataset``. Goal: ratio ~1.0.
 
-    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick] [--only rss,loader,csm,saved,alloc,setup]
-        [--env KEY=VALUE ...]   # extra environment of the train.py runs of rss / saved
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_bench.py [--quick]
+        [--only rss,loader,csm,saved,alloc,setup] [--env KEY=VALUE ...]
+
+``--env``: extra environment of the ``train.py`` runs of ``rss`` / ``saved``; ``--preload``: the allocator libraries
+that ``alloc`` compares.
 """
 import argparse
 import json
@@ -231,9 +234,9 @@ def setup_memory_table(folders) -> str:
     for folder in folders:
         m = setup_memory(folder)
         arrow = sum(f.stat().st_size for f in folder.rglob("*.arrow")) / 2 ** 20
-        lines.append(f"| {folder.name} | {arrow:.0f} | " + " | ".join(
-            " / ".join(f"{m[k][kind]:.0f}" for k in ("before", "after", "transforms")) for kind in ("RssAnon", "RssFile"))
-            + " |")
+        phases = [" / ".join(f"{m[k][kind]:.0f}" for k in ("before", "after", "transforms"))
+                  for kind in ("RssAnon", "RssFile")]
+        lines.append(f"| {folder.name} | {arrow:.0f} | " + " | ".join(phases) + " |")
     return "\n".join(lines)
 
 
@@ -543,6 +546,9 @@ def main(argv=None):
     if args.probe_setup:
         probe_setup(Path(args.probe_setup))
         return 0
+    malformed = [kv for kv in args.env if "=" not in kv]
+    if malformed:
+        p.error(f"--env takes KEY=VALUE pairs, got {malformed}")
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     parts = set(args.only.split(","))
     if parts - {"rss", "loader", "csm", "saved", "alloc", "setup"}:

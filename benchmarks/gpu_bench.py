@@ -93,8 +93,7 @@ def training_rows(args, num_classes: int = 100):
     import timm
     from timm.optim import create_optimizer_v2
 
-    import timm_csm  # noqa: F401  (registers resnet50_cifar)
-    from timm_csm.losses import create_loss
+    from timm_csm.losses import create_loss  # importing timm_csm registers resnet50_cifar
     from timm_csm.training import ClassificationTask, CSMTask
 
     torch.manual_seed(0)
@@ -129,8 +128,7 @@ def flop_rows(steps: int, batch: int, num_classes: int = 100):
     import timm
     from torch.utils.flop_counter import FlopCounterMode
 
-    import timm_csm  # noqa: F401  (registers resnet50_cifar)
-    from timm_csm.generation import GENERATOR_PROFILES, create_class_unet
+    from timm_csm.generation import GENERATOR_PROFILES, create_class_unet  # and registers resnet50_cifar
     from timm_csm.generation.conditioning import enable_soft_class_conditioning
     from timm_csm.generation.edm import EDMPrecond
 
@@ -246,8 +244,9 @@ def main(argv=None):
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
-    (out / "gpu_bench.md").write_text(markdown(result))
-    print(markdown(result))
+    text = markdown(result)
+    (out / "gpu_bench.md").write_text(text)
+    print(text)
     print(f"total wall time {time.time() - t0:.0f} s")
     return result
 

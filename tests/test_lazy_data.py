@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from timm_csm.data import (ArrowImages, FolderImages, GlobalBatchSampler, ImageCollator, IndexDataset, LazySplit,
+from csm_fixtures import png_bytes
+from timm_csm.data import (ArrowImages, FolderImages, GlobalBatchSampler, ImageCollator, LazySplit,
                            column_arrays, create_timm_transforms, hf_split_to_lazy, load_fashion_mnist,
                            open_image_split, stack_images)
 from timm_csm.io import read_model_meta
@@ -216,18 +217,10 @@ def test_column_arrays_reads_the_selected_rows_in_order_and_keeps_ragged_rows():
 def test_a_label_column_that_is_not_class_indices_is_an_error_naming_it():
     import datasets
 
-    png = {"bytes": _png_bytes(), "path": None}
+    png = {"bytes": png_bytes(np.zeros((1, 4, 4), np.uint8)), "path": None}
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("float32")})
     whole = datasets.Dataset.from_dict({"image": [png] * 3, "label": [0.0, 2.0, 1.0]}, features=features)
     assert hf_split_to_lazy(whole).labels.tolist() == [0, 2, 1]
     halves = datasets.Dataset.from_dict({"image": [png] * 3, "label": [0.0, 1.5, float("nan")]}, features=features)
     with pytest.raises(ValueError, match=r"label column 'label' must hold class indices, found values of type float32"):
         hf_split_to_lazy(halves)
-
-
-def _png_bytes() -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    Image.fromarray(np.zeros((4, 4), np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()

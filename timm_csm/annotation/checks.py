@@ -99,6 +99,5 @@ def annotation_report(dataset, min_spearman: float = 0.8) -> Dict:
 
 def drop_groups(dataset, group_ids):
     """``dataset`` without the rows of ``group_ids`` (whole groups, so no group is left incomplete)."""
-    drop = set(int(g) for g in group_ids)
     group_of_row = column_arrays(dataset, ["group_id"])["group_id"]
-    return dataset.select(np.flatnonzero(~np.isin(group_of_row, list(drop))))
+    return dataset.select(np.flatnonzero(~np.isin(group_of_row, np.asarray(list(group_ids), dtype=np.int64))))

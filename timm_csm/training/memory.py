@@ -1,11 +1,11 @@
 """Handing the freed memory of glibc's heap back to the operating system.
 
-glibc's ``malloc`` keeps freed blocks for reuse, and the heap it grows for the mid-sized tensors of an evaluation
-pass (its mmap threshold adapts upwards once such blocks are freed) fragments: the resident size then grows with the
-number of batches although nothing stays alive (``benchmarks/data.md``: 1.38x peak RSS from 10k to 100k images, set
-in validation and evaluation; 1.03x with this call in ``predict``). ``malloc_trim(0)`` returns the free pages inside
-the heap, whatever their position. Under an allocator preloaded in glibc's place (tcmalloc, jemalloc) the call finds
-glibc's heap unused and does nothing.
+glibc's ``malloc`` keeps freed blocks for reuse. Over an evaluation pass its heap keeps pages of freed tensors (our
+reading: its mmap threshold adapts upwards once such blocks are freed, and the heap fragments), so the resident
+size grows with the number of batches although nothing stays alive (``benchmarks/data.md``: 1.38x peak RSS from 10k
+to 100k images, set in validation and evaluation; 1.03x with this call in ``predict``). ``malloc_trim(0)`` returns
+the free pages inside the heap, whatever their position. Under an allocator preloaded in glibc's place (tcmalloc,
+jemalloc) the call finds glibc's heap unused and does nothing.
 """
 from __future__ import annotations
 
