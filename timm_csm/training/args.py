@@ -56,6 +56,13 @@ def _add_dataset(p: argparse.ArgumentParser) -> None:
                         "when no --val-split is given")
     g.add_argument("--max-train-samples", type=int, default=None,
                    help="use a seeded random subset of this many training images (before the validation split)")
+    g.add_argument("--val-size", type=int, default=None,
+                   help="draw this many validation images from the training split outside the training subset "
+                        "(before --max-train-samples, with --data-seed), instead of holding out --val-fraction of "
+                        "the subset: every --max-train-samples and --seed then shares one validation set")
+    g.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the data draws (training and test subsets, validation images); default: --seed. "
+                        "Fix it to vary only the training (initialisation, order, augmentation) across seeds")
     g.add_argument("--max-test-samples", type=int, default=None, help="use a seeded subset of the test split")
     g.add_argument("--data-dir", default=None, help="root folder of a timm torch/<name> dataset (torchvision files)")
     g.add_argument("-j", "--workers", type=int, default=0, help="DataLoader worker processes")
@@ -343,7 +350,7 @@ def upgrade_stored_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
 # the run options stored with every model file and training state (``model_kwargs`` besides), which an eval-only
 # run takes from its checkpoint when they are not given
 RUN_META_KEYS = ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-                 "val_fraction", "max_train_samples", "max_test_samples", "seed", "loss")
+                 "val_fraction", "val_size", "max_train_samples", "max_test_samples", "seed", "data_seed", "loss")
 
 
 def fill_from_checkpoint(args) -> None:

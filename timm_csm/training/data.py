@@ -99,9 +99,21 @@ def _hold_out(train, fraction: float, seed: int):
     return train.subset(np.sort(order[n_val:])), train.subset(np.sort(order[:n_val]))
 
 
+def _draw_validation(train, size: int, seed: int):
+    """(rest, validation): ``size`` images of ``train`` drawn with ``seed``, before any training subset is taken, so
+    that the validation set is the same whatever the subset's size and never overlaps it."""
+    if not 0 < size < len(train):
+        raise ValueError(f"--val-size must lie in [1, {len(train) - 1}] for a training split of {len(train)} images, "
+                         f"got {size}")
+    g = torch.Generator().manual_seed(derive_seed(seed, 3))
+    order = torch.randperm(len(train), generator=g).numpy()
+    return train.subset(np.sort(order[size:])), train.subset(np.sort(order[:size]))
+
+
 def load_data(args) -> DataSplits:
-    """Training / validation / test arrays for ``args`` (seeded subsets; the validation split or the held-out
-    fraction). Sets ``args.test_split`` to the split reported on, so that the run records the detected name."""
+    """Training / validation / test arrays for ``args`` (seeded subsets; the validation split, ``--val-size`` images
+    drawn outside the training subset, or the held-out fraction). The draws use ``--data-seed`` (default: ``--seed``).
+    Sets ``args.test_split`` to the split reported on, so that the run records the detected name."""
     from ..data.sources import detect_test_split
 
     splits = _split_names(args)
@@ -113,10 +125,15 @@ def load_data(args) -> DataSplits:
         if other is not None and list(other.class_names) != list(train.class_names):
             raise ValueError(f"the {name!r} split names classes {other.class_names[:10]}, the "
                              f"{args.train_split!r} split {train.class_names[:10]}")
-    train = _subset(train, args.max_train_samples, args.seed, 1)
-    test = _subset(test, args.max_test_samples, args.seed, 2)
+    data_seed = args.seed if args.data_seed is None else args.data_seed
+    if args.val_size is not None:
+        if val is not None:
+            raise ValueError("--val-size draws the validation images from the training split; drop --val-split")
+        train, val = _draw_validation(train, args.val_size, data_seed)
+    train = _subset(train, args.max_train_samples, data_seed, 1)
+    test = _subset(test, args.max_test_samples, data_seed, 2)
     if val is None:
-        train, val = _hold_out(train, args.val_fraction, args.seed)
+        train, val = _hold_out(train, args.val_fraction, data_seed)
     if len(train) == 0:
         raise ValueError("no training images left after the validation split")
     return DataSplits(train, val, test, list(train.class_names))
