@@ -21,7 +21,7 @@ ALLOWED = {
     "annotation": {"data", "models", "io"},
     "generation": {"data", "models", "io"},
     "hub": {"data", "io"},
-    "training": {"data", "models", "losses", "metrics", "calibration", "hub", "io"},
+    "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io"},
     "train": {"training", "data", "losses", "io", "timm_csm"},
     "recipes": {"train", "training", "annotation", "generation", "hub", "data", "io"},
     "timm_csm": {"models", "hf_metrics"},

@@ -158,7 +158,8 @@ def _build(args):
         if isinstance(groups.images, LazyImages):  # decoded in the real images' mode, as they are read
             groups.images = groups.images.with_output(pil_mode(in_chans), tuple(train_tf.img_size))
         companions = CSMCompanionSampler(groups, n_aug=args.n_aug, num_classes=k)
-    task = task_cls.from_args(args, model, criterion, k, companions, spec) if task_cls is not None else None
+    task = (task_cls.from_args(args, model, criterion, k, companions, spec, data_info=data_info)
+            if task_cls is not None else None)
     return data, task, model, train_tf, eval_tf, data_info
 
 

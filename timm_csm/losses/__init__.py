@@ -11,7 +11,8 @@ declare it by their attributes, see :class:`~timm_csm.losses.LossBase`):
 * ``needs_index``: ``loss(logits, target, index=sample_indices)`` ("aslp", "aslp_bce");
 * ``needs_mixed``: ``loss(logits, target, logits_mixed, target_mixed)`` ("mrl", "mndcg"; see
   :mod:`timm_csm.losses.rankmixup`);
-* ``is_csm``: ``loss(logits_real, y_real, logits_gen, q_gen)`` ("csm", "csm_soft_ce", "csm_soft_focal").
+* ``is_csm``: ``loss(logits_real, y_real, logits_gen, q_gen)`` ("csm", "csm_soft_ce", "csm_soft_focal");
+* ``needs_teacher``: ``loss(logits, target, teacher_logits)`` ("kd", knowledge distillation).
 
 RegMixup is not a loss of its own: :func:`regmixup_objective` combines a loss on the clean batch with
 cross-entropy on the mixed copy.
@@ -20,13 +21,14 @@ Every loss has the hook ``on_epoch_end(val_logits, val_targets)``, to be called 
 logits (a no-op except for the stateful losses "adafocal", "cals", "aslp", "aslp_bce", whose state is saved by
 ``state_dict()``), and ``sync(accelerator)``, which merges per-process state between epochs (ASLP's tables).
 """
-from . import (binary, brier, cross_entropy, csm, focal, label_perturbation, margin, mdca, mmce, penalty, rankmixup,
-               regmixup)
+from . import (binary, brier, cross_entropy, csm, distillation, focal, label_perturbation, margin, mdca, mmce, penalty,
+               rankmixup, regmixup)
 from .base import LossBase
 from .binary import BinaryCrossEntropyLoss, BinaryFocalLoss, BinaryLabelSmoothingLoss
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss, LabelSmoothingLoss
 from .csm import CSMLoss
+from .distillation import DistillationLoss
 from .focal import AdaFocalLoss, FLSDLoss, FocalLoss
 from .label_perturbation import AdaptiveLabelPerturbation, BinaryAdaptiveLabelPerturbation
 from .margin import ACLSLoss, CALSLoss, MbLSLoss
@@ -42,7 +44,8 @@ __all__ = [
     "register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
     "LOSS_INPUTS", "LossBase",
     "CrossEntropyLoss", "LabelSmoothingLoss", "FocalLoss", "FLSDLoss", "AdaFocalLoss", "BrierLoss", "MMCELoss",
-    "MDCALoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss", "AdaptiveLabelPerturbation",
+    "MDCALoss", "DistillationLoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss",
+    "AdaptiveLabelPerturbation",
     "BinaryAdaptiveLabelPerturbation", "MRLLoss", "MNDCGLoss", "CSMLoss", "BinaryCrossEntropyLoss",
     "BinaryLabelSmoothingLoss", "BinaryFocalLoss", "regmixup_objective", "REGMIXUP_REDUCTIONS",
 ]

@@ -20,6 +20,7 @@ class LossBase(nn.Module):
     * ``needs_mixed``: ``forward(logits, target, logits_mixed, target_mixed)`` takes a mixed batch (RankMixup),
       ``num_mixed`` copies per sample by default;
     * ``is_csm``: ``forward(logits_real, y_real, logits_gen, q_gen)`` takes the real and the generated batch;
+    * ``needs_teacher``: ``forward(logits, target, teacher_logits)`` takes a teacher's logits on the same batch;
     * ``label_smoothing_loss``: the registered loss that adds label smoothing (``smoothing=``) to this one.
 
     Hooks, no-ops here: ``on_epoch_end(val_logits, val_targets)``, called once per epoch with the validation logits
@@ -34,6 +35,7 @@ class LossBase(nn.Module):
     needs_index: bool = False
     needs_mixed: bool = False
     is_csm: bool = False
+    needs_teacher: bool = False
     num_mixed: int = 0
     label_smoothing_loss: Optional[str] = None
 

@@ -26,7 +26,7 @@ __all__ = ["register_loss", "create_loss", "list_losses", "is_loss", "get_loss_e
            "LOSS_INPUTS"]
 
 #: the call conventions of registered losses (see :class:`LossSpec`)
-LOSS_INPUTS = ("plain", "index", "mixed", "generated")
+LOSS_INPUTS = ("plain", "index", "mixed", "generated", "teacher")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class LossSpec:
 
     * ``inputs``: ``"plain"`` ``loss(logits, target)``; ``"index"`` ``loss(logits, target, index=...)`` (per-sample
       state); ``"mixed"`` ``loss(logits, target, logits_mixed, target_mixed)`` with mixed copies of the batch
-      (RankMixup); ``"generated"`` ``loss(logits_real, y_real, logits_gen, q_gen)`` with a generated batch (CSM).
+      (RankMixup); ``"generated"`` ``loss(logits_real, y_real, logits_gen, q_gen)`` with a generated batch (CSM);
+      ``"teacher"`` ``loss(logits, target, teacher_logits)`` with a teacher's logits on the same batch (distillation).
     * ``num_mixed``: the default number of mixed copies per sample of a ``"mixed"`` loss (MRL 1, M-NDCG 3, as
       in RankMixup's released configurations); 0 for the others.
     * ``smoothed``: the registered loss that is this one with label smoothing ``smoothing=`` (``"ls"`` for
@@ -59,10 +60,11 @@ class LossSpec:
 
     @classmethod
     def of(cls, entry) -> "LossSpec":
-        """The spec declared by a loss class's attributes ``is_csm``, ``needs_mixed``, ``needs_index``,
+        """The spec declared by a loss class's attributes ``is_csm``, ``needs_mixed``, ``needs_index``, ``needs_teacher``,
         ``num_mixed`` and ``label_smoothing_loss`` (absent attributes: a plain loss)."""
         inputs = ("generated" if getattr(entry, "is_csm", False) else "mixed" if getattr(entry, "needs_mixed", False)
-                  else "index" if getattr(entry, "needs_index", False) else "plain")
+                  else "index" if getattr(entry, "needs_index", False)
+                  else "teacher" if getattr(entry, "needs_teacher", False) else "plain")
         return cls(inputs, int(getattr(entry, "num_mixed", 0)), getattr(entry, "label_smoothing_loss", None))
 
 

@@ -186,6 +186,8 @@ def _add_calibration(p: argparse.ArgumentParser) -> None:
                    help="keyword arguments of the loss, e.g. --loss-kwargs margin=6 alpha=0.1")
     g.add_argument("--csm-dataset", default=None,
                    help="generated CSM dataset (Hub name or folder); required by the csm losses")
+    g.add_argument("--teacher", default=None,
+                   help="teacher of --loss kd: a reference-encoder folder or a trained run folder / model file")
     g.add_argument("--n-aug", type=int, default=1, help="interior group members per real image besides the endpoint")
     g.add_argument("--csm-weight", type=float, default=1.0, help="weight of the generated-batch term of CSM")
     g.add_argument("--ts-method", default="grid_ece", choices=("grid_ece", "nll"),

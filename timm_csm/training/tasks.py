@@ -14,6 +14,7 @@ RegMixupTask       ``regmixup_objective(loss(f(x), y), CE(f(x~), y~))``, clean a
                    NeurIPS 2022; the released code's concatenated batch)
 RankMixupTask      ``loss(f(x), y, f(x~), y~)``, clean and mixed copies in two passes (Noh et al., ICCV 2023)
 CSMTask            ``loss(f(x), y, f(x_gen), q_gen)``, real and generated batches in two passes (Luo et al., ICML 2025)
+DistillationTask   ``loss(f(x), y, t(x))`` with a frozen teacher ``t`` on the same batch (Hinton et al., 2015)
 =================  =================================================================================================
 
 Two passes keep separate batch-norm statistics per batch, as CSM and RankMixup specify; both run inside one
@@ -33,7 +34,7 @@ from ..losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spe
 
 __all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask",
            "RankMixupTask",
-           "CSMTask", "select_task", "create_criterion"]
+           "CSMTask", "DistillationTask", "load_teacher", "select_task", "create_criterion"]
 
 
 class TrainingModule(nn.Module):
@@ -60,7 +61,8 @@ class TrainingTask(nn.Module):
     outside the registry).
 
     Subclasses set ``batch_keys``, implement :meth:`create_collator` and :meth:`forward`, and build themselves from
-    the command-line options in :meth:`from_args`.
+    the command-line options in :meth:`from_args` (``data_info``: the run's input settings, ``mean`` and ``std``
+    among them, from :func:`~timm_csm.training.build_transforms`).
     """
 
     batch_keys: Tuple[str, ...] = ("pixel_values", "labels", "index")
@@ -79,7 +81,7 @@ class TrainingTask(nn.Module):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "TrainingTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "TrainingTask":
         return cls(model, criterion, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
@@ -131,7 +133,7 @@ class MixupTask(ClassificationTask):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "MixupTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "MixupTask":
         return cls(model, criterion, num_classes, args.mixup, args.mixup_mode, args.smoothing, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
@@ -149,7 +151,7 @@ class TimmMixupTask(ClassificationTask):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "TimmMixupTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "TimmMixupTask":
         from timm.data import Mixup
 
         return cls(model, criterion, Mixup(
@@ -175,7 +177,7 @@ class RegMixupTask(TrainingTask):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "RegMixupTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "RegMixupTask":
         return cls(model, criterion, num_classes, args.regmixup, args.regmixup_weight, args.regmixup_reduction, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
@@ -214,7 +216,7 @@ class RankMixupTask(_TwoPassTask):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "RankMixupTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "RankMixupTask":
         return cls(model, criterion, num_classes, args.rankmixup_alpha, args.num_mixup, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
@@ -234,14 +236,81 @@ class CSMTask(_TwoPassTask):
 
     @classmethod
     def from_args(cls, args, model, criterion, num_classes: int, companions=None,
-                  spec: Optional[LossSpec] = None) -> "CSMTask":
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "CSMTask":
         return cls(model, criterion, companions, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return CSMCollator(images, labels, transform, self.companions, seed=seed)
 
 
-_BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": RankMixupTask}
+def load_teacher(path) -> Tuple[nn.Module, Tuple[float, ...], Tuple[float, ...]]:
+    """(model in eval mode, mean, std) of a teacher: a reference-encoder folder
+    (:func:`~timm_csm.annotation.train_reference_encoder`) or a run folder / model file written by ``train.py``; the
+    mean and std are those its inputs were normalised with."""
+    from pathlib import Path
+
+    folder = Path(path)
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        from ..annotation import load_reference_encoder
+
+        encoder = load_reference_encoder(folder)
+        model, mean, std = encoder.model, encoder.config["mean"], encoder.config["std"]
+    else:
+        from .model import load_trained_classifier
+
+        model, _, meta = load_trained_classifier(folder)
+        mean, std = meta["mean"], meta["std"]
+    return model.eval(), tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+class DistillationTask(ClassificationTask):
+    """Knowledge distillation: ``loss(f(x), y, t(x))``, the frozen teacher ``t`` (timm's
+    :class:`timm.task.distillation.DistillationTeacher`, which re-normalises the student's input to the teacher's
+    mean and std) evaluated on the same augmented batch without gradient."""
+
+    def __init__(self, model, criterion, teacher: nn.Module, student_mean, student_std,
+                 spec: Optional[LossSpec] = None):
+        super().__init__(model, criterion, spec)
+        from timm.task.distillation import DistillationTeacher
+
+        self.teacher = teacher if isinstance(teacher, DistillationTeacher) else DistillationTeacher(teacher)
+        self.teacher.requires_grad_(False)
+        self.register_buffer("student_mean", torch.tensor(student_mean, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+        self.register_buffer("student_std", torch.tensor(student_std, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+
+    @classmethod
+    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+                  spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "DistillationTask":
+        if not args.teacher:
+            raise ValueError(f"--loss {args.loss} needs --teacher (a reference-encoder folder or a trained run)")
+        teacher, mean, std = load_teacher(args.teacher)
+        if data_info is None:
+            raise ValueError("DistillationTask.from_args needs data_info (the student's mean and std)")
+        teacher.pretrained_cfg = dict(getattr(teacher, "pretrained_cfg", {}) or {}, mean=mean, std=std)
+        task = cls(model, criterion, teacher, data_info["mean"], data_info["std"], spec)
+        n_out = getattr(task.teacher.model, "num_classes", num_classes)
+        if n_out != num_classes:
+            raise ValueError(f"--teacher {args.teacher} predicts {n_out} classes, the data has {num_classes}")
+        return task
+
+    def prepare(self, accelerator, optimizer):
+        self.teacher.to(accelerator.device)
+        self.student_mean = self.student_mean.to(accelerator.device)
+        self.student_std = self.student_std.to(accelerator.device)
+        return super().prepare(accelerator, optimizer)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        x = batch["pixel_values"]
+        logits = self.forward_module(x)
+        with torch.no_grad():
+            teacher_logits = self.teacher(self.teacher.normalize_input(x, self.student_mean, self.student_std))
+        return self._result(self.criterion(logits, batch["labels"], teacher_logits), logits)
+
+
+_BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": RankMixupTask,
+                                             "teacher": DistillationTask}
 
 
 def select_task(args, spec: LossSpec) -> Type[TrainingTask]:
@@ -262,6 +331,8 @@ def select_task(args, spec: LossSpec) -> Type[TrainingTask]:
         raise ValueError(f"--loss {args.loss} needs --csm-dataset (the generated CSM dataset)")
     if not task.needs_companions and args.csm_dataset:
         raise ValueError(f"--csm-dataset is used by the csm losses only; --loss {args.loss} is not one")
+    if args.teacher and task is not DistillationTask:
+        raise ValueError(f"--teacher is used by distillation losses (kd) only; --loss {args.loss} is not one")
     return task
 
 
