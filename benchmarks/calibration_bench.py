@@ -61,9 +61,23 @@ DEFAULT_JSON = Path("benchmarks/calibration.json")
 # 2 500-image subset trained to convergence, where CE is over-confident (test ECE 4.2% before TS at seed 0, 2.7%
 # with 5 000 images: the sweep in benchmarks/calibration.md); "noaug": the ``noaug`` profile (no augmentation, no
 # weight decay: over-confident by over-fitting).
-RECIPES: Dict[str, str] = {"augmented": "demo", "noaug": "noaug"}
-DEFAULT_OUTPUTS = {"augmented": "runs/calibration_bench_augmented", "noaug": "runs/calibration_bench"}
-DEFAULT_REPORTS = {"augmented": Path("benchmarks/calibration.md"), "noaug": Path("benchmarks/calibration_demo.md")}
+# "matched" and "borrowed": the two settings of benchmarks/PROTOCOL.md, the demo profile's classifier on one real
+# subset (data seed 0) with a 2 000-image validation set drawn outside it; they differ in the generated set (and
+# KD's teacher) only, so that their non-generated cells are the same cells, shared in one cell cache.
+RECIPES: Dict[str, str] = {"matched": "demo", "borrowed": "demo", "augmented": "demo", "noaug": "noaug"}
+RECIPE_OPTIONS: Dict[str, Dict[str, Any]] = {"matched": {"val_size": 2000, "data_seed": 0},
+                                              "borrowed": {"val_size": 2000, "data_seed": 0}}
+PROTOCOL_RECIPES = ("matched", "borrowed")
+PROTOCOL_OUTPUT = "runs/calibration_protocol"
+DEFAULT_OUTPUTS = {"matched": PROTOCOL_OUTPUT, "borrowed": PROTOCOL_OUTPUT,
+                   "augmented": "runs/calibration_bench_augmented", "noaug": "runs/calibration_bench"}
+DEFAULT_REPORTS = {"matched": Path("benchmarks/calibration.md"), "borrowed": Path("benchmarks/calibration.md"),
+                   "augmented": Path("benchmarks/calibration_earlier.md"),
+                   "noaug": Path("benchmarks/calibration_demo.md")}
+#: where each setting's generated set and reference encoder are built (benchmarks/matched_setting.py)
+SETTINGS_ROOT = Path("runs/settings")
+#: finished cells of the protocol recipes, committed: a cell found here is done and never re-run
+COMMITTED_CELLS = Path("benchmarks/cells")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +90,18 @@ class BenchMethod:
     label: str
     options: Dict[str, Any]
     csm: Optional[str] = None
+    #: trains with the setting's reference encoder as teacher (``--teacher``)
+    teacher: bool = False
+    #: the protocol recipes it belongs to (None: every recipe)
+    recipes: Optional[Tuple[str, ...]] = None
+    #: the recipe's epochs and lr milestones times this (rounded up): as many images processed as CSM's three per
+    #: real image and step (CE x3; RegMixup, which takes two, x1.5)
+    epoch_factor: float = 1.0
+
+    @property
+    def per_setting(self) -> bool:
+        """Whether its cells depend on the setting's generated data or encoder (else one cell serves both)."""
+        return self.teacher or self.csm in ("soft", "hard", "filtered")
 
 
 # Hyper-parameters: the settings of each method's paper / released configs; one value each, no
@@ -95,7 +121,25 @@ METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("csm_soft_focal", "CSM, soft-focal loss", {"loss": "csm_soft_focal"}, csm="soft"),
     BenchMethod("csm_hard", "CSM data, hard labels (variant 2)", {"loss": "csm"}, csm="hard"),
     BenchMethod("csm_filtered", "CSM, flagged groups dropped", {"loss": "csm"}, csm="filtered"),
+    # the controls of benchmarks/PROTOCOL.md
+    BenchMethod("brier", "Brier (control)", {"loss": "brier"}),
+    BenchMethod("real_copies", "Real copies (control)", {"loss": "csm"}, csm="real_copies"),
+    BenchMethod("ce_eq", "CE, equal images (control)", {"loss": "ce"}, epoch_factor=3.0),
+    BenchMethod("regmixup_eq", "RegMixup, equal images (control)", {"loss": "ce", "regmixup": 20.0},
+                epoch_factor=1.5),
+    BenchMethod("kd", "KD from the borrowed encoder (control)",
+                {"loss": "kd", "loss_kwargs": {"temperature": 4.0, "alpha": 0.9}}, teacher=True,
+                recipes=("borrowed",)),
 )}
+#: the methods of the protocol recipes, in the order of their tables (PROTOCOL.md)
+PROTOCOL_METHODS = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies", "ce_eq", "regmixup_eq", "kd",
+                    "csm", "csm_hard", "csm_filtered")
+#: the controls PROTOCOL.md adds (not part of the earlier benchmark's recipes)
+CONTROLS = ("brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
+#: the methods that use no generated image: the candidates for "the best other method"
+NON_GENERATED = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
+#: the two CSM variants the validation rule chooses between
+CSM_VARIANTS = ("csm", "csm_filtered")
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
 _NOT_KEYED = ("output", "experiment", "progress", "resume")
@@ -112,26 +156,40 @@ def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "augment
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
     recipe = training_options(get_profile(RECIPES[name]))
+    recipe.update(RECIPE_OPTIONS.get(name, {}))
     recipe.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if isinstance(recipe.get("model_kwargs"), (list, tuple)):
         recipe["model_kwargs"] = dict(recipe["model_kwargs"])
     return recipe
 
 
-def cell_name(method: str, seed: int) -> str:
+def cell_name(method: str, seed: int, setting: Optional[str] = None) -> str:
+    """``<method>-s<seed>``; ``<method>-<setting>-s<seed>`` for a protocol cell that depends on the setting."""
+    if setting is not None and method in METHODS and METHODS[method].per_setting:
+        return f"{method}-{setting}-s{seed}"
     return f"{method}-s{seed}"
 
 
 def cell_config(recipe: Dict[str, Any], method: BenchMethod, seed: int, cell_dir: Path,
                 csm_paths: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """The :func:`timm_csm.train.run` options of one cell."""
+    """The :func:`timm_csm.train.run` options of one cell (``csm_paths``: the generated datasets by kind, and the
+    teacher under ``"teacher"``)."""
     cfg = {k: v for k, v in recipe.items() if k != "n_aug"}
+    if method.epoch_factor != 1.0:
+        cfg["epochs"] = math.ceil(cfg["epochs"] * method.epoch_factor)
+        if cfg.get("decay_milestones"):
+            cfg["decay_milestones"] = [math.ceil(m * method.epoch_factor) for m in cfg["decay_milestones"]]
     cfg.update(method.options)
     if method.csm is not None:
         path = (csm_paths or {}).get(method.csm)
         if not path:
             raise ValueError(f"method {method.name!r} needs the {method.csm}-label CSM dataset")
         cfg.update(csm_dataset=str(path), n_aug=recipe.get("n_aug", 1))
+    if method.teacher:
+        path = (csm_paths or {}).get("teacher")
+        if not path:
+            raise ValueError(f"method {method.name!r} needs a teacher (the setting's reference encoder)")
+        cfg.update(teacher=str(path))
     cfg.update(seed=int(seed), output=str(cell_dir), experiment=".")
     return cfg
 
@@ -145,17 +203,25 @@ def _read_json(path: Path):
         return json.load(f)
 
 
-def cell_state(cell_dir: Path, cfg: Dict[str, Any]) -> str:
+def _check_config(meta_path: Path, cfg: Dict[str, Any]) -> None:
+    saved = _read_json(meta_path).get("config", {})
+    want = _keyed(cfg)
+    if saved != want:
+        diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
+        raise ValueError(f"{meta_path.parent} holds a cell trained with other options (they differ in {diff}); "
+                         "choose another --output for this recipe")
+
+
+def cell_state(cell_dir: Path, cfg: Dict[str, Any], committed: Optional[Path] = None) -> str:
     """"done", "partial" (a ``last.safetensors`` to resume from) or "new"; ValueError when the folder holds a cell
-    trained with other options (the cache is keyed by the configuration)."""
+    trained with other options (the cache is keyed by the configuration). ``committed``: the cell's folder among the
+    committed cells (``results.json`` and ``cell.json`` only), which makes it done."""
+    if committed is not None and (committed / CELL_META).exists() and (committed / RESULTS).exists():
+        _check_config(committed / CELL_META, cfg)
+        return "done"
     meta_path = cell_dir / CELL_META
     if meta_path.exists():
-        saved = _read_json(meta_path).get("config", {})
-        want = _keyed(cfg)
-        if saved != want:
-            diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
-            raise ValueError(f"{cell_dir} holds a cell trained with other options (they differ in {diff}); "
-                             "choose another --output for this recipe")
+        _check_config(meta_path, cfg)
     elif (cell_dir / RESULTS).exists():
         raise ValueError(f"{cell_dir} has a {RESULTS} but no {CELL_META}: it was not written by this benchmark")
     if (cell_dir / RESULTS).exists():
@@ -165,14 +231,17 @@ def cell_state(cell_dir: Path, cfg: Dict[str, Any]) -> str:
     return "new"
 
 
-def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print) -> Dict[str, Any]:
-    """Train and evaluate one cell (resuming a killed one); returns its results."""
+def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print, setting: Optional[str] = None,
+             committed: Optional[Path] = None) -> Dict[str, Any]:
+    """Train and evaluate one cell (resuming a killed one); returns its results. With ``committed``, its
+    ``results.json`` and ``cell.json`` are copied there once it has finished."""
     from timm_csm.io import load_state
     from timm_csm.train import run
 
-    state = cell_state(cell_dir, cfg)
+    state = cell_state(cell_dir, cfg, committed)
     if state == "done":
-        return _read_json(cell_dir / RESULTS)
+        return _read_json((committed if committed is not None and (committed / RESULTS).exists() else cell_dir)
+                          / RESULTS)
     cell_dir.mkdir(parents=True, exist_ok=True)
     earlier = 0.0
     cfg = dict(cfg)
@@ -181,12 +250,15 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         earlier = sum(float(h.get("epoch_time", 0.0)) for h in load_state(last)["history"])
         cfg["resume"] = str(last)
         log(f"[{cell_dir.name}] resuming from {last}")
-    write_json_atomic(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": False})
+    meta = {"method": method, "seed": seed, "setting": setting, "config": _keyed(cfg)}
+    write_json_atomic(cell_dir / CELL_META, dict(meta, finished=False))
     t0 = time.time()
     results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
-    seconds = earlier + time.time() - t0
-    write_json_atomic(cell_dir / CELL_META, {"method": method, "seed": seed, "config": _keyed(cfg), "finished": True,
-                                       "seconds": round(seconds, 1)})
+    meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
+    write_json_atomic(cell_dir / CELL_META, meta)
+    if committed is not None:
+        write_json_atomic(committed / RESULTS, results, indent=1)
+        write_json_atomic(committed / CELL_META, meta, indent=1)
     return results
 
 
@@ -245,6 +317,71 @@ def derive_filtered_dataset(source, folder, min_spearman: float = 0.8) -> Path:
     return _derived_copy(source, folder, f"drop_flagged(min_spearman={min_spearman:g})", derive)
 
 
+def derive_real_copies_dataset(recipe: Dict[str, Any], folder, num_groups: int = 6750, num_lambdas: int = 4,
+                               seed: int = 0) -> Path:
+    """The real-copies control (PROTOCOL.md): a CSM dataset with the generated sets' group structure (the plan's
+    groups and lambda grid) whose every member is a real training image of the recipe's classifier, drawn (seeded per
+    group) from the member's dominant class (``a`` when lambda >= 1/2, else ``b``), with its one-hot label. CSM's
+    loss and batch on it train on real images only. Written once to ``folder``; rewritten when the recipe's training
+    images or the structure change (keyed by their digest)."""
+    import datasets
+    import numpy as np
+
+    from timm_csm.data import derive_seed
+    from timm_csm.generation.plan import lambda_grid, plan_groups
+    from timm_csm.generation.writer import encode_png
+    from timm_csm.hub import save_csm_dataset
+    from timm_csm.training import build_parser, load_data
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from matched_setting import images_digest
+
+    folder = Path(folder)
+    flags = ["--dataset", str(recipe["dataset"]), "--seed", "0"]
+    for key in ("max_train_samples", "val_size", "data_seed", "val_fraction"):
+        if recipe.get(key) is not None:
+            flags += [f"--{key.replace('_', '-')}", str(recipe[key])]
+    real = load_data(build_parser().parse_args(flags)).train
+    stamp = {"real": images_digest(real), "num_groups": num_groups, "num_lambdas": num_lambdas, "seed": seed}
+    marker = folder / "derived_from.json"
+    if marker.exists() and _read_json(marker) == stamp:
+        return folder
+    names = list(real.class_names)
+    k = len(names)
+    labels = np.asarray(real.labels)
+    by_class = [np.flatnonzero(labels == c) for c in range(k)]
+    empty = [names[c] for c in range(k) if len(by_class[c]) == 0]
+    if empty:
+        raise ValueError(f"the real training set has no image of class(es) {empty}")
+    images = np.asarray(real.images)
+    rows = {key: [] for key in ("image", "label", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat",
+                                "group_id", "seed")}
+    lambdas = lambda_grid(num_lambdas)
+    for group in plan_groups(k, num_groups):
+        rng = np.random.default_rng(derive_seed(seed, group.group_id))
+        for lam in lambdas:
+            c = group.class_a if lam >= 0.5 else group.class_b
+            q = np.zeros(k, np.float32)
+            q[c] = 1.0
+            rows["image"].append({"bytes": encode_png(images[rng.choice(by_class[c])]), "path": None})
+            rows["label"].append(c)
+            rows["soft_label"].append(q.tolist())
+            rows["class_a"].append(group.class_a)
+            rows["class_b"].append(group.class_b)
+            rows["lambda_gen"].append(lam)
+            rows["lambda_hat"].append(1.0 if c == group.class_a else 0.0)
+            rows["group_id"].append(group.group_id)
+            rows["seed"].append(group.seed)
+    from timm_csm.data.csm_format import csm_features
+
+    ds = datasets.Dataset.from_dict(rows, features=csm_features(names))
+    save_csm_dataset(ds, folder, provenance={"dataset": recipe["dataset"], "label_mode": "real_copies",
+                                             "real_images_digest": stamp["real"], "num_groups": num_groups,
+                                             "lambdas": lambdas}, class_names=names, lambdas=lambdas)
+    write_json_atomic(marker, stamp)
+    return folder
+
+
 # derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
 _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
@@ -268,8 +405,11 @@ def plan_cells(methods: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, 
 
 def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[int], output: Path,
               csm_dataset: Optional[str] = None, csm_dataset_hard: Optional[str] = None,
-              max_cells: Optional[int] = None, log=print) -> Dict[str, Any]:
-    """Run the unfinished cells (at most ``max_cells`` of them); returns counts and the skipped cells' reasons."""
+              max_cells: Optional[int] = None, log=print, setting: Optional[str] = None,
+              teacher: Optional[str] = None, committed: Optional[Path] = None) -> Dict[str, Any]:
+    """Run the unfinished cells (at most ``max_cells`` of them); returns counts and the skipped cells' reasons.
+    ``setting``: the protocol recipe (cells that depend on it are named after it); ``teacher``: the reference
+    encoder of KD; ``committed``: the folder of committed cells (read, and written as cells finish)."""
     from tqdm.auto import tqdm
 
     output = Path(output)
@@ -279,7 +419,7 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
     csm_paths: Dict[str, str] = {}
     blocked: Dict[str, str] = {}
     kinds = {METHODS[m].csm for m in methods} - {None}
-    if kinds:
+    if kinds & {"soft", "hard", "filtered"}:
         problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
         if problem is None:
             csm_paths["soft"] = str(csm_dataset)
@@ -294,27 +434,40 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
         for kind in sorted(kinds & set(_DERIVED) - set(csm_paths) - set(blocked)):
             derive, name, what = _DERIVED[kind]
             if "soft" in csm_paths:
-                csm_paths[kind] = str(derive(csm_paths["soft"], output / name))
+                folder = output / (f"{name}-{setting}" if setting else name)
+                csm_paths[kind] = str(derive(csm_paths["soft"], folder))
             else:
                 blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
+    if "real_copies" in kinds:
+        csm_paths["real_copies"] = str(derive_real_copies_dataset(recipe, output / "csm-real-copies"))
+    if any(METHODS[m].teacher for m in methods):
+        if teacher and (Path(teacher) / "model.safetensors").exists():
+            csm_paths["teacher"] = str(teacher)
+        else:
+            blocked["teacher"] = f"teacher {teacher!r} not available (no model.safetensors)"
     todo, skipped = [], {}
     for m, s in plan_cells(methods, seeds):
-        kind = METHODS[m].csm
-        if kind in blocked:
-            skipped[cell_name(m, s)] = blocked[kind]
+        method = METHODS[m]
+        if setting is not None and method.recipes is not None and setting not in method.recipes:
             continue
-        cell_dir = output / "cells" / cell_name(m, s)
-        cfg = cell_config(recipe, METHODS[m], s, cell_dir, csm_paths)
-        if cell_state(cell_dir, cfg) != "done":
-            todo.append((m, s, cell_dir, cfg))
+        name = cell_name(m, s, setting)
+        reason = blocked.get(method.csm) or (blocked.get("teacher") if method.teacher else None)
+        if reason:
+            skipped[name] = reason
+            continue
+        cell_dir = output / "cells" / name
+        cfg = cell_config(recipe, method, s, cell_dir, csm_paths)
+        home = committed / name if committed is not None else None
+        if cell_state(cell_dir, cfg, home) != "done":
+            todo.append((m, s, cell_dir, cfg, home))
     if max_cells is not None:
         todo = todo[:max(0, max_cells)]
     for reason in sorted(set(skipped.values())):
         log(f"skipping {sum(v == reason for v in skipped.values())} cell(s): {reason}")
     bar = tqdm(todo, desc="cells", unit="cell", dynamic_ncols=True, disable=not todo)
-    for m, s, cell_dir, cfg in bar:
-        bar.set_postfix(cell=cell_name(m, s))
-        run_cell(cfg, cell_dir, m, s, log=log)
+    for m, s, cell_dir, cfg, home in bar:
+        bar.set_postfix(cell=cell_dir.name)
+        run_cell(cfg, cell_dir, m, s, log=log, setting=setting if METHODS[m].per_setting else None, committed=home)
     return {"ran": len(todo), "skipped": skipped}
 
 
@@ -552,22 +705,245 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
     return text
 
 
-_BEGIN, _END = "<!-- calibration_bench: begin -->", "<!-- calibration_bench: end -->"
+_MARKERS = ("<!-- calibration_bench: begin -->", "<!-- calibration_bench: end -->")
+_PROTOCOL_MARKERS = ("<!-- calibration_protocol: begin -->", "<!-- calibration_protocol: end -->")
 
 
-def _replace_section(path: Path, section: str) -> None:
-    """Write ``section`` between this script's markers in ``path``, keeping whatever else the file holds."""
-    block = f"{_BEGIN}\n{section}{_END}\n"
+def _replace_section(path: Path, section: str, markers: Tuple[str, str] = _MARKERS) -> None:
+    """Write ``section`` between ``markers`` in ``path``, keeping whatever else the file holds."""
+    begin, end = markers
+    block = f"{begin}\n{section}{end}\n"
     old = path.read_text() if path.exists() else ""
-    if _BEGIN in old and _END in old:
-        head, rest = old.split(_BEGIN, 1)
-        tail = rest.split(_END, 1)[1].lstrip("\n")
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         new = head + block + ("\n" + tail if tail else "")
     else:
         new = old + ("\n" if old and not old.endswith("\n\n") else "") + block
     from timm_csm.io import write_text_atomic
 
     write_text_atomic(path, new)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the protocol's report (benchmarks/PROTOCOL.md): two settings, per-seed rows, paired intervals, the rule's verdicts
+# ---------------------------------------------------------------------------------------------------------------
+PROTOCOL_SEEDS = (0, 1, 2, 3, 4)
+_PROTOCOL_METRICS = ("accuracy", "ece", "aece", "cece", "nll", "brier")
+_PCT = {"accuracy", "ece", "aece", "cece"}
+
+
+def protocol_cells(output: Path, setting: str, committed: Optional[Path] = COMMITTED_CELLS
+                   ) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``{method: {seed: {"results", "seconds", "dir"}}}`` of the finished protocol cells of ``setting``: the cells
+    shared by both settings and the setting's own, committed ones first, then those of the cell cache ``output``."""
+    found: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    for root in [r for r in (committed, Path(output) / "cells") if r is not None and Path(r).is_dir()]:
+        for d in sorted(Path(root).iterdir()):
+            if not ((d / CELL_META).exists() and (d / RESULTS).exists()):
+                continue
+            meta = _read_json(d / CELL_META)
+            method, seed = meta["method"], int(meta["seed"])
+            if method not in METHODS or meta.get("setting") not in (None, setting):
+                continue
+            if METHODS[method].per_setting != (meta.get("setting") is not None):
+                continue
+            if METHODS[method].recipes is not None and setting not in METHODS[method].recipes:
+                continue
+            if seed in found.get(method, {}):
+                continue
+            local = Path(output) / "cells" / d.name
+            found.setdefault(method, {})[seed] = {"results": _read_json(d / RESULTS), "seconds": meta.get("seconds"),
+                                                  "dir": local if local.is_dir() else d}
+    return found
+
+
+def per_seed_row(seed: int, cell: Dict[str, Any]) -> Dict[str, Any]:
+    """One seed of a method: test metrics before / after TS (accuracy and calibration errors in %), T, the chosen
+    checkpoint's epoch, the validation ECE before / after TS (%), the cell's seconds."""
+    r = cell["results"]
+    row: Dict[str, Any] = {"seed": int(seed)}
+    for phase in ("pre_ts", "post_ts"):
+        scores = r["test"].get(phase) or {}
+        for key in _PROTOCOL_METRICS:
+            if key in scores:
+                scale = 100.0 if key in _PCT else 1.0
+                row[f"{_JSON_KEYS.get(key, key)}_{phase}"] = scores[key] * scale
+        val = (r.get("val") or {}).get(phase) or {}
+        if "ece" in val:
+            row[f"val_ece_{phase}"] = val["ece"] * 100.0
+    row["T"] = r.get("temperature")
+    row["epoch"] = r.get("checkpoint_epoch")
+    row["seconds"] = cell.get("seconds")
+    return row
+
+
+def paired_interval(a: Dict[int, float], b: Dict[int, float], level: float = 0.95
+                    ) -> Optional[Tuple[int, float, float, float]]:
+    """``(n, mean, low, high)`` of the per-seed differences ``a[s] - b[s]`` over their common seeds: the mean and its
+    two-sided t-interval (mean ± t(1 - (1 - level) / 2, n - 1) sd / sqrt(n)); None below 2 common seeds."""
+    from scipy.stats import t as student_t
+
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d = [a[s] - b[s] for s in seeds]
+    n = len(d)
+    mean, sd = _mean_std(d)
+    half = float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return n, mean, mean - half, mean + half
+
+
+def _by_seed(rows: Sequence[Dict[str, Any]], key: str) -> Dict[int, float]:
+    return {r["seed"]: r[key] for r in rows if r.get(key) is not None}
+
+
+def _lowest_mean(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str], key: str) -> Optional[str]:
+    means = {m: sum(v.values()) / len(v) for m in candidates if m in rows for v in [_by_seed(rows[m], key)] if v}
+    return min(means, key=means.get) if means else None
+
+
+def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> Dict[str, Any]:
+    """Per-seed rows of every method, the validation choices (the CSM variant; the best other method before and
+    after TS), and the paired intervals of the chosen CSM row against every other method."""
+    rows = {m: [per_seed_row(s, c) for s, c in sorted(runs.items())] for m, runs in cells.items()}
+    csm = _lowest_mean(rows, CSM_VARIANTS, "val_ece_pre_ts")
+    best = {"pre_ts": _lowest_mean(rows, NON_GENERATED, "val_ece_pre_ts"),
+            "post_ts": _lowest_mean(rows, NON_GENERATED, "val_ece_post_ts")}
+    pairs: Dict[str, Dict[str, Any]] = {}
+    if csm is not None:
+        for other in rows:
+            if other == csm:
+                continue
+            pairs[other] = {f"{key}_{phase}": paired_interval(_by_seed(rows[csm], f"{key}_{phase}"),
+                                                              _by_seed(rows[other], f"{key}_{phase}"))
+                            for phase in ("pre_ts", "post_ts") for key in ("ece", "acc", "nll")}
+    return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs}
+
+
+def _verdict(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS)) -> str:
+    if interval is None:
+        return "pending (fewer than 2 paired seeds)"
+    n, mean, lo, hi = interval
+    text = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] over {n} seeds"
+    if n < n_required:
+        return text + f": pending ({n} of {n_required} seeds)"
+    if hi < 0:
+        return text + ": CSM lower (interval excludes 0)"
+    if lo > 0:
+        return text + ": CSM higher (interval excludes 0)"
+    return text + ": no difference shown (interval contains 0)"
+
+
+def _mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return "-"
+    mean, sd = _mean_std(values)
+    return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, Any]) -> List[str]:
+    """The markdown of one setting: the before / after TS tables, the validation choices and the paired tests."""
+    rows, csm = summary["rows"], summary["csm"]
+    title = {"matched": "`matched`: the generator and the encoder learned from the classifier's 2 500 images only",
+             "borrowed": "`borrowed`: the shipped generator (60 000 images) and an encoder trained on 54 000"}[setting]
+    lines = [f"## {title}", ""]
+    order = [m for m in PROTOCOL_METHODS if m in rows]
+    if not order:
+        return lines + ["No cell of this setting has finished yet.", ""]
+    head = "| method | seeds | Acc (%) | ECE (%) | AECE (%) | CECE (%) | NLL | Brier |"
+    for phase, extra in (("pre_ts", ""), ("post_ts", " T | epoch | val ECE (%) | s / cell |")):
+        lines += [f"### {'Before' if phase == 'pre_ts' else 'After'} temperature scaling (test split)", "",
+                  head + extra, "|---" * (8 + extra.count("|")) + "|"]
+        for m in order:
+            r = rows[m]
+            cells = [_mean_cell(r, f"{k}_{phase}", 4 if k in ("nll", "brier") else 2)
+                     for k in ("acc", "ece", "aece", "cece", "nll", "brier")]
+            if phase == "post_ts":
+                cells += [_mean_cell(r, "T", 2), _mean_cell(r, "epoch", 0), _mean_cell(r, "val_ece_pre_ts", 2),
+                          _mean_cell(r, "seconds", 0)]
+            mark = " (decision row)" if m == csm else ""
+            lines.append(f"| {METHODS[m].label}{mark} | {len(r)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    best = summary["best_other"]
+    label = lambda m: METHODS[m].label if m else "-"  # noqa: E731
+    lines += ["### The protocol's choices (validation split only)", "",
+              f"* CSM row of the decision (lower mean validation ECE of {', '.join(CSM_VARIANTS)}): {label(csm)}.",
+              f"* Best other method, before TS (lowest mean validation ECE): {label(best['pre_ts'])}; after TS: "
+              f"{label(best['post_ts'])}.", "",
+              "### Paired differences, CSM minus each method (mean [95% t-interval])", "",
+              "| method | ECE before TS (points) | ECE after TS (points) | Acc before TS (points) | NLL before TS |",
+              "|---|---|---|---|---|"]
+    for m in order:
+        if m not in summary["pairs"]:
+            continue
+        p = summary["pairs"][m]
+        fmt = lambda iv, d=2: "-" if iv is None else f"{iv[1]:+.{d}f} [{iv[2]:+.{d}f}, {iv[3]:+.{d}f}] (n={iv[0]})"  # noqa: E731
+        lines.append(f"| {METHODS[m].label} | {fmt(p['ece_pre_ts'])} | {fmt(p['ece_post_ts'])} | "
+                     f"{fmt(p['acc_pre_ts'])} | {fmt(p['nll_pre_ts'], 4)} |")
+    lines += ["", "### The decision rule's verdicts", ""]
+    if csm is None:
+        return lines + ["Pending: no CSM cell has finished.", ""]
+    for what, other, phase in (("against CE, before TS", "ce", "pre_ts"),
+                               ("against the best other method, before TS", best["pre_ts"], "pre_ts"),
+                               ("against CE, after TS", "ce", "post_ts"),
+                               ("against the best other method, after TS", best["post_ts"], "post_ts")):
+        iv = summary["pairs"].get(other, {}).get(f"ece_{phase}") if other else None
+        lines.append(f"* ECE {what} ({label(other)}): {_verdict(iv)}.")
+    acc = summary["pairs"].get("ce", {}).get("acc_pre_ts")
+    lines += [f"* Accuracy against CE: {_verdict(acc).replace('CSM lower', 'CSM costs accuracy')}.", ""]
+    return lines
+
+
+def write_protocol_report(output: Path, report: Path, json_path: Optional[Path], recipe: Dict[str, Any],
+                          command: str, committed: Optional[Path] = COMMITTED_CELLS) -> str:
+    """(Re)write the protocol's section of ``report`` (both settings) and their rows of ``json_path``."""
+    summaries = {s: protocol_summary(protocol_cells(output, s, committed)) for s in PROTOCOL_RECIPES}
+    shown = {k: v for k, v in recipe.items() if k != "progress"}
+    n_cells = len({(m, s, METHODS[m].per_setting and st) for st, sm in summaries.items()
+                   for m, rs in sm["rows"].items() for s in [r["seed"] for r in rs]})
+    lines = ["# Calibration benchmark: CSM against the baselines and controls, under a protocol fixed in advance", "",
+             "The protocol ([PROTOCOL.md](PROTOCOL.md)) was committed before any of these cells ran: the settings, "
+             "the methods and their fixed hyper-parameters, the seeds, every selection rule (all on the 2 000-image "
+             "validation set) and the decision rule. Every method learns from the same 2 500 real images (data seed "
+             "0); the 5 training seeds vary initialisation, order and augmentation only, so the intervals below "
+             "cover the training's randomness, not the choice of the real subset. The classifier recipe was chosen "
+             "in the earlier benchmark by CE's test ECE ([calibration_earlier.md](calibration_earlier.md)) and is "
+             "not re-tuned here. Accuracy and calibration errors in %, 15 equal-width bins; the test split (10 000 "
+             "images) is read only by each cell's final evaluation.", "",
+             "Command (both settings; finished cells are committed under `benchmarks/cells/` and never re-run):", "",
+             f"    {command}", "",
+             f"Machine: {machine_description()}. Finished cells: {n_cells}.", "",
+             "Recipe (every cell, before each method's options): `" + json.dumps(shown, sort_keys=True) + "`.", ""]
+    for setting in PROTOCOL_RECIPES:
+        lines += protocol_section(setting, summaries[setting], recipe)
+    pending = [cell_name(m, s, st) for st in PROTOCOL_RECIPES for s in PROTOCOL_SEEDS for m in PROTOCOL_METHODS
+               if (METHODS[m].recipes is None or st in METHODS[m].recipes)
+               and s not in {r["seed"] for r in summaries[st]["rows"].get(m, [])}]
+    pending = list(dict.fromkeys(pending))
+    if pending:
+        lines += [f"Pending cells ({len(pending)}): " + ", ".join(pending) + ".", ""]
+    text = "\n".join(lines)
+    _replace_section(Path(report), text, _PROTOCOL_MARKERS)
+    if json_path is not None:
+        json_rows_out = []
+        for setting, sm in summaries.items():
+            for m in [m for m in PROTOCOL_METHODS if m in sm["rows"]]:
+                rows = sm["rows"][m]
+                out: Dict[str, Any] = {"method": m, "label": METHODS[m].label, "recipe": setting,
+                                       "recipe_options": recipe, "method_options": METHODS[m].options,
+                                       "seeds": [r["seed"] for r in rows], "per_seed": rows}
+                for key in rows[0]:
+                    values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and key != "seed"]
+                    if values and key != "seed":
+                        mean, sd = _mean_std(values)
+                        out[key] = {"mean": mean, "std": sd}
+                json_rows_out.append(out)
+        old = _read_json(json_path) if Path(json_path).exists() else []
+        write_json_atomic(Path(json_path), [r for r in old if r.get("recipe") not in PROTOCOL_RECIPES]
+                          + json_rows_out)
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -584,8 +960,10 @@ def _key_value(text: str) -> Tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default="augmented", choices=sorted(RECIPES),
-                   help="the shared training recipe (see RECIPES); the flags below override single options")
+    p.add_argument("--recipe", default="matched", choices=sorted(RECIPES),
+                   help="the shared training recipe (see RECIPES): matched / borrowed, the two settings of "
+                        "benchmarks/PROTOCOL.md (one shared cell cache, one page); augmented / noaug, the earlier "
+                        "benchmark's; the flags below override single options")
     p.add_argument("--output", default=None,
                    help="cell cache: <output>/cells/<method>-s<seed>/ (default: runs/calibration_bench_<recipe>, "
                         "runs/calibration_bench for demo)")
@@ -593,16 +971,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="markdown report (the figure is written beside it as <stem>_reliability.png); default: "
                         "the recipe's page (benchmarks/calibration.md, calibration_demo.md) for its default --output, else "
                         "<output>/calibration.md, so that side experiments never overwrite the committed report")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
-                   help=f"methods to run (default: all of {', '.join(METHODS)})")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), metavar="METHOD",
+                   help=f"methods to run (default: the protocol's {', '.join(PROTOCOL_METHODS)} for matched / "
+                        f"borrowed, else {', '.join(m for m in METHODS if m not in CONTROLS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="training seeds (default: 0-4 for matched / borrowed, 0-2 otherwise)")
     p.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells this time")
     p.add_argument("--report-only", action="store_true", help="only re-assemble the report from finished cells")
     p.add_argument("--json", default=None,
                    help="JSON rows of the summary (one per method and recipe; other recipes' rows are kept); "
                         "default: benchmarks/calibration.json when the report is the recipe's page, else none")
-    p.add_argument("--csm-dataset", default="csm-fmnist-aug",
-                   help="generated CSM dataset (folder, installed name or Hub id) of the CSM rows")
+    p.add_argument("--csm-dataset", default=None,
+                   help="generated CSM dataset (folder, installed name or Hub id) of the CSM rows (default: the "
+                        "setting's, runs/settings/<recipe>/csm/csm-fmnist-aug, for matched / borrowed; else "
+                        "csm-fmnist-aug)")
+    p.add_argument("--teacher", default=None,
+                   help="KD's teacher (default: runs/settings/borrowed/reference, the borrowed setting's encoder)")
     p.add_argument("--csm-dataset-hard", default=None,
                    help="the same generated images annotated with label_mode='generation' (hard labels); default: "
                         "derived from --csm-dataset")
@@ -636,15 +1020,32 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         overrides["progress"] = False
     recipe = base_recipe(overrides, args.recipe)
     output = args.output or DEFAULT_OUTPUTS[args.recipe]
-    methods = list(dict.fromkeys(args.methods))
-    seeds = list(dict.fromkeys(args.seeds))
+    protocol = args.recipe in PROTOCOL_RECIPES
+    methods = list(dict.fromkeys(args.methods or (PROTOCOL_METHODS if protocol else
+                                                  [m for m in METHODS if m not in CONTROLS])))
+    seeds = list(dict.fromkeys(args.seeds or (PROTOCOL_SEEDS if protocol else (0, 1, 2))))
+    csm_dataset = args.csm_dataset or (str(SETTINGS_ROOT / args.recipe / "csm" / "csm-fmnist-aug") if protocol
+                                       else "csm-fmnist-aug")
+    teacher = args.teacher or str(SETTINGS_ROOT / "borrowed" / "reference")
+    committed = COMMITTED_CELLS if protocol and output == DEFAULT_OUTPUTS[args.recipe] else None
     skipped: Dict[str, str] = {}
     if not args.report_only:
-        done = run_cells(recipe, methods, seeds, Path(output), csm_dataset=args.csm_dataset,
-                         csm_dataset_hard=args.csm_dataset_hard, max_cells=args.max_cells)
+        done = run_cells(recipe, methods, seeds, Path(output), csm_dataset=csm_dataset,
+                         csm_dataset_hard=args.csm_dataset_hard, max_cells=args.max_cells,
+                         setting=args.recipe if protocol else None, teacher=teacher, committed=committed)
         skipped = done["skipped"]
     command = "python benchmarks/calibration_bench.py" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    if protocol:
+        report = Path(args.report or DEFAULT_REPORTS[args.recipe])
+        json_path = args.json or (DEFAULT_JSON if report == DEFAULT_REPORTS[args.recipe] else None)
+        command = "python benchmarks/calibration_bench.py --recipe matched; python benchmarks/calibration_bench.py " \
+                  "--recipe borrowed"
+        text = write_protocol_report(Path(output), report, json_path, recipe, command, committed=committed)
+        for reason in sorted(set(skipped.values())):
+            text += f"\nNot run: {reason}."
+        print(text)
+        return text
     report = args.report or (DEFAULT_REPORTS[args.recipe] if output == DEFAULT_OUTPUTS[args.recipe]
                              else Path(output) / "calibration.md")
     json_path = args.json or (DEFAULT_JSON if Path(report) == DEFAULT_REPORTS[args.recipe] else None)
