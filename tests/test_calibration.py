@@ -179,10 +179,10 @@ def test_load_refuses_non_finite_parameters_naming_the_file(tmp_path, kind, bad)
 
 
 def test_create_calibrator():
-    assert list_calibrators() == ["temperature_scaling", "temperature_scaling_nll", "vector_scaling"]
+    assert {"temperature_scaling", "temperature_scaling_nll", "vector_scaling"} <= set(list_calibrators())
     assert create_calibrator("temperature_scaling").method == "grid_ece"
     assert isinstance(create_calibrator("vector_scaling"), VectorScaling)
     with pytest.raises(ValueError, match="temperature_scaling"):
-        create_calibrator("platt")
+        create_calibrator("platt_scaling")
     with pytest.raises(ValueError, match="method"):
         TemperatureScaling(method="lbfgs")

@@ -2,13 +2,22 @@
 
     ts = TemperatureScaling(method="grid_ece").fit(val_logits, val_targets)   # the paper protocol
     test_probs = ts.predict_proba(test_logits); ts.temperature; ts.save("ts.safetensors")
+    create_calibrator("dirichlet", reg_lambda=1e-3, reg_mu=1e-3).fit(val_logits, val_targets)
+
+Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
+interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
+histogram binning, and (two-class models) Platt scaling and beta calibration.
 """
 from .base import PostHocCalibrator, load_calibrator
-from .factory import create_calibrator, list_calibrators
+from .binary import BetaCalibration, PlattScaling
+from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
+from .linear import DirichletCalibration, MatrixScaling
+from .one_vs_rest import HistogramBinning, IsotonicCalibration
 from .temperature import TemperatureScaling, temperature_grid
 from .vector import VectorScaling
 
 __all__ = [
-    "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "temperature_grid", "create_calibrator",
-    "list_calibrators", "load_calibrator",
+    "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
+    "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
+    "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS",
 ]

@@ -5,16 +5,27 @@ import functools
 from typing import Callable, Dict, List
 
 from .base import PostHocCalibrator
+from .binary import BetaCalibration, PlattScaling
+from .linear import DirichletCalibration, MatrixScaling
+from .one_vs_rest import HistogramBinning, IsotonicCalibration
 from .temperature import TemperatureScaling
 from .vector import VectorScaling
 
-__all__ = ["create_calibrator", "list_calibrators"]
+__all__ = ["create_calibrator", "list_calibrators", "BINARY_CALIBRATORS"]
 
 _CALIBRATORS: Dict[str, Callable[..., PostHocCalibrator]] = {
     "temperature_scaling": TemperatureScaling,  # grid_ece by default (the paper protocol)
     "temperature_scaling_nll": functools.partial(TemperatureScaling, method="nll"),
     "vector_scaling": VectorScaling,
+    "matrix_scaling": MatrixScaling,
+    "dirichlet": DirichletCalibration,
+    "isotonic": IsotonicCalibration,
+    "histogram_binning": HistogramBinning,
+    "platt": PlattScaling,
+    "beta": BetaCalibration,
 }
+#: the calibrators that take two-class models only
+BINARY_CALIBRATORS = ("platt", "beta")
 
 
 def create_calibrator(name: str, **kwargs) -> PostHocCalibrator:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ._checks import check_fit_inputs
 from .base import PostHocCalibrator, check_finite_state
+from .optim import minimise_lbfgs
 
 __all__ = ["VectorScaling"]
 
@@ -30,18 +31,8 @@ class VectorScaling(PostHocCalibrator):
         num_classes = logits.shape[1]
         weight = torch.ones(num_classes, dtype=torch.float64, device=logits.device, requires_grad=True)
         bias = torch.zeros(num_classes, dtype=torch.float64, device=logits.device, requires_grad=True)
-        optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=self.max_iter, line_search_fn="strong_wolfe",
-                                      tolerance_grad=1e-10, tolerance_change=1e-14)
-
-        def closure():
-            optimizer.zero_grad()
-            loss = F.cross_entropy(logits * weight + bias, targets)
-            loss.backward()
-            return loss
-
-        optimizer.step(closure)
-        if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
-            raise ValueError("VectorScaling: the NLL fit diverged")
+        minimise_lbfgs([weight, bias], lambda: F.cross_entropy(logits * weight + bias, targets), self.max_iter,
+                       type(self).__name__)
         self.weight, self.bias = weight.detach().cpu(), bias.detach().cpu()
         return self
 

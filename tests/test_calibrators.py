@@ -1,0 +1,232 @@
+"""The post-hoc calibrators against references: scikit-learn's logistic regression (matrix scaling, Dirichlet
+calibration, Platt and beta calibration) and isotonic regression, netcal's one-vs-all isotonic regression and
+histogram binning, and re-derivations (the ODIR objective minimised by SciPy, histogram binning as a loop); plus
+save / load, refusals and the held-out effect."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import optimize
+from sklearn.isotonic import IsotonicRegression as SkIsotonic
+from sklearn.linear_model import LogisticRegression
+
+from timm_csm.calibration import (BetaCalibration, DirichletCalibration, HistogramBinning, IsotonicCalibration,
+                                  MatrixScaling, PlattScaling, PostHocCalibrator, create_calibrator,
+                                  list_calibrators, load_calibrator)
+from timm_csm.calibration.one_vs_rest import PROBABILITY_FLOOR
+
+
+def noisy_logits(n=800, c=4, seed=0, scale=3.0, shift=1.2):
+    """Over-confident logits whose classes overlap (so unpenalised fits have a finite optimum)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, c, (n,), generator=g)
+    z = torch.randn(n, c, generator=g, dtype=torch.float64)
+    z[torch.arange(n), y] += shift
+    return z * scale, y
+
+
+def sklearn_unpenalised(features, y):
+    return LogisticRegression(C=np.inf, tol=1e-12, max_iter=10000).fit(features, y)
+
+
+def renormalised(q):
+    q = np.maximum(q, PROBABILITY_FLOOR)
+    return q / q.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("cls,features", [(MatrixScaling, lambda z: z),
+                                          (DirichletCalibration, lambda z: torch.log_softmax(z, 1))])
+def test_unpenalised_affine_fits_equal_sklearn_multinomial_regression(cls, features):
+    z, y = noisy_logits()
+    reference = sklearn_unpenalised(features(z).numpy(), y.numpy())
+    test_z, _ = noisy_logits(n=300, seed=1)
+    cal = cls().fit(z, y)
+    reference_nll = F.nll_loss(torch.from_numpy(reference.predict_proba(features(z).numpy())).log(), y).item()
+    assert cal.loss == pytest.approx(reference_nll, abs=1e-10)
+    ours = cal.predict_proba(test_z).numpy()
+    assert np.allclose(ours, reference.predict_proba(features(test_z).numpy()), atol=1e-6)
+
+
+def test_l2_dirichlet_equals_sklearn_with_the_matching_strength():
+    # ours: mean NLL + lam / (C (C - 1)) sum W^2; sklearn: mean NLL + ||W||^2 / (2 C_sk N)
+    z, y = noisy_logits(seed=2)
+    n, c, lam = len(y), 4, 0.3
+    x = torch.log_softmax(z, 1).numpy()
+    reference = LogisticRegression(C=c * (c - 1) / (2 * lam * n), tol=1e-12, max_iter=10000).fit(x, y.numpy())
+    cal = DirichletCalibration(reg_lambda=lam, reg="l2").fit(z, y)
+    assert np.allclose(cal.weight.numpy(), reference.coef_, atol=1e-6)
+    assert np.allclose(cal.predict_proba(z).numpy(), reference.predict_proba(x), atol=1e-7)
+
+
+def odir_objective(params, x, y, lam, mu):
+    """Kull et al.'s ODIR objective written out in NumPy: mean NLL + lam/(C(C-1)) sum_{j!=k} W_jk^2 + mu/C |b|^2."""
+    c = x.shape[1]
+    w, b = params[:c * c].reshape(c, c), params[c * c:]
+    s = x @ w.T + b
+    s = s - s.max(1, keepdims=True)
+    nll = -(s[np.arange(len(y)), y] - np.log(np.exp(s).sum(1))).mean()
+    off = (w ** 2).sum() - (np.diag(w) ** 2).sum()
+    return nll + lam * off / (c * (c - 1)) + mu * (b ** 2).sum() / c
+
+
+@pytest.mark.parametrize("cls", [DirichletCalibration, MatrixScaling])
+def test_odir_reaches_the_optimum_of_the_written_objective(cls):
+    z, y = noisy_logits(seed=3, n=400)
+    lam, mu = 0.5, 0.2
+    x = (torch.log_softmax(z, 1) if cls is DirichletCalibration else z).numpy()
+    start = np.r_[np.eye(4).ravel(), np.zeros(4)]
+    best = optimize.minimize(odir_objective, start, args=(x, y.numpy(), lam, mu), method="BFGS",
+                             options={"gtol": 1e-10, "maxiter": 5000})
+    cal = cls(reg_lambda=lam, reg_mu=mu).fit(z, y)
+    ours = odir_objective(np.r_[cal.weight.numpy().ravel(), cal.bias.numpy()], x, y.numpy(), lam, mu)
+    assert cal.loss == pytest.approx(ours, abs=1e-12)
+    assert ours == pytest.approx(best.fun, abs=1e-8)
+    assert np.allclose(cal.weight.numpy().ravel(), best.x[:16], atol=1e-4)
+    # the penalty shrinks the off-diagonal weights and the biases compared with the free fit
+    free = cls().fit(z, y)
+    off = ~torch.eye(4, dtype=torch.bool)
+    assert cal.weight[off].abs().sum() < free.weight[off].abs().sum()
+    assert cal.bias.abs().sum() < free.bias.abs().sum()
+
+
+def test_isotonic_equals_sklearn_per_class_and_netcal():
+    z, y = noisy_logits(n=600, c=4, seed=4)
+    z[:50] = z[:50].round()  # tied scores: sklearn merges them into their mean label
+    probs = torch.softmax(z, 1).numpy()
+    test_z, _ = noisy_logits(n=400, c=4, seed=5)
+    test_probs = torch.softmax(test_z, 1).numpy()
+    per_class = np.stack([SkIsotonic(y_min=0, y_max=1, out_of_bounds="clip")
+                          .fit(probs[:, k], (y.numpy() == k).astype(float)).predict(test_probs[:, k])
+                          for k in range(4)], axis=1)
+    cal = IsotonicCalibration().fit(z, y)
+    ours = cal.predict_proba(test_z).numpy()
+    assert np.allclose(ours, renormalised(per_class), atol=1e-12)
+    from netcal.binning import IsotonicRegression as NetcalIsotonic
+    netcal = NetcalIsotonic().fit(probs, y.numpy()).transform(test_probs)
+    assert np.allclose(ours, netcal, atol=1e-9)
+    assert cal.num_knots.max() < 600  # constant runs are stored by their two ends
+
+
+def test_histogram_binning_equals_a_loop_and_netcal():
+    z, y = noisy_logits(n=700, c=5, seed=6)
+    probs, labels = torch.softmax(z, 1).numpy(), y.numpy()
+    test_z, _ = noisy_logits(n=300, c=5, seed=7)
+    test_probs = torch.softmax(test_z, 1).numpy()
+    bins = 15
+    edges = np.linspace(0, 1, bins + 1)
+
+    def bin_of(p):  # (lo, hi], 0 in the first bin
+        return max(0, min(bins - 1, int(np.searchsorted(edges, p, side="left")) - 1))
+
+    expected = np.zeros_like(test_probs)
+    for k in range(5):
+        value = [(edges[b] + edges[b + 1]) / 2 for b in range(bins)]
+        members = {}
+        for p, label in zip(probs[:, k], labels):
+            members.setdefault(bin_of(p), []).append(label == k)
+        for b, hits in members.items():
+            value[b] = np.mean(hits)
+        expected[:, k] = [value[bin_of(p)] for p in test_probs[:, k]]
+    cal = HistogramBinning(n_bins=bins).fit(z, y)
+    ours = cal.predict_proba(test_z).numpy()
+    assert np.allclose(ours, renormalised(expected), atol=1e-12)
+    assert cal.bin_counts.sum(1).eq(700).all()
+    from netcal.binning import HistogramBinning as NetcalHistogram
+    netcal = NetcalHistogram(bins=bins).fit(probs, labels).transform(test_probs)
+    assert np.allclose(ours, renormalised(netcal), atol=1e-9)
+
+
+def test_binning_edges_follow_the_metrics_rule():
+    # p_0 = 0.5 exactly lies on an edge of 2 bins: (0, 0.5] is bin 0 as in timm_csm.metrics
+    z = torch.zeros(4, 2, dtype=torch.float64)
+    z[2:, 0] = 10.0
+    cal = HistogramBinning(n_bins=2).fit(z, torch.tensor([0, 1, 0, 0]))
+    assert cal.bin_counts[0].tolist() == [2.0, 2.0] and cal.bin_values[0].tolist() == [0.5, 1.0]
+
+
+def test_platt_equals_sklearn_logistic_regression():
+    z, y = noisy_logits(n=500, c=2, seed=8)
+    s = (z[:, 1] - z[:, 0]).numpy()[:, None]
+    reference = sklearn_unpenalised(s, y.numpy())
+    cal = PlattScaling().fit(z, y)
+    assert cal.params.numpy() == pytest.approx([reference.coef_[0, 0], reference.intercept_[0]], abs=1e-6)
+    test_z, _ = noisy_logits(n=200, c=2, seed=9)
+    test_s = (test_z[:, 1] - test_z[:, 0]).numpy()[:, None]
+    assert np.allclose(cal.predict_proba(test_z).numpy(), reference.predict_proba(test_s), atol=1e-8)
+
+
+def beta_features(z):
+    p = torch.softmax(z, 1)[:, 1].numpy()
+    return np.stack([np.log(p), -np.log1p(-p)], axis=1)
+
+
+def test_beta_calibration_equals_sklearn_on_the_beta_features():
+    z, y = noisy_logits(n=500, c=2, seed=10, scale=1.0)
+    z[:, 1] = z[:, 1] ** 3 / 4  # a non-logistic distortion that beta calibration maps back
+    reference = sklearn_unpenalised(beta_features(z), y.numpy())
+    assert (reference.coef_ > 0).all()
+    cal = BetaCalibration().fit(z, y)
+    assert cal.params.numpy() == pytest.approx([*reference.coef_[0], reference.intercept_[0]], abs=1e-6)
+    assert F.cross_entropy(cal.transform(z), y) <= F.cross_entropy(PlattScaling().fit(z, y).transform(z), y)
+
+
+def test_beta_calibration_drops_a_feature_whose_coefficient_goes_negative():
+    # scores that fall as p rises: the free fit gives a < 0, betacal's rule refits on -ln(1 - p) alone
+    z, y = noisy_logits(n=500, c=2, seed=11, scale=1.0)
+    z = z.flip(1)
+    x = beta_features(z)
+    assert sklearn_unpenalised(x, y.numpy()).coef_[0, 0] < 0
+    reference = sklearn_unpenalised(x[:, 1:], y.numpy())
+    cal = BetaCalibration().fit(z, y)
+    # as betacal, the refit is not checked again (here b < 0 too: the scores are anti-correlated with the label)
+    assert cal.params.numpy() == pytest.approx([0.0, reference.coef_[0, 0], reference.intercept_[0]], abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["platt", "beta"])
+def test_binary_calibrators_refuse_more_classes(name):
+    z, y = noisy_logits(c=3)
+    with pytest.raises(ValueError, match="two-class models, got 3 classes"):
+        create_calibrator(name).fit(z, y)
+
+
+MULTICLASS = [n for n in list_calibrators() if n not in ("platt", "beta")]
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+def test_save_load_round_trip_and_refusals(tmp_path, name):
+    c = 2 if name in ("platt", "beta") else 4
+    z, y = noisy_logits(c=c, seed=12)
+    cal = create_calibrator(name).fit(z, y)
+    path = tmp_path / f"{name}.safetensors"
+    cal.save(path)
+    restored = load_calibrator(path)
+    assert type(restored) is type(cal) and restored.config() == cal.config()
+    assert torch.equal(restored.transform(z), cal.transform(z))
+    assert torch.allclose(restored.predict_proba(z.float()).sum(1), torch.ones(len(z)))
+    with pytest.raises(ValueError, match="not fitted"):
+        create_calibrator(name).transform(z)
+    with pytest.raises(ValueError, match="samples for"):
+        create_calibrator(name).fit(z[:1], y[:1])
+    if name not in ("platt", "beta", "temperature_scaling", "temperature_scaling_nll"):  # T fits any C
+        with pytest.raises(ValueError, match=f"fitted for {c} classes, got 3|shape"):
+            cal.transform(z[:, :3])
+
+
+@pytest.mark.parametrize("name", MULTICLASS)
+def test_every_multiclass_calibrator_lowers_held_out_nll_and_ece(name):
+    from timm_csm.metrics import ece
+    z, y = noisy_logits(n=3000, c=5, seed=13, scale=4.0)
+    test_z, test_y = noisy_logits(n=3000, c=5, seed=14, scale=4.0)
+    cal = create_calibrator(name).fit(z, y)
+    out = cal.transform(test_z)
+    assert torch.isfinite(out).all()
+    assert F.cross_entropy(out, test_y) < F.cross_entropy(test_z, test_y)
+    assert ece(out, test_y) < 0.5 * ece(test_z, test_y)
+
+
+def test_registry_lists_every_calibrator():
+    assert list_calibrators() == ["beta", "dirichlet", "histogram_binning", "isotonic", "matrix_scaling", "platt",
+                                  "temperature_scaling", "temperature_scaling_nll", "vector_scaling"]
+    assert isinstance(create_calibrator("dirichlet", reg_lambda=1e-3), PostHocCalibrator)
+    with pytest.raises(ValueError, match="reg must be"):
+        MatrixScaling(reg="l1")

@@ -1,0 +1,128 @@
+"""Calibrators of two-class models: Platt scaling and beta calibration.
+
+Both read the positive-class score of two-class logits ``z = (z_0, z_1)``, the log-odds ``s = z_1 - z_0`` (so
+``p = sigmoid(s)`` is the model's probability of class 1), fit a logistic regression on a feature of ``s`` by
+validation NLL, and return two-class logits ``(0, s')`` whose softmax is ``(1 - p', p')``.
+
+* Platt scaling (Platt, 1999): ``s' = a s + b``. Plain maximum likelihood on the hard labels (as scikit-learn's
+  ``LogisticRegression(penalty=None)`` and netcal's ``LogisticCalibration``; Platt's smoothed targets are not used).
+* Beta calibration (Kull, Silva Filho & Flach, AISTATS 2017): ``s' = a ln p - b ln(1 - p) + c``, the
+  three-parameter family whose calibration maps include the identity (a = b = 1, c = 0) and sigmoid-shaped and
+  inverse-sigmoid maps. As the betacal package, a and b are kept >= 0 (monotone maps): when the free fit gives
+  a < 0 the fit is repeated without the ``ln p`` feature (a = 0), when it gives b < 0 without ``ln(1 - p)``.
+  ``ln p = -softplus(-s)`` and ``ln(1 - p) = -softplus(s)`` are computed from the logits, so confidences of 1 in
+  float32 do not produce infinities.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_fit_inputs
+from .base import PostHocCalibrator, check_finite_state
+from .optim import minimise_lbfgs
+
+__all__ = ["PlattScaling", "BetaCalibration", "binary_log_odds"]
+
+
+def binary_log_odds(logits: torch.Tensor, name: str) -> torch.Tensor:
+    """``z_1 - z_0`` of two-class logits (N, 2); ``ValueError`` naming the calibrator for more classes."""
+    if logits.shape[1] != 2:
+        raise ValueError(f"{name} calibrates two-class models, got {logits.shape[1]} classes; use a multiclass "
+                         "calibrator (temperature_scaling, vector_scaling, matrix_scaling, dirichlet, isotonic, "
+                         "histogram_binning)")
+    return logits[:, 1] - logits[:, 0]
+
+
+def _fit_logistic(features: torch.Tensor, labels: torch.Tensor, init: Sequence[float], max_iter: int, name: str):
+    """Weights w (F,) and bias of ``sigmoid(features @ w + bias)`` by mean binary NLL; returns (w, bias)."""
+    weight = torch.tensor(list(init), dtype=torch.float64, device=features.device, requires_grad=True)
+    bias = torch.zeros((), dtype=torch.float64, device=features.device, requires_grad=True)
+    target = labels.to(torch.float64)
+    minimise_lbfgs([weight, bias], lambda: F.binary_cross_entropy_with_logits(features @ weight + bias, target),
+                   max_iter, name)
+    return weight.detach(), bias.detach()
+
+
+def _two_class_logits(s: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.zeros_like(s), s], dim=1)
+
+
+class _BinaryCalibrator(PostHocCalibrator):
+    state_names: Sequence[str] = ()
+
+    def __init__(self, max_iter: int = 200):
+        self.max_iter = int(max_iter)
+        self.params: Optional[torch.Tensor] = None
+
+    def config(self) -> dict:
+        return {"max_iter": self.max_iter}
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        return {} if self.params is None else {"params": self.params}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> "_BinaryCalibrator":
+        if set(state) != {"params"} or tuple(state["params"].shape) != (len(self.state_names),):
+            raise ValueError(f"expected 'params' of length {len(self.state_names)}, got {sorted(state)}")
+        check_finite_state(state, f"{type(self).__name__} state")
+        self.params = state["params"].double().cpu()
+        return self
+
+    def __repr__(self) -> str:
+        if self.params is None:
+            return f"{type(self).__name__}(unfitted)"
+        values = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.state_names, self.params.tolist()))
+        return f"{type(self).__name__}({values})"
+
+
+class PlattScaling(_BinaryCalibrator):
+    """Platt scaling of a two-class model: ``s' = a s + b`` on the log-odds s, by validation NLL (see
+    :mod:`timm_csm.calibration.binary`). ``params`` = (a, b)."""
+
+    kind = "platt"
+    state_names = ("a", "b")
+
+    def fit(self, logits, targets) -> "PlattScaling":
+        logits, targets = check_fit_inputs(logits, targets, type(self).__name__)
+        s = binary_log_odds(logits, type(self).__name__)
+        w, b = _fit_logistic(s[:, None], targets, [1.0], self.max_iter, type(self).__name__)
+        self.params = torch.stack([w[0], b]).cpu()
+        return self
+
+    def _apply(self, logits: torch.Tensor) -> torch.Tensor:
+        a, b = self.params.to(logits.device)
+        return _two_class_logits(a * binary_log_odds(logits, type(self).__name__) + b)
+
+
+def _beta_features(s: torch.Tensor) -> torch.Tensor:
+    """(ln p, -ln(1 - p)) of p = sigmoid(s), stably."""
+    return torch.stack([-F.softplus(-s), F.softplus(s)], dim=1)
+
+
+class BetaCalibration(_BinaryCalibrator):
+    """Beta calibration of a two-class model: ``s' = a ln p - b ln(1 - p) + c`` with a, b >= 0, by validation NLL
+    (see :mod:`timm_csm.calibration.binary`). ``params`` = (a, b, c)."""
+
+    kind = "beta"
+    state_names = ("a", "b", "c")
+
+    def fit(self, logits, targets) -> "BetaCalibration":
+        logits, targets = check_fit_inputs(logits, targets, type(self).__name__)
+        features = _beta_features(binary_log_odds(logits, type(self).__name__))
+        name = type(self).__name__
+        w, c = _fit_logistic(features, targets, [1.0, 1.0], self.max_iter, name)
+        if w[0] < 0:  # betacal's rule: drop the feature whose coefficient went negative and fit again
+            w1, c = _fit_logistic(features[:, 1:], targets, [1.0], self.max_iter, name)
+            w = torch.stack([torch.zeros_like(w1[0]), w1[0]])
+        elif w[1] < 0:
+            w0, c = _fit_logistic(features[:, :1], targets, [1.0], self.max_iter, name)
+            w = torch.stack([w0[0], torch.zeros_like(w0[0])])
+        self.params = torch.stack([w[0], w[1], c]).cpu()
+        return self
+
+    def _apply(self, logits: torch.Tensor) -> torch.Tensor:
+        a, b, c = self.params.to(logits.device)
+        features = _beta_features(binary_log_odds(logits, type(self).__name__))
+        return _two_class_logits(features[:, 0] * a + features[:, 1] * b + c)
