@@ -16,7 +16,8 @@ import torch
 import evaluate  # imported once for the module (slow)
 from timm_csm import hf_metrics
 from timm_csm.hf_metrics import METRIC_NAMES, install_evaluate_modules, load_metric, metric_path
-from timm_csm.metrics import (adaptive_ece, brier_score, classwise_ece, ece, mce, nll, smooth_ece)
+from timm_csm.metrics import (adaptive_ece, augrc, aurc, brier_score, classwise_ece, eaurc, ece, mce, nll,
+                              smooth_ece)
 
 REFERENCE = {
     "ece": lambda p, y, **kw: ece(p, y, **kw),
@@ -26,6 +27,9 @@ REFERENCE = {
     "nll": lambda p, y, n_bins=15, **kw: nll(p, y, **kw),
     "brier": lambda p, y, n_bins=15, **kw: brier_score(p, y, **kw),
     "smece": lambda p, y, n_bins=15, **kw: smooth_ece(p, y, **kw),
+    "aurc": lambda p, y, n_bins=15, **kw: aurc(p, y, **kw),
+    "eaurc": lambda p, y, n_bins=15, **kw: eaurc(p, y, **kw),
+    "augrc": lambda p, y, n_bins=15, **kw: augrc(p, y, **kw),
 }
 
 

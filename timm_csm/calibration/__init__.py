@@ -6,10 +6,12 @@
 
 Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
 interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
-histogram binning, and (two-class models) Platt scaling and beta calibration.
+histogram binning, and (two-class models) Platt scaling and beta calibration. Split-conformal prediction sets
+(LAC, APS, RAPS) on top of any of them: :class:`ConformalClassifier`.
 """
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
+from .conformal import CONFORMAL_METHODS, ConformalClassifier
 from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
@@ -19,5 +21,6 @@ from .vector import VectorScaling
 __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
-    "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS",
+    "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS", "ConformalClassifier",
+    "CONFORMAL_METHODS",
 ]

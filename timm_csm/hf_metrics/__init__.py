@@ -1,6 +1,7 @@
 """Hugging Face ``evaluate`` modules for the calibration metrics, shipped as package data.
 
-One folder per module (``ece``, ``aece``, ``cwece``, ``mce``, ``nll``, ``brier``, ``smece``), each holding
+One folder per module (``ece``, ``aece``, ``cwece``, ``mce``, ``nll``, ``brier``, ``smece`` and the
+selective-prediction ``aurc``, ``eaurc``, ``augrc``), each holding
 ``<name>/<name>.py``, a thin :class:`evaluate.Metric` over :mod:`timm_csm.metrics`.
 
 * :func:`load_metric` loads a module by its file path: works offline, from any directory, with no warning.
@@ -26,7 +27,7 @@ from ..io import write_bytes_atomic
 __all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
            "evaluate_modules_cache", "main"]
 
-METRIC_NAMES = ("ece", "aece", "cwece", "mce", "nll", "brier", "smece")
+METRIC_NAMES = ("ece", "aece", "cwece", "mce", "nll", "brier", "smece", "aurc", "eaurc", "augrc")
 # evaluate's cache folder prefixes: "evaluate-metric--ece" serves evaluate.load("ece"), "timm-csm--ece" serves
 # evaluate.load("timm-csm/ece")
 NAMESPACE = "timm-csm"

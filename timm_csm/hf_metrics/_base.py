@@ -32,6 +32,7 @@ from timm_csm.metrics import CalibrationAccumulator
 from timm_csm.metrics.binning import check_n_bins
 from timm_csm.metrics.functional import adaptive_ece_from_points, metrics_from_state
 from timm_csm.metrics.inputs import INPUT_TYPES, TASKS, as_tensor, infer_input_type, infer_task, prepare_inputs
+from timm_csm.metrics.selective import selective_metrics_from_points
 from timm_csm.metrics.smooth import smooth_calibration_error
 from timm_csm.metrics.state import accumulate
 
@@ -267,6 +268,22 @@ def brier_value(self, acc, opts):
 def adaptive_value(self, acc, opts):
     conf, correct = acc.state.points()
     return adaptive_ece_from_points(conf, correct, opts["n_bins"])
+
+
+CITATION_SELECTIVE = """\
+@inproceedings{geifman2019bias,
+  title={Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers},
+  author={Geifman, Yonatan and Uziel, Guy and El-Yaniv, Ran},
+  booktitle={ICLR}, year={2019}
+}
+"""
+
+
+def selective_value(key: str):
+    """The value function of a selective-prediction module (``aurc``, ``eaurc``, ``augrc``)."""
+    def value(self, acc, opts):
+        return selective_metrics_from_points(*acc.state.points())[key]
+    return value
 
 
 def smooth_value(self, acc, opts):

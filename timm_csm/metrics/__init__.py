@@ -3,7 +3,8 @@
 Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`classwise_ece`, :func:`mce`,
 :func:`overconfidence_error`, :func:`underconfidence_error`, :func:`nll`, :func:`brier_score`, :func:`smooth_ece`,
 :func:`reliability_table`, :func:`calibration_metrics` (all of them in one pass) and :func:`piece` (ProCal's
-proximity-informed ECE, from penultimate features via :func:`proximity`). Streaming:
+proximity-informed ECE, from penultimate features via :func:`proximity`). Selective prediction: :func:`aurc`,
+:func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`). Streaming:
 :class:`CalibrationAccumulator`. Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
 
 Conventions (details in :mod:`timm_csm.metrics.functional` and :mod:`timm_csm.metrics.binning`): ``input_type`` is
@@ -17,8 +18,9 @@ from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_scor
                          underconfidence_error)
 from .inputs import INPUT_TYPES, TASKS
 from .proximity import piece, proximity
+from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
            "brier_score", "smooth_ece", "reliability_table", "calibration_metrics", "piece", "proximity",
            "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS", "bin_edges",
-           "bin_index"]
+           "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage"]

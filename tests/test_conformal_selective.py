@@ -1,0 +1,144 @@
+"""Split-conformal sets (coverage on exchangeable synthetic data within the bound the theory gives, scores against a
+loop) and the selective-prediction metrics (against a brute force over the orders of tied samples)."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from timm_csm.calibration import ConformalClassifier, TemperatureScaling
+from timm_csm.calibration.conformal import conformal_quantile, conformal_scores
+from timm_csm.metrics import augrc, aurc, eaurc, risk_coverage_curve
+from timm_csm.metrics.selective import risk_coverage_from_points, selective_metrics_from_points
+
+
+def exchangeable(n, c=10, seed=0, scale=1.5):
+    """Logits and labels drawn i.i.d.: labels from the softmax of the same logits, over-confidently scaled."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, c, generator=g, dtype=torch.float64) * scale
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    return z * 2.5, y
+
+
+@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
+def test_coverage_is_one_minus_alpha_within_the_bound(method):
+    alpha, n_cal, n_test, trials = 0.1, 499, 1000, 60
+    coverages, sizes = [], []
+    for t in range(trials):
+        z, y = exchangeable(n_cal + n_test, seed=t)
+        cp = ConformalClassifier(method, alpha=alpha, seed=t).fit(z[:n_cal], y[:n_cal])
+        result = cp.evaluate(z[n_cal:], y[n_cal:])
+        coverages.append(result["coverage"])
+        sizes.append(result["mean_set_size"])
+    # given the calibration split, coverage ~ Beta(n + 1 - l, l), l = floor((n + 1) alpha) (exact for continuous
+    # randomised scores); the test split adds binomial noise; the mean over trials has a known mean and variance
+    l = math.floor((n_cal + 1) * alpha)
+    a, b = n_cal + 1 - l, l
+    mean = a / (a + b)
+    variance = a * b / ((a + b) ** 2 * (a + b + 1)) + mean * (1 - mean) / n_test
+    assert abs(np.mean(coverages) - mean) < 4 * math.sqrt(variance / trials)
+    assert 1 < np.mean(sizes) < 10
+
+
+def test_scores_equal_a_loop():
+    z, _ = exchangeable(30, c=6, seed=3)
+    probs = torch.softmax(z, 1)
+    u = torch.rand(30, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    aps = conformal_scores(probs, "aps", u)
+    raps = conformal_scores(probs, "raps", u, penalty=0.2, k_reg=2)
+    for i in range(30):
+        ranked = sorted(range(6), key=lambda k: -probs[i, k].item())
+        for rank, k in enumerate(ranked):
+            above = sum(probs[i, j].item() for j in ranked[:rank])
+            assert aps[i, k].item() == pytest.approx(above + u[i].item() * probs[i, k].item(), abs=1e-12)
+            assert raps[i, k].item() == pytest.approx(above + u[i].item() * probs[i, k].item()
+                                                      + 0.2 * max(0, rank + 1 - 2), abs=1e-12)
+    assert torch.allclose(conformal_scores(probs, "lac", u), 1 - probs)
+
+
+def test_quantile_rule_and_sets():
+    scores = torch.arange(1, 10, dtype=torch.float64) / 10  # n = 9
+    assert conformal_quantile(scores, 0.1) == 0.9  # ceil(10 * 0.9) = 9th smallest
+    assert conformal_quantile(scores, 0.2) == 0.8
+    assert conformal_quantile(scores, 0.05) == math.inf  # ceil(9.5) = 10 > n: every class
+    z, y = exchangeable(9, c=4, seed=1)
+    sets = ConformalClassifier("lac", alpha=0.05).fit(z, y).predict_sets(z)
+    assert sets.all()
+    # non-randomised APS sets are the shortest prefixes of the ranking that reach the quantile
+    z, y = exchangeable(2000, c=8, seed=2)
+    cp = ConformalClassifier("aps", alpha=0.2, randomized=False).fit(z[:1000], y[:1000])
+    sets = cp.predict_sets(z[1000:])
+    probs = torch.softmax(z[1000:], 1)
+    order = probs.argsort(1, descending=True)
+    size = sets.sum(1)
+    assert torch.equal(sets.gather(1, order), torch.arange(8)[None, :] < size[:, None])  # nested prefixes
+    with pytest.raises(ValueError, match="not fitted"):
+        ConformalClassifier().predict_sets(z)
+    with pytest.raises(ValueError, match="alpha"):
+        ConformalClassifier(alpha=1.5)
+
+
+def test_conformal_on_top_of_a_calibrator_keeps_coverage():
+    z, y = exchangeable(6000, seed=5)
+    ts = TemperatureScaling(method="nll").fit(z[:2000], y[:2000])
+    raw = ConformalClassifier("aps", alpha=0.1).fit(z[2000:4000], y[2000:4000]).evaluate(z[4000:], y[4000:])
+    calibrated = ConformalClassifier("aps", alpha=0.1, calibrator=ts).fit(z[2000:4000], y[2000:4000])
+    result = calibrated.evaluate(z[4000:], y[4000:])
+    assert abs(result["coverage"] - 0.9) < 0.03 and abs(raw["coverage"] - 0.9) < 0.03
+    # the calibrator is applied before the scores: the same as conformal on the calibrated logits
+    direct = ConformalClassifier("aps", alpha=0.1).fit(ts.transform(z[2000:4000]), y[2000:4000])
+    assert direct.quantile == calibrated.quantile != raw["quantile"] is not None
+    assert direct.evaluate(ts.transform(z[4000:]), y[4000:]) == result
+
+
+def brute_force_selective(conf, acc):
+    """Average of the curve over every order of tied samples (the definition the ties rule implements)."""
+    n = len(conf)
+    groups = [sorted(i for i in range(n) if conf[i] == v) for v in sorted(set(conf), reverse=True)]
+    curves = []
+    for perms in itertools.product(*(itertools.permutations(g) for g in groups)):
+        order = [i for p in perms for i in p]
+        errors = np.cumsum([1 - acc[i] for i in order])
+        curves.append(errors)
+    e = np.mean(curves, axis=0)
+    k = np.arange(1, n + 1)
+    ideal = np.maximum(0, k - (n - e[-1])) / k
+    return e / k, {"aurc": np.mean(e / k), "eaurc": np.mean(e / k) - np.mean(ideal), "augrc": np.mean(e / n)}
+
+
+def test_selective_metrics_equal_a_brute_force_over_tie_orders():
+    conf = [0.9, 0.9, 0.8, 0.7, 0.7, 0.7, 0.6, 0.5]
+    acc = [1, 0, 1, 0, 1, 1, 0, 1]
+    risk, expected = brute_force_selective(conf, acc)
+    curve = risk_coverage_from_points(torch.tensor(conf), torch.tensor(acc))
+    assert np.allclose(curve.risk.numpy(), risk, atol=1e-12)
+    got = selective_metrics_from_points(torch.tensor(conf), torch.tensor(acc, dtype=torch.float64))
+    assert got == pytest.approx(expected, abs=1e-12)
+    # the input order does not matter
+    perm = [7, 3, 0, 5, 1, 6, 2, 4]
+    again = selective_metrics_from_points(torch.tensor(conf)[perm], torch.tensor(acc, dtype=torch.float64)[perm])
+    assert again == pytest.approx(got, abs=1e-15)
+
+
+def test_selective_metrics_of_perfect_and_inverted_rankings():
+    conf = torch.linspace(0.99, 0.5, 10)
+    acc = torch.tensor([1.0] * 7 + [0.0] * 3)
+    perfect = selective_metrics_from_points(conf, acc)
+    assert perfect["eaurc"] == pytest.approx(0.0, abs=1e-15)
+    assert perfect["augrc"] == pytest.approx((1 + 2 + 3) / 10 / 10)  # errors only in the last 3 coverages
+    inverted = selective_metrics_from_points(conf, acc.flip(0))
+    assert inverted["aurc"] > perfect["aurc"] and inverted["eaurc"] > 0.3
+
+
+def test_functional_metrics_read_logits():
+    z, y = exchangeable(500, seed=6)
+    conf, pred = torch.softmax(z, 1).max(1)
+    expected = selective_metrics_from_points(conf, (pred == y).double())
+    assert aurc(z, y) == pytest.approx(expected["aurc"], abs=1e-12)
+    assert eaurc(z, y) == pytest.approx(expected["eaurc"], abs=1e-12)
+    assert augrc(torch.softmax(z, 1), y, input_type="probs") == pytest.approx(expected["augrc"], abs=1e-12)
+    curve = risk_coverage_curve(z, y)
+    assert curve.coverage[-1] == 1.0 and curve.risk[-1].item() == pytest.approx(1 - (pred == y).double().mean())
+    points = curve.to_dict(max_points=50)
+    assert len(points["coverage"]) == 50 and points["coverage"][-1] == 1.0
