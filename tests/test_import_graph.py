@@ -23,6 +23,7 @@ ALLOWED = {
     "hub": {"data", "io"},
     "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io"},
     "train": {"training", "data", "losses", "io", "timm_csm"},
+    "calibrate": {"training", "data", "calibration", "metrics", "io"},
     "recipes": {"train", "training", "annotation", "generation", "hub", "data", "io"},
     "timm_csm": {"models", "hf_metrics"},
 }

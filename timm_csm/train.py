@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from . import __version__
-from .io import write_text_atomic
+from .io import read_model_meta, safetensors_metadata, write_text_atomic
 from .training.args import CONFIG_MARKER, RUN_META_KEYS
 from .training.prepare import check_training_options
 from .training.trackers import log_results, start_trackers, tracker_names
@@ -96,9 +96,16 @@ def _prepare_args(args) -> Optional[Dict[str, Any]]:
     if args.eval_only:
         if not args.checkpoint:
             raise ValueError("--eval-only needs --checkpoint PATH")
-        if not os.path.exists(args.checkpoint):
-            raise FileNotFoundError(f"--checkpoint {args.checkpoint} does not exist")
-        fill_from_checkpoint(args)
+        if not os.path.isfile(args.checkpoint):
+            raise FileNotFoundError(f"--checkpoint {args.checkpoint} does not exist or is not a file")
+        if safetensors_metadata(args.checkpoint) is None:
+            raise ValueError(f"--checkpoint {args.checkpoint} is not a safetensors file (a pickle or JSON?); "
+                             "--eval-only reads the model files train.py writes, never unpickles")
+        taken = fill_from_checkpoint(args)
+        if taken:
+            print("train.py: --eval-only takes from the checkpoint's run: " + ", ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
+                  file=sys.stderr)
     elif args.auto_resume and not args.resume and (_experiment_dir(args) / CHECKPOINT_LAST).exists():
         args.resume = str(_experiment_dir(args) / CHECKPOINT_LAST)
     resume_state = load_resumed(args) if args.resume and not args.eval_only else None
@@ -142,6 +149,12 @@ def _build(args):
     apply_input_size(args)
     data = load_data(args)
     k = len(data.class_names)
+    if args.eval_only:  # labels read in another class order would be scored silently as wrong
+        stored = (read_model_meta(args.checkpoint) or {}).get("class_names")
+        if stored is not None and list(stored) != list(data.class_names):
+            raise ValueError(f"the checkpoint's classes {list(stored)[:5]}... differ from the dataset's "
+                             f"{list(data.class_names)[:5]}... ({len(stored)} vs {k}); score the data the model "
+                             "was trained on, or rename the class folders")
     if args.num_classes is not None and args.num_classes != k:
         raise ValueError(f"--num-classes {args.num_classes} but the dataset has {k} classes")
     criterion, spec = create_criterion(args, len(data.train)) if not args.eval_only else (None, None)

@@ -133,9 +133,10 @@ def _image_folder_splits(name: str) -> Optional[Dict[str, Path]]:
             if entry.is_file() and (suffix.lower() in _DATA_FILES or stem.lower() == "metadata"):
                 return None
     class_level = root / splits[0] if splits else root
-    first_class = next((e.path for e in sorted(os.scandir(class_level), key=lambda e: e.name) if e.is_dir()), None)
     extensions = tuple(get_img_extensions())
-    if first_class is None or not any(e.name.lower().endswith(extensions) for e in os.scandir(first_class)):
+    class_dirs = (e.path for e in sorted(os.scandir(class_level), key=lambda e: e.name) if e.is_dir())
+    # the first class folder holding an image (an empty one is reported by _folder_split, naming it)
+    if not any(any(f.name.lower().endswith(extensions) for f in os.scandir(d)) for d in class_dirs):
         return None
     return {s: root / s for s in splits} if splits else {"train": root}
 
@@ -147,7 +148,18 @@ def _folder_split(name: str, folders: Dict[str, Path], split: str) -> LazySplit:
         raise ValueError(f'Unknown split "{split}". Should be one of {list(folders)}.')
     classes = sorted({d.name for f in folders.values() for d in f.iterdir() if d.is_dir()})  # shared by every split
     images = FolderImages(folders[split], classes)
+    present = set(np.unique(images.labels).tolist())
+    empty = [c for i, c in enumerate(classes) if i not in present and (folders[split] / c).is_dir()]
+    if empty:
+        raise ValueError(f"{folders[split]}: class folder(s) {empty} hold no images; remove them or add images "
+                         "(an empty folder would become a class of its own)")
     return LazySplit(images, images.labels, images.class_names, name)
+
+
+def _refuse_file(name: str) -> None:
+    if os.path.isfile(name):
+        raise ValueError(f"{name} is a file, not a folder: give an image folder ([<split>/]<class>/<image>), a "
+                         "datasets folder or a dataset name")
 
 
 def _is_saved(name: str) -> bool:
@@ -211,6 +223,7 @@ def open_image_split(name: str, split: str = "train", image_column=None, label_c
     prefix, rest = _timm_spec(name)
     if prefix == "torch":
         return _torch_split(rest, split, data_dir)
+    _refuse_file(rest)
     folders = _image_folder_splits(rest)
     if folders is not None:
         return _folder_split(rest, folders, split)
@@ -227,6 +240,7 @@ def dataset_split_names(name: str) -> List[str]:
         return ["train", "test"]
     import datasets
 
+    _refuse_file(rest)
     folders = _image_folder_splits(rest)
     if folders is not None:
         return list(folders)
@@ -244,5 +258,7 @@ def detect_test_split(splits: Iterable[str], exclude: Iterable[str] = ()) -> str
     for name in TEST_SPLIT_NAMES:
         if name in splits and name not in exclude:
             return name
+    used = sorted(e for e in exclude if e is not None)
     raise ValueError(f"no split to report test metrics on: the dataset has splits {splits} and none of "
-                     f"{list(TEST_SPLIT_NAMES)} is free (used: {sorted(exclude)}); name one with --test-split")
+                     f"{list(TEST_SPLIT_NAMES)} is free (used: {used}); name one with --test-split (a flat "
+                     "<class>/<image> folder is one split, 'train': score a held-out folder with --eval-only)")

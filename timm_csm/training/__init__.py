@@ -21,7 +21,8 @@ from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_
 from .data import DataSplits, apply_input_size, build_transforms, eval_loader, input_channels, load_csm_groups, load_data
 from .evaluation import Evaluation, evaluate_calibration
 from .loop import fit, predict, train_one_epoch
-from .model import check_model_name, create_train_model, load_model_weights, load_trained_classifier
+from .model import (CalibratedClassifier, check_model_name, create_train_model, load_model_weights,
+                    load_trained_classifier)
 from .prepare import check_training_options, prepare_training
 from .reporting import results_markdown, write_results
 from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, check_resumed_processes, claim_run_dir, config_record,
@@ -39,6 +40,7 @@ __all__ = [
     "Evaluation", "evaluate_calibration", "fit", "predict", "train_one_epoch",
     "check_training_options", "prepare_training", "AllReduceBatchNorm", "convert_sync_batchnorm", "tracker_names",
     "check_model_name", "create_train_model", "load_model_weights", "load_trained_classifier",
+    "CalibratedClassifier",
     "results_markdown", "write_results",
     "LOCK_FILE", "RUN_FILES", "RunDirLock", "claim_run_dir", "config_record", "folder_run_id", "new_run_id",
     "restore_config", "load_resumed", "check_resumed_processes",

@@ -355,14 +355,19 @@ RUN_META_KEYS = ("model", "dataset", "image_column", "label_column", "train_spli
                  "val_fraction", "val_size", "max_train_samples", "max_test_samples", "seed", "data_seed", "loss")
 
 
-def fill_from_checkpoint(args) -> None:
-    """For --eval-only: fill options the user did not give from the checkpoint's metadata."""
+def fill_from_checkpoint(args) -> Dict[str, Any]:
+    """For --eval-only: fill options the user did not give from the checkpoint's metadata; returns the run-data
+    options so taken (``RUN_META_KEYS`` that were set), for the log."""
     state = upgrade_stored_config(read_model_meta(args.checkpoint) or {})
+    taken = {}
     for k, v in state.items():
         if k in RUN_META_KEYS or k in ("num_classes", "in_chans", "img_size"):
             if k not in args._explicit and hasattr(args, k):
                 setattr(args, k, v)
+                if k in RUN_META_KEYS and v is not None:
+                    taken[k] = v
         if k == "model_kwargs" and "model_kwargs" not in args._explicit:
             args.model_kwargs = [tuple(kv) for kv in v]
         if k in ("mean", "std") and k not in args._explicit:
             setattr(args, k, list(v))
+    return taken

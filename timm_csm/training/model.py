@@ -12,7 +12,28 @@ import torch.nn as nn
 from ..io import is_state_file, load_state, read_model_meta
 
 __all__ = ["check_model_name", "fixed_input_size", "create_train_model", "load_model_weights",
-           "load_trained_classifier"]
+           "load_trained_classifier", "CalibratedClassifier", "CALIBRATED_MODEL_FILE", "CALIBRATOR_FILES"]
+
+#: the description a calibrated-model folder carries (written by ``timm-csm-calibrate``)
+CALIBRATED_MODEL_FILE = "calibrated_model.json"
+#: calibrator files a folder is searched for with ``calibrated=True``, in order: the one ``timm-csm-calibrate``
+#: exports, then the temperature a training run fitted
+CALIBRATOR_FILES = ("calibrator.safetensors", "temperature.safetensors")
+
+
+class CalibratedClassifier(nn.Module):
+    """A classifier followed by a fitted post-hoc calibrator: ``forward(x)`` returns the calibrated logits
+    ``calibrator.transform(model(x))`` (softmax gives the calibrated probabilities). The calibrator is applied
+    outside autograd: this module is for inference."""
+
+    def __init__(self, model: nn.Module, calibrator):
+        super().__init__()
+        self.model = model
+        self.calibrator = calibrator
+
+    def forward(self, x):
+        return self.calibrator.transform(self.model(x).float())
+
 
 
 def check_model_name(name: str) -> None:
@@ -86,22 +107,49 @@ def load_model_weights(model: nn.Module, path) -> None:
     load_checkpoint(model, str(path))
 
 
-def load_trained_classifier(path, checkpoint: str = "model_best.safetensors"):
+def _calibrated_folder_files(folder: Path, checkpoint: str):
+    """(model file, calibrator file or None) of a folder: a ``timm-csm-calibrate`` output names both in its
+    description, a run holds ``checkpoint`` and maybe ``temperature.safetensors``."""
+    import json
+
+    description = folder / CALIBRATED_MODEL_FILE
+    if description.is_file():
+        record = json.loads(description.read_text())
+        return folder / record["model"], folder / record["calibrator"]
+    found = next((folder / name for name in CALIBRATOR_FILES if (folder / name).is_file()), None)
+    return folder / checkpoint, found
+
+
+def load_trained_classifier(path, checkpoint: str = "model_best.safetensors", calibrated: bool = False):
     """(model, eval transform, meta) of a finished run: ``path`` is its folder (``checkpoint`` in it, the best
-    model by default) or a model / training-state file written by ``train.py``.
+    model by default) or a model / training-state file written by ``train.py``; or a ``timm-csm-calibrate`` output
+    folder (its ``calibrated_model.json`` names the model file).
 
     The model is rebuilt from the file's metadata (architecture, classes, input channels and size, model kwargs),
     loaded with its weights and put in ``eval()`` mode; the transform is the evaluation transform of the run
     (resize and normalise with the stored mean and std, :class:`~timm_csm.data.BatchTransform`; timm's resize and
     centre crop, :class:`~timm_csm.data.SampleTransform`, for a run on timm's transforms), applied to uint8
     (N, C, H, W) images; ``meta`` is the stored metadata (the run's data options, class names, run id, epoch).
+
+    ``calibrated=True`` returns a :class:`CalibratedClassifier`: the model followed by the folder's calibrator
+    (``calibrator.safetensors`` of a ``timm-csm-calibrate`` output, else the ``temperature.safetensors`` a run
+    fitted on its validation split); ``meta["calibrator"]`` names the file. A folder without one is a
+    ``ValueError``.
     """
+    from ..calibration import load_calibrator
     from ..data import create_timm_transforms, create_transforms
 
     path = Path(path)
-    file = path / checkpoint if path.is_dir() else path
+    calibrator_file = None
+    if path.is_dir():
+        file, calibrator_file = _calibrated_folder_files(path, checkpoint)
+    else:
+        file = path
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist (give a run folder holding {checkpoint}, or a model file)")
+    if calibrated and calibrator_file is None:
+        raise ValueError(f"{path} holds no fitted calibrator ({' or '.join(CALIBRATOR_FILES)}); run "
+                         "timm-csm-calibrate on it, or load it with calibrated=False")
     meta = read_model_meta(file)
     if not meta or "num_classes" not in meta:
         raise ValueError(f"{file} carries no timm-csm run metadata; load it with timm.create_model and "
@@ -114,4 +162,8 @@ def load_trained_classifier(path, checkpoint: str = "model_best.safetensors"):
                                             meta["interpolation"], meta["crop_pct"])
     else:
         _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
-    return model.eval(), eval_tf, meta
+    model = model.eval()
+    if calibrated:
+        model = CalibratedClassifier(model, load_calibrator(calibrator_file)).eval()
+        meta = dict(meta, calibrator=str(calibrator_file))
+    return model, eval_tf, meta

@@ -1,0 +1,207 @@
+"""timm-csm-calibrate end to end on a timm user's model and image folder: the report's numbers re-derived from
+the saved predictions and calibrators, the calibrated model loaded back as one module, the flat layout, and every
+refusal as one line with no folder left behind."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model
+from timm_csm.calibrate import calibrate, main
+from timm_csm.calibration import load_calibrator
+from timm_csm.io import save_model_file
+from timm_csm.metrics import calibration_metrics
+from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
+
+
+def write_folder(root, splits=("val", "test"), n_per_class=30, seed=0):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    patterns = class_patterns()
+    for split in splits:
+        for k, name in enumerate(CLASS_NAMES):
+            folder = root / split / name if split else root / name
+            folder.mkdir(parents=True)
+            for i in range(n_per_class):
+                noisy = np.clip(patterns[k] + rng.normal(0, 60, patterns[k].shape), 0, 255).astype(np.uint8)
+                Image.fromarray(noisy).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user")
+    data = write_folder(root / "data")
+    model = tiny_timm_model(seed=1)
+    with torch.no_grad():  # an over-confident head, as a model trained with cross-entropy
+        model.get_classifier().weight.mul_(40)
+    weights = root / "test_resnet.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    return data, weights
+
+
+def run_calibrate(user_files, output, **options):
+    data, weights = user_files
+    kwargs = dict(checkpoint=weights, num_classes=3, in_chans=1, img_size=32, calibration_split="val",
+                  test_split="test", output=output, log=lambda m: None)
+    kwargs.update(options)
+    return calibrate(kwargs.pop("model", "test_resnet"), kwargs.pop("dataset", data), **kwargs)
+
+
+def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
+    out = tmp_path / "calibrated"
+    report = run_calibrate(user_files, out, calibrators=["temperature_scaling", "vector_scaling", "isotonic"],
+                           class_names=CLASS_NAMES)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["calibrated_model.json", "calibrator.safetensors", "calibrators", "model.safetensors",
+                     "reliability.png", "report.json", "report.md", "risk_coverage.png",
+                     "test_predictions.safetensors"]
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    assert report["test"]["n"] == 90 and report["calibration"]["n"] == 90
+    from safetensors.torch import load_file
+    saved = load_file(str(out / "test_predictions.safetensors"))
+    logits, targets = saved["logits"], saved["targets"]
+    before = calibration_metrics(logits, targets)
+    assert report["uncalibrated"]["test"]["ece"] == pytest.approx(before["ece"], abs=1e-12)
+    for name, row in report["calibrators"].items():
+        calibrator = load_calibrator(out / "calibrators" / f"{name}.safetensors")
+        after = calibration_metrics(calibrator.transform(logits), targets)
+        assert row["test"]["nll"] == pytest.approx(after["nll"], abs=1e-9)
+    assert report["calibrators"]["temperature_scaling"]["test"]["nll"] < before["nll"]  # over-confident head
+    for base in ("none", "temperature_scaling"):
+        assert set(report["conformal"][base]) == {"lac", "aps", "raps"}
+        assert 0.6 < report["conformal"][base]["aps"]["coverage"] <= 1.0
+    # the model to take away: one module, model then the first calibrator listed
+    model, transform, meta = load_trained_classifier(out, calibrated=True)
+    assert isinstance(model, CalibratedClassifier) and meta["calibrator"].endswith("calibrator.safetensors")
+    assert meta["class_names"] == CLASS_NAMES
+    from timm_csm.data import open_image_split
+    test = open_image_split(str(user_files[0]), "test")
+    batch = _first_batch(test, transform)
+    with torch.no_grad():
+        expected = load_calibrator(out / "calibrator.safetensors").transform(logits[:len(batch)])
+        assert torch.allclose(model(batch), expected, atol=1e-5)
+    assert "| temperature_scaling |" in (out / "report.md").read_text()
+
+
+def _first_batch(split, transform):
+    from timm_csm.data import ImageCollator
+    return ImageCollator(split.images, split.labels, transform, 0)(list(range(8)))["pixel_values"]
+
+
+def test_a_flat_folder_with_a_held_out_fraction(tmp_path):
+    data = write_folder(tmp_path / "flat", splits=(None,), n_per_class=20)
+    model = tiny_timm_model(seed=2)
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    report = run_calibrate((data, weights), tmp_path / "out", calibration_split=None, calibration_fraction=0.5,
+                           test_split="train", calibrators=["histogram_binning"], conformal=["lac"])
+    assert report["calibration"]["n"] == 30 and report["test"]["n"] == 30
+    assert report["class_names"] == CLASS_NAMES
+
+
+def run_model_file(user_files, tmp_path, train_split):
+    """A train.py-style model file whose metadata says it trained on ``train_split`` of the user's folder."""
+    from timm_csm.calibrate import load_classifier
+
+    data, weights = user_files
+    plain = load_classifier("test_resnet", checkpoint=weights, num_classes=3, in_chans=1, img_size=32,
+                            class_names=CLASS_NAMES, log=lambda m: None)
+    path = tmp_path / "model_best.safetensors"
+    save_model_file(path, plain.model.state_dict(), dict(plain.meta, dataset=str(data), train_split=train_split))
+    return path
+
+
+def test_the_training_split_is_refused_as_test_split(user_files, tmp_path):
+    path = run_model_file(user_files, tmp_path, train_split="test")
+    with pytest.raises(ValueError, match="'test' of .* is the split the model was trained on"):
+        run_calibrate(user_files, tmp_path / "out", model=str(path), checkpoint=None)
+    assert not (tmp_path / "out").exists()
+    report = run_calibrate(user_files, tmp_path / "out", model=str(path), checkpoint=None,
+                           allow_training_split=True, conformal=[])
+    assert report["conformal"] == {}
+
+
+@pytest.mark.parametrize("case,match", [
+    ("pickle", "not a safetensors file"), ("json", "not a safetensors file"), ("missing", "does not exist"),
+    ("names", "class names differ"), ("count", "outputs|does not fit"), ("small", "parameters and the calibration"),
+    ("binary", "two-class"), ("same_split", "never fitted on the test split"), ("unknown", "unknown calibrator"),
+    ("not_a_folder", "is a file, not a folder"),
+])
+def test_bad_input_is_one_line_and_leaves_no_folder(user_files, tmp_path, case, match):
+    data, weights = user_files
+    out = tmp_path / "out"
+    options = {}
+    if case == "pickle":
+        torch.save(tiny_timm_model().state_dict(), tmp_path / "w.pth")
+        options["checkpoint"] = tmp_path / "w.pth"
+    elif case == "json":
+        (tmp_path / "w.json").write_text("{}")
+        options["checkpoint"] = tmp_path / "w.json"
+    elif case == "missing":
+        options["checkpoint"] = tmp_path / "nothing.safetensors"
+    elif case == "names":
+        options["class_names"] = ["a", "b", "c"]
+    elif case == "count":
+        options["num_classes"] = 4
+    elif case == "small":
+        options["calibrators"] = ["matrix_scaling"]  # 12 parameters, 4 calibration images
+        options.update(calibration_split=None, calibration_fraction=0.05)
+    elif case == "binary":
+        options["calibrators"] = ["platt"]
+    elif case == "same_split":
+        options["calibration_split"] = "test"
+    elif case == "unknown":
+        options["calibrators"] = ["platt_scaling"]
+    elif case == "not_a_folder":
+        (tmp_path / "file.txt").write_text("x")
+        options["dataset"] = tmp_path / "file.txt"
+    with pytest.raises((ValueError, FileNotFoundError), match=match) as info:
+        run_calibrate(user_files, out, **options)
+    assert "\n" not in str(info.value)
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_command_line_prints_one_line_and_exits_2(user_files, tmp_path, capsys):
+    data, _ = user_files
+    rc = main(["--model", "test_resnet", "--checkpoint", str(tmp_path / "none.safetensors"), "--num-classes", "3",
+               "--dataset", str(data), "--calibration-split", "val", "--test-split", "test",
+               "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("timm-csm-calibrate: error: --checkpoint")
+    assert not (tmp_path / "o").exists()
+
+
+def test_data_sources_a_timm_user_meets(tmp_path):
+    from timm_csm.data import open_image_split
+    from timm_csm.data.sources import dataset_split_names, detect_test_split
+
+    flat = write_folder(tmp_path / "flat", splits=(None,), n_per_class=3)
+    assert dataset_split_names(str(flat)) == ["train"]
+    assert open_image_split(str(flat), "train").class_names == CLASS_NAMES
+    with pytest.raises(ValueError, match=r"none of .* is free \(used: \['train'\]\); name one with --test-split"):
+        detect_test_split(["train"], exclude=("train", None))  # a flat folder trained with --val-fraction
+    (flat / "zebra").mkdir()
+    (flat / "aardvark").mkdir()  # empty, and first: the folder is still read as an image folder
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['aardvark', 'zebra'\] hold no images"):
+        open_image_split(str(flat), "train")
+    (tmp_path / "labels.csv").write_text("a,b\n")
+    for read in (lambda: open_image_split(str(tmp_path / "labels.csv")),
+                 lambda: dataset_split_names(str(tmp_path / "labels.csv"))):
+        with pytest.raises(ValueError, match="labels.csv is a file, not a folder"):
+            read()
+
+
+def test_eval_only_refuses_a_checkpoint_that_is_not_safetensors(tmp_path):
+    from timm_csm.train import run
+
+    (tmp_path / "x.json").write_text("{}")
+    torch.save({"a": torch.zeros(1)}, tmp_path / "x.pth")
+    for name in ("x.json", "x.pth"):
+        with pytest.raises(ValueError, match=f"--checkpoint .*{name} is not a safetensors file"):
+            run(dict(eval_only=True, checkpoint=str(tmp_path / name), output=str(tmp_path / "runs"),
+                     progress=False))
+    assert not (tmp_path / "runs").exists()
