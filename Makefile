@@ -43,14 +43,13 @@ DEMO_THREADS ?= 2
 demo: fashion-mnist $(STAMP)
 	$(OFFLINE) OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python hub_scripts/pipeline.py --profile demo
 
-# the calibration benchmark's generated set (resumable, about 30 CPU-minutes), then its cells (hours; cached)
-benchmark: $(STAMP)
-	$(OFFLINE) $(BIN)/python hub_scripts/generate.py --generator timm_csm/assets/generator-fmnist --num-groups 6750 \
-		--num-lambdas 4 --steps 8 --scheduler ddim --guidance-scale 1.0 --groups-per-shard 128 --batch-groups 32 \
-		--output runs/gen6750
-	test -d runs/csm6750/csm-fmnist-aug || $(OFFLINE) $(BIN)/python hub_scripts/annotate.py --generated runs/gen6750 \
-		--dataset fashion_mnist --output runs/csm6750 --s auto
-	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --csm-dataset runs/csm6750/csm-fmnist-aug
+# the calibration benchmark of benchmarks/PROTOCOL.md: each setting's generated set (resumable, hours on a CPU), then
+# the cells of both settings (hours; finished cells are committed under benchmarks/cells and never re-run)
+benchmark: fashion-mnist $(STAMP)
+	$(OFFLINE) $(BIN)/python benchmarks/matched_setting.py --setting borrowed
+	$(OFFLINE) $(BIN)/python benchmarks/matched_setting.py --setting matched
+	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe borrowed
+	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe matched
 
 clean:
 	rm -rf runs build *.egg-info .pytest_cache

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# the augmented recipe of benchmarks/calibration.md, on which CE is over-confident
+# the augmented recipe of benchmarks/calibration_earlier.md, on which CE is over-confident
 RECIPE = ["--max-train-samples", "2500", "--epochs", "60", "--lr", "0.1", "--weight-decay", "5e-4", "--sched",
           "multistep", "--train-opt", "hflip=0.5", "crop_pad=2", "decay_milestones=[30,45]"]
 ANCHOR_ARGS = ["--anchor-dataset", "fashion_mnist", "--anchor-max-train-samples", "2500", "--anchor-seed", "0"]

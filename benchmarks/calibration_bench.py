@@ -1,34 +1,40 @@
-"""Calibration benchmark: CSM against the calibration baselines on Fashion-MNIST, before and after temperature scaling.
+"""Calibration benchmark: CSM against the calibration baselines and controls on Fashion-MNIST, before and after
+temperature scaling.
 
-Every method trains the same backbone with the same recipe on the same data, for several seeds. Two recipes
-(``--recipe``, both chosen so that the CE baseline is measurably over-confident): ``augmented`` (the default: crops,
-flips, weight decay and step decay on 2 500 images: the ``demo`` profile of :mod:`timm_csm.recipes`, page
-``benchmarks/calibration.md``) and ``noaug`` (the ``noaug`` profile, no augmentation:
-``benchmarks/calibration_demo.md``); each writes its rows to
-``benchmarks/calibration.json`` too. Methods: CE, label smoothing, focal, FLSD-53, MbLS, ACLS, MDCA, Mixup, RegMixup,
-CSM, and the CSM ablations (soft-CE and soft-focal losses on the generated batch; generated images with one-hot
-labels of the dominant generation class, "variant 2"), and CSM without the generated groups the annotation checks
-flag.
+Every method trains the same backbone with the same recipe on the same real images, for several training seeds.
+Recipes (``--recipe``):
 
-Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<method>-s<seed>/``: a cell with a
+* ``matched`` and ``borrowed`` (the default ``matched``): the two settings of ``benchmarks/PROTOCOL.md``, written
+  before their cells ran. One real subset (data seed 0, 2 500 images) and a 2 000-image validation set drawn outside
+  it; 5 training seeds; the generated set of ``matched`` comes from a generator and an encoder trained on the
+  classifier's 2 500 images, that of ``borrowed`` from the shipped generator (60 000 images) and an encoder trained
+  on 54 000 (``benchmarks/matched_setting.py`` builds both under ``runs/settings/<setting>/``). Methods: CE, label
+  smoothing, MbLS, Mixup, RegMixup, the controls (Brier, real copies, CE and RegMixup at equal images processed, KD
+  from the borrowed encoder), CSM and its hard-label and filtered variants. Cells that use no generated data are the
+  same cells in both settings. Finished cells are committed under ``benchmarks/cells/`` and never re-run; the page
+  ``benchmarks/calibration.md`` shows both settings with per-seed rows, paired 95% intervals and the decision rule's
+  verdicts, and ``benchmarks/calibration.json`` their rows with ``per_seed``.
+* ``augmented`` and ``noaug``: the earlier benchmark's (``benchmarks/calibration_earlier.md``,
+  ``calibration_demo.md``), kept to reproduce those pages.
+
+Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<cell>/``: a cell with a
 ``results.json`` is skipped, a killed cell resumes from its ``last.safetensors``, so the benchmark can run in pieces
-(``--max-cells``) and the table fills in as cells finish. The cache is keyed by the cell's training options (the
-generated dataset by its name or path, not its content: use a fresh ``--output`` after regenerating it); a folder
-trained with other options is refused. After every invocation the table (mean and standard deviation over the
-finished seeds) is re-assembled from the finished cells into this script's section of ``--report`` (the rest of
-the file is kept), with a reliability figure of CE against CSM beside it.
+(``--max-cells``) and the tables fill in as cells finish. The cache is keyed by the cell's training options (the
+generated dataset by its path, not its content: use a fresh ``--output`` after regenerating it); a folder trained
+with other options is refused.
 
-    python benchmarks/calibration_bench.py --csm-dataset D        # all cells of the augmented recipe (hours)
-    python benchmarks/calibration_bench.py --recipe noaug         # the recipe without augmentation
-    python benchmarks/calibration_bench.py --max-cells 3          # three more cells, then the table so far
-    python benchmarks/calibration_bench.py --methods ce csm --seeds 0 1 2 --epochs 5
-    python benchmarks/calibration_bench.py --report-only          # re-assemble the report only
+    python benchmarks/matched_setting.py --setting matched       # the generated sets (hours, resumable)
+    python benchmarks/matched_setting.py --setting borrowed
+    python benchmarks/calibration_bench.py --recipe matched      # all cells of a setting (hours; resumable)
+    python benchmarks/calibration_bench.py --recipe borrowed
+    python benchmarks/calibration_bench.py --recipe matched --methods ce csm --max-cells 3
+    python benchmarks/calibration_bench.py --report-only         # re-assemble the page only
 
-The CSM cells read the generated dataset ``--csm-dataset`` (default: ``csm-fmnist-aug``, installed by ``make demo``);
-the hard-label ablation reads ``--csm-dataset-hard`` or, when that is not given, a copy of ``--csm-dataset`` whose
-soft labels are replaced by the one-hot dominant generation class (``a`` when lambda_gen >= 1/2, else ``b``: the
-annotation's ``label_mode="generation"``), written once under ``<output>/``; the filtered row reads a copy of
-``--csm-dataset`` without its flagged groups (``annotate.py --drop-flagged``), written there too.
+The hard-label ablation reads ``--csm-dataset-hard`` or, when that is not given, a copy of the setting's CSM dataset
+whose soft labels are replaced by the one-hot dominant generation class (``a`` when lambda_gen >= 1/2, else ``b``:
+the annotation's ``label_mode="generation"``), written once under ``<output>/``; the filtered row reads a copy
+without its flagged groups (``annotate.py --drop-flagged``), written there too; the real-copies control a CSM dataset
+of real training images with the generated sets' group structure (:func:`derive_real_copies_dataset`).
 """
 from __future__ import annotations
 

@@ -171,7 +171,9 @@ def test_recipes_are_the_profiles_classifier_recipes():
     assert augmented == dict(training_options(demo), epochs=3)  # None overrides are ignored
     assert augmented["max_train_samples"] == 2500 and augmented["crop_pad"] == 2
     assert augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]
-    assert bench.build_parser().parse_args([]).recipe == "augmented"
+    assert bench.build_parser().parse_args([]).recipe == "matched"
+    for setting in bench.PROTOCOL_RECIPES:  # the protocol's settings: the demo classifier on one data seed
+        assert bench.base_recipe({}, setting) == dict(training_options(demo), val_size=2000, data_seed=0)
     with pytest.raises(ValueError, match="unknown recipe"):
         bench.base_recipe({}, "paper")
     noaug = bench.base_recipe({}, "noaug")
@@ -255,3 +257,111 @@ def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
     assert cell["config"]["csm_dataset"] == str(out / "csm-filtered")
     assert _row(text, bench.METHODS["csm_filtered"].label)[1] == "1"  # one finished seed, not "left out"
     assert "Left out" not in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the protocol's settings (benchmarks/PROTOCOL.md)
+
+
+def test_protocol_cells_are_shared_unless_they_use_the_setting():
+    assert bench.cell_name("ce", 3, "matched") == bench.cell_name("ce", 3, "borrowed") == "ce-s3"
+    assert bench.cell_name("real_copies", 0, "matched") == "real_copies-s0"  # real images only: one cell
+    assert bench.cell_name("csm", 0, "matched") == "csm-matched-s0"
+    assert bench.cell_name("kd", 1, "borrowed") == "kd-borrowed-s1"
+    assert set(bench.NON_GENERATED) | {"csm", "csm_hard", "csm_filtered"} == set(bench.PROTOCOL_METHODS)
+
+
+def test_equal_images_controls_scale_epochs_and_milestones():
+    recipe = bench.base_recipe({}, "matched")
+    ce = bench.cell_config(recipe, bench.METHODS["ce_eq"], 0, Path("x"))
+    reg = bench.cell_config(recipe, bench.METHODS["regmixup_eq"], 0, Path("x"))
+    assert (ce["epochs"], ce["decay_milestones"]) == (180, [90, 135])
+    assert (reg["epochs"], reg["decay_milestones"], reg["regmixup"]) == (90, [45, 68], 20.0)
+    kd = bench.cell_config(recipe, bench.METHODS["kd"], 0, Path("x"), {"teacher": "enc"})
+    assert kd["teacher"] == "enc" and kd["loss"] == "kd"
+    with pytest.raises(ValueError, match="needs a teacher"):
+        bench.cell_config(recipe, bench.METHODS["kd"], 0, Path("x"))
+
+
+def test_paired_interval_is_the_t_interval_of_the_differences():
+    a = {0: 1.0, 1: 2.0, 2: 4.0, 3: 3.0, 4: 0.5}
+    b = {0: 2.0, 1: 2.5, 2: 4.0, 3: 5.0, 4: 1.5, 9: 7.0}
+    n, mean, lo, hi = bench.paired_interval(a, b)
+    d = [-1.0, -0.5, 0.0, -2.0, -1.0]
+    sd = (sum((x - sum(d) / 5) ** 2 for x in d) / 4) ** 0.5
+    assert n == 5 and mean == pytest.approx(-0.9)
+    assert hi - mean == pytest.approx(2.7764451 * sd / 5 ** 0.5, rel=1e-6) and lo < mean < hi
+    assert bench.paired_interval({0: 1.0}, {0: 2.0}) is None
+
+
+def _cell(seed, ece, val_ece, acc=0.9, val_post=None):
+    scores = {"accuracy": acc, "ece": ece, "aece": ece, "cece": ece / 3, "nll": 0.3, "brier": 0.15}
+    return {"results": {"test": {"pre_ts": scores, "post_ts": dict(scores, ece=ece / 2)},
+                        "val": {"pre_ts": {"ece": val_ece}, "post_ts": {"ece": val_post if val_post else val_ece}},
+                        "temperature": 1.2, "checkpoint_epoch": 50}, "seconds": 10.0, "dir": Path("x")}
+
+
+def test_protocol_summary_chooses_on_validation_and_never_on_test():
+    seeds = range(5)
+    cells = {
+        "ce": {s: _cell(s, 0.045 + 0.001 * s, 0.040) for s in seeds},
+        # the lowest test ECE of the non-generated methods, but not the lowest validation ECE
+        "regmixup": {s: _cell(s, 0.010, 0.030) for s in seeds},
+        "brier": {s: _cell(s, 0.020, 0.020) for s in seeds},
+        "csm": {s: _cell(s, 0.012 + 0.0005 * s, 0.015) for s in seeds},
+        # better on test, worse on validation: not the decision row
+        "csm_filtered": {s: _cell(s, 0.005, 0.016) for s in seeds},
+    }
+    summary = bench.protocol_summary(cells)
+    assert summary["csm"] == "csm" and summary["best_other"]["pre_ts"] == "brier"
+    n, mean, lo, hi = summary["pairs"]["ce"]["ece_pre_ts"]
+    assert n == 5 and hi < 0 and mean == pytest.approx(100 * (0.013 - 0.047))
+    lines = "\n".join(bench.protocol_section("matched", summary, {}))
+    assert "| CSM (decision row) | 5 |" in lines
+    assert "ECE against CE, before TS (CE): -3.40" in lines and "CSM lower (interval excludes 0)" in lines
+    assert "against the best other method, before TS (Brier (control))" in lines
+    row = summary["rows"]["csm"][0]
+    assert row["ece_pre_ts"] == pytest.approx(1.2) and row["val_ece_pre_ts"] == pytest.approx(1.5)
+    assert row["epoch"] == 50 and row["T"] == 1.2
+
+
+def test_protocol_verdict_waits_for_every_seed():
+    assert "pending (3 of 5 seeds)" in bench._verdict((3, -1.0, -2.0, -0.5))
+    assert "no difference shown" in bench._verdict((5, -1.0, -2.0, 0.5))
+    assert "CSM higher" in bench._verdict((5, 1.0, 0.5, 1.5))
+
+
+def test_committed_cell_is_done_and_checked_against_the_config(tmp_path):
+    cfg = {"loss": "ce", "seed": 0, "epochs": 60}
+    home = tmp_path / "committed" / "ce-s0"
+    home.mkdir(parents=True)
+    (home / bench.RESULTS).write_text("{}")
+    (home / bench.CELL_META).write_text(json.dumps({"method": "ce", "seed": 0, "config": bench._keyed(cfg)}))
+    assert bench.cell_state(tmp_path / "cells" / "ce-s0", cfg, home) == "done"
+    with pytest.raises(ValueError, match="differ in \\['epochs'\\]"):
+        bench.cell_state(tmp_path / "cells" / "ce-s0", dict(cfg, epochs=61), home)
+    assert bench.cell_state(tmp_path / "cells" / "ce-s0", cfg) == "new"
+
+
+def test_real_copies_are_real_training_images_of_the_dominant_class(tmp_path):
+    from timm_csm.generation.plan import plan_groups
+    from timm_csm.hub import load_csm_dataset
+    from timm_csm.training import build_parser, load_data
+
+    recipe = {"dataset": "digits", "max_train_samples": 300, "val_size": 200, "data_seed": 0}
+    folder = bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
+    ds = load_csm_dataset(str(folder))
+    ds = ds["train"] if "train" in ds else ds
+    real = load_data(build_parser().parse_args(["--dataset", "digits", "--max-train-samples", "300",
+                                                "--val-size", "200", "--data-seed", "0"])).train
+    pixels = {bytes(x): int(y) for x, y in zip(np.asarray(real.images).reshape(len(real), -1), real.labels)}
+    groups = plan_groups(10, 12)
+    assert len(ds) == 48 and sorted(set(ds["group_id"])) == [g.group_id for g in groups]
+    for row in ds:
+        img = np.asarray(row["image"]).reshape(-1).astype(np.uint8)
+        dominant = row["class_a"] if row["lambda_gen"] >= 0.5 else row["class_b"]
+        assert pixels[bytes(img)] == dominant == row["label"]  # a real training image, of its one-hot class
+        assert row["soft_label"][dominant] == 1.0 and sum(row["soft_label"]) == 1.0
+    stamp = (folder / "derived_from.json").stat().st_mtime_ns
+    bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
+    assert (folder / "derived_from.json").stat().st_mtime_ns == stamp  # written once
