@@ -9,6 +9,7 @@ in its folder and is skipped. Run it again after a kill to continue.
     python benchmarks/matched_setting.py --setting matched     # export, generator, generate, annotate, quality
     python benchmarks/matched_setting.py --setting borrowed    # generate, annotate, quality
     python benchmarks/matched_setting.py --setting matched --until generator
+    python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json   # both generators, one judge
 
 The matched setting's real images are the classifier's: ``load_data`` with the benchmark's data options
 (``--data-seed 0 --val-size 2000 --max-train-samples 2500``), exported with the test split as a ``save_to_disk``
@@ -139,17 +140,57 @@ def run_setting(setting: str, output: Path, until: str = None, log=print) -> Non
             return
 
 
+def compare_generators(output: Path, judge: Path, log=print) -> Dict:
+    """Each finished setting's generated set measured the same way (reported, never used for a choice): the share
+    of its pure-class images (lambda = 0 and 1, the first 1 000 groups) that ``judge`` (the borrowed setting's
+    54 000-image reference encoder) recognises, and the two-sample accuracy of a small CNN telling 2 500 of them from
+    the classifier's 2 500 real training images (0.5: indistinguishable)."""
+    import numpy as np
+    import torch
+
+    from timm_csm.annotation import load_reference_encoder
+    from timm_csm.generation import two_sample_accuracy
+    from timm_csm.generation.writer import load_generated
+
+    classify = load_reference_encoder(judge).classify
+    real = torch.as_tensor(np.asarray(real_subset().train.images))
+    rows = {}
+    for setting in SETTINGS:
+        folder = output / setting / "generated"
+        if not _done(folder):
+            continue
+        ds, plan = load_generated(folder)
+        ends = ds.filter(lambda lam, g: lam in (0.0, 1.0) and g < 1000, input_columns=["lambda_gen", "group_id"])
+        images = np.stack([np.asarray(im, dtype=np.uint8) for im in ends["image"]])
+        images = torch.as_tensor(images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2))
+        target = np.where(np.asarray(ends["lambda_gen"]) == 1.0, ends["class_a"], ends["class_b"])
+        recognised = float((classify(images).argmax(1).numpy() == target).mean())
+        rows[setting] = {"pure_class_images": len(images), "recognised_by_judge": recognised,
+                         "two_sample_accuracy": two_sample_accuracy(real, images, epochs=5)}
+        log(f"[compare] {setting}: {rows[setting]}")
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--setting", choices=SETTINGS, required=True)
+    p.add_argument("--setting", choices=SETTINGS, default=None, help="the setting to build (required unless --compare)")
     p.add_argument("--output", default="runs/settings", help="stage folders: <output>/<setting>/<stage>")
     p.add_argument("--until", default=None, choices=("generator", "generate", "annotate", "quality"),
                    help="stop after this stage")
+    p.add_argument("--compare", default=None, metavar="JSON",
+                   help="instead of building a setting: measure every finished setting's generated set with the "
+                        "borrowed encoder as the judge and write the numbers to this JSON file")
     return p
 
 
 def main(argv: Sequence[str] = None) -> None:
     args = build_parser().parse_args(argv)
+    if not args.compare and args.setting is None:
+        build_parser().error("give --setting (or --compare)")
+    if args.compare:
+        rows = compare_generators(Path(args.output), Path(args.output) / "borrowed" / "reference")
+        write_json_atomic(Path(args.compare), rows, indent=1)
+        return
     run_setting(args.setting, Path(args.output), args.until)
     print(f"CSM dataset: {Path(args.output) / args.setting / 'csm' / 'csm-fmnist-aug'}")
 
