@@ -122,11 +122,7 @@ def test_generate_script_needs_an_anchor_dataset_below_strength_one(tiny_generat
 
 def test_generate_script_anchors_on_the_classifier_training_split(tiny_generator, tmp_path):
     """The anchors of a real-anchored run are exactly train.py's training images for the same options."""
-    sys.path.insert(0, str(ROOT / "hub_scripts"))
-    try:
-        from generate import training_anchors
-    finally:
-        sys.path.pop(0)
+    from timm_csm.commands.generate import training_anchors
     from timm_csm.training import build_parser, load_data
 
     pool = training_anchors("digits", max_train_samples=300, val_fraction=0.2, seed=3)

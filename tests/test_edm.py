@@ -291,12 +291,8 @@ def test_a_pickle_is_read_once_and_hashed_as_it_is_read(tmp_path, monkeypatch):
 
 
 def _generate_script():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "hub_scripts"))
-    try:
-        import generate
-    finally:
-        sys.path.pop(0)
+    from timm_csm.commands import generate
+
     return generate
 
 

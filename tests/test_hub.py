@@ -387,12 +387,8 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     """The scripts end to end on the digits data: raw generated folder -> annotated, installed, pushed."""
     import torch
 
-    sys.path.insert(0, str(ROOT_DIR / "hub_scripts"))
-    try:
-        import annotate as annotate_script
-        import publish as publish_script
-    finally:
-        sys.path.pop(0)
+    from timm_csm.commands import annotate as annotate_script
+    from timm_csm.commands import publish as publish_script
     from timm_csm.data import load_digits
     from timm_csm.generation.writer import generate_to_folder, make_plan
 
@@ -418,10 +414,10 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     import datasets
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
-    folder = annotate_script.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
-                                   "--reference-epochs", "1", "--batch-size", "64", "--install",
-                                   "--cache-dir", str(tmp_path / "protos")])
-    assert folder == tmp_path / "hub" / "csm-digits-aug"
+    annotate_script.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
+                          "--reference-epochs", "1", "--batch-size", "64", "--install",
+                          "--cache-dir", str(tmp_path / "protos")])
+    folder = tmp_path / "hub" / "csm-digits-aug"
     assert (tmp_path / "runs" / "reference-digits-holdout" / "model.safetensors").exists()
     text = (folder / "README.md").read_text()
     assert "maximum likelihood of the true class" in text and "mix-means" in text and "CC BY 4.0" in text

@@ -25,6 +25,7 @@ ALLOWED = {
     "train": {"training", "data", "losses", "io", "timm_csm"},
     "calibrate": {"training", "data", "calibration", "metrics", "io"},
     "recipes": {"train", "training", "annotation", "generation", "hub", "data", "io"},
+    "commands": {"train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

@@ -1,6 +1,7 @@
 """Train any timm classifier with any registered calibration loss (CSM included) and evaluate its calibration.
 
-    accelerate launch train.py --model swin_tiny --dataset cifar10 --loss csm --csm-dataset org/csm-cifar10-aug
+    timm-csm-train --model small_cnn --dataset digits --loss csm --csm-dataset csm-digits-aug --epochs 5
+    accelerate launch -m timm_csm.train --model swin_tiny --dataset cifar10 --loss csm --csm-dataset org/csm-cifar10-aug
 
 Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pieces live in
 :mod:`timm_csm.training`):
@@ -38,7 +39,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
@@ -53,7 +54,7 @@ from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, chec
                        load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id, parse_args, predict,
                        resolve_config, select_task, write_results)
 
-__all__ = ["run", "main", "evaluate_checkpoint", "end_process_group"]
+__all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]
 
 
 def _make_accelerator(args, out_dir: Optional[Path]):
@@ -116,9 +117,48 @@ def _prepare_args(args) -> Optional[Dict[str, Any]]:
     return resume_state
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the run took its ``folder``; ``message`` says where the run is and the command that continues it."""
+
+    def __init__(self, folder: Path, eval_only: bool):
+        super().__init__(str(folder))
+        self.folder = folder
+        if eval_only:
+            self.message = f"the evaluation in {folder} stopped; run the same command again"
+        elif (folder / CHECKPOINT_LAST).exists():
+            self.message = f"the run is in {folder}; continue it with: {_resume_command(folder)}"
+        else:
+            self.message = (f"the run in {folder} had not finished an epoch, so there is nothing to resume; run the "
+                            "same command again to start over")
+
+
+def _resume_command(folder: Path) -> str:
+    """The command that resumes the run in ``folder``, on as many processes as this launch has."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = (f"accelerate launch --num_processes {processes} -m timm_csm.train" if processes > 1 else
+                "timm-csm-train")
+    return f"{launcher} --resume {folder / CHECKPOINT_LAST}"
+
+
+_PASSED_OVER = {"in use": "is in use by another run", "finished": "holds a finished run",
+                "other": "holds another run's files"}
+
+
+def _run_folder_line(asked: Path, lock) -> str:
+    """``run folder: ...``, saying why a new run did not take the folder it asked for when it took ``<name>-1``, ..."""
+    line = f"run folder: {lock.path}"
+    if lock.passed_over == "interrupted":
+        return (f"{line} ({asked} holds an interrupted run; to continue that one instead: {_resume_command(asked)}, "
+                "or add --auto-resume)")
+    if lock.passed_over is not None:
+        return f"{line} ({asked} {_PASSED_OVER[lock.passed_over]})"
+    return line
+
+
 def _take_run_dir(args, accelerator, resume_state):
     """(lock, folder, run id): the main process takes the run folder (see :mod:`timm_csm.training.run_dir`), every
-    process learns which; the lock is None on the other processes. A refusal is raised on every process."""
+    process learns which, and the main process prints it; the lock is None on the other processes. A refusal is
+    raised on every process."""
     from accelerate.utils import broadcast_object_list
 
     lock, message = None, [None, None, None]  # folder, run id, error
@@ -133,6 +173,7 @@ def _take_run_dir(args, accelerator, resume_state):
                 lock = claim_run_dir(_experiment_dir(args), run_id, numbered=not (fixed or auto),
                                      replace_unfinished=auto)
             message = [str(lock.path), run_id, None]
+            print(_run_folder_line(_experiment_dir(args), lock), flush=True)
         except ValueError as e:
             message[2] = str(e)
     broadcast_object_list(message)
@@ -229,7 +270,10 @@ def run(config) -> Dict[str, Any]:
         accelerator.wait_for_everyone()
         for tracker in accelerator.trackers:
             tracker.finish()
+        accelerator.print(f"run folder: {out_dir} (results.json, results.md, reliability diagrams)")
         return results
+    except KeyboardInterrupt:
+        raise RunInterrupted(out_dir, args.eval_only) from None
     finally:
         if lock is not None:
             lock.release()
@@ -252,7 +296,8 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
         **scores.metrics,
     }
     if accelerator.is_main_process:
-        accelerator.print(write_results(out_dir, results, test[0], test[1], scores.post_logits, scores.scaler))
+        accelerator.print(write_results(out_dir, results, test[0], test[1], scores.post_logits, scores.scaler,
+                                        split=args.test_split))
     return results
 
 
@@ -261,15 +306,34 @@ def evaluate_checkpoint(checkpoint, **options) -> Dict[str, Any]:
     return run(dict(options, eval_only=True, checkpoint=str(checkpoint)))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Command-line entry point (``train.py`` / ``accelerate launch train.py``)."""
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Command-line entry point: ``timm-csm-train``, ``accelerate launch -m timm_csm.train``, ``train.py`` (the
+    results are in the run folder; :func:`run` returns them). An error is one line, exit status 2; Ctrl-C one line
+    naming the run folder and the command that resumes it, exit status 130."""
     try:
-        return run(parse_args(argv))
+        run(parse_args(argv))
     except (ValueError, FileNotFoundError) as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
+        print(f"{_program()}: error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except RunInterrupted as e:
+        exit_interrupted(e.message)
+    except KeyboardInterrupt:
+        exit_interrupted("before the run took its folder; nothing was written")
     finally:
         end_process_group()
+
+
+def _program() -> str:
+    """The name this command was started by (``timm-csm-train``, ``train.py``), for its messages."""
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "timm-csm-train"
+
+
+def exit_interrupted(message: str) -> NoReturn:
+    """End a command stopped with Ctrl-C: ``interrupted: <message>`` (where the work is, how to continue) as one
+    line on stderr from the main process, exit status 130 as a shell reports SIGINT, and no traceback."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"\ninterrupted: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(130)
 
 
 def end_process_group() -> None:

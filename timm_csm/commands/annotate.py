@@ -1,7 +1,7 @@
 """Re-annotate generated groups with calibrated soft labels and save them as a Hub-layout dataset.
 
-    python hub_scripts/annotate.py --generated runs/gen-fmnist --dataset fashion_mnist --install
-    python hub_scripts/annotate.py --generated runs/gen-c100 --dataset cifar100 \\
+    timm-csm-annotate --generated runs/gen-fmnist --dataset fashion_mnist --install
+    timm-csm-annotate --generated runs/gen-c100 --dataset cifar100 \\
         --encoder open_clip --model ViT-B-32 --pretrained /weights/vit_b_32-openai.safetensors --force-quick-gelu
 
 Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
@@ -15,18 +15,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timm_csm.training.args import HelpFormatter
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--generated", required=True, help="raw generation folder (plan.json + shards/)")
     p.add_argument("--dataset", default=None,
                    help="the real dataset (fashion_mnist, digits, cifar10, a Hub name or folder); "
                         "default: the generator's dataset recorded in the plan")
-    p.add_argument("--image-column", default=None)
-    p.add_argument("--label-column", default=None)
+    p.add_argument("--image-column", default=None, help="image column of --dataset (detected when omitted)")
+    p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
     p.add_argument("--output", default="runs/hub", help="folder that receives csm-<dataset>-aug")
     p.add_argument("--name", default=None, help="dataset folder name (default csm-<dataset>-aug)")
-    p.add_argument("--encoder", default="reference", choices=("reference", "open_clip", "timm"))
+    p.add_argument("--encoder", default="reference", choices=("reference", "open_clip", "timm"),
+                   help="features to annotate with: a reference CNN trained here, open_clip (the paper) or a timm "
+                        "model")
     p.add_argument("--model", default=None, help="open_clip config (default ViT-B-32) or timm model name")
     p.add_argument("--pretrained", default=None, help="open_clip tag, weights file, or omit for local-dir: models")
     p.add_argument("--force-quick-gelu", action="store_true", help="open_clip: QuickGELU (OpenAI weights)")
@@ -35,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--input-size", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
                    help="timm: input size fed to the model (default: its pretrained config)")
     p.add_argument("--reference-dir", default=None, help="reference encoder folder (default runs/reference-<name>)")
-    p.add_argument("--reference-epochs", type=int, default=4)
+    p.add_argument("--reference-epochs", type=int, default=4, help="epochs of the reference encoder")
     p.add_argument("--s", default=None,
                    help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
                         "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
@@ -43,8 +47,10 @@ def parse_args(argv=None):
     p.add_argument("--holdout-encoder", action="store_true",
                    help="train the reference encoder without the held-out share even with a numeric --s, so that a "
                         "run with a fixed s differs from the --s auto run only in s")
-    p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"))
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"),
+                   help="soft labels from the projection on the prototypes (the paper), zero-shot, or the generation "
+                        "lambda")
+    p.add_argument("--batch-size", type=int, default=256, help="images per encoder batch")
     p.add_argument("--drop-incomplete", action="store_true",
                    help="drop groups that lack members of the lambda grid (reported) instead of failing")
     p.add_argument("--drop-flagged", action="store_true",
@@ -53,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--min-spearman", type=float, default=0.8, help="monotonicity threshold of --drop-flagged")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="torch device of the encoder")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     return p.parse_args(argv)
 
@@ -122,7 +128,6 @@ def main(argv=None):
     if args.install:
         install_dataset(folder)
         print(f"installed: datasets.load_dataset({folder.name!r}) now works offline from any directory")
-    return folder
 
 
 if __name__ == "__main__":

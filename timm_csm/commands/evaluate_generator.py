@@ -1,25 +1,28 @@
 """Measure a generator: how often a real-data classifier recognises its pure-class samples (lambda = 0 and 1),
 next to that classifier's accuracy on real test images.
 
-    python hub_scripts/evaluate_generator.py --generator runs/generator-fmnist --classifier runs/encoder
-    python hub_scripts/evaluate_generator.py --checkpoint-of runs/generator-fmnist --profile fmnist --classifier ...
+    timm-csm-evaluate-generator --generator runs/generator-fmnist --classifier runs/encoder
+    timm-csm-evaluate-generator --checkpoint-of runs/generator-fmnist --profile fmnist --classifier ...
 """
 from __future__ import annotations
 
 import argparse
 import json
 
+from timm_csm.training.args import HelpFormatter
+
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--generator", help="a finished generator folder")
     src.add_argument("--checkpoint-of", help="a generator-training folder: evaluate its latest checkpoint's EMA")
     p.add_argument("--profile", default="fmnist", help="generator profile of --checkpoint-of")
-    p.add_argument("--classifier", required=True, help="a reference encoder folder (annotation.train_reference_encoder)")
-    p.add_argument("--dataset", default="fashion_mnist")
-    p.add_argument("--num-groups", type=int, default=200)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--classifier", required=True,
+                   help="a reference encoder folder (annotation.train_reference_encoder)")
+    p.add_argument("--dataset", default="fashion_mnist", help="real dataset of the test images")
+    p.add_argument("--num-groups", type=int, default=200, help="groups sampled (two pure-class images each)")
+    p.add_argument("--steps", type=int, default=20, help="DDIM sampler steps")
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--output", default=None, help="write the result as JSON here")

@@ -1,13 +1,13 @@
 """Generate semantic-mixing groups with a trained class-conditional generator (resumable, multi-process).
 
-    accelerate launch hub_scripts/generate.py --generator runs/generator-fmnist --num-groups 900 --output runs/gen
+    accelerate launch -m timm_csm.commands.generate --generator runs/generator-fmnist --num-groups 900 --output runs/gen
 Run the same command again after an interruption: finished shards are kept, the rest is generated.
 
 The paper's generators: ``--generator`` an NVlabs EDM network pickle (``.pkl``, read without running code from it),
 sampled with EDM's Heun sampler, no guidance, 20 steps for CIFAR-10 and 25 for CIFAR-100 unless ``--steps`` says
 otherwise; the class names are CIFAR-10's or CIFAR-100's by the label dimension unless ``--class-names`` gives them.
 
-    python hub_scripts/generate.py --generator edm-cifar10-32x32-cond-vp.pkl --num-groups 19980 --output runs/c10
+    timm-csm-generate --generator edm-cifar10-32x32-cond-vp.pkl --num-groups 19980 --output runs/c10
 
 Real-anchored mode: ``--strength t`` (< 1) starts every group from a real training image of one of its two classes,
 noised to strength t with the group's noise (SDEdit), instead of pure noise. The anchors are the training images of
@@ -15,7 +15,7 @@ the classifier run they are made for: ``--anchor-dataset`` with the run's ``--an
 ``--anchor-val-fraction`` and ``--anchor-seed`` (train.py's ``--max-train-samples``, ``--val-fraction``,
 ``--seed``), so no validation or test image is ever an anchor.
 
-    python hub_scripts/generate.py --generator G --num-groups 900 --output runs/gen-t06 --strength 0.6 \
+    timm-csm-generate --generator G --num-groups 900 --output runs/gen-t06 --strength 0.6 \
         --anchor-dataset fashion_mnist --anchor-max-train-samples 2500 --anchor-seed 0
 """
 from __future__ import annotations
@@ -23,22 +23,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from timm_csm.training.args import HelpFormatter
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--generator", required=True,
                    help="generator folder (model_index.json, unet/, scheduler/) or an EDM network pickle (.pkl)")
-    p.add_argument("--num-groups", type=int, required=True)
-    p.add_argument("--output", required=True)
+    p.add_argument("--num-groups", type=int, required=True, help="groups to generate (each: one image per lambda)")
+    p.add_argument("--output", required=True, help="folder of the generated shards (plan.json, shards/)")
     p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
     p.add_argument("--steps", type=int, default=None,
                    help="sampler steps; default 50 for a generator folder, the paper's 20 / 25 for an EDM pickle")
-    p.add_argument("--scheduler", default="ddim", choices=["ddim", "dpm"])
+    p.add_argument("--scheduler", default="ddim", choices=["ddim", "dpm"],
+                   help="generator folder: DDIM (eta 0) or DPM-Solver multistep")
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="classifier-free guidance; 1 = none (the paper); default: the generator's recommendation")
-    p.add_argument("--groups-per-shard", type=int, default=64)
+    p.add_argument("--groups-per-shard", type=int, default=64, help="groups per shard file (the unit of resuming)")
     p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
-    p.add_argument("--seed-offset", type=int, default=0)
+    p.add_argument("--seed-offset", type=int, default=0, help="seed of the first group (group i has seed offset + i)")
     p.add_argument("--class-names", default=None,
                    help="EDM pickle: comma-separated class names in label order (default: CIFAR-10 / CIFAR-100)")
     g = p.add_argument_group("real-anchored mode")
@@ -101,23 +104,24 @@ def main(argv=None):
     from accelerate import Accelerator
 
     from timm_csm.generation import generate_to_folder, lambda_grid, make_plan
+    from timm_csm.train import end_process_group, exit_interrupted
 
-    accelerator = Accelerator()
-    anchors = plan_anchors = None
-    if args.strength < 1.0:
-        anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_fraction,
-                                   args.anchor_seed)
-        plan_anchors = {**anchors.describe(), "strength": args.strength}
-    pipeline = build_pipeline(args, accelerator.device, anchors)
-    plan = make_plan(pipeline.num_classes, args.num_groups, lambda_grid(args.num_lambdas), pipeline.class_names,
-                     args.groups_per_shard, args.seed_offset, generator=pipeline.provenance, anchors=plan_anchors)
-    generate_to_folder(pipeline, args.output, plan, args.batch_groups, accelerator)
+    try:
+        accelerator = Accelerator()
+        anchors = plan_anchors = None
+        if args.strength < 1.0:
+            anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_fraction,
+                                       args.anchor_seed)
+            plan_anchors = {**anchors.describe(), "strength": args.strength}
+        pipeline = build_pipeline(args, accelerator.device, anchors)
+        plan = make_plan(pipeline.num_classes, args.num_groups, lambda_grid(args.num_lambdas), pipeline.class_names,
+                         args.groups_per_shard, args.seed_offset, generator=pipeline.provenance, anchors=plan_anchors)
+        generate_to_folder(pipeline, args.output, plan, args.batch_groups, accelerator)
+    except KeyboardInterrupt:
+        exit_interrupted(f"the finished shards are in {args.output}; the same command generates the rest")
+    finally:  # a process exiting with a live gloo group can abort in gloo's worker thread (SIGABRT)
+        end_process_group()
 
 
 if __name__ == "__main__":
-    from timm_csm.train import end_process_group
-
-    try:
-        main()
-    finally:  # a process exiting with a live gloo group can abort in gloo's worker thread (SIGABRT)
-        end_process_group()
+    main()

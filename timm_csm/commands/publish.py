@@ -1,7 +1,7 @@
 """Push a saved CSM dataset folder to the Hugging Face Hub with ``push_to_hub``.
 
-    python hub_scripts/publish.py --repo-id my-org/csm-cifar100-aug               # folder runs/hub/csm-cifar100-aug
-    python hub_scripts/publish.py --repo-id my-org/csm-fmnist-aug --folder out/csm-fmnist-aug --private
+    timm-csm-publish --repo-id my-org/csm-cifar100-aug               # folder runs/hub/csm-cifar100-aug
+    timm-csm-publish --repo-id my-org/csm-fmnist-aug --folder out/csm-fmnist-aug --private
 
 The token comes from ``--token``, ``HF_TOKEN`` or ``hf auth login``. The local folder is only read: a failed push
 leaves it as it was, and the command can simply be run again.
@@ -12,14 +12,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from timm_csm.training.args import HelpFormatter
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--repo-id", required=True, help="namespace/name of the dataset repository")
     p.add_argument("--folder", default=None, help="Hub-layout folder (default <root>/<name of the repository>)")
-    p.add_argument("--root", default="runs/hub")
-    p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None)
+    p.add_argument("--root", default="runs/hub", help="folder holding the saved CSM datasets")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the stored login)")
     p.add_argument("--revision", default=None, help="branch to push to (default main)")
     p.add_argument("--max-shard-size", default=None, help="e.g. 500MB")
     return p.parse_args(argv)
@@ -37,7 +39,6 @@ def main(argv=None):
         sys.exit(str(e))
     url = getattr(commit, "commit_url", None) or f"https://huggingface.co/datasets/{args.repo_id}"
     print(f"pushed {folder} to {args.repo_id}: {url}")
-    return commit
 
 
 if __name__ == "__main__":

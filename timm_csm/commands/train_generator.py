@@ -1,7 +1,7 @@
 """Train a class-conditional diffusers UNet2DModel generator (resumable; run again to continue).
 
-    OMP_NUM_THREADS=1 python hub_scripts/train_generator.py --profile fmnist --output runs/generator-fmnist
-    accelerate launch hub_scripts/train_generator.py --profile cifar10 --dataset cifar10 --output runs/gen-c10
+    OMP_NUM_THREADS=1 timm-csm-train-generator --profile fmnist --output runs/generator-fmnist
+    accelerate launch -m timm_csm.commands.train_generator --profile cifar10 --dataset cifar10 --output runs/gen-c10
 """
 from __future__ import annotations
 
@@ -9,24 +9,26 @@ import argparse
 import dataclasses
 
 from timm_csm.generation.models import GENERATOR_PROFILES
+from timm_csm.training.args import HelpFormatter
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="fmnist", choices=sorted(GENERATOR_PROFILES))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--profile", default="fmnist", choices=sorted(GENERATOR_PROFILES),
+                   help="generator architecture and training schedule")
     p.add_argument("--dataset", default="fashion_mnist",
                    help="fashion_mnist (embedded), digits, or a Hugging Face dataset name or folder")
-    p.add_argument("--image-column", default=None)
-    p.add_argument("--label-column", default=None)
-    p.add_argument("--output", required=True)
+    p.add_argument("--image-column", default=None, help="image column (detected when omitted)")
+    p.add_argument("--label-column", default=None, help="label column (detected when omitted)")
+    p.add_argument("--output", required=True, help="generator folder (resumed when it holds a checkpoint)")
     p.add_argument("--steps", type=int, default=None, help="override the profile's number of steps")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-train-samples", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="images per step (default: the profile's)")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the profile's)")
+    p.add_argument("--max-train-samples", type=int, default=None, help="train on the first N images (default: all)")
     p.add_argument("--no-grid", action="store_true", help="skip the PNG grid of samples at the end")
     p.add_argument("--guidance-scale", type=float, default=1.0,
                    help="classifier-free guidance recorded as the generator's recommended scale (and used for the "
-                        "grid); 1 = none. Measure it with hub_scripts/evaluate_generator.py")
+                        "grid); 1 = none. Measure it with timm-csm-evaluate-generator")
     return p.parse_args(argv)
 
 
@@ -35,6 +37,7 @@ def main(argv=None):
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.training import train_generator
     from timm_csm.generation.report import save_sample_grid
+    from timm_csm.train import exit_interrupted
 
     config = GENERATOR_PROFILES[args.profile]
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed))
@@ -45,7 +48,10 @@ def main(argv=None):
         data = data.subset(range(min(args.max_train_samples, len(data))))
     meta = {"dataset": args.dataset, "profile": args.profile, "num_train_images": len(data),
             "recommended_guidance_scale": args.guidance_scale, "name": f"timm-csm-{args.profile}-ddpm"}
-    unet, scheduler = train_generator(data.images, data.labels, data.class_names, args.output, config, meta=meta)
+    try:
+        unet, scheduler = train_generator(data.images, data.labels, data.class_names, args.output, config, meta=meta)
+    except KeyboardInterrupt:
+        exit_interrupted(f"the checkpoints are in {args.output}; the same command resumes from the last one")
     if not args.no_grid:
         save_sample_grid(unet, scheduler, data.num_classes, f"{args.output}/samples.png",
                          guidance_scale=args.guidance_scale)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict
 
 from . import stages
+from ..training.args import HelpFormatter
 from .cache import StageCache
 from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset
 from .report import write_report
@@ -61,8 +62,8 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="demo", choices=list_profiles())
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--profile", default="demo", choices=list_profiles(), help="the registered profile to run")
     p.add_argument("--output", default=None, help="default: runs/<profile>, runs/<profile>-rehearsal with --rehearse")
     p.add_argument("--generator", default=None,
                    help="'shipped', a generator-training profile (retrains from scratch, e.g. fmnist) or an NVlabs "
@@ -70,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None,
                    help="'reference' or open_clip:<model>:<tag or weights file>, e.g. open_clip:ViT-B-32-quickgelu:"
                         "openai (downloaded when online) or open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors")
-    p.add_argument("--dataset", default=None)
-    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--dataset", default=None, help="the real dataset (default: the profile's)")
+    p.add_argument("--epochs", type=int, default=None, help="classifier epochs (default: the profile's)")
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
     p.add_argument("--rehearse", action="store_true",
                    help="run every stage of the profile at toy size (groups, steps, epochs, image counts) first")
@@ -90,8 +91,14 @@ def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
 def main(argv=None) -> None:
     """The command line: :func:`profile_from_args` run into ``--output`` (``runs/<profile>``, or
     ``runs/<profile>-rehearsal``)."""
+    from ..train import exit_interrupted
+
     args = build_parser().parse_args(argv)
     profile = profile_from_args(args)
     t0 = time.time()
-    run_recipe(profile, args.output or f"runs/{args.profile}{'-rehearsal' if args.rehearse else ''}")
-    print(f"pipeline finished in {time.time() - t0:.0f} s")
+    output = args.output or f"runs/{args.profile}{'-rehearsal' if args.rehearse else ''}"
+    try:
+        run_recipe(profile, output)
+    except KeyboardInterrupt:
+        exit_interrupted(f"the finished stages are kept in {output}; the same command continues from them")
+    print(f"pipeline finished in {time.time() - t0:.0f} s; report: {Path(output) / 'report.md'}")

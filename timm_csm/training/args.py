@@ -18,8 +18,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ..io import read_model_meta
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
-__all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "build_parser", "parse_args", "resolve_config",
-           "fill_from_checkpoint", "upgrade_stored_config"]
+__all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "HelpFormatter", "build_parser", "parse_args",
+           "resolve_config", "fill_from_checkpoint", "upgrade_stored_config"]
 
 PAPER_SEED = 12345
 #: the key that marks the args.yaml a run writes (its value: the timm-csm version)
@@ -82,9 +82,10 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--in-chans", type=int, default=None, help="input channels (default: the dataset's)")
     g.add_argument("--mean", type=float, nargs="+", default=None,
                    help="normalisation mean (default: the training data's, or the pretrained config's)")
-    g.add_argument("--std", type=float, nargs="+", default=None, help="normalisation std (see --mean)")
+    g.add_argument("--std", type=float, nargs="+", default=None, help="normalisation std (default: as --mean)")
     g.add_argument("--drop", type=float, default=0.0, help="dropout rate before the classifier")
-    g.add_argument("--drop-path", type=float, default=None, help="drop-path rate (models that support it)")
+    g.add_argument("--drop-path", type=float, default=None,
+                   help="drop-path rate (models that support it; default: the model's)")
     g.add_argument("--model-kwargs", nargs="*", type=_key_value, default=[], metavar="KEY=VALUE",
                    help="extra keyword arguments for timm.create_model")
     g.add_argument("--sync-bn", action="store_true",
@@ -103,26 +104,29 @@ def _add_optimizer(p: argparse.ArgumentParser) -> None:
     """The "Optimizer and schedule" flags."""
     g = p.add_argument_group("Optimizer and schedule")
     g.add_argument("-b", "--batch-size", type=int, default=128, help="real images per process and step")
-    g.add_argument("-vb", "--validation-batch-size", type=int, default=None, help="evaluation batch size")
+    g.add_argument("-vb", "--validation-batch-size", type=int, default=None,
+                   help="evaluation batch size (default: --batch-size)")
     g.add_argument("--grad-accum-steps", type=int, default=1,
                    help="batches per optimizer update (the update's batch: steps x processes x --batch-size)")
-    g.add_argument("--epochs", type=int, default=200)
+    g.add_argument("--epochs", type=int, default=200, help="epochs to train")
     g.add_argument("--opt", default="momentum",
                    help="timm optimizer name; 'momentum' is SGD without Nesterov (the paper), 'sgd' is Nesterov")
-    g.add_argument("--lr", type=float, default=0.1)
-    g.add_argument("--momentum", type=float, default=0.9)
-    g.add_argument("--weight-decay", type=float, default=5e-4)
+    g.add_argument("--lr", type=float, default=0.1, help="base learning rate")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--weight-decay", type=float, default=5e-4, help="weight decay")
     g.add_argument("--filter-bias-and-bn", action=argparse.BooleanOptionalAction, default=False,
                    help="exempt biases and norm weights from weight decay (timm's default; the paper decays all)")
     g.add_argument("--clip-grad", type=float, default=2.0, help="gradient clipping threshold (0 or less: off)")
-    g.add_argument("--clip-mode", default="norm", choices=("norm", "value"))
+    g.add_argument("--clip-mode", default="norm", choices=("norm", "value"),
+                   help="clip the gradients' global norm or each value")
     g.add_argument("--sched", default="multistep", help="timm scheduler: multistep, step, cosine, plateau, ...")
-    g.add_argument("--decay-milestones", type=int, nargs="+", default=[80, 120])
+    g.add_argument("--decay-milestones", type=int, nargs="+", default=[80, 120],
+                   help="multistep: epochs where the learning rate is multiplied by --decay-rate")
     g.add_argument("--decay-epochs", type=float, default=100, help="period of the 'step' scheduler")
-    g.add_argument("--decay-rate", type=float, default=0.1)
-    g.add_argument("--warmup-epochs", type=int, default=0)
-    g.add_argument("--warmup-lr", type=float, default=1e-5)
-    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--decay-rate", type=float, default=0.1, help="factor of each learning-rate decay")
+    g.add_argument("--warmup-epochs", type=int, default=0, help="epochs of linear learning-rate warm-up")
+    g.add_argument("--warmup-lr", type=float, default=1e-5, help="learning rate the warm-up starts from")
+    g.add_argument("--min-lr", type=float, default=0.0, help="lowest learning rate of the schedule")
 
 
 def _add_input(p: argparse.ArgumentParser) -> None:
@@ -230,21 +234,36 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 def _add_run(p: argparse.ArgumentParser) -> None:
     """The "Run" flags."""
     g = p.add_argument_group("Run")
-    g.add_argument("--seed", type=int, default=PAPER_SEED)
+    g.add_argument("--seed", type=int, default=PAPER_SEED,
+                   help="seed of the initialisation, the validation split, augmentation and companions")
     g.add_argument("--amp", action="store_true", help="mixed precision (accelerate); see --amp-dtype")
-    g.add_argument("--amp-dtype", default="float16", choices=("float16", "bfloat16"))
+    g.add_argument("--amp-dtype", default="float16", choices=("float16", "bfloat16"), help="precision of --amp")
     g.add_argument("--cpu", action="store_true", help="train on the CPU even when an accelerator is present")
     g.add_argument("--torchcompile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the training forward with this backend (the flag alone: inductor)")
-    g.add_argument("--torchcompile-mode", default=None, help="torch.compile mode (default, reduce-overhead, ...)")
+    g.add_argument("--torchcompile-mode", default=None,
+                   help="torch.compile mode, e.g. reduce-overhead (default: torch's)")
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The ``--help`` of every timm-csm command: the description as written, and each option's help ending with its
+    default once: not when the help says it in words (or ``BooleanOptionalAction`` added it), nor for a switch,
+    which is off unless given."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or "when omitted" in text or not action.option_strings or (
+                action.default is argparse.SUPPRESS) or (
+                action.nargs == 0 and action.default is False):
+            return text
+        return f"{text} (default: {'none' if action.default in (None, '') else '%(default)s'})"
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; flag names follow timm's train.py where they overlap."""
     p = argparse.ArgumentParser(
-        prog="train.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate calibration "
-                    "before and after temperature scaling. Run with `accelerate launch train.py ...` for several "
-                    "processes.")
+        formatter_class=HelpFormatter,
+        description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate its calibration\n"
+                    "before and after temperature scaling. Several processes: accelerate launch -m timm_csm.train ...")
     p.add_argument("-c", "--config", default=None, metavar="FILE",
                    help="YAML file of defaults (keys are the flag names, with - or _); flags override it")
     for add_group in (_add_dataset, _add_model, _add_input, _add_optimizer, _add_mixing, _add_calibration, _add_output,

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..io import save_model_file, write_text_atomic
 
 __all__ = ["results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE", "write_summary",
-           "write_results"]
+           "write_results", "reliability_title"]
 
 SUMMARY_FILE = "summary.csv"
 
@@ -102,14 +102,19 @@ def write_summary(out_dir: Path, row: Dict[str, Any], val: Optional[Sequence] = 
     update_summary(row["epoch"], train, evals, str(Path(out_dir) / SUMMARY_FILE), lr=row["lr"])
 
 
-def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, n_bins: int) -> None:
+def reliability_title(results: Dict[str, Any], split: str) -> str:
+    """What a run's reliability diagram shows: ``"resnet18 / csm, cifar100 test, N=10000"``."""
+    return f"{results['model']} / {results['loss']}, {Path(results['dataset']).name} {split}, N={results['n_test']}"
+
+
+def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, split: str) -> None:
     """Reliability diagrams of the test logits before and after TS (skipped without matplotlib)."""
     try:
         from ..metrics.plots import reliability_diagram, reliability_diagrams
     except ImportError as e:  # matplotlib is an optional extra
         warnings.warn(f"reliability diagrams skipped ({e})")
         return
-    name = f"{results['model']} / {results['loss']}"
+    name, n_bins = reliability_title(results, split), results["n_bins"]
     reliability_diagram(test_logits, test_y, str(out_dir / "reliability_before.png"), n_bins=n_bins,
                         title=f"{name}: before TS")
     if post_logits is not None:
@@ -117,14 +122,15 @@ def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results,
         reliability_diagram(post_logits, test_y, str(out_dir / "reliability_after.png"), n_bins=n_bins,
                             title=f"{name}: after TS (T={t:.2f})")
         reliability_diagrams({"before TS": (test_logits, test_y), f"after TS (T={t:.2f})": (post_logits, test_y)},
-                             str(out_dir / "reliability.png"), n_bins=n_bins)
+                             str(out_dir / "reliability.png"), n_bins=n_bins, title=name)
 
 
 def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, post_logits=None,
-                  scaler=None) -> str:
+                  scaler=None, split: str = "test") -> str:
     """Write a run's evaluation into ``out_dir``: ``results.json``, ``results.md``, ``test_predictions.safetensors``
     (test logits and labels, so that reports can redraw or re-score them without the model),
-    ``temperature.safetensors`` (with a fitted ``scaler``) and the reliability diagrams; returns the markdown."""
+    ``temperature.safetensors`` (with a fitted ``scaler``) and the reliability diagrams, titled with the model, the
+    loss, the dataset, the ``split`` and its size; returns the markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if scaler is not None:
         scaler.save(str(out_dir / "temperature.safetensors"))
@@ -133,5 +139,5 @@ def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, p
     write_text_atomic(out_dir / "results.md", markdown)
     save_model_file(out_dir / "test_predictions.safetensors", {"logits": test_logits, "targets": test_y},
                     {"temperature": results["temperature"], "run_id": results["run_id"]})
-    _reliability_plots(out_dir, test_logits, test_y, post_logits, results, results["n_bins"])
+    _reliability_plots(out_dir, test_logits, test_y, post_logits, results, split)
     return markdown

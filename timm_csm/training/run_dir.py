@@ -57,10 +57,15 @@ def folder_run_id(folder) -> Optional[str]:
 
 
 class RunDirLock:
-    """A run folder held by this process: ``path``, and the lock released by :meth:`release` (or process exit)."""
+    """A run folder held by this process: ``path``, and the lock released by :meth:`release` (or process exit).
 
-    def __init__(self, path: Path, fd: int):
-        self.path, self._fd = path, fd
+    ``passed_over``: when a numbered claim gave way to ``<name>-1``, ... : why the folder asked for was not taken,
+    ``"in use"`` (locked by a running run), ``"finished"`` (it holds results.json), ``"interrupted"`` (a
+    last.safetensors to resume) or ``"other"`` (another run's files); None when the folder asked for was taken.
+    """
+
+    def __init__(self, path: Path, fd: int, passed_over: Optional[str] = None):
+        self.path, self._fd, self.passed_over = path, fd, passed_over
 
     def release(self) -> None:
         if self._fd is not None:
@@ -120,7 +125,7 @@ def claim_run_dir(folder, run_id: str, *, numbered: bool = False, resumes: Optio
     ``replace_unfinished``: a folder whose run left neither ``last.safetensors`` nor ``results.json`` (killed in its
     first epoch) is taken over, its files removed. Otherwise a folder that holds a run is refused.
     """
-    base = Path(folder)
+    base, passed_over = Path(folder), None
     for i in itertools.count():
         candidate = base if i == 0 else base.with_name(f"{base.name}-{i}")
         fd = _try_lock(candidate, run_id)
@@ -131,10 +136,13 @@ def claim_run_dir(folder, run_id: str, *, numbered: bool = False, resumes: Optio
             problem = _ownership_problem(candidate, resumes, replace_unfinished)
             if problem is None:
                 remove_temp_files(candidate)
-                return RunDirLock(candidate, fd)
+                return RunDirLock(candidate, fd, passed_over)
             os.close(fd)
         if not numbered:
             raise ValueError(problem)
+        if i == 0:
+            passed_over = ("in use" if fd is None else "finished" if (base / "results.json").exists() else
+                           "interrupted" if (base / "last.safetensors").exists() else "other")
 
 
 def config_record(args) -> Dict[str, Any]:

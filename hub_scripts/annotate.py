@@ -1,0 +1,5 @@
+"""Same as `timm-csm-annotate` (timm_csm/commands/annotate.py), for a source checkout."""
+from timm_csm.commands.annotate import main
+
+if __name__ == "__main__":
+    main()

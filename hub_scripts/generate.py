@@ -1,0 +1,5 @@
+"""Same as `timm-csm-generate` (timm_csm/commands/generate.py), for a source checkout."""
+from timm_csm.commands.generate import main
+
+if __name__ == "__main__":
+    main()

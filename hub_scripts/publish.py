@@ -1,0 +1,5 @@
+"""Same as `timm-csm-publish` (timm_csm/commands/publish.py), for a source checkout."""
+from timm_csm.commands.publish import main
+
+if __name__ == "__main__":
+    main()

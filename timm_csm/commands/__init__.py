@@ -1,0 +1,16 @@
+"""The command lines of the method's steps, installed as console scripts with the package.
+
+- ``timm-csm-train`` (:mod:`timm_csm.train`): train a classifier and evaluate its calibration; also
+  ``accelerate launch -m timm_csm.train``.
+- ``timm-csm-pipeline`` (:mod:`timm_csm.recipes`): the main job, by profile (``demo``, ``smoke``, ``full``).
+- ``timm-csm-train-generator`` (:mod:`.train_generator`): train a class-conditional diffusers generator.
+- ``timm-csm-generate`` (:mod:`.generate`): generate semantic-mixing groups with a generator.
+- ``timm-csm-annotate`` (:mod:`.annotate`): re-annotate generated groups into a CSM dataset.
+- ``timm-csm-publish`` (:mod:`.publish`): push a CSM dataset to the Hugging Face Hub.
+- ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): how often a classifier recognises a generator's
+  pure-class samples.
+- ``timm-csm-install-metrics`` (:mod:`timm_csm.hf_metrics`): make ``evaluate.load(name)`` find the metrics.
+
+Each module here is argparse plus library calls, with ``main(argv=None)``; ``python -m timm_csm.commands.<name>``
+and, in a source checkout, ``python hub_scripts/<name>.py`` run the same ``main``.
+"""
