@@ -120,8 +120,10 @@ def test_install_then_bare_name_load_dataset_from_another_directory(saved, annot
     assert got["rows"] == expected
     # load_csm_dataset resolves the installed name without the Hub, and explains what is missing otherwise
     assert rows_of(load_csm_dataset("csm-shapes-aug", split="train", cache_dir=hf_home / "datasets")) == expected
-    with pytest.raises(FileNotFoundError, match="install_dataset"):
+    with pytest.raises(FileNotFoundError, match="timm-csm-generate, then timm-csm-annotate --install"):
         load_csm_dataset("csm-nothing-aug", cache_dir=hf_home / "datasets")
+    with pytest.raises(FileNotFoundError, match=r"csm-cifar100-aug.*timm-csm-pipeline --profile full"):
+        load_csm_dataset("csm-cifar100-aug", cache_dir=hf_home / "datasets")
 
 
 def test_reinstall_of_changed_data_wins(saved, tmp_path):

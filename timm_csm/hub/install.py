@@ -25,6 +25,10 @@ from .layout import DATA_DIR, README, data_files, folder_fingerprint
 __all__ = ["install_dataset", "load_csm_dataset", "load_folder", "is_installed"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# the commands that build and install the CSM datasets the recipes make, named when such a dataset is missing
+_BUILT_BY = {"csm-fmnist-aug": "timm-csm-pipeline --profile demo (at toy size: --profile smoke)",
+             "csm-digits-aug": "timm-csm-pipeline --profile demo --dataset digits",
+             "csm-cifar100-aug": "timm-csm-pipeline --profile full (the paper's GPU recipe)"}
 _STAMP = "timm_csm_fingerprint.txt"  # beside the prepared arrow files: the folder content they were prepared from
 
 
@@ -138,8 +142,9 @@ def load_csm_dataset(name_or_path, split: Optional[str] = None, cache_dir=None, 
         return dd[split] if split is not None else dd
     if "/" not in key and "\\" not in key:
         if not is_installed(key, cache_dir):
+            how = _BUILT_BY.get(key, "timm-csm-generate, then timm-csm-annotate --install")
             raise FileNotFoundError(
-                f"dataset {key!r} is neither a folder nor installed in {_cache_root(cache_dir)}; install it with "
-                f"timm_csm.install_dataset('<folder>/{key}'), pass its folder, or use a Hub id 'org/{key}'")
+                f"dataset {key!r} is neither a folder nor installed in {_cache_root(cache_dir)}: build and install "
+                f"it with {how}; or pass its folder, or a Hub id 'org/{key}'")
         return _load_cached(key, cache_dir, split)
     return datasets.load_dataset(key, split=split, cache_dir=cache_dir, **load_kwargs)
