@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 OMP_NUM_
 FASHION_MNIST_DIR ?= $(or $(TIMM_CSM_FASHION_MNIST),/usr/share/datasets/fashion-mnist)
 FASHION_MNIST_INSTALL := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: install fashion-mnist test demo benchmark clean
+.PHONY: install fashion-mnist test demo benchmark docs docs-screenshot dist clean
 
 fashion-mnist:
 	@if [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ]; then exit 0; fi; \
@@ -51,5 +51,20 @@ benchmark: fashion-mnist $(STAMP)
 	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe borrowed
 	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe matched
 
+# the documentation site, into site/, warnings as errors (tests/test_docs.py builds it in CI)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/site_home.png: the built home page in headless chromium (Debian's chromium package)
+CHROMIUM_FLAGS := --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \
+	--disable-sync --no-first-run --hide-scrollbars --window-size=1280,900
+docs-screenshot: docs
+	chromium $(CHROMIUM_FLAGS) --screenshot=docs/site_home.png file://$(CURDIR)/site/index.html
+
+# the sdist and the wheel, into dist/ (tests/test_distribution.py builds and installs them in CI)
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist'); b.build_wheel('dist')"
+
 clean:
-	rm -rf runs build *.egg-info .pytest_cache
+	rm -rf runs build dist site *.egg-info .pytest_cache

@@ -1,0 +1,109 @@
+"""Build hooks of the documentation site (``mkdocs.yml``).
+
+* :func:`on_files` generates the API reference: one page per subpackage and top-level module of ``timm_csm``,
+  rendered from the docstrings by mkdocstrings, found at build time, so that a new or renamed module is documented
+  without a page to edit (and one whose docstrings fail to render fails the strict build).
+* :func:`on_page_markdown` writes the flag tables of ``timm-csm-train`` where a page holds :data:`FLAGS_MARKER`,
+  from the argument parser itself: one table per group of ``--help``, each flag with its default and help.
+* :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
+  (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
+"""
+from __future__ import annotations
+
+import ast
+import html
+import re
+from pathlib import Path
+
+from griffe import Extension
+
+PACKAGE = Path(__file__).resolve().parents[1] / "timm_csm"
+FLAGS_MARKER = "<!-- the flags of timm-csm-train -->"
+_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
+
+
+def _inline_code(match: re.Match) -> str:
+    tilde, text, target = match.groups()
+    if target:  # :role:`text <target>`
+        return f"`{text}`"
+    return f"`{text.rsplit('.', 1)[-1] if tilde else text}`"
+
+
+class DocstringRoles(Extension):
+    """Sphinx roles in docstrings as inline code: ``:func:`~a.b.f``` -> ``f``, ``:mod:`a.b``` -> ``a.b``."""
+
+    def on_instance(self, *, obj, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = _ROLE.sub(_inline_code, obj.docstring.value)
+
+
+def api_modules() -> list[str]:
+    """The documented modules: ``timm_csm``, each subpackage and each public top-level module, in name order."""
+    names = [p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()]
+    names += [p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")]
+    return ["timm_csm"] + [f"timm_csm.{name}" for name in sorted(names)]
+
+
+def _source(module: str) -> ast.Module:
+    parts = module.split(".")[1:]
+    path = PACKAGE.joinpath(*parts, "__init__.py") if PACKAGE.joinpath(*parts).is_dir() else \
+        PACKAGE.joinpath(*parts[:-1], f"{parts[-1]}.py")
+    return ast.parse(path.read_text())
+
+
+def _summary(tree: ast.Module) -> str:
+    """The first paragraph of a module's docstring, on one line."""
+    doc = ast.get_docstring(tree) or ""
+    return _ROLE.sub(_inline_code, doc.split("\n\n")[0].replace("\n", " "))
+
+
+def _lists_its_api(tree: ast.Module) -> bool:
+    """Whether the module names its public API in a literal ``__all__`` (a package that re-exports it); the others
+    (a plain module, or a package whose names are resolved lazily) are documented with their submodules."""
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+               and isinstance(node.value, ast.List) for node in tree.body)
+
+
+def on_files(files, config, **kwargs):
+    from mkdocs.structure.files import File
+
+    lines = ["# API reference", "", "Generated from the docstrings, one page per part of the package.", ""]
+    for module in api_modules():
+        tree = _source(module)
+        submodules = module != "timm_csm" and not _lists_its_api(tree)
+        content = f"# `{module}`\n\n::: {module}\n    options:\n      show_submodules: {str(submodules).lower()}\n"
+        files.append(File.generated(config, f"api/{module}.md", content=content))
+        lines.append(f"- [`{module}`]({module}.md): {_summary(tree)}")
+    files.append(File.generated(config, "api/index.md", content="\n".join(lines) + "\n"))
+    return files
+
+
+def _cell(text: str) -> str:
+    return html.escape(text).replace("|", "\\|")
+
+
+def flag_tables() -> str:
+    """The options of ``timm-csm-train`` as Markdown, one table per argument group, in ``--help``'s order."""
+    import argparse
+
+    from timm_csm.training import build_parser
+
+    parser, out = build_parser(), []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
+        if not actions:
+            continue
+        out += [f"### {group.title[0].upper()}{group.title[1:]}", "", "| flag | default | what it does |",
+                "|---|---|---|"]
+        for action in actions:
+            default = action.default
+            shown = "" if default in (None, "", False, argparse.SUPPRESS) or action.nargs == 0 else f"`{default}`"
+            flags = ", ".join(f"`{o}`" for o in action.option_strings)
+            text = (action.help or "").replace("%(default)s", str(default))  # BooleanOptionalAction's own
+            out.append(f"| {flags} | {shown} | {_cell(text)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page, **kwargs) -> str:
+    return markdown.replace(FLAGS_MARKER, flag_tables()) if FLAGS_MARKER in markdown else markdown
