@@ -47,6 +47,7 @@ from .calibration import BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassif
 from .io import safetensors_metadata, save_model_file, write_json_atomic, write_text_atomic
 from .metrics import calibration_metrics, reliability_table
 from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
+from .training.args import HelpFormatter
 from .training.model import (CALIBRATED_MODEL_FILE, check_model_name, create_train_model, load_model_weights,
                              load_trained_classifier)
 
@@ -416,7 +417,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="timm-csm-calibrate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="timm-csm-calibrate", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a train.py run folder or model file, or a timm model name")
     p.add_argument("--checkpoint", default=None, help="weights (safetensors) of a timm model name, or the file "
                                                       "to use in a run folder")
@@ -432,19 +434,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
-    p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--in-chans", type=int, default=3)
-    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--num-classes", type=int, default=None, help="classes of a timm model name (default: the run's)")
+    p.add_argument("--in-chans", type=int, default=3, help="input channels of a timm model name")
+    p.add_argument("--img-size", type=int, default=None, help="input size (default: the run's or the model's)")
     p.add_argument("--allow-training-split", action="store_true",
                    help="score the split the model was trained on (refused otherwise)")
-    p.add_argument("--n-bins", type=int, default=15)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--image-column", default=None)
-    p.add_argument("--label-column", default=None)
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--n-bins", type=int, default=15, help="confidence bins of ECE-type metrics")
+    p.add_argument("--batch-size", type=int, default=128, help="images per prediction batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration split and of the calibrators")
+    p.add_argument("--device", default="cpu", help="torch device of the model")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--image-column", default=None, help="image column (detected when omitted)")
+    p.add_argument("--label-column", default=None, help="label column (detected when omitted)")
+    p.add_argument("--data-dir", default=None, help="root folder of a timm torch/<name> dataset")
     return p
 
 
