@@ -4,7 +4,8 @@
     python train.py --dataset fashion_mnist --model small_cnn --loss ce --epochs 5 -b 128 --lr 0.05
     accelerate launch train.py --model swin_tiny --dataset cifar10 --loss csm --csm-dataset org/csm-cifar10-aug
 
-`python train.py --help` lists the options (grouped); see timm_csm/train.py.
+The same as `timm-csm-train` and `accelerate launch -m timm_csm.train` after an install; `python train.py --help`
+lists the options (grouped); see timm_csm/train.py.
 """
 from timm_csm.train import main
 

@@ -95,28 +95,40 @@ def _interrupt(cmd, env, started, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_names_the_folder_and_the_resume_command_and_a_rerun_says_why_it_takes_a_new_folder(tmp_path):
+def test_ctrl_c_names_the_folder_and_the_resume_command_and_a_rerun_says_why_it_takes_a_new_folder(tmp_path, capsys,
+                                                                                                   monkeypatch):
     import os
 
+    from timm_csm.train import run
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "timm_csm.train", "--dataset", "digits", "--model", "small_cnn", "--epochs", "1000",
-           "-b", "32", "--max-train-samples", "320", "--max-test-samples", "100", "--val-fraction", "0.25",
-           "--output", "out", "--experiment", "x"]
-    first, again = tmp_path / "out" / "x", tmp_path / "out" / "x-1"
+    options = dict(dataset="digits", model="small_cnn", batch_size=32, max_train_samples=320, max_test_samples=100,
+                   val_fraction=0.25, output="out", experiment="x")
+    cmd = [sys.executable, "-m", "timm_csm.train", "--epochs", "1000"]
+    for key, value in options.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    first = tmp_path / "out" / "x"
     code, out, err = _interrupt(cmd, env, (first / "last.safetensors").exists, tmp_path)
     assert code == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err
     assert out.splitlines()[0] == "run folder: out/x"
     resume = "timm-csm-train --resume out/x/last.safetensors"
     assert err.strip().splitlines()[-1] == f"interrupted: the run is in out/x; continue it with: {resume}"
 
-    code, out, err = _interrupt(cmd, env, (again / "args.yaml").exists, tmp_path)
-    assert code == 130 and "Traceback" not in err
-    assert out.splitlines()[0] == (f"run folder: out/x-1 (out/x holds an interrupted run; to continue that one "
-                                   f"instead: {resume}, or add --auto-resume)")
-    if (again / "last.safetensors").exists():  # the signal came after its first epoch
-        expected = ("interrupted: the run is in out/x-1; continue it with: timm-csm-train --resume "
-                    "out/x-1/last.safetensors")
-    else:
-        expected = ("interrupted: the run in out/x-1 had not finished an epoch, so there is nothing to resume; run "
-                    "the same command again to start over")
-    assert err.strip().splitlines()[-1] == expected
+    monkeypatch.chdir(tmp_path)  # the same options again (no epoch, to be quick): a new folder, and why
+    run(dict(options, epochs=0, progress=False))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"run folder: out/x-1 (out/x holds an interrupted run; to continue that one instead: "
+                        f"{resume}, or add --auto-resume)")
+    assert lines[-1] == "run folder: out/x-1 (results.json, results.md, reliability diagrams)"
+
+
+def test_an_interrupted_run_without_a_finished_epoch_says_there_is_nothing_to_resume(tmp_path):
+    from timm_csm.train import RunInterrupted
+
+    assert RunInterrupted(tmp_path / "x", eval_only=False).message == (
+        f"the run in {tmp_path / 'x'} had not finished an epoch, so there is nothing to resume; run the same command "
+        "again to start over")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "last.safetensors").write_bytes(b"")
+    assert RunInterrupted(tmp_path / "x", eval_only=False).message.endswith(
+        f"continue it with: timm-csm-train --resume {tmp_path / 'x' / 'last.safetensors'}")
