@@ -273,3 +273,18 @@ def test_the_command_line_points_a_profile_at_other_files():
     assert rehearsal.train_extra["decay_milestones"] == [1, 1] and rehearsal.epochs == 1
     with pytest.raises(ValueError, match="changes only the sizes"):
         rehearsal_profile(get_profile("demo"), lr=1.0)
+
+
+def test_report_says_what_the_generator_learned_from(tmp_path):
+    import json
+
+    from timm_csm.recipes.report import knowledge_line
+
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "model_index.json").write_text(json.dumps({"metadata": {"num_train_images": 60000}}))
+    line = knowledge_line(gen, {"ce": {"n_train": 2250}, "csm": {"n_train": 2250}})
+    assert "learned from 60000 real images, the classifiers from 2250" in line and "not a fair comparison" in line
+    (gen / "model_index.json").write_text(json.dumps({"metadata": {"num_train_images": 2250}}))
+    assert "not a fair" not in knowledge_line(gen, {"csm": {"n_train": 2250}})
+    assert "not recorded" in knowledge_line(tmp_path / "missing", {"csm": {"n_train": 2250}})

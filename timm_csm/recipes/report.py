@@ -9,13 +9,29 @@ from typing import Any, Dict, Optional
 from ..io import atomic_path, write_bytes_atomic, write_text_atomic
 from ..training.reporting import comparison_markdown
 
-__all__ = ["write_report", "save_group_figure"]
+__all__ = ["write_report", "knowledge_line", "save_group_figure"]
 
 def _quality_line(quality: Dict[str, Any]) -> str:
     real_acc = quality["classifier_real_test_accuracy"]  # None when the encoder was trained without a test split
     on_real = f" ({100 * real_acc:.1f}% on real test images)" if real_acc is not None else ""
     return (f"Generator quality: the reference classifier{on_real} recognises {100 * quality['accuracy']:.1f}% of "
             f"{quality['num_images']} generated pure-class images (guidance scale {quality['guidance_scale']}).")
+
+
+def knowledge_line(generator_dir: Path, results: Dict) -> str:
+    """What the generated data learned from, beside what the classifiers learned from: a generator (and a reference
+    encoder) trained on more labelled images than the classifier lend CSM knowledge the CE run never sees."""
+    index = Path(generator_dir) / "model_index.json"
+    meta = json.loads(index.read_text()).get("metadata", {}) if index.is_file() else {}
+    n_gen, n_cls = meta.get("num_train_images"), results.get("csm", results.get("ce", {})).get("n_train")
+    if n_gen is None or n_cls is None:
+        return ("The generator's training images are not recorded: compare with care (a generator trained on more "
+                "labelled images than the classifier lends CSM knowledge the CE run never sees).")
+    text = f"The generator learned from {n_gen} real images, the classifiers from {n_cls}."
+    if n_gen > n_cls:
+        text += (" CSM's generated data carries knowledge the CE run never sees: one seed, not a fair comparison "
+                 "(benchmarks/PROTOCOL.md sets the fair one).")
+    return text
 
 
 def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: Path, timings: Dict,
@@ -27,14 +43,16 @@ def write_report(output: Path, results: Dict, csm_dataset: Path, generator_dir: 
     lines = ["# timm-csm main job report", "",
              "Test-set calibration of the same classifier trained with cross-entropy and with CSM "
              "(accuracy and calibration errors in %, 15 bins; temperature fitted on the validation split).", "",
-             table, "", f"Generator: `{Path(generator_dir).name}`. CSM dataset: `{Path(csm_dataset).name}`.", ""]
+             table, "", f"Generator: `{Path(generator_dir).name}`. CSM dataset: `{Path(csm_dataset).name}`.", "",
+             knowledge_line(generator_dir, results), ""]
     if quality:
         lines += [_quality_line(quality), ""]
     for title, path in figures.items():
         lines += [f"## {title}", "", f"![{title}]({path})", ""]
     lines += ["## Stage times (s, this run)", "", json.dumps(timings, indent=1), ""]
     write_text_atomic(output / "report.md", "\n".join(lines))
-    return {"table": table, "results": results, "figures": figures}
+    return {"table": table, "knowledge": knowledge_line(generator_dir, results), "results": results,
+            "figures": figures}
 
 
 def _report_figures(output: Path, results: Dict, csm_dataset: Path) -> Dict[str, str]:

@@ -58,6 +58,7 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     csm_dataset = annotated.folder / stages.csm_dataset_name(profile.dataset)
     report = write_report(output, results, csm_dataset, generator_dir, cache.timings, quality)
     log(report["table"])
+    log(report["knowledge"])
     return report
 
 
