@@ -1,5 +1,5 @@
-"""Small hand-built data for the annotation and hub tests: real-like class images, raw generated groups, an
-annotated CSM dataset, and a tiny timm encoder loaded from a local checkpoint."""
+"""Small hand-built data for the annotation and hub tests: real-like class images (in memory or as a PNG image
+folder), raw generated groups, an annotated CSM dataset, and a tiny timm encoder loaded from a local checkpoint."""
 import io
 import math
 
@@ -41,6 +41,21 @@ def png_bytes(image_chw: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image_chw[0]).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def write_image_folder(root, splits=("val", "test"), n_per_class: int = 30, seed: int = 0, noise: float = 60.0):
+    """An image folder of grey PNGs of the three class patterns: ``<split>/<class>/<i>.png`` for each of
+    ``splits``, or timm's flat ``<class>/<i>.png`` for a split None; returns ``root``."""
+    rng = np.random.default_rng(seed)
+    patterns = class_patterns()
+    for split in splits:
+        for k, name in enumerate(CLASS_NAMES):
+            folder = root / split / name if split else root / name
+            folder.mkdir(parents=True)
+            for i in range(n_per_class):
+                noisy = np.clip(patterns[k] + rng.normal(0, noise, patterns[k].shape), 0, 255).astype(np.uint8)
+                (folder / f"{i}.png").write_bytes(png_bytes(noisy[None]))
+    return root
 
 
 def raw_generated_rows(num_groups: int = 4, seed: int = 0):

@@ -57,8 +57,10 @@ def test_a_named_split_the_dataset_lacks_is_an_error_naming_its_splits(train_val
     for flag in ("--test-split", "--val-split", "--train-split"):
         with pytest.raises(ValueError, match=rf"{flag} 'test'.*its splits are \['train', 'validation'\]"):
             load_data(parse_args(["--dataset", train_val_folder, flag, "test"]))
-    with pytest.raises(ValueError, match=r"no split to report test metrics on.*\['train', 'validation'\]"):
-        load_data(parse_args(["--dataset", train_val_folder, "--val-split", "validation"]))
+    no_test = load_data(parse_args(["--dataset", train_val_folder, "--val-split", "validation"]))
+    assert no_test.test is None and len(no_test.val) == 80  # reports validation only
+    with pytest.raises(ValueError, match=r"no split to score.*\['train', 'validation'\].*--test-split"):
+        load_data(parse_args(["--dataset", train_val_folder, "--val-split", "validation", "--eval-only"]))
     with pytest.raises(ValueError, match="--val-split 'train' is the training split"):
         load_data(parse_args(["--dataset", train_val_folder, "--val-split", "train"]))
 
@@ -160,3 +162,32 @@ def test_the_timm_options_taken_as_they_are_are_options_here():
 
     dests = {a.dest for a in build_parser()._actions}
     assert TIMM_SHARED_KEYS <= dests & TIMM_TRAIN_KEYS and len(TIMM_TRAIN_KEYS) > 150
+
+
+def test_a_flat_folder_trains_with_a_held_out_fraction_and_reports_validation_only(tmp_path, capsys):
+    """timm's plain layout (``<class>/*.png``, no split folders) is the training split: the run says in one line
+    that there is no test split and reports its validation images; --eval-only scores such a folder only when
+    --test-split names it, and never the folder the checkpoint trained on."""
+    from csm_fixtures import write_image_folder
+
+    flat = str(write_image_folder(tmp_path / "images", splits=(None,), n_per_class=20))
+    with pytest.raises(ValueError, match="no test split .* holds out no validation images"):
+        load_data(parse_args(["--dataset", flat, "--val-fraction", "0"]))
+    res = run(parse_args(_flags(tmp_path, "flat", "--dataset", flat, "--val-fraction", "0.2")))
+    notes = [line for line in capsys.readouterr().out.splitlines() if "no test split" in line]
+    assert len(notes) == 1 and "the results are on the 12 validation images" in notes[0]
+    assert res["test"] is None and (res["n_train"], res["n_val"], res["n_test"]) == (48, 12, 0)
+    assert set(res["val"]) == {"pre_ts", "post_ts"} and res["temperature"] is not None
+    run_dir = tmp_path / "flat"
+    assert "No test split: the numbers are on the 12 validation images" in (run_dir / "results.md").read_text()
+    assert (run_dir / "val_predictions.safetensors").is_file() and not (run_dir / "test_predictions.safetensors").exists()
+    assert yaml.safe_load((run_dir / "args.yaml").read_text())["test_split"] is None
+    checkpoint = str(run_dir / "model_best.safetensors")
+    for extra, match in (((), "no split to score"), (("--test-split", "train"), "is the split .* was trained on")):
+        with pytest.raises(ValueError, match=match):
+            run(parse_args(["--eval-only", "--checkpoint", checkpoint, "--no-progress", *extra]))
+    held_out = str(write_image_folder(tmp_path / "held_out", splits=(None,), n_per_class=10, seed=1))
+    scored = run(parse_args(["--eval-only", "--checkpoint", checkpoint, "--dataset", held_out, "--test-split", "train",
+                             "--no-progress", "--output", str(tmp_path), "--experiment", "eval"]))
+    assert (scored["n_test"], scored["n_val"]) == (30, 0)  # every image scored, none held out for TS
+    assert scored["test"]["post_ts"] is None and scored["val"] is None

@@ -142,22 +142,16 @@ def load_classifier(model, checkpoint=None, pretrained_path=None, num_classes: O
     return Classifier(net.eval(), eval_tf, names, meta, f"{model} + {weights}")
 
 
-def _same_dataset(a, b) -> bool:
-    if a is None or b is None:
-        return False
-    if os.path.exists(str(a)) and os.path.exists(str(b)):
-        return Path(a).resolve() == Path(b).resolve()
-    return str(a) == str(b)
-
-
 def _check_splits(classifier: Classifier, dataset, test_split: str, calibration_split: Optional[str],
                   allow_training_split: bool, log) -> None:
+    from .data.sources import same_dataset
+
     meta = classifier.meta or {}
     if not meta.get("dataset"):
         log(f"the training data of {classifier.description} is unknown: make sure {test_split!r} was not used "
             "to train it")
         return
-    if not _same_dataset(meta["dataset"], dataset):
+    if not same_dataset(meta["dataset"], dataset):
         return
     trained = meta.get("train_split") or "train"
     if test_split == trained:

@@ -9,7 +9,8 @@ Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pi
 1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is opened (the embedded sets in memory, any other read
    lazily, decoded per batch in the DataLoader workers); the ``--val-split`` split, else a
    seeded ``--val-fraction`` of the training split, is the validation set for checkpoint selection, stateful-loss
-   hooks and temperature scaling; the test split is ``--test-split``, else ``test``, ``validation`` or ``val``. CSM
+   hooks and temperature scaling; the test split is ``--test-split``, else ``test``, ``validation`` or ``val``
+   (a flat ``<class>/<image>`` folder has none: the run says so and reports its validation images). CSM
    companions come from ``--csm-dataset`` (the published generated dataset) through
    :class:`~timm_csm.data.CSMCollator`.
 2. training (defaults: the CIFAR recipe of the CSM paper: SGD 0.1 without Nesterov, momentum 0.9, weight decay
@@ -107,6 +108,7 @@ def _prepare_args(args) -> Optional[Dict[str, Any]]:
             print("train.py: --eval-only takes from the checkpoint's run: " + ", ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
                   file=sys.stderr)
+        _refuse_training_split(args)
     elif args.auto_resume and not args.resume and (_experiment_dir(args) / CHECKPOINT_LAST).exists():
         args.resume = str(_experiment_dir(args) / CHECKPOINT_LAST)
     resume_state = load_resumed(args) if args.resume and not args.eval_only else None
@@ -153,6 +155,18 @@ def _run_folder_line(asked: Path, lock) -> str:
     if lock.passed_over is not None:
         return f"{line} ({asked} {_PASSED_OVER[lock.passed_over]})"
     return line
+
+
+def _refuse_training_split(args) -> None:
+    """--eval-only never scores the split the checkpoint trained on (a flat folder's only split, ``train``, is
+    scored when it is another folder than the training run's)."""
+    from .data.sources import same_dataset
+
+    meta = read_model_meta(args.checkpoint) or {}
+    trained = meta.get("train_split") or "train"
+    if args.test_split == trained and same_dataset(meta.get("dataset"), args.dataset):
+        raise ValueError(f"--test-split {args.test_split!r} of {args.dataset} is the split {args.checkpoint} was "
+                         "trained on; score a held-out split or folder")
 
 
 def _take_run_dir(args, accelerator, resume_state):
@@ -252,7 +266,11 @@ def run(config) -> Dict[str, Any]:
             write_text_atomic(out_dir / "args.yaml", yaml.safe_dump(record, sort_keys=False))
         eval_bs = args.validation_batch_size or args.batch_size
         val_loader = eval_loader(data.val, eval_tf, eval_bs, args, accelerator) if len(data.val) else None
-        test_loader = eval_loader(data.test, eval_tf, eval_bs, args, accelerator)
+        test_loader = eval_loader(data.test, eval_tf, eval_bs, args, accelerator) if data.test is not None else None
+        if data.test is None:
+            accelerator.print(f"train.py: {args.dataset} has no test split: the results are on the {len(data.val)} "
+                              "validation images, which select the checkpoint and fit the temperature (name a "
+                              "held-out split with --test-split, or score a held-out folder with --eval-only)")
         history: List[Dict[str, Any]] = []
         best: Dict[str, Any] = {"value": None, "epoch": None, "metric": args.select_by}
         if not args.eval_only:
@@ -283,21 +301,25 @@ def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, 
               weights_path) -> Dict[str, Any]:
     """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`) and
     write the reports (main process); the results dict of results.json."""
-    test = predict(model, test_loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
-    val = (predict(model, val_loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
-           if val_loader is not None else None)
+    def predictions(loader):
+        return (predict(model, loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
+                if loader is not None else None)
+
+    test, val = predictions(test_loader), predictions(val_loader)
     scores = evaluate_calibration(val, test, n_bins=args.n_bins, ts_method=args.ts_method, with_piece=args.piece)
     results: Dict[str, Any] = {
         "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),
-        "n_val": len(data.val), "n_test": len(data.test), "n_bins": args.n_bins, "ts_method": args.ts_method,
+        "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": args.n_bins,
+        "ts_method": args.ts_method,
         "select_by": args.select_by, "checkpoint": None if weights_path is None else str(weights_path),
         "checkpoint_epoch": best.get("epoch"),
         "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": args._run_id,
         **scores.metrics,
     }
     if accelerator.is_main_process:
-        accelerator.print(write_results(out_dir, results, test[0], test[1], scores.post_logits, scores.scaler,
-                                        split=args.test_split))
+        shown = test if test is not None else val  # without a test split the diagrams show the validation images
+        accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
+                                        split=args.test_split if test is not None else "validation"))
     return results
 
 

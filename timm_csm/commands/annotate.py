@@ -85,11 +85,9 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
 
     def train(fit):
         # its test accuracy is reported when the dataset has a test split (read only when the encoder trains)
-        splits = dataset_split_names(dataset)
-        test = None
-        if any(n in splits for n in ("test", "validation", "val")):
-            test = load_image_arrays(dataset, detect_test_split(splits, exclude=["train"]), args.image_column,
-                                     args.label_column)
+        test_split = detect_test_split(dataset_split_names(dataset), exclude=["train"])
+        test = (load_image_arrays(dataset, test_split, args.image_column, args.label_column)
+                if test_split is not None else None)
         return train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test, device=args.device)
 
     return train

@@ -7,7 +7,7 @@ label column (detected, or named explicitly), or a timm ``create_dataset`` name 
 :func:`open_image_split` is what training reads: the embedded datasets in memory, everything else lazily.
 :func:`dataset_split_names` lists a dataset's splits and :func:`detect_test_split` picks the split to report on
 when none is named: ``test``, else ``validation``, else ``val`` (Hugging Face datasets name their held-out split
-``validation`` when they have no ``test``).
+``validation`` when they have no ``test``), else none.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import numpy as np
 from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
 from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit, column_arrays
 
-__all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "EMBEDDED_DATASETS",
+__all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "same_dataset",
+           "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits")
@@ -251,14 +252,21 @@ def dataset_split_names(name: str) -> List[str]:
     return list(datasets.get_dataset_split_names(hub))
 
 
-def detect_test_split(splits: Iterable[str], exclude: Iterable[str] = ()) -> str:
+def same_dataset(a, b) -> bool:
+    """Whether dataset arguments ``a`` and ``b`` name the same data: one folder (paths resolved), else one name."""
+    if a is None or b is None:
+        return False
+    if os.path.exists(str(a)) and os.path.exists(str(b)):
+        return Path(a).resolve() == Path(b).resolve()
+    return str(a) == str(b)
+
+
+def detect_test_split(splits: Iterable[str], exclude: Iterable[str] = ()) -> Optional[str]:
     """The first of :data:`TEST_SPLIT_NAMES` among ``splits`` that is not in ``exclude`` (the splits already used
-    for training and validation); ``ValueError`` naming the splits when there is none."""
+    for training and validation); None when there is none (a flat ``<class>/<image>`` folder has only ``train``):
+    the caller decides whether a run without a test split makes sense."""
     splits, exclude = list(splits), set(exclude)
     for name in TEST_SPLIT_NAMES:
         if name in splits and name not in exclude:
             return name
-    used = sorted(e for e in exclude if e is not None)
-    raise ValueError(f"no split to report test metrics on: the dataset has splits {splits} and none of "
-                     f"{list(TEST_SPLIT_NAMES)} is free (used: {used}); name one with --test-split (a flat "
-                     "<class>/<image> folder is one split, 'train': score a held-out folder with --eval-only)")
+    return None

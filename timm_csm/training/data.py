@@ -7,7 +7,8 @@ any Hugging Face dataset name or folder and timm's ``hfds/`` / ``torch/`` names 
 (checkpoint selection, stateful-loss hooks, temperature scaling) is the split named by ``--val-split`` (timm's
 meaning), else a seeded ``--val-fraction`` of the training split held out. The test split is ``--test-split``, else
 detected (``test``, else ``validation`` / ``val``, the first not already used): a dataset laid out as
-``train`` / ``validation`` reports on ``validation``. A named split the dataset lacks is an error naming its splits.
+``train`` / ``validation`` reports on ``validation``; a flat ``<class>/<image>`` folder (one split, ``train``)
+trains with ``--val-fraction`` and reports on its validation images only. A named split the dataset lacks is an error naming its splits.
 ``build_transforms`` chooses the input size, channels, normalisation and recipe (the batched pad-crop recipe or
 timm's ``create_transform``, image by image).
 """
@@ -34,7 +35,7 @@ _HUB_ALIASES = ("cifar10", "cifar100")
 class DataSplits:
     train: Any  # ImageArrays (in memory) or LazySplit
     val: Any
-    test: Any
+    test: Any  # None: the dataset has no free test split (a training run then reports validation only)
     class_names: List[str]
 
 
@@ -110,28 +111,49 @@ def _draw_validation(train, size: int, seed: int):
     return train.subset(np.sort(order[size:])), train.subset(np.sort(order[:size]))
 
 
+def _test_split(args, splits: List[str]):
+    """The split reported on: ``--test-split``, else the detected one, else None (training only: a flat
+    ``<class>/<image>`` folder is one split, and the run then reports its validation split)."""
+    from ..data.sources import TEST_SPLIT_NAMES, detect_test_split
+
+    name = args.test_split or detect_test_split(splits, exclude=(args.train_split, args.val_split))
+    if name is None and args.eval_only:
+        raise ValueError(f"no split to score: dataset {args.dataset!r} has splits {splits} and none of "
+                         f"{list(TEST_SPLIT_NAMES)} is free; name the held-out split with --test-split (a flat "
+                         "<class>/<image> folder is split 'train')")
+    if name is None and args.val_split is None and args.val_size is None and not args.val_fraction:
+        raise ValueError(f"dataset {args.dataset!r} has no test split (its splits are {splits}) and the run holds "
+                         "out no validation images: give --val-fraction (or --val-size) to report on those, or "
+                         "--test-split")
+    return name
+
+
 def load_data(args) -> DataSplits:
     """Training / validation / test arrays for ``args`` (seeded subsets; the validation split, ``--val-size`` images
     drawn outside the training subset, or the held-out fraction). The draws use ``--data-seed`` (default: ``--seed``).
-    Sets ``args.test_split`` to the split reported on, so that the run records the detected name."""
-    from ..data.sources import detect_test_split
-
+    Sets ``args.test_split`` to the split reported on, so that the run records the detected name; a training run
+    on a dataset with no free test split has ``test`` None (it reports validation only). With ``--eval-only`` on
+    the training split (a flat folder the checkpoint did not train on) no validation images are held out of it:
+    they would be scored as test images too."""
     splits = _split_names(args)
     train = _load_split(args, args.train_split)
-    args.test_split = args.test_split or detect_test_split(splits, exclude=(args.train_split, args.val_split))
-    test = _load_split(args, args.test_split)
+    args.test_split = _test_split(args, splits)
+    test = _load_split(args, args.test_split) if args.test_split is not None else None
     val = _load_split(args, args.val_split) if args.val_split is not None else None
     for name, other in ((args.test_split, test), (args.val_split, val)):
         if other is not None and list(other.class_names) != list(train.class_names):
             raise ValueError(f"the {name!r} split names classes {other.class_names[:10]}, the "
                              f"{args.train_split!r} split {train.class_names[:10]}")
     data_seed = args.seed if args.data_seed is None else args.data_seed
+    if args.eval_only and val is None and args.test_split == args.train_split:
+        val = train.subset(np.zeros(0, dtype=np.int64))
     if args.val_size is not None:
         if val is not None:
             raise ValueError("--val-size draws the validation images from the training split; drop --val-split")
         train, val = _draw_validation(train, args.val_size, data_seed)
     train = _subset(train, args.max_train_samples, data_seed, 1)
-    test = _subset(test, args.max_test_samples, data_seed, 2)
+    if test is not None:
+        test = _subset(test, args.max_test_samples, data_seed, 2)
     if val is None:
         train, val = _hold_out(train, args.val_fraction, data_seed)
     if len(train) == 0:

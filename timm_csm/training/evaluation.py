@@ -19,8 +19,8 @@ __all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
 
 class Evaluation(NamedTuple):
     """What :func:`evaluate_calibration` returns: ``metrics`` (``{"temperature", "test", "val"}``, the results.json
-    entries), ``post_logits`` (the temperature-scaled test logits, None without TS) and ``scaler`` (the fitted
-    :class:`~timm_csm.calibration.TemperatureScaling`, None without TS)."""
+    entries), ``post_logits`` (the temperature-scaled test logits, the validation ones without a test split, None
+    without TS) and ``scaler`` (the fitted :class:`~timm_csm.calibration.TemperatureScaling`, None without TS)."""
 
     metrics: Dict[str, Any]
     post_logits: Optional[torch.Tensor]
@@ -43,8 +43,8 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
     return float(piece(logits, labels, feats, n_conf_bins=n_bins, prox=prox)), prox
 
 
-def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Sequence[torch.Tensor], n_bins: int = 15,
-                         ts_method: str = "grid_ece", with_piece: bool = False) -> Evaluation:
+def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
+                         n_bins: int = 15, ts_method: str = "grid_ece", with_piece: bool = False) -> Evaluation:
     """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
     layout; None: no validation split, pre-TS metrics only).
 
@@ -53,31 +53,39 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Sequence[t
     * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
       paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
       warning;
+    * ``test`` None (a dataset with no test split): ``metrics["test"]`` is None, the validation metrics are the
+      report (after TS in-sample) and ``post_logits`` are the scaled validation logits;
     * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
-      TS, with the validation features as the reference set (skipped with a warning without a validation split).
+      TS, with the validation features as the reference set (skipped with a warning without a validation or a
+      test split).
     """
-    test_logits, test_y = test[0], test[1]
-    metrics: Dict[str, Any] = {"temperature": None,
-                               "test": {"pre_ts": _scores(test_logits, test_y, n_bins), "post_ts": None}, "val": None}
+    if val is None and test is None:
+        raise ValueError("nothing to evaluate: no validation and no test predictions")
+    metrics: Dict[str, Any] = {"temperature": None, "test": None, "val": None}
+    if test is not None:
+        metrics["test"] = {"pre_ts": _scores(test[0], test[1], n_bins), "post_ts": None}
+    if with_piece and (val is None or test is None):
+        warnings.warn("--piece needs a validation split (the proximity's reference set) and a test split; skipped")
+        with_piece = False
     if val is None:
-        if with_piece:
-            warnings.warn("--piece needs a validation split (the reference set of the proximity); skipped")
         return Evaluation(metrics, None, None)
     val_logits, val_y = val[0], val[1]
     metrics["val"] = {"pre_ts": _scores(val_logits, val_y, n_bins), "post_ts": None}
-    post_logits, scaler = None, None
+    scaler, prox = None, None
     try:
         scaler = TemperatureScaling(method=ts_method, n_bins=n_bins).fit(val_logits, val_y)
     except ValueError as e:  # e.g. fewer validation samples than classes: report pre-TS metrics only
         warnings.warn(f"temperature scaling skipped: {e}")
-    if scaler is not None:
-        post_logits = scaler.transform(test_logits)
-        metrics["temperature"] = float(scaler.temperature)
-        metrics["test"]["post_ts"] = _scores(post_logits, test_y, n_bins)
-        metrics["val"]["post_ts"] = _scores(scaler.transform(val_logits), val_y, n_bins)
     if with_piece:
-        value, prox = _piece(test_logits, test_y, test[2], val[2], n_bins)
-        metrics["test"]["pre_ts"]["piece"] = value
-        if post_logits is not None:
-            metrics["test"]["post_ts"]["piece"] = _piece(post_logits, test_y, test[2], val[2], n_bins, prox)[0]
+        metrics["test"]["pre_ts"]["piece"], prox = _piece(test[0], test[1], test[2], val[2], n_bins)
+    if scaler is None:
+        return Evaluation(metrics, None, None)
+    metrics["temperature"] = float(scaler.temperature)
+    metrics["val"]["post_ts"] = _scores(scaler.transform(val_logits), val_y, n_bins)
+    if test is None:
+        return Evaluation(metrics, scaler.transform(val_logits), scaler)
+    post_logits = scaler.transform(test[0])
+    metrics["test"]["post_ts"] = _scores(post_logits, test[1], n_bins)
+    if with_piece:
+        metrics["test"]["post_ts"]["piece"] = _piece(post_logits, test[1], test[2], val[2], n_bins, prox)[0]
     return Evaluation(metrics, post_logits, scaler)

@@ -30,7 +30,8 @@ def _fmt(v, scale):
 
 def results_markdown(results: Dict[str, Any]) -> str:
     """A markdown report: a one-line summary table to paste, then every metric before and after TS."""
-    pre, post = results["test"]["pre_ts"], results["test"].get("post_ts")
+    scored = results["test"] or results["val"]  # no test split: the validation images are the report
+    pre, post = scored["pre_ts"], scored.get("post_ts")
     t = results.get("temperature")
     lines = [f"# {results['model']} on {results['dataset']} ({results['loss']})", ""]
     lines += ["| dataset | model | loss | acc | ECE | AECE | ECE (TS) | AECE (TS) | T |",
@@ -39,7 +40,10 @@ def results_markdown(results: Dict[str, Any]) -> str:
               f"{_fmt(pre['ece'], 100)} | {_fmt(pre['aece'], 100)} | "
               f"{_fmt(post['ece'] if post else None, 100)} | {_fmt(post['aece'] if post else None, 100)} | "
               f"{'-' if t is None else f'{t:.2f}'} |", ""]
-    lines += [f"Test split: {results['n_test']} images; temperature fitted on {results['n_val']} validation "
+    where = (f"Test split: {results['n_test']} images" if results["test"] else
+             f"No test split: the numbers are on the {results['n_val']} validation images, which also selected the "
+             "checkpoint (after TS: in-sample)")
+    lines += [f"{where}; temperature fitted on {results['n_val']} validation "
               f"images ({results['ts_method']}); {results['n_bins']} bins; checkpoint: epoch "
               f"{results.get('checkpoint_epoch')} selected by validation {results.get('select_by')}; run "
               f"{results.get('run_id')}.", ""]
@@ -62,7 +66,7 @@ def comparison_markdown(results: Dict[str, Dict[str, Any]]) -> str:
             "|" + "---|" * (len(_COMPARISON) + 3)]
     for method, res in results.items():
         for phase in ("pre_ts", "post_ts"):
-            m = res["test"].get(phase)
+            m = (res["test"] or res["val"]).get(phase)
             if not m:
                 continue
             vals = " | ".join(_fmt(m[k], scale) for k, _, scale in _COMPARISON)
@@ -104,7 +108,8 @@ def write_summary(out_dir: Path, row: Dict[str, Any], val: Optional[Sequence] = 
 
 def reliability_title(results: Dict[str, Any], split: str) -> str:
     """What a run's reliability diagram shows: ``"resnet18 / csm, cifar100 test, N=10000"``."""
-    return f"{results['model']} / {results['loss']}, {Path(results['dataset']).name} {split}, N={results['n_test']}"
+    n = results["n_test"] if results["test"] else results["n_val"]
+    return f"{results['model']} / {results['loss']}, {Path(results['dataset']).name} {split}, N={n}"
 
 
 def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, split: str) -> None:
@@ -128,16 +133,18 @@ def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results,
 def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, post_logits=None,
                   scaler=None, split: str = "test") -> str:
     """Write a run's evaluation into ``out_dir``: ``results.json``, ``results.md``, ``test_predictions.safetensors``
-    (test logits and labels, so that reports can redraw or re-score them without the model),
-    ``temperature.safetensors`` (with a fitted ``scaler``) and the reliability diagrams, titled with the model, the
-    loss, the dataset, the ``split`` and its size; returns the markdown."""
+    (test logits and labels, so that reports can redraw or re-score them without the model; without a test split
+    ``val_predictions.safetensors``, the validation ones), ``temperature.safetensors`` (with a fitted ``scaler``) and
+    the reliability diagrams, titled with the model, the loss, the dataset, the ``split`` and its size; returns the
+    markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if scaler is not None:
         scaler.save(str(out_dir / "temperature.safetensors"))
     markdown = results_markdown(results)
     write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2))
     write_text_atomic(out_dir / "results.md", markdown)
-    save_model_file(out_dir / "test_predictions.safetensors", {"logits": test_logits, "targets": test_y},
+    scored = "test" if results["test"] else "val"
+    save_model_file(out_dir / f"{scored}_predictions.safetensors", {"logits": test_logits, "targets": test_y},
                     {"temperature": results["temperature"], "run_id": results["run_id"]})
     _reliability_plots(out_dir, test_logits, test_y, post_logits, results, split)
     return markdown

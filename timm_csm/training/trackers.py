@@ -49,10 +49,12 @@ def start_trackers(accelerator, args, project: str) -> None:
 
 
 def log_results(accelerator, results: Dict[str, Any], step: int) -> None:
-    """The final test metrics of ``results`` (results.json) before and after temperature scaling, at ``step``."""
+    """The final test metrics of ``results`` (results.json) before and after temperature scaling, at ``step``
+    (the validation metrics, under ``val/``, when the dataset has no test split)."""
     values: Dict[str, float] = {}
-    for phase, metrics in results["test"].items():
-        values.update({f"test/{phase}/{k}": v for k, v in numeric(metrics or {}).items()})
+    split = "test" if results["test"] else "val"
+    for phase, metrics in (results[split] or {}).items():
+        values.update({f"{split}/{phase}/{k}": v for k, v in numeric(metrics or {}).items()})
     if results.get("temperature") is not None:
         values["temperature"] = float(results["temperature"])
     accelerator.log(values, step=step)
