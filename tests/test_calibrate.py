@@ -188,3 +188,31 @@ def test_eval_only_refuses_a_checkpoint_that_is_not_safetensors(tmp_path):
             run(dict(eval_only=True, checkpoint=str(tmp_path / name), output=str(tmp_path / "runs"),
                      progress=False))
     assert not (tmp_path / "runs").exists()
+
+
+def test_odir_strengths_and_extra_reliability_diagrams_from_the_command_line(user_files, tmp_path):
+    from timm_csm.metrics import reliability_table_from_points
+
+    data, weights = user_files
+    out = tmp_path / "o"
+    rc = main(["--model", "test_resnet", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans", "1",
+               "--img-size", "32", "--dataset", str(data), "--calibration-split", "val", "--test-split", "test",
+               "--calibrators", "dirichlet,isotonic", "--reg-lambda", "0.01", "--reg-mu", "0.02", "--conformal", "",
+               "--reliability", "adaptive,classwise", "--class-names", ",".join(CLASS_NAMES), "--output", str(out)])
+    assert rc == 0
+    assert (out / "reliability_adaptive.png").is_file() and (out / "reliability_classwise.png").is_file()
+    report = json.loads((out / "report.json").read_text())
+    assert report["odir"] == {"reg_lambda": 0.01, "reg_mu": 0.02}
+    dirichlet = load_calibrator(out / "calibrators" / "dirichlet.safetensors")
+    assert (dirichlet.reg_lambda, dirichlet.reg_mu) == (0.01, 0.02)
+    from safetensors.torch import load_file
+    saved = load_file(str(out / "test_predictions.safetensors"))
+    conf, pred = torch.softmax(saved["logits"].double(), dim=1).max(dim=1)
+    adaptive = reliability_table_from_points(conf, (pred == saved["targets"]).double(), 15, equal_mass=True)
+    # the same equal-mass bins as the report's adaptive ECE (which takes the float32 logits' softmax: 1e-9 apart)
+    assert adaptive.ece == pytest.approx(report["uncalibrated"]["test"]["aece"], abs=1e-7)
+    assert int(adaptive.count.sum()) == 90
+    with pytest.raises(ValueError, match="reg_lambda and reg_mu must be >= 0"):
+        run_calibrate(user_files, tmp_path / "bad", calibrators=["dirichlet"], reg_lambda=-1.0)
+    with pytest.raises(ValueError, match="unknown reliability diagram 'smooth'"):
+        run_calibrate(user_files, tmp_path / "bad", reliability=["smooth"])

@@ -22,7 +22,8 @@ run's data options (its sample limits, splits) is reused: the log says what was 
 Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind):
 ``report.json`` (every number: the metrics of :func:`timm_csm.metrics.calibration_metrics`, classwise and
 adaptive ECE included, AURC / E-AURC / AUGRC, the reliability tables and risk-coverage curves, conformal coverage
-and set sizes), ``report.md``, ``reliability.png`` (before and after each calibrator), ``risk_coverage.png``,
+and set sizes), ``report.md``, ``reliability.png`` (before and after each calibrator; ``reliability_adaptive.png``
+/ ``reliability_classwise.png`` on request), ``risk_coverage.png``,
 ``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the calibrated model to take away: ``model.safetensors`` (weights and
 metadata), ``calibrator.safetensors`` (the first calibrator listed) and ``calibrated_model.json``, loaded back as one
 module by ``load_trained_classifier(output, calibrated=True)``.
@@ -183,7 +184,9 @@ def _check_classes(classifier: Classifier, data_names: List[str], num_outputs: O
             diff = [(i, m, d) for i, (m, d) in enumerate(zip(classifier.class_names, data_names)) if m != d][:3]
             raise ValueError(f"the data's class names differ from the model's: {len(data_names)} vs "
                              f"{len(classifier.class_names)} classes, first differences (index, model, data) "
-                             f"{diff}; rename the class folders or give the dataset the model was trained on")
+                             f"{diff}; output i is the model's i-th class name and the data's classes are read in sorted order "
+                             "(folder names): rename the class folders (or the label column's names) to the model's, "
+                             "or give the dataset the model was trained on")
     else:
         log(f"class names not checked (the model carries none): the data's {len(data_names)} classes are taken "
             "in order as the model's outputs")
@@ -225,12 +228,17 @@ def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
             "risk_coverage": risk_coverage_from_points(conf, (pred == labels).double()).to_dict()}
 
 
+#: the calibrators with the off-diagonal / intercept (ODIR) penalty of Kull et al. (2019)
+ODIR_CALIBRATORS = ("dirichlet", "matrix_scaling")
+
+
 def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conformal: Sequence[str], seed: int,
-             log) -> Dict[str, Any]:
-    """Fit each calibrator on ``cal``, score it on ``test``; conformal sets on top of each (and of none)."""
+             log, odir: Dict[str, float]) -> Dict[str, Any]:
+    """Fit each calibrator on ``cal`` (``odir``: the penalty strengths of :data:`ODIR_CALIBRATORS`), score it on
+    ``test``; conformal sets on top of each (and of none)."""
     fitted, rows = {}, {}
     for name in names:
-        calibrator = create_calibrator(name).fit(*cal)
+        calibrator = create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {})).fit(*cal)
         out = calibrator.transform(test[0])
         fitted[name] = (calibrator, out)
         rows[name] = {"test": _scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
@@ -282,7 +290,30 @@ def _markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plots(folder: Path, test, fitted, n_bins: int, log) -> None:
+RELIABILITY_KINDS = ("adaptive", "classwise")
+
+
+def _extra_diagrams(folder: Path, runs, n_bins: int, kinds: Sequence[str]) -> None:
+    """``reliability_<kind>.png`` for each requested kind: ``adaptive`` (equal-mass bins of the top-label
+    confidence) and ``classwise`` (the one-vs-rest pairs (p_ik, 1[y_i = k]) of every class in equal-width bins)."""
+    from .metrics import reliability_table_from_points
+    from .metrics.plots import table_diagrams
+
+    for kind in kinds:
+        tables = {}
+        for name, (logits, labels) in runs.items():
+            probs = torch.softmax(logits.double(), dim=1)
+            if kind == "adaptive":
+                conf, pred = probs.max(dim=1)
+                tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins,
+                                                             equal_mass=True)
+            else:
+                hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
+                tables[name] = reliability_table_from_points(probs, hits, n_bins)
+        table_diagrams(tables, folder / f"reliability_{kind}.png", title=f"{kind} reliability")
+
+
+def _plots(folder: Path, test, fitted, n_bins: int, log, reliability: Sequence[str] = ()) -> None:
     try:
         import matplotlib
 
@@ -296,6 +327,7 @@ def _plots(folder: Path, test, fitted, n_bins: int, log) -> None:
     runs = {"uncalibrated": (test[0], test[1])}
     runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})
     reliability_diagrams(runs, str(folder / "reliability.png"), n_bins=n_bins)
+    _extra_diagrams(folder, runs, n_bins, reliability)
     fig, ax = plt.subplots(figsize=(5, 4))
     for name, (logits, labels) in runs.items():
         conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
@@ -329,9 +361,12 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = 15,
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
-              data_dir: Optional[str] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
+              data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
+              reliability: Sequence[str] = (), log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
-    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``)."""
+    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
+    ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of ``dirichlet`` and ``matrix_scaling``
+    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``."""
     output = Path(output)
     if output.exists():
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
@@ -340,6 +375,12 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         raise ValueError("give at least one calibrator (--calibrators NAME[,NAME...])")
     for name in calibrators:
         create_calibrator(name)  # unknown names list the registered ones
+    odir = {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
+    for name in calibrators:
+        create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))  # bad strengths: one line
+    for kind in reliability:
+        if kind not in RELIABILITY_KINDS:
+            raise ValueError(f"unknown reliability diagram {kind!r}; known: {', '.join(RELIABILITY_KINDS)}")
     for method in conformal:
         if method not in CONFORMAL_METHODS:
             raise ValueError(f"unknown conformal method {method!r}; known: {', '.join(CONFORMAL_METHODS)}")
@@ -378,11 +419,11 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     test = _predict(classifier, test_data, batch_size, device, workers)
     if cal[0].shape[1] != k:
         raise ValueError(f"the model has {cal[0].shape[1]} outputs, the data {k} classes")
-    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log)
+    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir)
     report: Dict[str, Any] = {
         "model": classifier.description, "dataset": str(dataset), "class_names": list(test_data.class_names),
         "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
-        "n_bins": n_bins, "alpha": alpha, "seed": seed,
+        "n_bins": n_bins, "alpha": alpha, "seed": seed, "odir": odir,
         "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
@@ -400,7 +441,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
                         {"dataset": str(dataset), "test": test_source})
         write_json_atomic(staging / "report.json", report)
         write_text_atomic(staging / "report.md", _markdown(report))
-        _plots(staging, test, results["fitted"], n_bins, log)
+        _plots(staging, test, results["fitted"], n_bins, log, reliability)
         os.replace(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -428,6 +469,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
+    p.add_argument("--reg-lambda", type=float, default=0.0, help="dirichlet / matrix_scaling: the off-diagonal "
+                   "weight penalty (ODIR, Kull et al. 2019)")
+    p.add_argument("--reg-mu", type=float, default=0.0, help="dirichlet / matrix_scaling: the intercept penalty")
+    p.add_argument("--reliability", default="", help="extra reliability diagrams, comma-separated: adaptive "
+                   "(equal-mass bins), classwise (one-vs-rest pairs of every class)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a timm model name (default: the run's)")
     p.add_argument("--in-chans", type=int, default=3, help="input channels of a timm model name")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the run's or the model's)")
@@ -441,6 +487,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--image-column", default=None, help="image column (detected when omitted)")
     p.add_argument("--label-column", default=None, help="label column (detected when omitted)")
     p.add_argument("--data-dir", default=None, help="root folder of a timm torch/<name> dataset")
+    p.add_argument("--class-names", default=None, help="comma-separated names of the model's outputs, in output "
+                   "order (a plain timm model carries none); the data's classes must carry the same names in the "
+                   "same sorted order, so map by renaming class folders")
     return p
 
 
@@ -456,7 +505,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   in_chans=args.in_chans, img_size=args.img_size, allow_training_split=args.allow_training_split,
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
-                  data_dir=args.data_dir, log=lambda m: print(m, file=sys.stderr))
+                  data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,
+                  reliability=[r for r in args.reliability.split(",") if r],
+                  class_names=args.class_names.split(",") if args.class_names else None,
+                  log=lambda m: print(m, file=sys.stderr))
     except (ValueError, FileNotFoundError) as e:
         print(f"timm-csm-calibrate: error: {e}", file=sys.stderr)
         return 2

@@ -46,6 +46,12 @@ def _row_chunks(n: int, c: int):
     return ((start, min(n, start + rows)) for start in range(0, n, rows))
 
 
+def _bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """The metrics' bin of each probability (:func:`timm_csm.metrics.bin_index`) by binary search: on (rows, C)
+    blocks it is about 4x faster than the arithmetic route, whose edge corrections gather from memory."""
+    return bin_index(probs, edges, equal_width=False)
+
+
 def _isotonic_knots(scores: np.ndarray, labels: np.ndarray):
     """(x, y) knots of the increasing isotonic fit of ``labels`` on ``scores``: scikit-learn's construction (ties
     merged into their weighted mean, weighted PAVA), keeping only the first and last point of each constant run."""
@@ -63,15 +69,22 @@ def _isotonic_knots(scores: np.ndarray, labels: np.ndarray):
     return x, np.clip(fitted, 0.0, 1.0)
 
 
-def _interpolate(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """np.interp(v, x, y) (x increasing, constant beyond the ends) in torch."""
-    if x.numel() == 1:
+def _interpolate_rows(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_knots: torch.Tensor) -> torch.Tensor:
+    """np.interp(v[k], x[k, :m_k], y[k, :m_k]) for every class k at once (v (C, R), knots (C, M) padded with their
+    last value, m_k = num_knots[k]): constant beyond the ends. One batched binary search over the padded knots
+    finds the same segment as a search over the first m_k (the padding equals the last knot)."""
+    if x.shape[1] == 1:
         return y.expand_as(v).clone()
-    v = v.clamp(x[0], x[-1])
-    hi = torch.searchsorted(x, v, right=True).clamp_(1, x.numel() - 1)
+    last = (num_knots - 1).unsqueeze(1)
+    v = torch.minimum(torch.maximum(v, x[:, :1]), x.gather(1, last))
+    hi = torch.minimum(torch.searchsorted(x, v, right=True).clamp_(min=1), last.clamp(min=1))
     lo = hi - 1
-    t = (v - x[lo]) / (x[hi] - x[lo])
-    return y[lo] + t * (y[hi] - y[lo])
+    x_lo, y_lo = x.gather(1, lo), y.gather(1, lo)
+    out = y_lo + (v - x_lo) / (x.gather(1, hi) - x_lo) * (y.gather(1, hi) - y_lo)
+    single = num_knots == 1  # one knot: a constant (its padded segment has zero width)
+    if bool(single.any()):
+        out[single] = y[single, :1].expand(-1, v.shape[1])
+    return out
 
 
 class IsotonicCalibration(PostHocCalibrator):
@@ -103,12 +116,10 @@ class IsotonicCalibration(PostHocCalibrator):
             raise ValueError(f"IsotonicCalibration was fitted for {c} classes, got {logits.shape[1]}")
         out = torch.empty_like(logits)
         knots_x, knots_y = self.knots_x.to(logits.device), self.knots_y.to(logits.device)
+        num_knots = self.num_knots.to(logits.device)
         for start, stop in _row_chunks(logits.shape[0], c):
-            probs = torch.softmax(logits[start:stop], dim=1)
-            q = torch.empty_like(probs)
-            for k, m in enumerate(self.num_knots.tolist()):
-                q[:, k] = _interpolate(probs[:, k].contiguous(), knots_x[k, :m], knots_y[k, :m])
-            out[start:stop] = _renormalised_logits(q)
+            probs = torch.softmax(logits[start:stop], dim=1).T.contiguous()  # (C, rows): one search per class row
+            out[start:stop] = _renormalised_logits(_interpolate_rows(probs, knots_x, knots_y, num_knots).T)
         return out
 
     def config(self) -> dict:
@@ -156,7 +167,7 @@ class HistogramBinning(PostHocCalibrator):
         positives = torch.zeros_like(counts)
         offsets = torch.arange(c, device=logits.device) * self.n_bins
         for start, stop in _row_chunks(n, c):
-            index = (bin_index(torch.softmax(logits[start:stop], dim=1), edges) + offsets).reshape(-1)
+            index = (_bins(torch.softmax(logits[start:stop], dim=1), edges) + offsets).reshape(-1)
             counts.index_add_(0, index, torch.ones_like(index, dtype=torch.float64))
             rows = torch.arange(stop - start, device=logits.device)
             positives.index_add_(0, index.view(stop - start, c)[rows, targets[start:stop]],
@@ -176,7 +187,7 @@ class HistogramBinning(PostHocCalibrator):
         offsets = torch.arange(c, device=logits.device) * self.n_bins
         out = torch.empty_like(logits)
         for start, stop in _row_chunks(logits.shape[0], c):
-            index = bin_index(torch.softmax(logits[start:stop], dim=1), edges) + offsets
+            index = _bins(torch.softmax(logits[start:stop], dim=1), edges) + offsets
             out[start:stop] = _renormalised_logits(table[index])
         return out
 

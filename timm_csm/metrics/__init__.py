@@ -14,13 +14,13 @@ right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are 
 from .accumulator import CalibrationAccumulator
 from .binning import bin_edges, bin_index
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
-                         classwise_ece, ece, mce, nll, overconfidence_error, reliability_table, smooth_ece,
-                         underconfidence_error)
+                         classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
+                         reliability_table_from_points, smooth_ece, underconfidence_error)
 from .inputs import INPUT_TYPES, TASKS
 from .proximity import piece, proximity
 from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "reliability_table", "calibration_metrics", "piece", "proximity",
+           "brier_score", "smooth_ece", "reliability_table", "reliability_table_from_points", "calibration_metrics", "piece", "proximity",
            "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS", "bin_edges",
            "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage"]

@@ -33,7 +33,7 @@ from .state import CalibrationState, accumulate
 
 __all__ = ["ece", "mce", "adaptive_ece", "classwise_ece", "overconfidence_error", "underconfidence_error", "nll",
            "brier_score", "smooth_ece", "reliability_table", "calibration_metrics", "ReliabilityTable",
-           "adaptive_ece_from_points", "metrics_from_state", "METRIC_KEYS"]
+           "adaptive_ece_from_points", "reliability_table_from_points", "metrics_from_state", "METRIC_KEYS"]
 
 METRIC_KEYS = ("accuracy", "confidence", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier")
 _NONE = dict(binned=False, classwise=False, nll=False, brier=False, points=False)
@@ -106,18 +106,25 @@ def _table(state: CalibrationState) -> ReliabilityTable:
                             state.conf_sum.clone(), state.acc_sum.clone())
 
 
-def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = 15) -> float:
-    """Equal-mass ECE from ``(N,)`` confidences and accuracies.
-
-    Edges interpolate the sorted confidences at positions ``b N / n_bins`` (:func:`equal_mass_edges`); bins are
-    right-closed, so samples tied at an edge share a bin and every sample (the lowest included) is counted.
-    """
+def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = 15,
+                                  equal_mass: bool = False) -> ReliabilityTable:
+    """The reliability table of ``(N,)`` (confidence, accuracy) pairs: equal-width bins, or with ``equal_mass``
+    the adaptive ones (edges interpolate the sorted confidences at positions ``b N / n_bins``,
+    :func:`equal_mass_edges`). Bins are right-closed, so samples tied at an edge share a bin and every sample (the
+    lowest included) is counted. Its ``ece`` is the top-label ECE, resp. the adaptive ECE, of the pairs; pairs
+    (p_ik, 1[y_i = k]) of every class give the classwise (marginal) diagram."""
     check_n_bins(n_bins)
     if confidences.numel() == 0:
         raise ValueError("no samples: the calibration error of an empty set is undefined")
-    conf = confidences.to(torch.float64)
-    b = bin_index(conf, equal_mass_edges(conf, n_bins), equal_width=False)
-    return calibration_error_from_bins(*bin_sums(b, n_bins, conf, accuracies), "l1")
+    conf = confidences.to(torch.float64).reshape(-1)
+    edges = equal_mass_edges(conf, n_bins) if equal_mass else bin_edges(n_bins, device=conf.device)
+    b = bin_index(conf, edges, equal_width=not equal_mass)
+    return ReliabilityTable(edges, *bin_sums(b, n_bins, conf, accuracies.to(torch.float64).reshape(-1)))
+
+
+def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = 15) -> float:
+    """Equal-mass ECE from ``(N,)`` confidences and accuracies (:func:`reliability_table_from_points`)."""
+    return reliability_table_from_points(confidences, accuracies, n_bins, equal_mass=True).ece
 
 
 def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:

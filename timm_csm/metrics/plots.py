@@ -12,7 +12,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from .functional import ReliabilityTable, reliability_table
 
-__all__ = ["reliability_diagram", "reliability_diagrams", "plot_reliability", "ece_label"]
+__all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label"]
 
 
 def ece_label(ece_value: float) -> str:
@@ -94,13 +94,21 @@ def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins
     """Side-by-side reliability diagrams, one panel per ``{name: (preds, target)}``; returns ``{name: ece}``."""
     if not runs:
         raise ValueError("runs is empty: pass {name: (preds, target)}")
-    fig, axes = _figure(len(runs))
-    out = {}
-    for (name, (preds, target)), (ax, hist_ax) in zip(runs.items(), axes):
-        table = reliability_table(preds, target, n_bins, input_type=input_type, **kwargs)
+    tables = {name: reliability_table(preds, target, n_bins, input_type=input_type, **kwargs)
+              for name, (preds, target) in runs.items()}
+    return table_diagrams(tables, path, title)
+
+
+def table_diagrams(tables: Mapping[str, ReliabilityTable], path, title: Optional[str] = None) -> Dict[str, float]:
+    """Side-by-side diagrams of ready tables (e.g. adaptive or classwise ones from
+    :func:`~timm_csm.metrics.reliability_table_from_points`), one panel per name; returns ``{name: ece}``, the
+    ECE of each table's own binning."""
+    if not tables:
+        raise ValueError("tables is empty: pass {name: ReliabilityTable}")
+    fig, axes = _figure(len(tables))
+    for (name, table), (ax, hist_ax) in zip(tables.items(), axes):
         plot_reliability(table, ax, hist_ax, title=name)
-        out[name] = table.ece
     if title:
         fig.suptitle(title)
     _save(fig, path)
-    return out
+    return {name: table.ece for name, table in tables.items()}
