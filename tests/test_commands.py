@@ -78,8 +78,11 @@ def test_train_help_shows_the_defaults_it_lacked():
 def test_reliability_diagrams_are_titled_with_model_dataset_split_and_size():
     from timm_csm.training.reporting import reliability_title
 
-    results = {"model": "resnet18_cifar", "loss": "csm", "dataset": "/data/my_cifar", "n_test": 10000}
-    assert reliability_title(results, "validation") == "resnet18_cifar / csm, my_cifar validation, N=10000"
+    results = {"model": "resnet18_cifar", "loss": "csm", "dataset": "/data/my_cifar", "n_test": 10000, "n_val": 500,
+               "test": {"pre_ts": {}}}
+    assert reliability_title(results, "test") == "resnet18_cifar / csm, my_cifar test, N=10000"
+    # a run without a test split shows its validation images
+    assert reliability_title(dict(results, test=None), "validation") == "resnet18_cifar / csm, my_cifar validation, N=500"
 
 
 def _interrupt(cmd, env, started, tmp_path):

@@ -108,7 +108,7 @@ def write_summary(out_dir: Path, row: Dict[str, Any], val: Optional[Sequence] = 
 
 def reliability_title(results: Dict[str, Any], split: str) -> str:
     """What a run's reliability diagram shows: ``"resnet18 / csm, cifar100 test, N=10000"``."""
-    n = results["n_test"] if results["test"] else results["n_val"]
+    n = results["n_test"] if results["test"] is not None else results["n_val"]
     return f"{results['model']} / {results['loss']}, {Path(results['dataset']).name} {split}, N={n}"
 
 
