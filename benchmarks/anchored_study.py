@@ -143,11 +143,10 @@ def main(argv=None):
 
     from timm_csm.annotation import load_reference_encoder
     from timm_csm.data import load_image_arrays
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import TrainConfig, load_data
 
     classifier = load_reference_encoder(args.encoder)
-    anchors = load_data(build_parser().parse_args(["--dataset", "fashion_mnist", "--max-train-samples", "2500",
-                                                   "--seed", "0"])).train
+    anchors = load_data(TrainConfig(dataset="fashion_mnist", max_train_samples=2500, seed=0)).train
     full = load_image_arrays("fashion_mnist", "train")
     anchor_set = {bytes(x) for x in np.asarray(anchors.images).reshape(len(anchors), -1)}
     others = [i for i in range(len(full)) if bytes(np.asarray(full.images[i]).reshape(-1)) not in anchor_set]

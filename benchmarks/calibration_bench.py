@@ -337,17 +337,17 @@ def derive_real_copies_dataset(recipe: Dict[str, Any], folder, num_groups: int =
     from timm_csm.generation.plan import lambda_grid, plan_groups
     from timm_csm.generation.writer import encode_png
     from timm_csm.hub import save_csm_dataset
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import TrainConfig, load_data
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from matched_setting import images_digest
 
     folder = Path(folder)
-    flags = ["--dataset", str(recipe["dataset"]), "--seed", "0"]
-    for key in ("max_train_samples", "val_size", "data_seed", "val_fraction"):
+    options = {"dataset": str(recipe["dataset"]), "seed": 0}
+    for key, kind in (("max_train_samples", int), ("val_size", int), ("data_seed", int), ("val_fraction", float)):
         if recipe.get(key) is not None:
-            flags += [f"--{key.replace('_', '-')}", str(recipe[key])]
-    real = load_data(build_parser().parse_args(flags)).train
+            options[key] = kind(recipe[key])
+    real = load_data(TrainConfig(**options)).train
     stamp = {"real": images_digest(real), "num_groups": num_groups, "num_lambdas": num_lambdas, "seed": seed}
     marker = folder / "derived_from.json"
     if marker.exists() and _read_json(marker) == stamp:

@@ -286,7 +286,7 @@ def allocator_table(rows) -> str:
 
 # -- 2. loader throughput ------------------------------------------------------------------------------------------
 def training_args(folder: Path, transform: str):
-    """The parsed arguments of a ``train.py`` run on ``folder`` (small_cnn, 64 px, 1 channel, batch 128)."""
+    """The configuration of a ``train.py`` run on ``folder`` (small_cnn, 64 px, 1 channel, batch 128)."""
     from timm_csm.training import apply_input_size, parse_args
 
     args = parse_args(["--dataset", str(folder), "--model", "small_cnn", "--img-size", str(SIDE), "--in-chans", "1",
@@ -455,11 +455,12 @@ def csm_loader(task, real, workers: int):
     from accelerate import Accelerator
 
     from timm_csm.data import create_transforms
+    from timm_csm.training import TrainConfig
     from timm_csm.training.loop import train_loader
 
     train_tf, _ = create_transforms(28, (0.286,), (0.353,), 1)
-    args = argparse.Namespace(seed=SEED, batch_size=BATCH, workers=workers, pin_mem=False)
-    return train_loader(task, real, train_tf, args, Accelerator(cpu=True))[0]
+    config = TrainConfig(seed=SEED, batch_size=BATCH, workers=workers, pin_mem=False)
+    return train_loader(task, real, train_tf, config, Accelerator(cpu=True))[0]
 
 
 def seconds_per_step(loader, task, opt, steps: int) -> float:

@@ -49,9 +49,9 @@ SHIPPED = "timm_csm/assets/generator-fmnist"
 
 def real_subset():
     """The classifier's training, validation and test arrays under :data:`DATA_OPTIONS`."""
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import load_data, parse_args
 
-    return load_data(build_parser().parse_args(list(DATA_OPTIONS)))
+    return load_data(parse_args(DATA_OPTIONS))
 
 
 def images_digest(arrays) -> str:

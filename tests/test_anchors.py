@@ -123,10 +123,10 @@ def test_generate_script_needs_an_anchor_dataset_below_strength_one(tiny_generat
 def test_generate_script_anchors_on_the_classifier_training_split(tiny_generator, tmp_path):
     """The anchors of a real-anchored run are exactly train.py's training images for the same options."""
     from timm_csm.commands.generate import training_anchors
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import load_data, parse_args
 
     pool = training_anchors("digits", max_train_samples=300, val_fraction=0.2, seed=3)
-    data = load_data(build_parser().parse_args(["--dataset", "digits", "--max-train-samples", "300",
-                                                "--val-fraction", "0.2", "--seed", "3"]))
+    data = load_data(parse_args(["--dataset", "digits", "--max-train-samples", "300", "--val-fraction", "0.2",
+                                 "--seed", "3"]))
     assert torch.equal(pool.images, torch.as_tensor(data.train.images)) and len(pool) == 240
     assert json.loads(json.dumps(pool.describe()))["seed"] == 3

@@ -346,14 +346,14 @@ def test_committed_cell_is_done_and_checked_against_the_config(tmp_path):
 def test_real_copies_are_real_training_images_of_the_dominant_class(tmp_path):
     from timm_csm.generation.plan import plan_groups
     from timm_csm.hub import load_csm_dataset
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import load_data, parse_args
 
     recipe = {"dataset": "digits", "max_train_samples": 300, "val_size": 200, "data_seed": 0}
     folder = bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
     ds = load_csm_dataset(str(folder))
     ds = ds["train"] if "train" in ds else ds
-    real = load_data(build_parser().parse_args(["--dataset", "digits", "--max-train-samples", "300",
-                                                "--val-size", "200", "--data-seed", "0"])).train
+    real = load_data(parse_args(["--dataset", "digits", "--max-train-samples", "300", "--val-size", "200",
+                                 "--data-seed", "0"])).train
     pixels = {bytes(x): int(y) for x, y in zip(np.asarray(real.images).reshape(len(real), -1), real.labels)}
     groups = plan_groups(10, 12)
     assert len(ds) == 48 and sorted(set(ds["group_id"])) == [g.group_id for g in groups]

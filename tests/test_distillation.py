@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from timm_csm.losses import create_loss, loss_spec
-from timm_csm.training import build_parser
+from timm_csm.training import parse_args
 from timm_csm.training.tasks import DistillationTask, select_task
 
 
@@ -69,13 +69,13 @@ def test_distillation_task_renormalises_the_student_input_for_the_teacher():
     (["--loss", "ce", "--teacher", "x"], "--teacher is used by distillation losses"),
 ])
 def test_teacher_flag_errors(flags, message):
-    args = build_parser().parse_args(["--dataset", "digits", *flags])
+    args = parse_args(["--dataset", "digits", *flags])
     with pytest.raises(ValueError, match=message):
         select_task(args, loss_spec(args.loss))
 
 
 def test_kd_without_teacher_is_an_error():
-    args = build_parser().parse_args(["--dataset", "digits", "--loss", "kd"])
+    args = parse_args(["--dataset", "digits", "--loss", "kd"])
     assert select_task(args, loss_spec("kd")) is DistillationTask
     with pytest.raises(ValueError, match="needs --teacher"):
-        DistillationTask.from_args(args, nn.Linear(2, 2), create_loss("kd"), 2, data_info={"mean": [0], "std": [1]})
+        DistillationTask.from_config(args, nn.Linear(2, 2), create_loss("kd"), 2, data_info={"mean": [0], "std": [1]})

@@ -78,7 +78,7 @@ def test_yaml_config_then_flags(tmp_path):
     args = parse_args(["-c", str(cfg), "--epochs", "5"])
     assert (args.model, args.batch_size, args.epochs) == ("small_cnn", 16, 5)
     assert dict(args.loss_kwargs) == {"margin": 6}
-    assert {"model", "batch_size", "epochs"} <= set(args._explicit)
+    assert {"model", "batch_size", "epochs"} <= args.explicit
     cfg.write_text("bach_size: 16\n")
     with pytest.raises(ValueError, match="did you mean 'batch_size'"):
         parse_args(["-c", str(cfg)])

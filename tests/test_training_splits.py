@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from timm_csm.training import build_parser, load_data
+from timm_csm.training import load_data, parse_args
 
 
 def _splits(*flags):
-    return load_data(build_parser().parse_args(["--dataset", "digits", *flags]))
+    return load_data(parse_args(["--dataset", "digits", *flags]))
 
 
 def _rows(arrays):

@@ -9,7 +9,7 @@ from timm_csm.data import CSMCompanionSampler, CSMGroups, SampleRef, create_tran
 from timm_csm.losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
 from timm_csm.losses import registry as loss_registry
 from timm_csm.training import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMixupTask, TimmMixupTask,
-                               build_parser, create_criterion, select_task)
+                               create_criterion, parse_args, select_task)
 
 K, B, SIZE = 3, 6, 8
 
@@ -104,8 +104,8 @@ def test_regmixup_task_is_the_objective_over_one_concatenated_pass(reduction):
 def test_rankmixup_task_runs_clean_and_mixed_copies_in_two_passes(name, copies):
     images, labels = _data()
     model = _model()
-    args = build_parser().parse_args(["--loss", name])
-    task = RankMixupTask.from_args(args, model, create_loss(name), K)
+    args = parse_args(["--loss", name])
+    task = RankMixupTask.from_config(args, model, create_loss(name), K)
     assert task.num_mixup == copies  # the registry's default number of copies
     batch = _batch(task, images, labels)
     assert batch["mix_pixel_values"].shape[0] == copies * B
@@ -128,7 +128,7 @@ def test_csm_task_runs_real_and_generated_batches_in_two_passes():
 
 
 def _args(*argv):
-    return build_parser().parse_args(list(argv))
+    return parse_args(list(argv))
 
 
 @pytest.mark.parametrize("argv,task", [
@@ -193,7 +193,7 @@ def test_the_task_reads_the_spec_it_is_given_once():
         args = _args("--loss", name)
         criterion, spec = create_criterion(args, 20)
         assert spec is loss_spec(name) and LossSpec.of(criterion).inputs == "plain"
-        task = select_task(args, spec).from_args(args, _model(), criterion, K, spec=spec)
+        task = select_task(args, spec).from_config(args, _model(), criterion, K, spec=spec)
         assert type(task) is ClassificationTask and task.spec is spec
         batch = _batch(task, images, labels)
         task(batch)
@@ -219,7 +219,7 @@ def test_timm_cutmix_task_cuts_a_box_from_the_mirrored_image_and_mixes_the_targe
     args = _args("--loss", "ce", "--cutmix", "1.0", "--smoothing", "0.1")
     criterion, spec = create_criterion(args, 20)
     assert type(criterion).__name__ == "CrossEntropyLoss"  # timm's Mixup smooths the targets itself
-    task = TimmMixupTask.from_args(args, _model(), criterion, K, spec=spec)
+    task = TimmMixupTask.from_config(args, _model(), criterion, K, spec=spec)
     images, labels = _data()
     state = np.random.get_state()[1].copy()
     batch = _batch(task, images, labels)
@@ -244,7 +244,7 @@ def test_timm_cutmix_task_cuts_a_box_from_the_mirrored_image_and_mixes_the_targe
 
 def test_timm_mixup_needs_an_even_batch():
     args = _args("--loss", "ce", "--cutmix", "1.0")
-    task = TimmMixupTask.from_args(args, _model(), create_criterion(args, 20)[0], K)
+    task = TimmMixupTask.from_config(args, _model(), create_criterion(args, 20)[0], K)
     images, labels = _data()
     train_tf, _ = create_transforms(SIZE, (0.5,), (0.25,), 1)
     with pytest.raises(ValueError, match="must be even"):

@@ -37,16 +37,18 @@ run on R processes with batch B sees the same samples, crops and companions as o
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Union
 
 import torch
 
 from . import __version__
 from .io import read_model_meta, safetensors_metadata, write_text_atomic
 from .training.args import CONFIG_MARKER, RUN_META_KEYS
+from .training.config import TrainConfig
 from .training.prepare import check_training_options
 from .training.trackers import log_results, start_trackers, tracker_names
 from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, check_model_name,
@@ -58,64 +60,64 @@ from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, chec
 __all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]
 
 
-def _make_accelerator(args, out_dir: Optional[Path]):
-    """An ``Accelerator`` for ``args``; its trackers (``--log-with``, ``--log-wandb``) only with the run folder
+def _make_accelerator(config: TrainConfig, out_dir: Optional[Path]):
+    """An ``Accelerator`` for ``config``; its trackers (``--log-with``, ``--log-wandb``) only with the run folder
     ``out_dir``."""
     from accelerate import Accelerator
 
     kwargs = {}
-    if args.amp:
-        kwargs["mixed_precision"] = "bf16" if args.amp_dtype == "bfloat16" else "fp16"
-    if args.cpu:
+    if config.amp:
+        kwargs["mixed_precision"] = "bf16" if config.amp_dtype == "bfloat16" else "fp16"
+    if config.cpu:
         kwargs["cpu"] = True
-    if tracker_names(args) and out_dir is not None:
-        kwargs["log_with"] = tracker_names(args)
+    if tracker_names(config) and out_dir is not None:
+        kwargs["log_with"] = tracker_names(config)
         kwargs["project_dir"] = str(out_dir)
     return Accelerator(**kwargs)
 
 
-def _experiment_dir(args) -> Path:
+def _experiment_dir(config: TrainConfig) -> Path:
     """The experiment folder a new run asks for (a taken one gives way to ``<name>-1``, ...; see run_dir)."""
-    if args.experiment:
-        return Path(args.output) / args.experiment
-    if args.eval_only and args.checkpoint and "output" not in args._explicit:  # beside the checkpoint
-        return Path(args.checkpoint).parent / f"eval-{Path(str(args.dataset)).name}-{args.test_split}"
-    name = f"{Path(str(args.dataset)).name}-{args.model}-{args.loss}"
-    return Path(args.output) / name
+    if config.experiment:
+        return Path(config.output) / config.experiment
+    if config.eval_only and config.checkpoint and "output" not in config.explicit:  # beside the checkpoint
+        return Path(config.checkpoint).parent / f"eval-{Path(str(config.dataset)).name}-{config.test_split}"
+    name = f"{Path(str(config.dataset)).name}-{config.model}-{config.loss}"
+    return Path(config.output) / name
 
 
-def _model_meta(args, data_info: Dict[str, Any]) -> Dict[str, Any]:
+def _model_meta(config: TrainConfig, data_info: Dict[str, Any]) -> Dict[str, Any]:
     """The run metadata stored with every model file and training state (what eval-only and loaders read)."""
-    meta = {k: getattr(args, k) for k in RUN_META_KEYS}
-    meta["model_kwargs"] = [list(kv) for kv in (args.model_kwargs or [])]
+    meta = {k: getattr(config, k) for k in RUN_META_KEYS}
+    meta["model_kwargs"] = [list(kv) for kv in (config.model_kwargs or [])]
     meta.update(data_info)
     return meta
 
 
-def _prepare_args(args) -> Optional[Dict[str, Any]]:
-    """Complete and check ``args`` before anything is built: a checkpoint's metadata (eval-only), the configuration
+def _prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
+    """Complete and check ``config`` before anything is built: a checkpoint's metadata (eval-only), the configuration
     of a resumed run (``--resume``, or ``--auto-resume`` finding one); returns the resumed state (None: new run)."""
-    if args.eval_only:
-        if not args.checkpoint:
+    if config.eval_only:
+        if not config.checkpoint:
             raise ValueError("--eval-only needs --checkpoint PATH")
-        if not os.path.isfile(args.checkpoint):
-            raise FileNotFoundError(f"--checkpoint {args.checkpoint} does not exist or is not a file")
-        if safetensors_metadata(args.checkpoint) is None:
-            raise ValueError(f"--checkpoint {args.checkpoint} is not a safetensors file (a pickle or JSON?); "
+        if not os.path.isfile(config.checkpoint):
+            raise FileNotFoundError(f"--checkpoint {config.checkpoint} does not exist or is not a file")
+        if safetensors_metadata(config.checkpoint) is None:
+            raise ValueError(f"--checkpoint {config.checkpoint} is not a safetensors file (a pickle or JSON?); "
                              "--eval-only reads the model files train.py writes, never unpickles")
-        taken = fill_from_checkpoint(args)
+        taken = fill_from_checkpoint(config)
         if taken:
             print("train.py: --eval-only takes from the checkpoint's run: " + ", ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
                   file=sys.stderr)
-        _refuse_training_split(args)
-    elif args.auto_resume and not args.resume and (_experiment_dir(args) / CHECKPOINT_LAST).exists():
-        args.resume = str(_experiment_dir(args) / CHECKPOINT_LAST)
-    resume_state = load_resumed(args) if args.resume and not args.eval_only else None
-    for name, value in (("batch_size", args.batch_size), ("epochs", args.epochs), ("n_bins", args.n_bins)):
+        _refuse_training_split(config)
+    elif config.auto_resume and not config.resume and (_experiment_dir(config) / CHECKPOINT_LAST).exists():
+        config.resume = str(_experiment_dir(config) / CHECKPOINT_LAST)
+    resume_state = load_resumed(config) if config.resume and not config.eval_only else None
+    for name, value in (("batch_size", config.batch_size), ("epochs", config.epochs), ("n_bins", config.n_bins)):
         if value is None or value < (0 if name == "epochs" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    check_training_options(args)
+    check_training_options(config)
     return resume_state
 
 
@@ -157,19 +159,19 @@ def _run_folder_line(asked: Path, lock) -> str:
     return line
 
 
-def _refuse_training_split(args) -> None:
+def _refuse_training_split(config: TrainConfig) -> None:
     """--eval-only never scores the split the checkpoint trained on (a flat folder's only split, ``train``, is
     scored when it is another folder than the training run's)."""
     from .data.sources import same_dataset
 
-    meta = read_model_meta(args.checkpoint) or {}
+    meta = read_model_meta(config.checkpoint) or {}
     trained = meta.get("train_split") or "train"
-    if args.test_split == trained and same_dataset(meta.get("dataset"), args.dataset):
-        raise ValueError(f"--test-split {args.test_split!r} of {args.dataset} is the split {args.checkpoint} was "
+    if config.test_split == trained and same_dataset(meta.get("dataset"), config.dataset):
+        raise ValueError(f"--test-split {config.test_split!r} of {config.dataset} is the split {config.checkpoint} was "
                          "trained on; score a held-out split or folder")
 
 
-def _take_run_dir(args, accelerator, resume_state):
+def _take_run_dir(config: TrainConfig, accelerator, resume_state):
     """(lock, folder, run id): the main process takes the run folder (see :mod:`timm_csm.training.run_dir`), every
     process learns which, and the main process prints it; the lock is None on the other processes. A refusal is
     raised on every process."""
@@ -180,14 +182,14 @@ def _take_run_dir(args, accelerator, resume_state):
         try:
             if resume_state is not None:
                 run_id = resume_state["meta"]["run_id"]
-                lock = claim_run_dir(Path(args.resume).parent, run_id, resumes=run_id)
+                lock = claim_run_dir(Path(config.resume).parent, run_id, resumes=run_id)
             else:
-                run_id, auto = new_run_id(), args.auto_resume and not args.eval_only
-                fixed = args.experiment is not None and Path(args.experiment) == Path(".")
-                lock = claim_run_dir(_experiment_dir(args), run_id, numbered=not (fixed or auto),
+                run_id, auto = new_run_id(), config.auto_resume and not config.eval_only
+                fixed = config.experiment is not None and Path(config.experiment) == Path(".")
+                lock = claim_run_dir(_experiment_dir(config), run_id, numbered=not (fixed or auto),
                                      replace_unfinished=auto)
             message = [str(lock.path), run_id, None]
-            print(_run_folder_line(_experiment_dir(args), lock), flush=True)
+            print(_run_folder_line(_experiment_dir(config), lock), flush=True)
         except ValueError as e:
             message[2] = str(e)
     broadcast_object_list(message)
@@ -196,93 +198,97 @@ def _take_run_dir(args, accelerator, resume_state):
     return lock, Path(message[0]), message[1]
 
 
-def _build(args):
+def _build(config: TrainConfig):
     """Data, loss, task, CSM companions, model and transforms: everything that can fail before training (the task
     is None with ``--eval-only``)."""
     from .data import CSMCompanionSampler, LazyImages, pil_mode
 
-    apply_input_size(args)
-    data = load_data(args)
+    apply_input_size(config)
+    data = load_data(config)
     k = len(data.class_names)
-    if args.eval_only:  # labels read in another class order would be scored silently as wrong
-        stored = (read_model_meta(args.checkpoint) or {}).get("class_names")
+    if config.eval_only:  # labels read in another class order would be scored silently as wrong
+        stored = (read_model_meta(config.checkpoint) or {}).get("class_names")
         if stored is not None and list(stored) != list(data.class_names):
             raise ValueError(f"the checkpoint's classes {list(stored)[:5]}... differ from the dataset's "
                              f"{list(data.class_names)[:5]}... ({len(stored)} vs {k}); score the data the model "
                              "was trained on, or rename the class folders")
-    if args.num_classes is not None and args.num_classes != k:
-        raise ValueError(f"--num-classes {args.num_classes} but the dataset has {k} classes")
-    criterion, spec = create_criterion(args, len(data.train)) if not args.eval_only else (None, None)
-    task_cls = select_task(args, spec) if not args.eval_only else None
-    in_chans = input_channels(args, data)
-    model = create_train_model(args.model, k, in_chans, args.img_size, pretrained=args.pretrained,
-                               pretrained_path=args.pretrained_path, initial_checkpoint=args.initial_checkpoint,
-                               drop=args.drop, drop_path=args.drop_path, model_kwargs=dict(args.model_kwargs or []))
-    train_tf, eval_tf, data_info = build_transforms(args, data, in_chans, getattr(model, "pretrained_cfg", None))
+    if config.num_classes is not None and config.num_classes != k:
+        raise ValueError(f"--num-classes {config.num_classes} but the dataset has {k} classes")
+    criterion, spec = create_criterion(config, len(data.train)) if not config.eval_only else (None, None)
+    task_cls = select_task(config, spec) if not config.eval_only else None
+    in_chans = input_channels(config, data)
+    model = create_train_model(config.model, k, in_chans, config.img_size, pretrained=config.pretrained,
+                               pretrained_path=config.pretrained_path, initial_checkpoint=config.initial_checkpoint,
+                               drop=config.drop, drop_path=config.drop_path,
+                               model_kwargs=dict(config.model_kwargs or []))
+    train_tf, eval_tf, data_info = build_transforms(config, data, in_chans, getattr(model, "pretrained_cfg", None))
     data_info.update(num_classes=k, class_names=data.class_names)
     companions = None
     if task_cls is not None and task_cls.needs_companions:
-        groups = load_csm_groups(args, data.class_names)
+        groups = load_csm_groups(config, data.class_names)
         if isinstance(groups.images, LazyImages):  # decoded in the real images' mode, as they are read
             groups.images = groups.images.with_output(pil_mode(in_chans), tuple(train_tf.img_size))
-        companions = CSMCompanionSampler(groups, n_aug=args.n_aug, num_classes=k)
-    task = (task_cls.from_args(args, model, criterion, k, companions, spec, data_info=data_info)
+        companions = CSMCompanionSampler(groups, n_aug=config.n_aug, num_classes=k)
+    task = (task_cls.from_config(config, model, criterion, k, companions, spec, data_info=data_info)
             if task_cls is not None else None)
     return data, task, model, train_tf, eval_tf, data_info
 
 
-def run(config) -> Dict[str, Any]:
+def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[str, Any]:
     """Train (unless ``eval_only``) and evaluate; returns the results dict also written to results.json.
 
-    ``config``: an ``argparse.Namespace`` from :func:`parse_args` or a dict of option names (``"batch_size"`` or
-    ``"batch-size"``); options not given take the command-line defaults. The run writes into a folder of its own
+    ``config``: a :class:`~timm_csm.training.config.TrainConfig` (from :func:`parse_args`, a YAML file or Python),
+    a dict of option names (``"batch_size"`` or ``"batch-size"``) or an ``argparse.Namespace``; options not given
+    take the command-line defaults. The run completes a copy of it. The run writes into a folder of its own
     (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml, the training states, the model files
     and results.json; ``resume`` continues a run in its folder with its stored configuration.
     """
-    args = resolve_config(config)
-    resume_state = _prepare_args(args)
+    config = resolve_config(config)
+    resume_state = _prepare_config(config)
     from accelerate.utils import set_seed
 
-    check_model_name(args.model)
-    if not args.eval_only:
+    check_model_name(config.model)
+    if not config.eval_only:
         from .losses import get_loss_entrypoint
 
-        get_loss_entrypoint(args.loss)  # unknown names list the registered losses
-    accelerator = _make_accelerator(args, None)
+        get_loss_entrypoint(config.loss)  # unknown names list the registered losses
+    accelerator = _make_accelerator(config, None)
     check_resumed_processes(resume_state, accelerator)
-    set_seed(args.seed)
-    data, task, model, train_tf, eval_tf, data_info = _build(args)
-    lock, out_dir, args._run_id = _take_run_dir(args, accelerator, resume_state)
+    set_seed(config.seed)
+    data, task, model, train_tf, eval_tf, data_info = _build(config)
+    lock, out_dir, run_id = _take_run_dir(config, accelerator, resume_state)
     try:
-        if tracker_names(args):  # trackers write into the run folder, known only now
-            accelerator = _make_accelerator(args, out_dir)
-            start_trackers(accelerator, args, out_dir.name)
-        meta = dict(_model_meta(args, data_info), run_id=args._run_id, config=config_record(args),
+        if tracker_names(config):  # trackers write into the run folder, known only now
+            accelerator = _make_accelerator(config, out_dir)
+            start_trackers(accelerator, config, out_dir.name)
+        meta = dict(_model_meta(config, data_info), run_id=run_id, config=config_record(config),
                     num_processes=accelerator.num_processes)
         if accelerator.is_main_process:
             import yaml
 
-            record = dict(run_id=args._run_id, **{CONFIG_MARKER: __version__}, **meta["config"])
+            record = dict(run_id=run_id, **{CONFIG_MARKER: __version__}, **meta["config"])
             write_text_atomic(out_dir / "args.yaml", yaml.safe_dump(record, sort_keys=False))
-        eval_bs = args.validation_batch_size or args.batch_size
-        val_loader = eval_loader(data.val, eval_tf, eval_bs, args, accelerator) if len(data.val) else None
-        test_loader = eval_loader(data.test, eval_tf, eval_bs, args, accelerator) if data.test is not None else None
+        eval_bs = config.validation_batch_size or config.batch_size
+        val_loader = eval_loader(data.val, eval_tf, eval_bs, config, accelerator) if len(data.val) else None
+        test_loader = eval_loader(data.test, eval_tf, eval_bs, config, accelerator) if data.test is not None else None
         if data.test is None:
-            accelerator.print(f"train.py: {args.dataset} has no test split: the results are on the {len(data.val)} "
+            accelerator.print(f"train.py: {config.dataset} has no test split: the results are on the {len(data.val)} "
                               "validation images, which select the checkpoint and fit the temperature (name a "
                               "held-out split with --test-split, or score a held-out folder with --eval-only)")
         history: List[Dict[str, Any]] = []
-        best: Dict[str, Any] = {"value": None, "epoch": None, "metric": args.select_by}
-        if not args.eval_only:
-            history, best = fit(args, task, data.train, train_tf, accelerator, out_dir, meta, val_loader, resume_state)
+        best: Dict[str, Any] = {"value": None, "epoch": None, "metric": config.select_by}
+        if not config.eval_only:
+            history, best = fit(config, task, data.train, train_tf, accelerator, out_dir, meta, val_loader,
+                                resume_state)
             accelerator.wait_for_everyone()
-            weights_path = load_best(model, out_dir, best, args._run_id)
+            weights_path = load_best(model, out_dir, best, run_id)
         else:
-            load_model_weights(model, args.checkpoint)
-            weights_path = Path(args.checkpoint)
-        model = model.to(accelerator.device, memory_format=torch.channels_last if args.channels_last else
+            load_model_weights(model, config.checkpoint)
+            weights_path = Path(config.checkpoint)
+        model = model.to(accelerator.device, memory_format=torch.channels_last if config.channels_last else
                          torch.preserve_format)
-        results = _evaluate(args, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path)
+        results = _evaluate(config, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path,
+                            run_id)
         results["history"] = history
         log_results(accelerator, results, step=history[-1].get("step", 0) if history else 0)
         accelerator.wait_for_everyone()
@@ -291,35 +297,35 @@ def run(config) -> Dict[str, Any]:
         accelerator.print(f"run folder: {out_dir} (results.json, results.md, reliability diagrams)")
         return results
     except KeyboardInterrupt:
-        raise RunInterrupted(out_dir, args.eval_only) from None
+        raise RunInterrupted(out_dir, config.eval_only) from None
     finally:
         if lock is not None:
             lock.release()
 
 
-def _evaluate(args, model, val_loader, test_loader, accelerator, out_dir: Path, data, best: Dict[str, Any],
-              weights_path) -> Dict[str, Any]:
+def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, out_dir: Path, data,
+              best: Dict[str, Any], weights_path, run_id: str) -> Dict[str, Any]:
     """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`) and
     write the reports (main process); the results dict of results.json."""
     def predictions(loader):
-        return (predict(model, loader, accelerator, features=bool(args.piece), channels_last=args.channels_last)
+        return (predict(model, loader, accelerator, features=bool(config.piece), channels_last=config.channels_last)
                 if loader is not None else None)
 
     test, val = predictions(test_loader), predictions(val_loader)
-    scores = evaluate_calibration(val, test, n_bins=args.n_bins, ts_method=args.ts_method, with_piece=args.piece)
+    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece)
     results: Dict[str, Any] = {
-        "dataset": str(args.dataset), "model": args.model, "loss": args.loss, "n_train": len(data.train),
-        "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": args.n_bins,
-        "ts_method": args.ts_method,
-        "select_by": args.select_by, "checkpoint": None if weights_path is None else str(weights_path),
+        "dataset": str(config.dataset), "model": config.model, "loss": config.loss, "n_train": len(data.train),
+        "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": config.n_bins,
+        "ts_method": config.ts_method,
+        "select_by": config.select_by, "checkpoint": None if weights_path is None else str(weights_path),
         "checkpoint_epoch": best.get("epoch"),
-        "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": args._run_id,
+        "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": run_id,
         **scores.metrics,
     }
     if accelerator.is_main_process:
         shown = test if test is not None else val  # without a test split the diagrams show the validation images
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
-                                        split=args.test_split if test is not None else "validation"))
+                                        split=config.test_split if test is not None else "validation"))
     return results
 
 

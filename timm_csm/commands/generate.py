@@ -88,12 +88,11 @@ def build_pipeline(args, device, anchors=None):
 def training_anchors(dataset: str, max_train_samples=None, val_fraction: float = 0.1, seed: int = 0):
     """The training images of the train.py run with these options, as an anchor pool."""
     from timm_csm.generation.anchors import AnchorPool
-    from timm_csm.training import build_parser, load_data
+    from timm_csm.training import TrainConfig, load_data
 
-    argv = ["--dataset", dataset, "--val-fraction", str(val_fraction), "--seed", str(seed)]
-    if max_train_samples is not None:
-        argv += ["--max-train-samples", str(max_train_samples)]
-    train = load_data(build_parser().parse_args(argv)).train
+    subset = None if max_train_samples is None else int(max_train_samples)
+    train = load_data(TrainConfig(dataset=dataset, val_fraction=float(val_fraction), seed=int(seed),
+                                  max_train_samples=subset)).train
     source = {"dataset": dataset, "split": "train", "max_train_samples": max_train_samples,
               "val_fraction": val_fraction, "seed": seed}
     return AnchorPool(train.images, train.labels, source)

@@ -1,7 +1,8 @@
 """The training engine of :mod:`timm_csm.train` as a library, in the shape of timm's ``timm.task`` and
 ``timm.utils.checkpoint_saver``:
 
-* :mod:`~timm_csm.training.args`: the command line and YAML configs;
+* :mod:`~timm_csm.training.config`: :class:`TrainConfig`, the typed configuration every function here takes (from
+  the command line, a dict, a YAML file or Python); :mod:`~timm_csm.training.args`: the command line built from it;
 * :mod:`~timm_csm.training.data`: the seeded train / validation / test splits and evaluation loaders;
 * :mod:`~timm_csm.training.model`: the classifier factory, weight loading and :func:`load_trained_classifier`;
 * :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
@@ -16,8 +17,9 @@
 * :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
 * :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration).
 """
-from .args import PAPER_SEED, build_parser, fill_from_checkpoint, parse_args, resolve_config
+from .args import build_parser, fill_from_checkpoint, parse_args, resolve_config
 from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_best
+from .config import PAPER_SEED, TrainConfig
 from .data import DataSplits, apply_input_size, build_transforms, eval_loader, input_channels, load_csm_groups, load_data
 from .evaluation import Evaluation, evaluate_calibration
 from .loop import fit, predict, train_one_epoch
@@ -34,7 +36,7 @@ from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMi
 from .trackers import tracker_names
 
 __all__ = [
-    "PAPER_SEED", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
+    "PAPER_SEED", "TrainConfig", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
     "CHECKPOINT_BEST", "CHECKPOINT_LAST", "CheckpointSaver", "load_best",
     "DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "build_transforms", "eval_loader",
     "Evaluation", "evaluate_calibration", "fit", "predict", "train_one_epoch",

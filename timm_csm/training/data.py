@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..data import derive_seed
+from .config import TrainConfig
 from .model import fixed_input_size
 
 __all__ = ["DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",
@@ -48,9 +49,9 @@ def _subset(arrays, n: Optional[int], seed: int, salt: int):
     return arrays.subset(torch.randperm(len(arrays), generator=g)[:n].sort().values.numpy())
 
 
-def _from_source(args, what: str, load):
+def _from_source(config: TrainConfig, what: str, load):
     """``load()``, its failures turned into a ``ValueError`` that names the dataset and ``what`` was loaded."""
-    name = args.dataset
+    name = config.dataset
     known = name in _EMBEDDED or name in _HUB_ALIASES or os.path.isdir(name) or "/" in name
     try:
         return load()
@@ -64,26 +65,26 @@ def _from_source(args, what: str, load):
         raise ValueError(f"dataset {name!r}, {what} could not be loaded: {type(e).__name__}: {e}") from e
 
 
-def _load_split(args, split: str):
+def _load_split(config: TrainConfig, split: str):
     from ..data import open_image_split
 
-    return _from_source(args, f"split {split!r}", lambda: open_image_split(
-        args.dataset, split, image_column=args.image_column, label_column=args.label_column,
-        data_dir=args.data_dir))
+    return _from_source(config, f"split {split!r}", lambda: open_image_split(
+        config.dataset, split, image_column=config.image_column, label_column=config.label_column,
+        data_dir=config.data_dir))
 
 
-def _split_names(args) -> List[str]:
-    """The dataset's split names; a split named by ``args`` that is not among them is an error naming them."""
+def _split_names(config: TrainConfig) -> List[str]:
+    """The dataset's split names; a split named by ``config`` that is not among them is an error naming them."""
     from ..data.sources import dataset_split_names
 
-    splits = _from_source(args, "the split names", lambda: dataset_split_names(args.dataset))
-    for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split),
-                        ("--test-split", args.test_split)):
+    splits = _from_source(config, "the split names", lambda: dataset_split_names(config.dataset))
+    for flag, split in (("--train-split", config.train_split), ("--val-split", config.val_split),
+                        ("--test-split", config.test_split)):
         if split is not None and split not in splits:
-            raise ValueError(f"{flag} {split!r}: dataset {args.dataset!r} has no such split; its splits are "
+            raise ValueError(f"{flag} {split!r}: dataset {config.dataset!r} has no such split; its splits are "
                              f"{splits}")
-    if args.val_split is not None and args.val_split == args.train_split:
-        raise ValueError(f"--val-split {args.val_split!r} is the training split; name another split, or drop it to "
+    if config.val_split is not None and config.val_split == config.train_split:
+        raise ValueError(f"--val-split {config.val_split!r} is the training split; name another split, or drop it to "
                          "hold out --val-fraction of the training split")
     return splits
 
@@ -111,88 +112,88 @@ def _draw_validation(train, size: int, seed: int):
     return train.subset(np.sort(order[size:])), train.subset(np.sort(order[:size]))
 
 
-def _test_split(args, splits: List[str]):
+def _test_split(config: TrainConfig, splits: List[str]):
     """The split reported on: ``--test-split``, else the detected one, else None (training only: a flat
     ``<class>/<image>`` folder is one split, and the run then reports its validation split)."""
     from ..data.sources import TEST_SPLIT_NAMES, detect_test_split
 
-    name = args.test_split or detect_test_split(splits, exclude=(args.train_split, args.val_split))
-    if name is None and args.eval_only:
-        raise ValueError(f"no split to score: dataset {args.dataset!r} has splits {splits} and none of "
+    name = config.test_split or detect_test_split(splits, exclude=(config.train_split, config.val_split))
+    if name is None and config.eval_only:
+        raise ValueError(f"no split to score: dataset {config.dataset!r} has splits {splits} and none of "
                          f"{list(TEST_SPLIT_NAMES)} is free; name the held-out split with --test-split (a flat "
                          "<class>/<image> folder is split 'train')")
-    if name is None and args.val_split is None and args.val_size is None and not args.val_fraction:
-        raise ValueError(f"dataset {args.dataset!r} has no test split (its splits are {splits}) and the run holds "
+    if name is None and config.val_split is None and config.val_size is None and not config.val_fraction:
+        raise ValueError(f"dataset {config.dataset!r} has no test split (its splits are {splits}) and the run holds "
                          "out no validation images: give --val-fraction (or --val-size) to report on those, or "
                          "--test-split")
     return name
 
 
-def load_data(args) -> DataSplits:
-    """Training / validation / test arrays for ``args`` (seeded subsets; the validation split, ``--val-size`` images
+def load_data(config: TrainConfig) -> DataSplits:
+    """Training / validation / test arrays for ``config`` (seeded subsets; the validation split, ``--val-size`` images
     drawn outside the training subset, or the held-out fraction). The draws use ``--data-seed`` (default: ``--seed``).
-    Sets ``args.test_split`` to the split reported on, so that the run records the detected name; a training run
+    Sets ``config.test_split`` to the split reported on, so that the run records the detected name; a training run
     on a dataset with no free test split has ``test`` None (it reports validation only). With ``--eval-only`` on
     the training split (a flat folder the checkpoint did not train on) no validation images are held out of it:
     they would be scored as test images too."""
-    splits = _split_names(args)
-    train = _load_split(args, args.train_split)
-    args.test_split = _test_split(args, splits)
-    test = _load_split(args, args.test_split) if args.test_split is not None else None
-    val = _load_split(args, args.val_split) if args.val_split is not None else None
-    for name, other in ((args.test_split, test), (args.val_split, val)):
+    splits = _split_names(config)
+    train = _load_split(config, config.train_split)
+    config.test_split = _test_split(config, splits)
+    test = _load_split(config, config.test_split) if config.test_split is not None else None
+    val = _load_split(config, config.val_split) if config.val_split is not None else None
+    for name, other in ((config.test_split, test), (config.val_split, val)):
         if other is not None and list(other.class_names) != list(train.class_names):
             raise ValueError(f"the {name!r} split names classes {other.class_names[:10]}, the "
-                             f"{args.train_split!r} split {train.class_names[:10]}")
-    data_seed = args.seed if args.data_seed is None else args.data_seed
-    if args.eval_only and val is None and args.test_split == args.train_split:
+                             f"{config.train_split!r} split {train.class_names[:10]}")
+    data_seed = config.seed if config.data_seed is None else config.data_seed
+    if config.eval_only and val is None and config.test_split == config.train_split:
         val = train.subset(np.zeros(0, dtype=np.int64))
-    if args.val_size is not None:
+    if config.val_size is not None:
         if val is not None:
             raise ValueError("--val-size draws the validation images from the training split; drop --val-split")
-        train, val = _draw_validation(train, args.val_size, data_seed)
-    train = _subset(train, args.max_train_samples, data_seed, 1)
+        train, val = _draw_validation(train, config.val_size, data_seed)
+    train = _subset(train, config.max_train_samples, data_seed, 1)
     if test is not None:
-        test = _subset(test, args.max_test_samples, data_seed, 2)
+        test = _subset(test, config.max_test_samples, data_seed, 2)
     if val is None:
-        train, val = _hold_out(train, args.val_fraction, data_seed)
+        train, val = _hold_out(train, config.val_fraction, data_seed)
     if len(train) == 0:
         raise ValueError("no training images left after the validation split")
     return DataSplits(train, val, test, list(train.class_names))
 
 
-def load_csm_groups(args, class_names):
+def load_csm_groups(config: TrainConfig, class_names):
     """The generated dataset of ``--csm-dataset`` (folder, installed name or Hub id), grouped for sampling."""
     from ..data import CSMGroups
     from ..hub import load_csm_dataset
 
-    dd = load_csm_dataset(args.csm_dataset)
+    dd = load_csm_dataset(config.csm_dataset)
     ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
     return CSMGroups.from_dataset(ds, class_names=class_names)
 
 
 
-def apply_input_size(args) -> None:
+def apply_input_size(config: TrainConfig) -> None:
     """timm's ``--input-size C H W`` as ``--in-chans C --img-size H`` (square inputs); a conflict is an error."""
-    if not args.input_size:
+    if not config.input_size:
         return
-    c, h, w = (int(v) for v in args.input_size)
+    c, h, w = (int(v) for v in config.input_size)
     if h != w:
-        raise ValueError(f"--input-size {list(args.input_size)}: only square inputs are supported")
-    for flag, given, value in (("--in-chans", args.in_chans, c), ("--img-size", args.img_size, h)):
+        raise ValueError(f"--input-size {list(config.input_size)}: only square inputs are supported")
+    for flag, given, value in (("--in-chans", config.in_chans, c), ("--img-size", config.img_size, h)):
         if given is not None and int(given) != value:
-            raise ValueError(f"--input-size {list(args.input_size)} and {flag} {given} disagree")
-    args.in_chans, args.img_size = c, h
+            raise ValueError(f"--input-size {list(config.input_size)} and {flag} {given} disagree")
+    config.in_chans, config.img_size = c, h
 
 
-def input_channels(args, data: DataSplits) -> int:
+def input_channels(config: TrainConfig, data: DataSplits) -> int:
     """``--in-chans``, else the training images': the array's channels in memory; for a lazy split 1 when the
     probed images are all grey, else 3."""
     from ..data import image_geometry
 
-    if args.in_chans:
-        return int(args.in_chans)
-    return image_geometry(data.train, args.seed)[0]
+    if config.in_chans:
+        return int(config.in_chans)
+    return image_geometry(data.train, config.seed)[0]
 
 
 #: flags of timm's train transform with no counterpart in the pad-crop recipe: any of them given selects timm's
@@ -201,21 +202,19 @@ TIMM_TRANSFORM_FLAGS = ("aa", "reprob", "color_jitter", "scale", "ratio", "vflip
 _TIMM_SIDE = 96  # from this input side on, the default is timm's RandomResizedCrop recipe (ImageNet-like images)
 
 
-def _given(args) -> set:
+def _given(config: TrainConfig) -> set:
     """The options given with a value other than their default (a run's own args.yaml gives every option)."""
-    from .args import build_parser
-
-    defaults = vars(build_parser().parse_args([]))
-    return {k for k in getattr(args, "_explicit", ()) if getattr(args, k, None) != defaults.get(k)}
+    defaults = TrainConfig().options()
+    return {k for k in config.explicit if getattr(config, k) != defaults[k]}
 
 
-def transform_kind(args, img_size: int) -> str:
+def transform_kind(config: TrainConfig, img_size: int) -> str:
     """``--transform``: ``cifar`` (resize, pad-crop, flip: the paper's CIFAR recipe, batched) or ``timm``
     (``timm.data.create_transform``); ``auto`` is timm's when one of its flags is given (with a value other than
     its default) or the input side is at least 96 px. A flag of the other recipe is an error."""
-    given = _given(args)
+    given = _given(config)
     timm_flags = [f for f in TIMM_TRANSFORM_FLAGS if f in given]
-    kind = args.transform
+    kind = config.transform
     if kind == "auto":
         kind = "timm" if timm_flags or img_size >= _TIMM_SIDE else "cifar"
     if kind == "cifar" and timm_flags:
@@ -227,78 +226,78 @@ def transform_kind(args, img_size: int) -> str:
     return kind
 
 
-def _image_side(args, data: DataSplits, pretrained_cfg) -> int:
+def _image_side(config: TrainConfig, data: DataSplits, pretrained_cfg) -> int:
     from ..data import image_geometry
 
-    side = args.img_size
-    fixed, cfg_size = fixed_input_size(args.model)
+    side = config.img_size
+    fixed, cfg_size = fixed_input_size(config.model)
     if side:
         return int(side)
     if fixed and cfg_size:
         return int(cfg_size[-1])
-    data_side = image_geometry(data.train, args.seed)[1]
+    data_side = image_geometry(data.train, config.seed)[1]
     if data_side:
         return int(data_side)
-    if args.transform != "cifar" and pretrained_cfg and pretrained_cfg.get("input_size"):  # timm's default
+    if config.transform != "cifar" and pretrained_cfg and pretrained_cfg.get("input_size"):  # timm's default
         return int(pretrained_cfg["input_size"][-1])
-    raise ValueError(f"the images of {args.dataset!r} have different sizes; give the input size (--img-size)")
+    raise ValueError(f"the images of {config.dataset!r} have different sizes; give the input size (--img-size)")
 
 
-def _normalisation(args, data: DataSplits, kind: str, in_chans: int, img_size: int, pretrained_cfg):
+def _normalisation(config: TrainConfig, data: DataSplits, kind: str, in_chans: int, img_size: int, pretrained_cfg):
     """(mean, std): the flags', else the pretrained config's (``--pretrained``, or timm's transform, which takes the
     model's as timm's ``resolve_data_config``), else the training images' statistics (a sample of a lazy split)."""
     from ..data import sampled_channel_stats
     from ..models._cfg import _fit_channels
 
-    if args.mean is not None or args.std is not None:
-        if args.mean is None or args.std is None:
+    if config.mean is not None or config.std is not None:
+        if config.mean is None or config.std is None:
             raise ValueError("give both --mean and --std")
-        mean, std = tuple(args.mean), tuple(args.std)
-    elif pretrained_cfg is not None and (args.pretrained or kind == "timm"):
+        mean, std = tuple(config.mean), tuple(config.std)
+    elif pretrained_cfg is not None and (config.pretrained or kind == "timm"):
         mean = _fit_channels(pretrained_cfg.get("mean", (0.5,)), in_chans)
         std = _fit_channels(pretrained_cfg.get("std", (0.5,)), in_chans)
     else:
-        mean, std = sampled_channel_stats(data.train, in_chans, (img_size, img_size), seed=args.seed)
+        mean, std = sampled_channel_stats(data.train, in_chans, (img_size, img_size), seed=config.seed)
     for what, v in (("mean", mean), ("std", std)):
         if len(v) not in (1, in_chans):
             raise ValueError(f"--{what} has {len(v)} values for {in_chans} input channels")
     return tuple(float(m) for m in mean), tuple(float(v) for v in std)
 
 
-def _timm_data_config(args, in_chans: int, img_size: int, mean, std, pretrained_cfg) -> Dict[str, Any]:
+def _timm_data_config(config: TrainConfig, in_chans: int, img_size: int, mean, std, pretrained_cfg) -> Dict[str, Any]:
     """timm's ``resolve_data_config`` of the model's pretrained config with the run's input size, normalisation and
     ``--interpolation`` / ``--crop-pct`` (flags first, then the model's config, then timm's defaults)."""
     from timm.data import resolve_data_config
 
     given = {"input_size": (in_chans, img_size, img_size), "mean": mean, "std": std,
-             "interpolation": args.interpolation or None, "crop_pct": args.crop_pct}
+             "interpolation": config.interpolation or None, "crop_pct": config.crop_pct}
     return resolve_data_config(given, pretrained_cfg=dict(pretrained_cfg or {}), verbose=False)
 
 
-def _timm_train_kwargs(args) -> Dict[str, Any]:
-    return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, vflip=args.vflip,
-                color_jitter=args.color_jitter, auto_augment=args.aa, re_prob=args.reprob, re_mode=args.remode,
-                re_count=args.recount, train_interpolation=args.train_interpolation)
+def _timm_train_kwargs(config: TrainConfig) -> Dict[str, Any]:
+    return dict(scale=tuple(config.scale), ratio=tuple(config.ratio), hflip=config.hflip, vflip=config.vflip,
+                color_jitter=config.color_jitter, auto_augment=config.aa, re_prob=config.reprob, re_mode=config.remode,
+                re_count=config.recount, train_interpolation=config.train_interpolation)
 
 
-def build_transforms(args, data: DataSplits, in_chans: int, pretrained_cfg=None):
+def build_transforms(config: TrainConfig, data: DataSplits, in_chans: int, pretrained_cfg=None):
     """(train transform, eval transform, data info) of a run: the input size, normalisation and recipe from the
     flags, the model's config and the data. The pad-crop recipe is batched
     (:class:`~timm_csm.data.BatchTransform`; lazily read images of different sizes are resized to the input size as
     they are read); timm's works image by image (:class:`~timm_csm.data.SampleTransform`)."""
     from ..data import LazyImages, create_timm_transforms, create_transforms, pil_mode
 
-    img_size = _image_side(args, data, pretrained_cfg)
-    kind = transform_kind(args, img_size)
-    mean, std = _normalisation(args, data, kind, in_chans, img_size, pretrained_cfg)
+    img_size = _image_side(config, data, pretrained_cfg)
+    kind = transform_kind(config, img_size)
+    mean, std = _normalisation(config, data, kind, in_chans, img_size, pretrained_cfg)
     if kind == "timm":
-        cfg = _timm_data_config(args, in_chans, img_size, mean, std, pretrained_cfg)
+        cfg = _timm_data_config(config, in_chans, img_size, mean, std, pretrained_cfg)
         train_tf, eval_tf = create_timm_transforms(img_size, mean, std, in_chans, cfg["interpolation"],
-                                                   cfg["crop_pct"], no_aug=args.no_aug, **_timm_train_kwargs(args))
+                                                   cfg["crop_pct"], no_aug=config.no_aug, **_timm_train_kwargs(config))
         timm_info = {"interpolation": cfg["interpolation"], "crop_pct": cfg["crop_pct"]}
     else:
         timm_info = {}
-        pad, hflip = (0, 0.0) if args.no_aug else (args.crop_pad, args.hflip)
+        pad, hflip = (0, 0.0) if config.no_aug else (config.crop_pad, config.hflip)
         train_tf, eval_tf = create_transforms(img_size, mean, std, in_chans, crop_padding=pad, hflip=hflip)
         for split in (data.train, data.val, data.test):
             if split is not None and isinstance(split.images, LazyImages):
@@ -308,12 +307,12 @@ def build_transforms(args, data: DataSplits, in_chans: int, pretrained_cfg=None)
     return train_tf, eval_tf, info
 
 
-def eval_loader(arrays, transform, batch_size: int, args, accelerator):
+def eval_loader(arrays, transform, batch_size: int, config: TrainConfig, accelerator):
     from torch.utils.data import DataLoader
 
     from ..data import ImageCollator, IndexDataset
 
     loader = DataLoader(IndexDataset(len(arrays)), batch_size=batch_size, shuffle=False,
-                        collate_fn=ImageCollator(arrays.images, arrays.labels, transform, args.seed),
-                        num_workers=args.workers, pin_memory=args.pin_mem)
+                        collate_fn=ImageCollator(arrays.images, arrays.labels, transform, config.seed),
+                        num_workers=config.workers, pin_memory=config.pin_mem)
     return accelerator.prepare_data_loader(loader)

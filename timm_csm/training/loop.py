@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from ..data import GlobalBatchSampler, IndexDataset
 from ..metrics import calibration_metrics
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
+from .config import TrainConfig
 from .evaluation import metric_row
 from .memory import release_freed_memory
 from .optim import create_optimizer, create_scheduler, restore_scheduler
@@ -55,12 +56,12 @@ def _optimizer_step(optimizer, accelerator, params, clip_grad: float, clip_mode:
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, args, ema=None, num_updates: int = 0,
-                    log_steps: bool = False) -> Tuple[Dict[str, float], int]:
+def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: TrainConfig, ema=None,
+                    num_updates: int = 0, log_steps: bool = False) -> Tuple[Dict[str, float], int]:
     """One pass over ``loader``; returns (``{"train_loss": mean batch loss over processes, "train_<term>": mean of
     each logged loss term on this process}``, the optimizer update count after the epoch).
 
-    Options of ``args``: ``grad_accum_steps`` (N: the gradients of N batches, each loss divided by N, add up before
+    Options of ``config``: ``grad_accum_steps`` (N: the gradients of N batches, each loss divided by N, add up before
     one optimizer update; the epoch's last group of ``len(loader) % N`` batches divides by its own size, as timm; the
     distributed gradient all-reduce runs on the update's batch only, ``accelerator.no_sync`` on the others),
     ``clip_grad`` / ``clip_mode`` (on the update's gradients), ``channels_last``, ``progress``. After each update:
@@ -69,20 +70,20 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, args, ema=
     from tqdm.auto import tqdm
 
     task.forward_module.train()
-    device, accum, n = accelerator.device, args.grad_accum_steps, len(loader)
+    device, accum, n = accelerator.device, config.grad_accum_steps, len(loader)
     short_from = n - n % accum  # batches from here form the epoch's last, shorter group
     total = torch.zeros((), dtype=torch.float64, device=device)
     group_loss = torch.zeros_like(total)
     steps, terms_sum = 0, {}
     params = [p for p in task.model.parameters() if p.requires_grad]
     bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
-               disable=not (args.progress and accelerator.is_main_process))
+               disable=not (config.progress and accelerator.is_main_process))
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(bar):
         group = accum if i < short_from else n - short_from
         update = (i + 1) % accum == 0 or i == n - 1
         with contextlib.nullcontext() if update else accelerator.no_sync(task.forward_module):
-            out = task(_device_batch(batch, device, args.channels_last))
+            out = task(_device_batch(batch, device, config.channels_last))
             loss = out["loss"]
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite training loss {float(loss)} at epoch {epoch}, step {steps}")
@@ -93,7 +94,7 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, args, ema=
         for k, v in (out["terms"] or {}).items():
             terms_sum[k] = terms_sum.get(k, 0.0) + float(v)
         if update:
-            _optimizer_step(optimizer, accelerator, params, args.clip_grad, args.clip_mode)
+            _optimizer_step(optimizer, accelerator, params, config.clip_grad, config.clip_mode)
             num_updates += 1
             if ema is not None:
                 ema.update(task.model, step=num_updates)
@@ -143,41 +144,41 @@ def predict(model: nn.Module, loader, accelerator, features: bool = False, chann
     return out + ((torch.cat(feats_all),) if features else ())
 
 
-def train_loader(task, arrays, transform, args, accelerator):
+def train_loader(task, arrays, transform, config: TrainConfig, accelerator):
     """(loader, sampler) of the training split: ``task``'s collator over global batches of ``num_processes x
     --batch-size`` samples (:class:`~timm_csm.data.GlobalBatchSampler`, dropping the last partial batch)."""
-    collator = task.create_collator(arrays.images, arrays.labels, transform, seed=args.seed)
-    sampler = GlobalBatchSampler(len(arrays.images), args.batch_size, accelerator.num_processes,
-                                 accelerator.process_index, shuffle=True, seed=args.seed, drop_last=True)
+    collator = task.create_collator(arrays.images, arrays.labels, transform, seed=config.seed)
+    sampler = GlobalBatchSampler(len(arrays.images), config.batch_size, accelerator.num_processes,
+                                 accelerator.process_index, shuffle=True, seed=config.seed, drop_last=True)
     loader = DataLoader(IndexDataset(len(arrays.images)), batch_sampler=sampler, collate_fn=collator,
-                        num_workers=args.workers, pin_memory=args.pin_mem,
-                        generator=torch.Generator().manual_seed(args.seed))
+                        num_workers=config.workers, pin_memory=config.pin_mem,
+                        generator=torch.Generator().manual_seed(config.seed))
     return loader, sampler
 
 
-def _resume(args, task, optimizer, scheduler, resume_state, accelerator) -> tuple:
+def _resume(config: TrainConfig, task, optimizer, scheduler, resume_state, accelerator) -> tuple:
     """Load a resumed run's training state; (first epoch, history, best)."""
     task.model.load_state_dict(resume_state["model"])
     optimizer.load_state_dict(resume_state["optimizer"])
     start_epoch = int(resume_state["epoch"]) + 1
-    restore_scheduler(args, scheduler, resume_state, start_epoch, accelerator)
+    restore_scheduler(config, scheduler, resume_state, start_epoch, accelerator)
     task.criterion.load_state_dict(resume_state["loss"])
     set_rng_state(resume_state["rng"])
     return start_epoch, list(resume_state["history"]), dict(resume_state["best"])
 
 
-def _validate(task, ema, val_loader, accelerator, args) -> Tuple[Dict[str, float], tuple, tuple]:
+def _validate(task, ema, val_loader, accelerator, config: TrainConfig) -> Tuple[Dict[str, float], tuple, tuple]:
     """(log entries, the model's validation predictions, the validated weights' predictions). With an EMA the
     validated weights are the EMA's (``val_*``; the model's own metrics are ``val_online_*``); the loss's epoch-end
     hooks take the model's predictions, since they adapt the loss to the model being trained."""
     if val_loader is None:
         return {}, (), ()
-    online = predict(task.model, val_loader, accelerator, channels_last=args.channels_last)
+    online = predict(task.model, val_loader, accelerator, channels_last=config.channels_last)
     if ema is None:
-        return metric_row("val", calibration_metrics(*online, n_bins=args.n_bins)), online, online
-    validated = predict(ema.module, val_loader, accelerator, channels_last=args.channels_last)
-    entries = metric_row("val", calibration_metrics(*validated, n_bins=args.n_bins))
-    entries.update(metric_row("val_online", calibration_metrics(*online, n_bins=args.n_bins)))
+        return metric_row("val", calibration_metrics(*online, n_bins=config.n_bins)), online, online
+    validated = predict(ema.module, val_loader, accelerator, channels_last=config.channels_last)
+    entries = metric_row("val", calibration_metrics(*validated, n_bins=config.n_bins))
+    entries.update(metric_row("val_online", calibration_metrics(*online, n_bins=config.n_bins)))
     return entries, online, validated
 
 
@@ -190,32 +191,32 @@ def _training_state(task, optimizer, scheduler, ema, epoch: int, saver, history,
     return state
 
 
-def fit(args, task, train_arrays, train_tf, accelerator, out_dir: Path, meta: Dict[str, Any], val_loader,
+def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir: Path, meta: Dict[str, Any], val_loader,
         resume_state: Optional[Dict[str, Any]] = None):
     """Train ``task`` for epochs ``[start, --epochs)``; returns (history, best). Each epoch's row also records
     ``step``, the optimizer update count (the step axis of the trackers)."""
-    optimizer = create_optimizer(args, task.model)
-    scheduler = create_scheduler(args, optimizer)
+    optimizer = create_optimizer(config, task.model)
+    scheduler = create_scheduler(config, optimizer)
     start_epoch, history, best = 0, [], None
     if resume_state is not None:
-        start_epoch, history, best = _resume(args, task, optimizer, scheduler, resume_state, accelerator)
-    saver = CheckpointSaver(out_dir, args.select_by, args.checkpoint_hist, best)
-    optimizer, ema = prepare_training(args, task, optimizer, accelerator, resume_state)
-    loader, sampler = train_loader(task, train_arrays, train_tf, args, accelerator)
-    num_updates = start_epoch * updates_per_epoch(len(loader), args.grad_accum_steps)
-    log_steps = bool(tracker_names(args))
+        start_epoch, history, best = _resume(config, task, optimizer, scheduler, resume_state, accelerator)
+    saver = CheckpointSaver(out_dir, config.select_by, config.checkpoint_hist, best)
+    optimizer, ema = prepare_training(config, task, optimizer, accelerator, resume_state)
+    loader, sampler = train_loader(task, train_arrays, train_tf, config, accelerator)
+    num_updates = start_epoch * updates_per_epoch(len(loader), config.grad_accum_steps)
+    log_steps = bool(tracker_names(config))
     if accelerator.is_main_process:
         from timm.utils import trim_summary
 
         trim_summary(str(out_dir / SUMMARY_FILE), start_epoch)
-    for epoch in range(start_epoch, args.epochs):
+    for epoch in range(start_epoch, config.epochs):
         t0 = time.time()
         sampler.set_epoch(epoch)
         row: Dict[str, Any] = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"]}
-        train_row, num_updates = train_one_epoch(task, optimizer, loader, accelerator, epoch, args, ema, num_updates,
+        train_row, num_updates = train_one_epoch(task, optimizer, loader, accelerator, epoch, config, ema, num_updates,
                                                  log_steps)
         row.update(train_row, step=num_updates)
-        entries, online, validated = _validate(task, ema, val_loader, accelerator, args)
+        entries, online, validated = _validate(task, ema, val_loader, accelerator, config)
         row.update(entries)
         task.end_epoch(accelerator, *online)
         scheduler.step(epoch + 1, row.get(saver.metric_key))

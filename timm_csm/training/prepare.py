@@ -13,25 +13,26 @@ from typing import Any, Dict, Optional
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .config import TrainConfig
 from .sync_bn import convert_sync_batchnorm
 from .trackers import tracker_names
 
 __all__ = ["check_training_options", "prepare_training", "updates_per_epoch"]
 
 
-def check_training_options(args) -> None:
+def check_training_options(config: TrainConfig) -> None:
     """``ValueError`` for ``--grad-accum-steps`` below 1, ``--model-ema-decay`` outside [0, 1), a
     ``--torchcompile`` backend torch does not have, or a tracker that is unknown or not installed."""
-    if args.grad_accum_steps is None or args.grad_accum_steps < 1:
-        raise ValueError(f"--grad-accum-steps must be >= 1 (1: an update per batch), got {args.grad_accum_steps}")
-    if not 0.0 <= args.model_ema_decay < 1.0:
-        raise ValueError(f"--model-ema-decay must lie in [0, 1) (timm's default 0.9998), got {args.model_ema_decay}")
-    if args.torchcompile:
+    if config.grad_accum_steps is None or config.grad_accum_steps < 1:
+        raise ValueError(f"--grad-accum-steps must be >= 1 (1: an update per batch), got {config.grad_accum_steps}")
+    if not 0.0 <= config.model_ema_decay < 1.0:
+        raise ValueError(f"--model-ema-decay must lie in [0, 1) (timm's default 0.9998), got {config.model_ema_decay}")
+    if config.torchcompile:
         backends = torch.compiler.list_backends(exclude_tags=())
-        if args.torchcompile not in backends:
-            raise ValueError(f"--torchcompile {args.torchcompile!r}: torch has no such backend; its backends are "
+        if config.torchcompile not in backends:
+            raise ValueError(f"--torchcompile {config.torchcompile!r}: torch has no such backend; its backends are "
                              f"{', '.join(backends)}")
-    tracker_names(args)
+    tracker_names(config)
 
 
 def updates_per_epoch(num_batches: int, accum_steps: int) -> int:
@@ -51,25 +52,25 @@ def _sync_batch_norm(task, accelerator) -> None:
     accelerator.print(f"--sync-bn: {n} batch norms synchronised over {accelerator.num_processes} processes")
 
 
-def prepare_training(args, task, optimizer, accelerator, resume_state: Optional[Dict[str, Any]] = None):
+def prepare_training(config: TrainConfig, task, optimizer, accelerator, resume_state: Optional[Dict[str, Any]] = None):
     """Set up ``task`` for training on ``accelerator``: ``--sync-bn``, ``--channels-last``, ``task.prepare`` (device
     and distributed wrapper), the EMA of ``--model-ema`` (``timm.utils.ModelEmaV3`` with ``--model-ema-decay`` and
     ``--model-ema-warmup``; a resumed state's ``ema`` weights when it has them, else a copy of the model) and
     ``--torchcompile`` (``torch.compile(backend, mode)`` of the training forward; prediction runs the model
     itself). Returns (prepared optimizer, EMA or None)."""
-    if args.sync_bn:
+    if config.sync_bn:
         _sync_batch_norm(task, accelerator)
-    if args.channels_last:
+    if config.channels_last:
         task.model.to(memory_format=torch.channels_last)
     optimizer = task.prepare(accelerator, optimizer)
     ema = None
-    if args.model_ema:
+    if config.model_ema:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(task.model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup)
+        ema = ModelEmaV3(task.model, decay=config.model_ema_decay, use_warmup=config.model_ema_warmup)
         if resume_state is not None and "ema" in resume_state:
             ema.module.load_state_dict(resume_state["ema"])
-    if args.torchcompile:
-        task.forward_module = torch.compile(task.forward_module, backend=args.torchcompile,
-                                            mode=args.torchcompile_mode)
+    if config.torchcompile:
+        task.forward_module = torch.compile(task.forward_module, backend=config.torchcompile,
+                                            mode=config.torchcompile_mode)
     return optimizer, ema

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..io import load_state, remove_temp_files
-from .args import upgrade_stored_config
+from .config import TrainConfig, upgrade_stored_config
 
 __all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
            "claim_run_dir", "config_record", "restore_config", "load_resumed", "check_resumed_processes"]
@@ -145,9 +145,10 @@ def claim_run_dir(folder, run_id: str, *, numbered: bool = False, resumes: Optio
                            "interrupted" if (base / "last.safetensors").exists() else "other")
 
 
-def config_record(args) -> Dict[str, Any]:
-    """The options of ``args`` as JSON values (key=value lists as dicts, paths as strings): args.yaml and the state."""
-    cfg = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+def config_record(config: TrainConfig) -> Dict[str, Any]:
+    """The options of ``config`` as JSON values (key=value lists as dicts, paths as strings): args.yaml and the
+    state."""
+    cfg = config.options()
     for key in _KEY_VALUE_OPTIONS:
         if key in cfg:
             cfg[key] = {str(k): v for k, v in (cfg[key] or [])}
@@ -158,15 +159,15 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def restore_config(args, stored: Dict[str, Any]) -> List[str]:
-    """Give ``args`` the configuration ``stored`` by the resumed run (its :func:`config_record`).
+def restore_config(config: TrainConfig, stored: Dict[str, Any]) -> List[str]:
+    """Give ``config`` the configuration ``stored`` by the resumed run (its :func:`config_record`).
 
-    Every option not given explicitly (``args._explicit``) takes its stored value, except the options of the
+    Every option not given explicitly (``config.explicit``) takes its stored value, except the options of the
     invocation itself (``resume``, ``config``, ...). An explicit option with another value than the stored one is a
     ``ValueError`` naming its flag, unless it is one of :data:`RUN_LOCAL_OPTIONS`; ``--epochs`` may extend the run,
     not shorten it. Returns the flags whose stored value replaced the command line's.
     """
-    given, explicit = config_record(args), set(getattr(args, "_explicit", ()))
+    given, explicit = config_record(config), set(config.explicit)
     conflicts = [f"{_flag(k)} {given[k]!r} (the run has {v!r})" for k, v in stored.items()
                  if k in explicit and k in given and k not in RUN_LOCAL_OPTIONS | _INVOCATION_OPTIONS
                  and given[k] != v]
@@ -179,29 +180,29 @@ def restore_config(args, stored: Dict[str, Any]) -> List[str]:
             continue
         if given[key] != value:
             restored.append(_flag(key))
-        setattr(args, key, list(value.items()) if key in _KEY_VALUE_OPTIONS else value)
-    if args.epochs < stored["epochs"]:
-        raise ValueError(f"--epochs {args.epochs}: the resumed run was set to {stored['epochs']} epochs; --epochs "
+        setattr(config, key, list(value.items()) if key in _KEY_VALUE_OPTIONS else value)
+    if config.epochs < stored["epochs"]:
+        raise ValueError(f"--epochs {config.epochs}: the resumed run was set to {stored['epochs']} epochs; --epochs "
                          "can extend a resumed run, not shorten it")
     return restored
 
 
-def load_resumed(args) -> Dict[str, Any]:
-    """The training state of ``--resume``, with its stored configuration restored into ``args``."""
-    if not os.path.exists(args.resume):
-        raise FileNotFoundError(f"--resume {args.resume} does not exist")
-    state = load_state(args.resume)
+def load_resumed(config: TrainConfig) -> Dict[str, Any]:
+    """The training state of ``--resume``, with its stored configuration restored into ``config``."""
+    if not os.path.exists(config.resume):
+        raise FileNotFoundError(f"--resume {config.resume} does not exist")
+    state = load_state(config.resume)
     meta = state.get("meta") or {}
     if "config" not in meta or "run_id" not in meta:
-        raise ValueError(f"--resume {args.resume}: the state stores no run configuration (written by an earlier "
+        raise ValueError(f"--resume {config.resume}: the state stores no run configuration (written by an earlier "
                          "timm-csm); it cannot be resumed, start a new run")
-    folder, explicit = Path(args.resume).resolve().parent, set(args._explicit)
-    named = Path(args.output) / args.experiment if "experiment" in explicit and args.experiment else None
+    folder, explicit = Path(config.resume).resolve().parent, set(config.explicit)
+    named = Path(config.output) / config.experiment if "experiment" in explicit and config.experiment else None
     if (named is not None and named.resolve() != folder) or (named is None and "output" in explicit and Path(
-            args.output).resolve() not in (folder, folder.parent)):
+            config.output).resolve() not in (folder, folder.parent)):
         raise ValueError(f"--resume continues in the resumed run's folder {folder}; --output / --experiment name "
-                         f"another ({named or args.output})")
-    state["restored"] = restore_config(args, upgrade_stored_config(meta["config"]))
+                         f"another ({named or config.output})")
+    state["restored"] = restore_config(config, upgrade_stored_config(meta["config"]))
     return state
 
 

@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator, TimmMixupCollator
 from ..losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
+from .config import TrainConfig
 
 __all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask",
            "RankMixupTask",
@@ -61,7 +62,7 @@ class TrainingTask(nn.Module):
     outside the registry).
 
     Subclasses set ``batch_keys``, implement :meth:`create_collator` and :meth:`forward`, and build themselves from
-    the command-line options in :meth:`from_args` (``data_info``: the run's input settings, ``mean`` and ``std``
+    the run's configuration in :meth:`from_config` (``data_info``: the run's input settings, ``mean`` and ``std``
     among them, from :func:`~timm_csm.training.build_transforms`).
     """
 
@@ -80,7 +81,7 @@ class TrainingTask(nn.Module):
         self.spec = LossSpec.of(criterion) if spec is None else spec
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "TrainingTask":
         return cls(model, criterion, spec)
 
@@ -132,9 +133,9 @@ class MixupTask(ClassificationTask):
         self.num_classes, self.alpha, self.mode, self.smoothing = int(num_classes), float(alpha), mode, smoothing
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "MixupTask":
-        return cls(model, criterion, num_classes, args.mixup, args.mixup_mode, args.smoothing, spec)
+        return cls(model, criterion, num_classes, config.mixup, config.mixup_mode, config.smoothing, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return MixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, mode=self.mode,
@@ -150,14 +151,14 @@ class TimmMixupTask(ClassificationTask):
         self.mixup_fn = mixup_fn
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "TimmMixupTask":
         from timm.data import Mixup
 
         return cls(model, criterion, Mixup(
-            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
-            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
-            label_smoothing=args.smoothing, num_classes=num_classes), spec)
+            mixup_alpha=config.mixup, cutmix_alpha=config.cutmix, cutmix_minmax=config.cutmix_minmax,
+            prob=config.mixup_prob, switch_prob=config.mixup_switch_prob, mode=config.mixup_mode,
+            label_smoothing=config.smoothing, num_classes=num_classes), spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return TimmMixupCollator(images, labels, transform, self.mixup_fn, seed=seed)
@@ -176,9 +177,10 @@ class RegMixupTask(TrainingTask):
         self.mixed_loss = CrossEntropyLoss()
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "RegMixupTask":
-        return cls(model, criterion, num_classes, args.regmixup, args.regmixup_weight, args.regmixup_reduction, spec)
+        return cls(model, criterion, num_classes, config.regmixup, config.regmixup_weight, config.regmixup_reduction,
+                   spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return RegMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, seed=seed)
@@ -215,9 +217,9 @@ class RankMixupTask(_TwoPassTask):
         self.num_mixup = int(num_mixup or self.spec.num_mixed)
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "RankMixupTask":
-        return cls(model, criterion, num_classes, args.rankmixup_alpha, args.num_mixup, spec)
+        return cls(model, criterion, num_classes, config.rankmixup_alpha, config.num_mixup, spec)
 
     def create_collator(self, images, labels, transform, seed: int):
         return RankMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha,
@@ -235,7 +237,7 @@ class CSMTask(_TwoPassTask):
         self.companions = companions
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "CSMTask":
         return cls(model, criterion, companions, spec)
 
@@ -281,18 +283,18 @@ class DistillationTask(ClassificationTask):
                              persistent=False)
 
     @classmethod
-    def from_args(cls, args, model, criterion, num_classes: int, companions=None,
+    def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "DistillationTask":
-        if not args.teacher:
-            raise ValueError(f"--loss {args.loss} needs --teacher (a reference-encoder folder or a trained run)")
-        teacher, mean, std = load_teacher(args.teacher)
+        if not config.teacher:
+            raise ValueError(f"--loss {config.loss} needs --teacher (a reference-encoder folder or a trained run)")
+        teacher, mean, std = load_teacher(config.teacher)
         if data_info is None:
-            raise ValueError("DistillationTask.from_args needs data_info (the student's mean and std)")
+            raise ValueError("DistillationTask.from_config needs data_info (the student's mean and std)")
         teacher.pretrained_cfg = dict(getattr(teacher, "pretrained_cfg", {}) or {}, mean=mean, std=std)
         task = cls(model, criterion, teacher, data_info["mean"], data_info["std"], spec)
         n_out = getattr(task.teacher.model, "num_classes", num_classes)
         if n_out != num_classes:
-            raise ValueError(f"--teacher {args.teacher} predicts {n_out} classes, the data has {num_classes}")
+            raise ValueError(f"--teacher {config.teacher} predicts {n_out} classes, the data has {num_classes}")
         return task
 
     def prepare(self, accelerator, optimizer):
@@ -313,46 +315,46 @@ _BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": Rank
                                              "teacher": DistillationTask}
 
 
-def select_task(args, spec: LossSpec) -> Type[TrainingTask]:
+def select_task(config: TrainConfig, spec: LossSpec) -> Type[TrainingTask]:
     """The task class of the training loss of registry spec ``spec`` (:func:`create_criterion`'s) with
     ``--mixup`` / ``--cutmix`` (timm's ``Mixup``) / ``--regmixup``; conflicting options raise ``ValueError``."""
-    cutmix = args.cutmix > 0 or args.cutmix_minmax is not None
-    conflicts = [flag for flag, on in (("--mixup", args.mixup > 0), ("--cutmix", cutmix),
-                                       ("--regmixup", args.regmixup > 0)) if on]
+    cutmix = config.cutmix > 0 or config.cutmix_minmax is not None
+    conflicts = [flag for flag, on in (("--mixup", config.mixup > 0), ("--cutmix", cutmix),
+                                       ("--regmixup", config.regmixup > 0)) if on]
     task = _BY_INPUTS.get(spec.inputs)
     if task is not None and conflicts:
-        raise ValueError(f"--loss {args.loss} builds its own batches; drop {' and '.join(conflicts)}")
+        raise ValueError(f"--loss {config.loss} builds its own batches; drop {' and '.join(conflicts)}")
     if "--regmixup" in conflicts and len(conflicts) > 1:
         raise ValueError("--regmixup mixes its own copy; drop --mixup / --cutmix")
     if task is None:
-        task = (TimmMixupTask if cutmix else MixupTask if args.mixup > 0 else RegMixupTask if args.regmixup > 0
+        task = (TimmMixupTask if cutmix else MixupTask if config.mixup > 0 else RegMixupTask if config.regmixup > 0
                 else ClassificationTask)
-    if task.needs_companions and not args.csm_dataset:
-        raise ValueError(f"--loss {args.loss} needs --csm-dataset (the generated CSM dataset)")
-    if not task.needs_companions and args.csm_dataset:
-        raise ValueError(f"--csm-dataset is used by the csm losses only; --loss {args.loss} is not one")
-    if args.teacher and task is not DistillationTask:
-        raise ValueError(f"--teacher is used by distillation losses (kd) only; --loss {args.loss} is not one")
+    if task.needs_companions and not config.csm_dataset:
+        raise ValueError(f"--loss {config.loss} needs --csm-dataset (the generated CSM dataset)")
+    if not task.needs_companions and config.csm_dataset:
+        raise ValueError(f"--csm-dataset is used by the csm losses only; --loss {config.loss} is not one")
+    if config.teacher and task is not DistillationTask:
+        raise ValueError(f"--teacher is used by distillation losses (kd) only; --loss {config.loss} is not one")
     return task
 
 
-def create_criterion(args, num_train: int) -> Tuple[LossBase, LossSpec]:
+def create_criterion(config: TrainConfig, num_train: int) -> Tuple[LossBase, LossSpec]:
     """The training loss from ``--loss`` / ``--loss-kwargs`` and its registry :class:`~timm_csm.losses.LossSpec`
     (which :func:`select_task` and the task read: one spec for the run). ``--smoothing`` (without ``--mixup`` /
     ``--cutmix``, which smooth their mixed targets) selects the loss's label-smoothing form (``ce`` -> ``ls``) with
     ``smoothing=``; a generated-batch loss takes ``weight=--csm-weight``, a per-sample-state loss ``num_samples=``
     the training-set size."""
-    name = args.loss
-    kwargs = dict(args.loss_kwargs or [])
+    name = config.loss
+    kwargs = dict(config.loss_kwargs or [])
     spec = loss_spec(name)  # unknown names: ValueError listing the registered losses
-    if args.smoothing > 0 and args.mixup <= 0 and args.cutmix <= 0 and args.cutmix_minmax is None:
+    if config.smoothing > 0 and config.mixup <= 0 and config.cutmix <= 0 and config.cutmix_minmax is None:
         if spec.smoothed is None:
             raise ValueError(f"--smoothing applies to --loss ce / ls (or to --mixup targets), not to {name!r}")
         name = spec.smoothed
-        kwargs.setdefault("smoothing", args.smoothing)
+        kwargs.setdefault("smoothing", config.smoothing)
         spec = loss_spec(name)
     if spec.inputs == "generated":
-        kwargs.setdefault("weight", args.csm_weight)
+        kwargs.setdefault("weight", config.csm_weight)
     if spec.needs_index:
         kwargs.setdefault("num_samples", num_train)
     return create_loss(name, **kwargs), spec

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from .config import TrainConfig
+
 __all__ = ["tracker_names", "start_trackers", "numeric", "log_results"]
 
 
-def tracker_names(args) -> List[str]:
+def tracker_names(config: TrainConfig) -> List[str]:
     """The accelerate trackers of ``--log-with`` and ``--log-wandb``; a name accelerate does not know, or whose
     package is not installed, is a ``ValueError`` saying what to install."""
     from accelerate.tracking import get_available_trackers
     from accelerate.utils import LoggerType
 
-    names = [n.strip() for n in str(args.log_with or "").split(",") if n.strip()]
-    if getattr(args, "log_wandb", False) and "wandb" not in names:
+    names = [n.strip() for n in str(config.log_with or "").split(",") if n.strip()]
+    if getattr(config, "log_wandb", False) and "wandb" not in names:
         names.append("wandb")
     available = {getattr(t, "value", t) for t in get_available_trackers()}
     for name in names:
-        flag = "--log-wandb" if name == "wandb" and args.log_wandb else f"--log-with {name}"
+        flag = "--log-wandb" if name == "wandb" and config.log_wandb else f"--log-with {name}"
         if name not in LoggerType.list():
             raise ValueError(f"{flag}: unknown tracker {name!r}; accelerate's trackers are {LoggerType.list()}")
         if name != "all" and name not in available:
@@ -42,10 +44,10 @@ def numeric(row: Dict[str, Any]) -> Dict[str, float]:
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def start_trackers(accelerator, args, project: str) -> None:
+def start_trackers(accelerator, config: TrainConfig, project: str) -> None:
     """Start the trackers' run ``project`` with the run's scalar options as its configuration (main process)."""
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and isinstance(v, (int, float, str, bool))}
-    accelerator.init_trackers(project, config=config)
+    scalars = {k: v for k, v in config.options().items() if isinstance(v, (int, float, str, bool))}
+    accelerator.init_trackers(project, config=scalars)
 
 
 def log_results(accelerator, results: Dict[str, Any], step: int) -> None:
