@@ -24,8 +24,9 @@ ALLOWED = {
     "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io"},
     "train": {"training", "data", "losses", "io", "timm_csm"},
     "calibrate": {"training", "data", "calibration", "metrics", "io"},
-    "recipes": {"train", "training", "annotation", "generation", "hub", "data", "io"},
-    "commands": {"train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm"},
+    "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
+    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io"},
+    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

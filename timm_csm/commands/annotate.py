@@ -7,8 +7,8 @@
 Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
 ``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
 on the real training split on first use and cached in ``--reference-dir``. The work is
-:func:`timm_csm.annotation.annotate_generated`; with ``--s auto`` s is fitted on a held-out share of the real training
-split that the reference encoder does not see.
+:func:`timm_csm.steps.annotate_generated_folder`; with ``--s auto`` s is fitted on a held-out share of the real
+training split that the reference encoder does not see.
 """
 from __future__ import annotations
 
@@ -95,37 +95,19 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
 
 def main(argv=None):
     args = parse_args(argv)
-    import timm_csm
-    from timm_csm.annotation import annotate_generated, default_scale
-    from timm_csm.data import load_image_arrays
-    from timm_csm.generation.writer import load_generated
-    from timm_csm.hub import csm_dataset_name, install_dataset, provenance_from_plan, save_csm_dataset
+    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset, soft_label_scale
 
-    generated, plan = load_generated(args.generated)
-    dataset = args.dataset or (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
+    dataset = args.dataset or generated_dataset(args.generated)
     name = args.name or csm_dataset_name(dataset)
-    train = load_image_arrays(dataset, "train", args.image_column, args.label_column)
-    s = args.s
-    if s is None:
-        try:
-            s = str(default_scale(dataset))
-        except ValueError:  # no published value for this dataset
-            s = "auto"
-    s = s if s == "auto" else float(s)
+    s = soft_label_scale(args.s, dataset)
     holdout = s == "auto" or args.holdout_encoder
-    result = annotate_generated(
-        generated, plan, train, _encoder(args, dataset, name, holdout), s, holdout=holdout,
-        holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode, batch_size=args.batch_size,
-        drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged, min_spearman=args.min_spearman,
-        cache_dir=args.cache_dir)
-    provenance = {"dataset": dataset, **provenance_from_plan(plan), **result.provenance(),
-                  "package": f"timm-csm {timm_csm.__version__}"}
-    folder = save_csm_dataset(result.dataset, f"{args.output}/{name}", {k: v for k, v in provenance.items() if v},
-                              class_names=train.class_names, lambdas=plan["lambdas"])
-    print(f"saved {len(result.dataset)} images to {folder}")
-    if args.install:
-        install_dataset(folder)
-        print(f"installed: datasets.load_dataset({folder.name!r}) now works offline from any directory")
+    folder, _ = annotate_generated_folder(
+        args.generated, args.output, _encoder(args, dataset, name, holdout), dataset=dataset, name=name, s=s,
+        holdout=holdout, holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode,
+        batch_size=args.batch_size, drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged,
+        min_spearman=args.min_spearman, cache_dir=args.cache_dir, install=args.install,
+        image_column=args.image_column, label_column=args.label_column)
+    return folder
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ the classifier run they are made for: ``--anchor-dataset`` with the run's ``--an
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from timm_csm.training.args import HelpFormatter
 
@@ -29,7 +28,8 @@ from timm_csm.training.args import HelpFormatter
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--generator", required=True,
-                   help="generator folder (model_index.json, unet/, scheduler/) or an EDM network pickle (.pkl)")
+                   help="generator folder (model_index.json, unet/, scheduler/), an EDM network pickle (.pkl), or "
+                        "the name of a shipped generator (fmnist)")
     p.add_argument("--num-groups", type=int, required=True, help="groups to generate (each: one image per lambda)")
     p.add_argument("--output", required=True, help="folder of the generated shards (plan.json, shards/)")
     p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
@@ -52,37 +52,17 @@ def parse_args(argv=None):
     g.add_argument("--anchor-val-fraction", type=float, default=0.1, help="train.py's --val-fraction")
     g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
     args = p.parse_args(argv)
-    if is_edm_pickle(args.generator):
-        if args.strength < 1.0:
-            p.error("an EDM pickle samples from pure noise only; --strength below 1 needs a generator folder")
-        if args.guidance_scale not in (None, 1.0) or args.scheduler != "ddim":
-            p.error("an EDM pickle is sampled with EDM's Heun sampler and no guidance (the paper); drop "
-                    "--guidance-scale / --scheduler")
-    elif args.class_names is not None:
+    from timm_csm.steps import check_mixing_options, is_edm_pickle
+
+    try:
+        check_mixing_options(args.generator, args.guidance_scale, args.scheduler, args.strength)
+    except ValueError as e:
+        p.error(str(e))
+    if args.class_names is not None and not is_edm_pickle(args.generator):
         p.error("--class-names is for EDM pickles; a generator folder names its classes in model_index.json")
     if args.strength < 1.0 and not args.anchor_dataset:
         p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")
     return args
-
-
-def is_edm_pickle(generator: str) -> bool:
-    """An NVlabs EDM network pickle is a ``.pkl`` file; anything else is a generator folder."""
-    return Path(generator).suffix.lower() == ".pkl"
-
-
-def build_pipeline(args, device, anchors=None):
-    """The semantic-mixing pipeline of ``--generator``: an EDM pickle, or a diffusers generator folder."""
-    from timm_csm.generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
-
-    if is_edm_pickle(args.generator):
-        names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
-        return EDMSemanticMixingPipeline.from_edm_pickle(args.generator, args.steps, device=device,
-                                                         class_names=names)
-    pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps or 50,
-                                                  guidance_scale=args.guidance_scale, anchors=anchors,
-                                                  strength=args.strength).to(device)
-    pipe.scheduler = create_scheduler(args.scheduler, pipe.scheduler.config)
-    return pipe
 
 
 def training_anchors(dataset: str, max_train_samples=None, val_fraction: float = 0.1, seed: int = 0):
@@ -102,20 +82,20 @@ def main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
 
-    from timm_csm.generation import generate_to_folder, lambda_grid, make_plan
+    from timm_csm.steps import generate_groups
     from timm_csm.train import end_process_group, exit_interrupted
 
     try:
-        accelerator = Accelerator()
-        anchors = plan_anchors = None
+        anchors = None
         if args.strength < 1.0:
             anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_fraction,
                                        args.anchor_seed)
-            plan_anchors = {**anchors.describe(), "strength": args.strength}
-        pipeline = build_pipeline(args, accelerator.device, anchors)
-        plan = make_plan(pipeline.num_classes, args.num_groups, lambda_grid(args.num_lambdas), pipeline.class_names,
-                         args.groups_per_shard, args.seed_offset, generator=pipeline.provenance, anchors=plan_anchors)
-        generate_to_folder(pipeline, args.output, plan, args.batch_groups, accelerator)
+        class_names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+        generate_groups(args.generator, args.output, args.num_groups, args.num_lambdas,
+                        num_inference_steps=args.steps, scheduler=args.scheduler, guidance_scale=args.guidance_scale,
+                        class_names=class_names, anchors=anchors, strength=args.strength,
+                        groups_per_shard=args.groups_per_shard, batch_groups=args.batch_groups,
+                        seed_offset=args.seed_offset, accelerator=Accelerator())
     except KeyboardInterrupt:
         exit_interrupted(f"the finished shards are in {args.output}; the same command generates the rest")
     finally:  # a process exiting with a live gloo group can abort in gloo's worker thread (SIGABRT)

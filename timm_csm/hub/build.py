@@ -9,7 +9,7 @@ import numpy as np
 from ..data.csm_format import CSM_COLUMNS, check_class_names, check_groups, check_soft_labels, csm_features
 from ..data.lazy import column_arrays
 
-__all__ = ["csm_dataset_name", "build_csm_dataset", "validate_csm_dataset"]
+__all__ = ["dataset_short_name", "csm_dataset_name", "build_csm_dataset", "validate_csm_dataset"]
 
 _SHORT_NAMES = {
     "fashion_mnist": "fmnist", "zalando-datasets/fashion_mnist": "fmnist", "fashion-mnist": "fmnist",
@@ -18,13 +18,21 @@ _SHORT_NAMES = {
 }
 
 
-def csm_dataset_name(dataset: str) -> str:
-    """``csm-<short name>-aug``: ``fashion_mnist`` -> ``csm-fmnist-aug``, ``cifar100`` -> ``csm-cifar100-aug``."""
+def dataset_short_name(dataset: str) -> str:
+    """The short name of a real dataset in the names of its CSM dataset and shipped generator: ``fashion_mnist``
+    and ``zalando-datasets/fashion_mnist`` -> ``fmnist``, ``uoft-cs/cifar10`` -> ``cifar10``, any other name
+    lower-cased, its last path part, runs of other characters than letters and digits as ``-``."""
     short = _SHORT_NAMES.get(dataset.lower(), dataset.lower().rstrip("/").split("/")[-1])
     short = re.sub(r"[^a-z0-9]+", "-", short).strip("-")
     if not short:
         raise ValueError(f"cannot derive a dataset name from {dataset!r}")
-    return f"csm-{short}-aug"
+    return short
+
+
+def csm_dataset_name(dataset: str) -> str:
+    """The one name of the CSM dataset of ``dataset``, its folder and installed bare name: ``csm-<short name>-aug``
+    (:func:`dataset_short_name`): ``fashion_mnist`` -> ``csm-fmnist-aug``, ``cifar100`` -> ``csm-cifar100-aug``."""
+    return f"csm-{dataset_short_name(dataset)}-aug"
 
 
 def validate_csm_dataset(dataset, class_names: Optional[Sequence[str]] = None,

@@ -12,8 +12,7 @@ from .profiles import (RecipeProfile, get_profile, list_profiles, register_profi
                        training_options)
 from .report import save_group_figure, write_report
 from .run import main, run_recipe
-from .stages import shipped_generator
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "rehearsal_profile", "resolve_dataset",
            "training_options", "Stage",
-           "StageCache", "stage_key", "shipped_generator", "run_recipe", "write_report", "save_group_figure", "main"]
+           "StageCache", "stage_key", "run_recipe", "write_report", "save_group_figure", "main"]

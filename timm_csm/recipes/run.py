@@ -55,7 +55,7 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     del clip  # its memory is free for the training stages
     results = {loss: stages.train(cache, profile, loss, annotated) for loss in ("ce", "csm")}
 
-    csm_dataset = annotated.folder / stages.csm_dataset_name(profile.dataset)
+    csm_dataset = stages.csm_dataset_folder(annotated, profile.dataset)
     report = write_report(output, results, csm_dataset, generator_dir, cache.timings, quality)
     log(report["table"])
     log(report["knowledge"])

@@ -20,48 +20,20 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import steps
 from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
 
-__all__ = ["shipped_generator", "short_name", "csm_dataset_name", "generator", "generate", "encoder_config",
-           "open_clip_spec", "check_encoder", "encoder", "quality", "annotate", "train_config", "train"]
-
-_ASSETS = Path(__file__).resolve().parents[1] / "assets"
-
-
-def shipped_generator(dataset: str) -> Optional[Path]:
-    """The generator weights shipped in the package for ``dataset`` (short name, e.g. ``fmnist``), if any."""
-    folder = _ASSETS / f"generator-{dataset}"
-    return folder if (folder / "unet" / "config.json").exists() else None
-
-
-def short_name(dataset: str) -> str:
-    """The dataset's short name in asset and CSM dataset names: ``fashion_mnist`` -> ``fmnist``, ``org/x`` -> ``x``."""
-    return {"fashion_mnist": "fmnist"}.get(dataset, dataset.split("/")[-1])
-
-
-def csm_dataset_name(dataset: str) -> str:
-    """The bare name the CSM dataset of ``dataset`` is installed under: ``csm-<short name>-aug``."""
-    return f"csm-{short_name(dataset)}-aug"
-
-
-def _is_edm_pickle(generator_name: str) -> bool:
-    """An NVlabs EDM network pickle is named by its ``.pkl`` path; any other generator is a folder or a profile."""
-    return Path(generator_name).suffix.lower() == ".pkl"
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+__all__ = ["generator", "generate", "encoder_config", "open_clip_spec", "check_encoder", "encoder", "quality",
+           "annotate", "csm_dataset_folder", "train_config", "train"]
 
 
 def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
     """The generator: an EDM network pickle (``profile.generator`` ending in ``.pkl``, which must exist), the
     shipped weights, or a generator folder trained on ``train_real`` with the generator-training profile
     ``profile.generator`` (at the real images' size and channels)."""
-    if _is_edm_pickle(profile.generator):
+    if steps.is_edm_pickle(profile.generator):
         path = Path(profile.generator)
         if not path.is_file():
             raise FileNotFoundError(f"EDM network pickle {profile.generator} not found: download it (the full "
@@ -70,7 +42,7 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
         log(f"[generator] EDM network pickle: {path}")
         return path
     if profile.generator == "shipped":
-        shipped = shipped_generator(short_name(profile.dataset))
+        shipped = steps.shipped_generator(profile.dataset)
         if shipped is None:
             raise FileNotFoundError(f"no generator is shipped for {profile.dataset!r}: choose a generator-training "
                                     "profile (--generator fmnist / digits / cifar10 ...) to train one")
@@ -94,23 +66,9 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
 
 
 def _mixing_pipeline(profile: RecipeProfile, generator_path: Path, class_names: Optional[List[str]]):
-    """The semantic-mixing pipeline of ``generator_path`` on the GPU when there is one: an EDM pickle (Heun, the
-    profile's steps, no guidance, ``class_names`` in label order) or a generator folder (its DDIM scheduler, or
-    ``profile.scheduler``)."""
-    from ..generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
-
-    if _is_edm_pickle(str(generator_path)):
-        if profile.guidance_scale not in (None, 1.0) or profile.scheduler != "ddim":
-            raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
-                             f"guidance_scale {profile.guidance_scale} and scheduler {profile.scheduler!r} do not "
-                             "apply; leave them at None and 'ddim'")
-        return EDMSemanticMixingPipeline.from_edm_pickle(generator_path, profile.sampler_steps, device=_device(),
-                                                         class_names=class_names)
-    pipe = SemanticMixingPipeline.from_pretrained(generator_path, num_inference_steps=profile.sampler_steps,
-                                                  guidance_scale=profile.guidance_scale)
-    if profile.scheduler != "ddim":  # the folder's scheduler is DDIM
-        pipe.scheduler = create_scheduler(profile.scheduler, pipe.scheduler.config)
-    return pipe.to(_device())
+    """:func:`~timm_csm.steps.load_mixing_pipeline` with the profile's sampler settings."""
+    return steps.load_mixing_pipeline(generator_path, profile.sampler_steps, profile.scheduler, profile.guidance_scale,
+                                      class_names)
 
 
 def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
@@ -120,7 +78,7 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
     own); they are part of the key of the EDM route."""
     from ..generation.models import file_digest, weights_digest
 
-    edm = _is_edm_pickle(str(generator_path))
+    edm = steps.is_edm_pickle(generator_path)
     config = {"generator": file_digest(generator_path) if edm else weights_digest(generator_path),
               "num_groups": profile.num_groups, "lambdas": profile.num_lambdas, "steps": profile.sampler_steps,
               "guidance": profile.guidance_scale}
@@ -130,23 +88,26 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
         config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
-            from ..generation import generate_to_folder, lambda_grid, make_plan
-
-            pipe = _mixing_pipeline(profile, generator_path, class_names)
-            plan = make_plan(pipe.num_classes, profile.num_groups, lambda_grid(profile.num_lambdas),
-                             pipe.class_names, groups_per_shard=32, generator=pipe.provenance)
-            generate_to_folder(pipe, stage.folder, plan, batch_groups=32)
+            steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.num_lambdas,
+                                  num_inference_steps=profile.sampler_steps, scheduler=profile.scheduler,
+                                  guidance_scale=profile.guidance_scale, class_names=class_names,
+                                  groups_per_shard=32, batch_groups=32)
     return stage
 
 
 _HELD_OUT = 0.1  # share of the real training split s is chosen on (never seen by the reference encoder)
 
 
+def _chooses_s(profile: RecipeProfile) -> bool:
+    """Whether s is chosen on held-out real images (:func:`~timm_csm.steps.soft_label_scale` of the profile's)."""
+    return steps.soft_label_scale(profile.soft_label_scale, profile.dataset) == "auto"
+
+
 def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
     """The re-annotation encoder's configuration (part of the keys of the stages that use it)."""
     config = {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
               "max_steps": profile.encoder_max_steps, "seed": profile.seed}
-    if profile.encoder == "reference" and profile.soft_label_scale is None:
+    if profile.encoder == "reference" and _chooses_s(profile):
         config["held_out"] = _HELD_OUT
     return config
 
@@ -162,7 +123,7 @@ def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
         if not stage.done:
             from ..annotation import holdout_split, train_reference_encoder
 
-            if profile.soft_label_scale is None:
+            if _chooses_s(profile):
                 train_real = holdout_split(train_real, _HELD_OUT, profile.seed)[0]
             train_reference_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs,
                                     seed=profile.seed, test=test_real, max_steps=profile.encoder_max_steps, log=log)
@@ -186,7 +147,7 @@ def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
     if profile.encoder == "reference":
         return load_reference_encoder(encoder_dir)
     model, pretrained = open_clip_spec(profile.encoder)
-    return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=_device())
+    return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=steps.default_device())
 
 
 def check_encoder(profile: RecipeProfile):
@@ -236,34 +197,35 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
 
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],
              train_real, encoder=None) -> Stage:
-    """Re-annotation through :func:`timm_csm.annotation.annotate_generated`: prototypes of the real training split,
-    lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
-    saved as the Hub-layout dataset ``csm-<short name>-aug`` inside the stage folder and installed under that bare
-    name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's encoder is loaded
-    here)."""
-    name = csm_dataset_name(profile.dataset)
-    s = "auto" if profile.soft_label_scale is None else profile.soft_label_scale
-    config = {"generated": generated.config, "encoder": encoder_config(profile), "s": profile.soft_label_scale,
-              "s_selection": {"held_out": _HELD_OUT, "seed": profile.seed} if s == "auto" else None}
+    """Re-annotation through :func:`timm_csm.steps.annotate_generated_folder`: prototypes of the real training
+    split, lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
+    saved as the Hub-layout dataset :func:`~timm_csm.hub.csm_dataset_name` inside the stage folder and installed
+    under that bare name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's
+    encoder is loaded here)."""
+    auto = _chooses_s(profile)
+    # the key holds s as the profile gives it where s is chosen (None), so that the caches of then are found
+    config = {"generated": generated.config, "encoder": encoder_config(profile),
+              "s": None if auto else steps.soft_label_scale(profile.soft_label_scale, profile.dataset),
+              "s_selection": {"held_out": _HELD_OUT, "seed": profile.seed} if auto else None}
     if profile.drop_flagged:
         config["drop_flagged"] = True
     with cache.stage("annotated", config) as stage:
         if not stage.done:
-            from ..annotation import annotate_generated
-            from ..generation import load_generated
-            from ..hub import install_dataset, provenance_from_plan, save_csm_dataset
-
-            images, plan = load_generated(generated.folder)
             encoder = _load_encoder(profile, encoder_dir) if encoder is None else encoder
-            result = annotate_generated(images, plan, train_real, encoder, s,
-                                        holdout_fraction=_HELD_OUT, seed=profile.seed,
-                                        drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes")
-            provenance = {"dataset": profile.dataset, **provenance_from_plan(plan), **result.provenance()}
-            folder = save_csm_dataset(result.dataset, stage.folder / name, provenance=provenance,
-                                      class_names=train_real.class_names)
-            install_dataset(folder)
+            _, result = steps.annotate_generated_folder(
+                generated.folder, stage.folder, encoder, dataset=profile.dataset, real=train_real,
+                s=profile.soft_label_scale, holdout_fraction=_HELD_OUT, seed=profile.seed,
+                drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes", install=True)
             write_json_atomic(stage.folder / "annotation.json", {"s": result.s, "rows": len(result.dataset)})
     return stage
+
+
+def csm_dataset_folder(annotated: Stage, dataset: str) -> Path:
+    """The CSM dataset an annotated stage holds: ``csm_dataset_name(dataset)``, or the one ``csm-*-aug`` folder of a
+    stage written under an earlier name of the same dataset (a Hub id's full name, ``csm-fashion_mnist-aug``)."""
+    folder = annotated.folder / steps.csm_dataset_name(dataset)
+    earlier = [p for p in annotated.folder.glob("csm-*-aug") if p.is_dir()] if not folder.exists() else []
+    return earlier[0] if len(earlier) == 1 else folder
 
 
 def train_config(profile: RecipeProfile, loss: str, csm_dataset: Path) -> Dict[str, Any]:
@@ -280,7 +242,7 @@ def train_config(profile: RecipeProfile, loss: str, csm_dataset: Path) -> Dict[s
 def train(cache: StageCache, profile: RecipeProfile, loss: str, annotated: Stage) -> Dict[str, Any]:
     """The classifier trained with ``loss`` (``ce`` or ``csm``); its ``results.json`` plus ``output``, the stage
     folder. A killed run resumes its own training run (``auto_resume``)."""
-    cfg = train_config(profile, loss, annotated.folder / csm_dataset_name(profile.dataset))
+    cfg = train_config(profile, loss, csm_dataset_folder(annotated, profile.dataset))
     config = {"train": cfg, "data": annotated.config if loss == "csm" else None}
     with cache.stage(f"train-{loss}", config) as stage:
         if not stage.done:

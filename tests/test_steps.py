@@ -1,0 +1,114 @@
+"""The method's steps (timm_csm.steps) and their two front ends: the commands and the recipe's stages give the same
+bytes on the same inputs; one dataset name, one default of s, one way to name a generator."""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from timm_csm import steps
+from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
+
+
+@pytest.fixture(scope="module")
+def digits_generator(tmp_path_factory):
+    """A saved generator folder for digits' 10 classes and 8x8 grey images, random non-trivial weights."""
+    from diffusers import DDIMScheduler
+
+    from timm_csm.data import load_digits
+    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet
+
+    names = load_digits("train").class_names
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], sample_size=8, in_channels=1)
+    unet = create_class_unet(cfg, len(names)).eval()
+    for p in unet.parameters():  # diffusers zero-inits some output layers
+        p.data.normal_(0, 0.05)
+    folder = tmp_path_factory.mktemp("gen-digits")
+    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
+    SemanticMixingPipeline(unet, sched, names, metadata={"name": "tiny-digits", "dataset": "digits"}
+                           ).save_pretrained(folder)
+    return folder
+
+
+def _files(folder: Path, pattern: str):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.glob(pattern))}
+
+
+def _parquet(dataset_folder: Path):
+    return [p.read_bytes() for p in sorted(dataset_folder.glob("data/*/train-*.parquet"))]
+
+
+def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_path, monkeypatch):
+    import datasets
+
+    from timm_csm.commands import annotate, generate
+    from timm_csm.data import load_image_arrays
+
+    monkeypatch.chdir(tmp_path)  # the command's reference encoder goes to runs/reference-digits-holdout
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    generate.main(["--generator", str(digits_generator), "--num-groups", "10", "--num-lambdas", "3", "--steps", "2",
+                   "--guidance-scale", "1.0", "--groups-per-shard", "32", "--batch-groups", "32",
+                   "--output", str(tmp_path / "gen")])
+    script_folder = annotate.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
+                                   "--reference-epochs", "1", "--cache-dir", str(tmp_path / "protos")])
+
+    profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
+                            encoder_epochs=1)
+    train, test = load_image_arrays("digits", "train"), load_image_arrays("digits", "test")
+    cache = StageCache(tmp_path / "run", lambda line: None)
+    generated = stages.generate(cache, profile, digits_generator, train.class_names)
+    encoder_dir = stages.encoder(cache, profile, train, test, lambda line: None)
+    annotated = stages.annotate(cache, profile, generated, encoder_dir, train)
+    recipe_folder = stages.csm_dataset_folder(annotated, profile.dataset)
+
+    assert _files(tmp_path / "gen", "**/*.parquet") == _files(generated.folder, "**/*.parquet") != {}
+    assert (tmp_path / "gen" / "plan.json").read_bytes() == (generated.folder / "plan.json").read_bytes()
+    assert script_folder.name == recipe_folder.name == "csm-digits-aug"
+    assert _parquet(script_folder) == _parquet(recipe_folder) != []
+    card = (recipe_folder / "README.md").read_text()  # one provenance: the plan, the choice of s, the package
+    assert "maximum likelihood of the true class" in card and "tiny-digits" in card and "timm-csm" in card
+
+
+def test_one_dataset_name_for_every_spelling_of_a_dataset(tmp_path):
+    for dataset in ("fashion_mnist", "zalando-datasets/fashion_mnist", "fashion-mnist"):
+        assert steps.csm_dataset_name(dataset) == "csm-fmnist-aug"
+    assert steps.csm_dataset_name("tiny_imagenet") == steps.csm_dataset_name("zh-plus/tiny-imagenet")
+    # a recipe stage written under the earlier name of a Hub id still gives its dataset to the training stages
+    stage = Stage("annotated", tmp_path / "annotated-0", {}, done=True)
+    (stage.folder / "csm-fashion_mnist-aug").mkdir(parents=True)
+    assert stages.csm_dataset_folder(stage, "zalando-datasets/fashion_mnist").name == "csm-fashion_mnist-aug"
+    (stage.folder / "csm-fmnist-aug").mkdir()
+    assert stages.csm_dataset_folder(stage, "zalando-datasets/fashion_mnist").name == "csm-fmnist-aug"
+
+
+def test_the_default_of_s_is_the_papers_value_where_it_published_one():
+    assert steps.soft_label_scale(None, "cifar100") == 2.3 and steps.soft_label_scale(None, "uoft-cs/cifar10") == 4.0
+    assert steps.soft_label_scale(None, "fashion_mnist") == "auto"
+    assert steps.soft_label_scale("auto", "cifar10") == "auto"
+    assert steps.soft_label_scale("1.5", "digits") == 1.5
+    # the recipe keys the encoder by the same choice: held-out images only where s is chosen on them
+    assert "held_out" in stages.encoder_config(RecipeProfile())
+    assert "held_out" not in stages.encoder_config(RecipeProfile(dataset="cifar10"))
+
+
+def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tmp_path):
+    shipped = steps.shipped_generator("fashion_mnist")
+    assert shipped is not None and steps.resolve_generator("fmnist") == shipped == steps.shipped_generator("fmnist")
+    assert steps.resolve_generator(tmp_path) == tmp_path
+    with pytest.raises(FileNotFoundError, match="'absent' is neither a folder nor an EDM pickle.*shipped generator "
+                                                r"\(fmnist\)"):
+        steps.resolve_generator("absent")
+    with pytest.raises(FileNotFoundError, match="absent.pkl"):
+        steps.resolve_generator(tmp_path / "absent.pkl")
+    with pytest.raises(ValueError, match="pure noise only"):
+        steps.check_mixing_options("x.pkl", strength=0.5)
+    steps.check_mixing_options(tmp_path, guidance_scale=2.0, scheduler="dpm", strength=0.5)  # a folder takes all
+
+
+def test_the_generated_folder_names_its_real_dataset(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"generator": {"dataset": "digits"}}))
+    assert steps.generated_dataset(tmp_path) == "digits"
+    (tmp_path / "plan.json").write_text(json.dumps({"generator": {}}))
+    assert steps.generated_dataset(tmp_path) == "fashion_mnist"
