@@ -8,8 +8,8 @@ import torch
 
 from csm_fixtures import (CLASS_NAMES, LAMBDAS, annotated_by_hand, raw_generated, synthetic_arrays, tiny_timm_encoder,
                           train_interrupted)
-from timm_csm.data.csm_format import (CSM_COLUMNS, SOFT_LABEL_TOL, check_class_names, check_groups, check_soft_labels,
-                                      csm_features)
+from timm_csm.data.csm_format import CSM_COLUMNS, check_class_names, check_groups, check_soft_labels, csm_features
+from timm_csm.metrics.inputs import ROW_SUM_ATOL
 
 
 # ---------------------------------------------------------------- the format module
@@ -54,12 +54,13 @@ def test_soft_label_tolerance_edge():
     k = 4
     base = np.array([[0.25, 0.25, 0.25, 0.25]] * 3)
     inside, outside = base.copy(), base.copy()
-    inside[1, 0] += SOFT_LABEL_TOL / 2
-    outside[2, 0] += 2 * SOFT_LABEL_TOL
+    inside[1, 0] += ROW_SUM_ATOL / 2
+    outside[2, 0] += 2 * ROW_SUM_ATOL
     check_soft_labels(inside, k)
     with pytest.raises(ValueError, match="length K=3"):  # one row of numbers, not (N, K): named, not a TypeError
         check_soft_labels(np.ones(3), 3)
-    with pytest.raises(ValueError, match=r"1 soft_label row\(s\) do not sum to 1 within 0.0001 \(first: row 2"):
+    message = rf"1 soft_label row\(s\) do not sum to 1 within {ROW_SUM_ATOL:g} \(first: row 2"
+    with pytest.raises(ValueError, match=message):
         check_soft_labels(outside, k)
     with pytest.raises(ValueError, match="length 4, expected K=3"):
         check_soft_labels(base, 3)
@@ -74,7 +75,7 @@ def test_every_reader_and_writer_uses_the_one_tolerance():
 
     ds = annotated_by_hand(num_groups=3)
     soft = np.asarray(ds["soft_label"], dtype=np.float64)
-    for shift, ok in ((SOFT_LABEL_TOL / 2, True), (2 * SOFT_LABEL_TOL, False)):
+    for shift, ok in ((ROW_SUM_ATOL / 2, True), (2 * ROW_SUM_ATOL, False)):
         edited = soft.copy()
         edited[4, ds["class_a"][4]] += shift
         changed = ds.map(lambda row, i: {"soft_label": edited[i].astype(np.float32).tolist()}, with_indices=True,
@@ -86,6 +87,25 @@ def test_every_reader_and_writer_uses_the_one_tolerance():
                 read()
             else:
                 with pytest.raises(ValueError, match="do not sum to 1"):
+                    read()
+
+
+def test_the_losses_and_the_metrics_take_soft_labels_within_the_same_tolerance():
+    import torch
+
+    from timm_csm.losses import create_loss
+    from timm_csm.metrics import calibration_metrics
+
+    logits = torch.zeros(3, 4)
+    for shift, ok in ((ROW_SUM_ATOL / 2, True), (2 * ROW_SUM_ATOL, False)):
+        target = torch.full((3, 4), 0.25, dtype=torch.float64)
+        target[1, 0] += shift
+        readers = (lambda: create_loss("ce")(logits.double(), target), lambda: calibration_metrics(logits, target))
+        for read in readers:
+            if ok:
+                read()
+            else:
+                with pytest.raises(ValueError, match="sum to 1"):
                     read()
 
 

@@ -2,7 +2,7 @@
 from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator,
                         TimmMixupCollator, mix_soft_targets)
 from .csm import CSMCompanionSampler, CSMGroups
-from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, SOFT_LABEL_TOL, GroupCheck, check_class_names,
+from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, GroupCheck, check_class_names,
                          check_groups, check_soft_labels, csm_features)
 from .embedded import FASHION_MNIST_CLASSES, ImageArrays, load_digits, load_fashion_mnist, read_idx
 from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
@@ -21,7 +21,7 @@ __all__ = [
     "BatchTransform", "convert_channels", "channel_stats", "create_transforms", "SampleTransform",
     "create_timm_transforms",
     "CSMGroups", "CSMCompanionSampler",
-    "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "SOFT_LABEL_TOL", "csm_features", "check_class_names",
+    "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features", "check_class_names",
     "check_soft_labels", "GroupCheck", "check_groups",
     "ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator", "TimmMixupCollator",
     "mix_soft_targets",

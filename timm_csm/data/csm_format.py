@@ -3,8 +3,9 @@
 A raw generation folder holds, per image, the columns :data:`RAW_COLUMNS` (one *group* = one seed and one class
 pair (a, b) rendered at every value of the lambda grid, Luo et al., ICML 2025, section 3.1). The annotated dataset
 that training reads and the Hub publishes has exactly :data:`CSM_COLUMNS`, with the features of
-:func:`csm_features`. Soft labels are float32 rows that sum to 1 within :data:`SOFT_LABEL_TOL`, the one tolerance of
-every such check (annotation, publishing, training).
+:func:`csm_features`. Soft labels are float32 rows that sum to 1 within
+:data:`~timm_csm.metrics.inputs.ROW_SUM_ATOL`, the one tolerance of every such check (annotation, publishing,
+training, the losses and the metrics).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["RAW_COLUMNS", "CSM_COLUMNS", "REQUIRED_CSM_COLUMNS", "SOFT_LABEL_TOL", "csm_features",
+from ..metrics.inputs import ROW_SUM_ATOL
+
+__all__ = ["RAW_COLUMNS", "CSM_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features",
            "check_class_names", "check_soft_labels", "GroupCheck", "check_groups"]
 
 # raw generated shards carry at least these
@@ -22,8 +25,6 @@ RAW_COLUMNS = ("image", "group_id", "seed", "class_a", "class_b", "lambda_gen")
 CSM_COLUMNS = ("image", "label", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat", "group_id", "seed")
 # what training needs of an annotated dataset (``lambda_gen`` optional)
 REQUIRED_CSM_COLUMNS = ("image", "soft_label", "class_a", "class_b", "group_id")
-# float32 rows of up to a few hundred classes sum to 1 within this
-SOFT_LABEL_TOL = 1e-4
 _LAMBDA_TOL = 1e-5
 
 
@@ -74,7 +75,7 @@ def check_class_names(names: Sequence[str], expected: Sequence[str], what: str =
 
 def check_soft_labels(soft, num_classes: Optional[int] = None) -> None:
     """ValueError naming the first bad row of soft labels (N, K): wrong width, NaN or inf, negative values, or a
-    row whose sum (in float64) is off 1 by more than :data:`SOFT_LABEL_TOL`."""
+    row whose sum (in float64) is off 1 by more than :data:`~timm_csm.metrics.inputs.ROW_SUM_ATOL`."""
     soft = np.asarray(soft)
     if soft.dtype == object or soft.ndim != 2:
         lengths = sorted({len(r) for r in soft}) if soft.dtype == object else [soft.shape[1:]]
@@ -88,9 +89,9 @@ def check_soft_labels(soft, num_classes: Optional[int] = None) -> None:
     if negative.any():
         raise ValueError(f"soft_label holds negative values (first row {int(np.flatnonzero(negative)[0])})")
     sums = soft.astype(np.float64).sum(1)
-    off = np.flatnonzero(np.abs(sums - 1.0) > SOFT_LABEL_TOL)
+    off = np.flatnonzero(np.abs(sums - 1.0) > ROW_SUM_ATOL)
     if len(off):
-        raise ValueError(f"{len(off)} soft_label row(s) do not sum to 1 within {SOFT_LABEL_TOL:g} (first: row "
+        raise ValueError(f"{len(off)} soft_label row(s) do not sum to 1 within {ROW_SUM_ATOL:g} (first: row "
                          f"{off[0]}, sum {sums[off[0]]:.6f}); normalise the rows")
 
 

@@ -6,7 +6,7 @@ install it for bare-name ``load_dataset``, load it by name or path, push it to t
     install_dataset(folder)                      # then: datasets.load_dataset("csm-fmnist-aug")
     push_csm_dataset(folder, "my-org/csm-fmnist-aug")
 """
-from ..data.csm_format import CSM_COLUMNS, SOFT_LABEL_TOL, csm_features
+from ..data.csm_format import CSM_COLUMNS, csm_features
 from .build import build_csm_dataset, csm_dataset_name, dataset_short_name, validate_csm_dataset
 from .card import SOURCE_LICENSES, card_metadata, class_counts, provenance_from_plan, render_card_body
 from .install import install_dataset, is_installed, load_csm_dataset, load_folder
@@ -16,7 +16,7 @@ from .push import PushError, push_csm_dataset
 __all__ = [
     "CSM_COLUMNS", "csm_features", "csm_dataset_name", "dataset_short_name", "build_csm_dataset",
     "validate_csm_dataset",
-    "SOFT_LABEL_TOL", "class_counts", "card_metadata", "render_card_body", "provenance_from_plan", "SOURCE_LICENSES",
+    "class_counts", "card_metadata", "render_card_body", "provenance_from_plan", "SOURCE_LICENSES",
     "save_csm_dataset", "data_files", "folder_fingerprint", "install_dataset", "is_installed", "load_csm_dataset",
     "load_folder", "push_csm_dataset", "PushError",
 ]

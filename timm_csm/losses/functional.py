@@ -22,12 +22,13 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..metrics.inputs import ROW_SUM_ATOL
+
 __all__ = ["FlatBatch", "BinaryBatch", "flatten_batch", "flatten_binary", "reduce_rows", "reduce_binary", "row_nll",
            "ce_rows", "mean_nll", "mean_ce", "masked_mean", "modulating_factor", "check_reduction",
            "check_finite_number"]
 
 _REDUCTIONS = ("mean", "sum", "none")
-_SUM_TOL = 1e-3  # soft-target rows must sum to 1 within this tolerance (or the dtype's epsilon, if larger)
 
 
 def check_reduction(reduction: str) -> str:
@@ -132,15 +133,15 @@ def _check_soft(name: str, logits: torch.Tensor, target: torch.Tensor) -> None:
     low_sum, high_sum = torch.aminmax(_row_sums(target))
     total, low, low_sum, high_sum = _host_values(_total(logits), target.min(), low_sum, high_sum)
     # bfloat16 rounds each entry by up to 2^-8 of its value, so a rounded simplex row can miss 1 by more than 1e-3
-    tol = max(_SUM_TOL, torch.finfo(target.dtype).eps)
+    tol = max(ROW_SUM_ATOL, torch.finfo(target.dtype).eps)
     sums_ok = abs(low_sum - 1.0) <= tol and abs(high_sum - 1.0) <= tol  # False for NaN
-    if math.isfinite(total) and low >= -_SUM_TOL and sums_ok:
+    if math.isfinite(total) and low >= -ROW_SUM_ATOL and sums_ok:
         return
     if not math.isfinite(total):
         raise ValueError(f"{name}: logits contain NaN or infinite values")
     if not bool(torch.isfinite(target).all()):
         raise ValueError(f"{name}: soft target contains NaN or infinite values")
-    if low < -_SUM_TOL:
+    if low < -ROW_SUM_ATOL:
         raise ValueError(f"{name}: soft target has negative entries (smallest {low:.3g})")
     worst = max(abs(low_sum - 1.0), abs(high_sum - 1.0))
     raise ValueError(f"{name}: soft target rows must sum to 1 (largest deviation {worst:.3g})")

@@ -16,11 +16,11 @@ from .binning import bin_edges, bin_index
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
-from .inputs import INPUT_TYPES, TASKS
+from .inputs import INPUT_TYPES, ROW_SUM_ATOL, TASKS
 from .proximity import piece, proximity
 from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "reliability_table", "reliability_table_from_points", "calibration_metrics", "piece", "proximity",
-           "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS", "bin_edges",
-           "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage"]
+           "brier_score", "smooth_ece", "reliability_table", "reliability_table_from_points", "calibration_metrics",
+           "piece", "proximity", "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS",
+           "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage"]

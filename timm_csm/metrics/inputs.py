@@ -30,7 +30,9 @@ __all__ = ["INPUT_TYPES", "TASKS", "ROW_SUM_ATOL", "PreparedInputs", "prepare_in
 
 INPUT_TYPES = ("logits", "probs", "log_probs")
 TASKS = ("multiclass", "binary")
-# rows of probabilities / soft targets must sum to 1 within this tolerance (float16 softmax still passes)
+# the one tolerance of every check that rows of probabilities or soft labels sum to 1: the metrics' inputs, the losses'
+# soft targets (widened to the epsilon of a half type, whose rounding needs more) and the CSM dataset format's soft
+# labels (float16 softmax still passes)
 ROW_SUM_ATOL = 1e-3
 
 
