@@ -65,6 +65,25 @@ def test_every_module_matches_the_functional_core_on_both_routes(modules):
         assert plain == {name: pytest.approx(want, abs=1e-6)}
 
 
+def test_the_modules_use_the_public_metrics_api_and_one_description(modules):
+    import ast
+    import inspect
+
+    from timm_csm import metrics
+
+    base = Path(hf_metrics.__file__).parent / "_base.py"
+    for node in ast.walk(ast.parse(base.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("timm_csm.metrics"):
+            assert node.module == "timm_csm.metrics", node.module
+            assert {a.name for a in node.names} <= set(metrics.__all__)
+    functions = {"ece": ece, "aece": adaptive_ece, "cwece": classwise_ece, "mce": mce, "nll": nll,
+                 "brier": brier_score, "smece": smooth_ece, "aurc": aurc, "eaurc": eaurc, "augrc": augrc}
+    for name, module in modules.items():
+        assert module.description.startswith(inspect.cleandoc(functions[name].__doc__))
+        assert f'load_metric("{name}")' in module.description and "within 0.001" in module.description
+        assert Path(metric_path(name)).read_text().count("\n") < 10  # the class evaluate loads, and its name
+
+
 def test_options_at_load_time_and_at_compute_time():
     z, y = make_data(seed=1)
     p = torch.softmax(torch.from_numpy(z).double(), 1).numpy()
@@ -170,8 +189,10 @@ def test_install_writes_the_cache_layout_atomically(tmp_path):
 
 def stale_copy(cache: Path, name: str, ahead_s: float) -> Path:
     """A cached copy of another version of module `name` (its value is -1), modified `ahead_s` seconds from now."""
-    code = Path(metric_path(name)).read_text().replace("    value = _base.",
-                                                       "    value = lambda self, acc, opts: -1.0  # was: _base.")
+    line = f'    metric_name = "{name}"\n'
+    code = Path(metric_path(name)).read_text()
+    assert line in code
+    code = code.replace(line, line + "    value = lambda self, acc, opts: -1.0\n")
     folder = cache / "metrics" / f"evaluate-metric--{name}" / ("0" * 64)
     folder.mkdir(parents=True)
     (folder / "__init__.py").touch()

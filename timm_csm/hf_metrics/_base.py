@@ -1,7 +1,8 @@
-"""Shared base of the ``evaluate`` modules: a thin :class:`evaluate.Metric` over :mod:`timm_csm.metrics`.
+"""Shared base of the ``evaluate`` modules: a thin :class:`evaluate.Metric` over the public API of
+:mod:`timm_csm.metrics`, and the one place their descriptions are written (:func:`describe`).
 
-Only the module scripts (``<name>/<name>.py``) import this file, so ``evaluate`` is imported only when a metric is
-loaded.
+Only the module scripts (``<name>/<name>.py``, which hold the class evaluate loads and its name) import this file,
+so ``evaluate`` is imported only when a metric is loaded.
 
 Two routes lead to the same numbers:
 
@@ -10,33 +11,32 @@ Two routes lead to the same numbers:
   ``add_batch(predictions=array, ...)`` feed a :class:`~timm_csm.metrics.CalibrationAccumulator` directly and never
   encode the ``(N, C)`` matrix to Arrow (which costs minutes and gigabytes at 2e5 x 1000).
 
-Both routes validate every batch with the functional core's checks (:func:`~timm_csm.metrics.inputs.prepare_inputs`
-and the value checks of the accumulation pass) before anything is stored, so bad input raises a ``ValueError``
-instead of being cast by Arrow (float references truncated to class indices, soft binary targets to 0).
+Both routes validate every batch with the functional core's checks (:func:`~timm_csm.metrics.prepare_inputs`
+and the value checks of :meth:`~timm_csm.metrics.CalibrationAccumulator.update`) before anything is stored, so bad
+input raises a ``ValueError`` instead of being cast by Arrow (float references truncated to class indices, soft
+binary targets to 0).
 
 Reading of the predictions (``input_type="auto"``, the default): every row in ``[0, 1]`` and summing to 1 reads as
-probabilities, anything else as logits (:func:`~timm_csm.metrics.inputs.infer_input_type`); ``task="auto"`` reads
+probabilities, anything else as logits (:func:`~timm_csm.metrics.infer_input_type`); ``task="auto"`` reads
 one score per sample (shape ``(N,)``) as binary. An explicit ``input_type`` / ``task`` always wins. Arrays added
 batch by batch must all read the same way; the Arrow route decides once, over all rows, in ``compute``.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import inspect
+from typing import Callable, Dict, NamedTuple, Optional
 
 import datasets
 import evaluate
 import numpy as np
 import torch
 
-from timm_csm.metrics import CalibrationAccumulator
-from timm_csm.metrics.binning import check_n_bins
-from timm_csm.metrics.functional import adaptive_ece_from_points, metrics_from_state
-from timm_csm.metrics.inputs import INPUT_TYPES, TASKS, as_tensor, infer_input_type, infer_task, prepare_inputs
-from timm_csm.metrics.selective import selective_metrics_from_points
-from timm_csm.metrics.smooth import smooth_calibration_error
-from timm_csm.metrics.state import accumulate
+from timm_csm import metrics
+from timm_csm.metrics import (INPUT_TYPES, ROW_SUM_ATOL, SELECTIVE_KEYS, TASKS, CalibrationAccumulator, as_tensor,
+                              check_n_bins, infer_input_type, infer_task, prepare_inputs,
+                              selective_metrics_from_points)
 
-__all__ = ["CalibrationMetric", "OPTION_NAMES", "AUTO"]
+__all__ = ["CalibrationMetric", "OPTION_NAMES", "AUTO", "MODULES", "ModuleSpec", "describe"]
 
 OPTION_NAMES = ("n_bins", "input_type", "task", "num_classes", "ignore_index")
 AUTO = "auto"
@@ -49,6 +49,62 @@ _CITATION_GUO = """\
 }
 """
 
+_CITATION_SELECTIVE = """\
+@inproceedings{geifman2019bias,
+  title={Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers},
+  author={Geifman, Yonatan and Uziel, Guy and El-Yaniv, Ran},
+  booktitle={ICLR}, year={2019}
+}
+"""
+
+
+class ModuleSpec(NamedTuple):
+    """What an ``evaluate`` module computes: ``function``, the function of :mod:`timm_csm.metrics` (its docstring
+    opens the module's description); ``key``, the value's key in
+    :meth:`~timm_csm.metrics.CalibrationAccumulator.compute` or :func:`~timm_csm.metrics.selective_metrics_from_points`;
+    ``needs``, the statistics the accumulator keeps for it; ``citation``."""
+
+    function: Callable
+    key: str
+    needs: Dict[str, bool]
+    citation: str
+
+
+_POINTS = {"keep_confidences": True}
+#: module name -> what it computes
+MODULES = {
+    "ece": ModuleSpec(metrics.ece, "ece", {}, _CITATION_GUO),
+    "aece": ModuleSpec(metrics.adaptive_ece, "aece", _POINTS, _CITATION_GUO),
+    "cwece": ModuleSpec(metrics.classwise_ece, "cece", {"classwise": True}, _CITATION_GUO),
+    "mce": ModuleSpec(metrics.mce, "mce", {}, _CITATION_GUO),
+    "nll": ModuleSpec(metrics.nll, "nll", {"nll": True}, _CITATION_GUO),
+    "brier": ModuleSpec(metrics.brier_score, "brier", {"brier": True}, _CITATION_GUO),
+    "smece": ModuleSpec(metrics.smooth_ece, "smece", _POINTS, _CITATION_GUO),
+    "aurc": ModuleSpec(metrics.aurc, "aurc", _POINTS, _CITATION_SELECTIVE),
+    "eaurc": ModuleSpec(metrics.eaurc, "eaurc", _POINTS, _CITATION_SELECTIVE),
+    "augrc": ModuleSpec(metrics.augrc, "augrc", _POINTS, _CITATION_SELECTIVE),
+}
+
+_USAGE = f"""
+A Hugging Face `evaluate` module over timm_csm.metrics. Load it with ``timm_csm.load_metric("<name>")`` or, after
+``import timm_csm`` once, ``evaluate.load("<name>")``. Options (``n_bins``, ``input_type``, ``task``,
+``num_classes``, ``ignore_index``) go to ``evaluate.load`` or ``compute``. NumPy arrays and torch tensors skip
+evaluate's Arrow cache.
+
+Predictions read as probabilities when every row lies in [0, 1] and sums to 1 (within {ROW_SUM_ATOL:g}), else as
+logits (``input_type="auto"``, the default; an explicit ``input_type`` wins, e.g. "logits" for binary logits that may
+all lie in [0, 1]). One score per sample, shape (N,), is a binary task (``task="auto"``). Non-integral or
+out-of-range labels, NaN, empty input and mismatched shapes raise ``ValueError`` on every route.
+"""
+
+
+def describe(name: str) -> str:
+    """The description of module ``name``: the docstring of the function of :mod:`timm_csm.metrics` it computes,
+    then how the module is loaded and reads its inputs."""
+    function = MODULES[name].function
+    return f"{inspect.cleandoc(function.__doc__)}\n{_USAGE.replace('<name>', name)}"
+
+
 _INPUTS = """
 Args:
     predictions: (N, C) scores per sample, or (N,) positive-class scores for a binary task (lists, NumPy arrays or
@@ -57,7 +113,7 @@ Args:
         probability of the positive class, shape (N,)). Non-integral class indices, labels outside 0..C-1, NaN,
         empty input and mismatched shapes raise ValueError.
     input_type (str, default "auto"): "auto" reads the predictions as probabilities when every row lies in [0, 1]
-        and sums to 1 (within 1e-3; binary: every value in [0, 1]), else as logits; "logits", "probs" or
+        and sums to 1 (within <tol>; binary: every value in [0, 1]), else as logits; "logits", "probs" or
         "log_probs" fix the reading (pass "logits" for binary logits that may all lie in [0, 1]).
     task (str, default "auto"): "auto" reads (N,) predictions as binary and everything else as multiclass;
         "multiclass" or "binary" fix it (dense binary (N, *S) predictions need task="binary").
@@ -65,7 +121,7 @@ Args:
         `evaluate.load(..., n_bins=10)` or to `compute(...)`.
 Returns:
     dict with one float: {"<name>": value} (a fraction, not percent).
-"""
+""".replace("<tol>", f"{ROW_SUM_ATOL:g}")
 
 _PRED_VECTOR = datasets.Sequence(datasets.Value("float32"))
 _PRED_SCALAR = datasets.Value("float32")
@@ -77,7 +133,7 @@ _FEATURES = {
     ("binary", False): datasets.Features({"predictions": _PRED_SCALAR, "references": datasets.Value("int64")}),
     ("binary", True): datasets.Features({"predictions": _PRED_SCALAR, "references": _PRED_SCALAR}),
 }
-_NO_STATISTICS = dict(binned=False, classwise=False, nll=False, brier=False, points=False)
+_NO_STATISTICS = dict(classwise=False, keep_confidences=False, nll=False, brier=False)
 
 
 def _is_array(x) -> bool:
@@ -91,12 +147,9 @@ def _predictions(x, name: str = "predictions") -> torch.Tensor:
 
 
 class CalibrationMetric(evaluate.Metric):
-    """Base class; subclasses set ``metric_name``, ``description`` and the statistics they need."""
+    """Base class; a subclass sets ``metric_name``, a key of :data:`MODULES`, which gives the rest."""
 
     metric_name = ""
-    description = ""
-    citation = _CITATION_GUO
-    needs = {}  # flags for CalibrationAccumulator: classwise / keep_confidences / nll / brier
 
     def __init__(self, n_bins: int = 15, input_type: str = AUTO, task: str = AUTO,
                  num_classes: Optional[int] = None, ignore_index: Optional[int] = None, **kwargs):
@@ -108,7 +161,7 @@ class CalibrationMetric(evaluate.Metric):
 
     # --- evaluate API -----------------------------------------------------------------------------------------
     def _info(self):
-        return evaluate.MetricInfo(description=self.description, citation=self.citation,
+        return evaluate.MetricInfo(description=describe(self.metric_name), citation=MODULES[self.metric_name].citation,
                                    inputs_description=_INPUTS, features=list(_FEATURES.values()),
                                    reference_urls=["https://github.com/huggingface/evaluate"])
 
@@ -187,7 +240,9 @@ class CalibrationMetric(evaluate.Metric):
         opts = self._resolved(preds, opts)
         inputs = prepare_inputs(preds, references, input_type=opts["input_type"], task=opts["task"],
                                 num_classes=opts["num_classes"], ignore_index=opts["ignore_index"])
-        accumulate(inputs, 1, **_NO_STATISTICS)  # NaN / inf, rows of probabilities, soft targets
+        # the value checks (NaN / inf, rows of probabilities, soft targets) of an accumulation that keeps nothing
+        CalibrationAccumulator(inputs.num_classes, 1, input_type=inputs.input_type, task=inputs.task,
+                               ignore_index=opts["ignore_index"], **_NO_STATISTICS).update(preds, references)
         if inputs.dense:
             raise ValueError(f"{self.name}: dense predictions of shape {tuple(preds.shape)} need the array route: "
                              "pass a NumPy array or torch tensor (in a single process)")
@@ -237,8 +292,7 @@ class CalibrationMetric(evaluate.Metric):
         return opts
 
     def _accumulator(self, opts) -> CalibrationAccumulator:
-        flags = dict(classwise=False, keep_confidences=False, nll=False, brier=False)
-        flags.update(self.needs)
+        flags = {**_NO_STATISTICS, **MODULES[self.metric_name].needs}
         return CalibrationAccumulator(opts["num_classes"], opts["n_bins"], input_type=opts["input_type"],
                                       task=opts["task"], ignore_index=opts["ignore_index"], **flags)
 
@@ -247,45 +301,13 @@ class CalibrationMetric(evaluate.Metric):
             raise ValueError(f"{self.name}: no samples to evaluate")
         return {self.metric_name: float(self.value(acc, opts))}
 
-    def value(self, acc: CalibrationAccumulator, opts) -> float:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-
-# value helpers for the module scripts
-def state_value(key: str):
-    def value(self, acc, opts):
-        return metrics_from_state(acc.state)[key]
-    return value
-
-
-def brier_value(self, acc, opts):
-    """Multiclass: the Brier score summed over classes; binary task: the binary Brier score mean (p1 - y)^2, half
-    of the two-class sum."""
-    value = metrics_from_state(acc.state)["brier"]
-    return value / 2.0 if acc.task == "binary" else value
-
-
-def adaptive_value(self, acc, opts):
-    conf, correct = acc.state.points()
-    return adaptive_ece_from_points(conf, correct, opts["n_bins"])
-
-
-CITATION_SELECTIVE = """\
-@inproceedings{geifman2019bias,
-  title={Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers},
-  author={Geifman, Yonatan and Uziel, Guy and El-Yaniv, Ran},
-  booktitle={ICLR}, year={2019}
-}
-"""
-
-
-def selective_value(key: str):
-    """The value function of a selective-prediction module (``aurc``, ``eaurc``, ``augrc``)."""
-    def value(self, acc, opts):
-        return selective_metrics_from_points(*acc.state.points())[key]
-    return value
-
-
-def smooth_value(self, acc, opts):
-    conf, correct = acc.state.points()
-    return smooth_calibration_error(conf, correct)
+    def value(self, acc: CalibrationAccumulator, opts) -> float:
+        """The module's number from the accumulated statistics: the selective-prediction areas from the kept
+        confidences, the rest from :meth:`~timm_csm.metrics.CalibrationAccumulator.compute`, where the Brier score
+        of a binary task is the binary score, half the two-class sum the accumulator holds (as
+        :func:`~timm_csm.metrics.brier_score`)."""
+        key = MODULES[self.metric_name].key
+        if key in SELECTIVE_KEYS:
+            return selective_metrics_from_points(*acc.state.points())[key]
+        value = acc.compute(smooth=key == "smece")[key]
+        return value / 2.0 if key == "brier" and acc.task == "binary" else value

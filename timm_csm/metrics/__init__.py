@@ -4,23 +4,30 @@ Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`class
 :func:`overconfidence_error`, :func:`underconfidence_error`, :func:`nll`, :func:`brier_score`, :func:`smooth_ece`,
 :func:`reliability_table`, :func:`calibration_metrics` (all of them in one pass) and :func:`piece` (ProCal's
 proximity-informed ECE, from penultimate features via :func:`proximity`). Selective prediction: :func:`aurc`,
-:func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`). Streaming:
-:class:`CalibrationAccumulator`. Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
+:func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`;
+:func:`selective_metrics_from_points` from kept confidences). Streaming: :class:`CalibrationAccumulator`. The input
+contract, which every function and the accumulator apply: :func:`prepare_inputs` (with :func:`infer_input_type` /
+:func:`infer_task` for callers that read the input type from the data, as the ``evaluate`` modules do). Plots:
+:mod:`timm_csm.metrics.plots` (needs matplotlib).
 
 Conventions (details in :mod:`timm_csm.metrics.functional` and :mod:`timm_csm.metrics.binning`): ``input_type`` is
 explicit (``"logits"``, ``"probs"``, ``"log_probs"``); targets are class indices or soft targets; bins are
 right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are float64; results are fractions.
 """
 from .accumulator import CalibrationAccumulator
-from .binning import bin_edges, bin_index
+from .binning import bin_edges, bin_index, check_n_bins
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
-from .inputs import INPUT_TYPES, ROW_SUM_ATOL, TASKS
+from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
+                     prepare_inputs)
 from .proximity import piece, proximity
-from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve
+from .selective import (SELECTIVE_KEYS, RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve,
+                        selective_metrics_from_points)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
            "brier_score", "smooth_ece", "reliability_table", "reliability_table_from_points", "calibration_metrics",
            "piece", "proximity", "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS",
-           "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage"]
+           "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage",
+           "selective_metrics_from_points", "SELECTIVE_KEYS", "check_n_bins", "as_tensor", "infer_input_type",
+           "infer_task", "prepare_inputs", "PreparedInputs"]

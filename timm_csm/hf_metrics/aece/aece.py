@@ -1,26 +1,7 @@
-"""Adaptive (equal-mass) expected calibration error: a Hugging Face `evaluate` module,
-a thin wrapper over timm_csm.metrics.
-
-Load with ``timm_csm.load_metric("aece")`` or, after ``import timm_csm`` once, ``evaluate.load("aece")``.
-Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
-``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
-
-Predictions read as probabilities when every row lies in [0, 1] and sums to 1 (within 1e-3), else as logits
-(``input_type="auto"``, the default; an explicit ``input_type`` wins, e.g. "logits" for binary logits that may all
-lie in [0, 1]). One score per sample, shape (N,), is a binary task (``task="auto"``). Non-integral or out-of-range
-labels, NaN, empty input and mismatched shapes raise ``ValueError`` on every route.
-"""
+"""The `evaluate` module ``aece``: :func:`timm_csm.metrics.adaptive_ece` (its description is built in
+:mod:`timm_csm.hf_metrics._base`)."""
 from timm_csm.hf_metrics import _base
 
 
 class AECE(_base.CalibrationMetric):
-    """Adaptive (equal-mass) expected calibration error.
-
-    Adaptive ECE: the ECE formula over n_bins equal-mass bins whose edges interpolate the sorted confidences
-    (the focal-calibration / MbLS construction, lowest sample kept).
-    """
-
     metric_name = "aece"
-    description = __doc__
-    needs = {'keep_confidences': True}
-    value = _base.adaptive_value

@@ -1,27 +1,7 @@
-"""Area under the risk-coverage curve: a Hugging Face `evaluate` module,
-a thin wrapper over timm_csm.metrics.
-
-Load with ``timm_csm.load_metric("aurc")`` or, after ``import timm_csm`` once, ``evaluate.load("aurc")``.
-Options (``n_bins``, ``input_type``, ``task``, ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or
-``compute``. NumPy arrays and torch tensors skip evaluate's Arrow cache.
-
-Predictions read as probabilities when every row lies in [0, 1] and sums to 1 (within 1e-3), else as logits
-(``input_type="auto"``, the default; an explicit ``input_type`` wins, e.g. "logits" for binary logits that may all
-lie in [0, 1]). One score per sample, shape (N,), is a binary task (``task="auto"``). Non-integral or out-of-range
-labels, NaN, empty input and mismatched shapes raise ``ValueError`` on every route.
-"""
+"""The `evaluate` module ``aurc``: :func:`timm_csm.metrics.aurc` (its description is built in
+:mod:`timm_csm.hf_metrics._base`)."""
 from timm_csm.hf_metrics import _base
 
 
 class AURC(_base.CalibrationMetric):
-    """Area under the risk-coverage curve.
-
-    Area under the risk-coverage curve (Geifman et al., ICLR 2019): the mean selective risk of the
-    top-label prediction when only the k most confident of N samples are answered, over k = 1..N; lower is better.
-    """
-
     metric_name = "aurc"
-    description = __doc__
-    citation = _base.CITATION_SELECTIVE
-    needs = {"keep_confidences": True}
-    value = _base.selective_value("aurc")
