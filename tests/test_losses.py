@@ -345,14 +345,14 @@ def test_adafocal_update_matches_its_released_formula_on_random_validation_sets(
         assert torch.allclose(loss.bin_gamma, gamma, rtol=1e-14, atol=0)
 
 
-def test_functional_all_lists_exactly_its_public_definitions():
+def test_batch_all_lists_exactly_its_public_definitions():
     import inspect
 
-    from timm_csm.losses import functional
+    from timm_csm.losses import batch
 
-    defined = [name for name, obj in vars(functional).items() if not name.startswith("_")
-               and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == functional.__name__]
-    assert sorted(functional.__all__) == sorted(defined)
+    defined = [name for name, obj in vars(batch).items() if not name.startswith("_")
+               and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == batch.__name__]
+    assert sorted(batch.__all__) == sorted(defined)
 
 
 def test_aslp_value_and_updates():
@@ -779,12 +779,12 @@ def test_validation_errors():
 def test_checked_numbers_read_in_one_stack_match_the_cpu_reads():
     """An accelerator reads the checked numbers in one stacked copy; the CPU reads them one by one. Both give the
     same Python numbers (the stack is exact for integer labels)."""
-    from timm_csm.losses import functional
+    from timm_csm.losses import batch
 
     values = (torch.tensor(1.5), torch.tensor(2 ** 40 + 3), torch.tensor(-7, dtype=torch.int32),
               torch.tensor(float("nan"), dtype=torch.bfloat16))
-    cpu = functional._host_values(*values)
-    stacked = functional._stacked_values(values)
+    cpu = batch._host_values(*values)
+    stacked = batch._stacked_values(values)
     assert cpu[:3] == stacked[:3] == [1.5, 2 ** 40 + 3, -7]
     assert math.isnan(cpu[3]) and math.isnan(stacked[3])
 

@@ -7,16 +7,17 @@
 
 Modules import downwards only: ``preprocess`` <- ``encoders`` <- ``prototypes``, ``reference`` <- ``factory``;
 ``cache`` (dataset fingerprints, damaged-cache reads) <- ``prototypes``, ``reference``; ``soft_labels``,
-``prototypes`` <- ``annotate``; ``annotate``, ``checks`` <- ``generated`` (the entry point). The dataset format
+``prototypes`` <- ``label_groups`` (lambda-hat and soft labels of every group member); ``label_groups``,
+``checks`` <- ``pipeline`` (the entry point, :func:`annotate_generated`). The dataset format
 (columns, features, class-name, soft-label and group checks) is :mod:`timm_csm.data.csm_format`.
 """
-from .annotate import LABEL_MODES, annotate, decode_images, rescale_soft_labels
 from .cache import dataset_fingerprint, load_cache
 from .checks import annotation_report, drop_groups, flag_groups, group_spearman, soft_label_confidence
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, encode_images,
                        weights_fingerprint)
 from .factory import ENCODER_KINDS, create_encoder
-from .generated import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
+from .label_groups import LABEL_MODES, annotate, decode_images, rescale_soft_labels
+from .pipeline import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
 from .preprocess import ImagePreprocessor
 from .prototypes import (ClassPrototypes, HeldOutFeatures, compute_prototypes, load_or_compute_prototypes,
                          prototypes_and_held_out)

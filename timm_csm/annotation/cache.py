@@ -9,7 +9,7 @@ import json
 from typing import Callable, Optional, TypeVar
 
 from ..data import ImageArrays
-from ..data.embedded import images_labels_hash
+from ..data.arrays import images_labels_hash
 
 __all__ = ["load_cache", "dataset_fingerprint"]
 

@@ -1,10 +1,11 @@
 """Datasets, transforms, collators and samplers."""
+from .arrays import ImageArrays
 from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator,
                         TimmMixupCollator, mix_soft_targets)
 from .csm import CSMCompanionSampler, CSMGroups
 from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, GroupCheck, check_class_names,
                          check_groups, check_soft_labels, csm_features)
-from .embedded import FASHION_MNIST_CLASSES, ImageArrays, load_digits, load_fashion_mnist, read_idx
+from .embedded import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, read_idx
 from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
                    pil_mode, sampled_channel_stats, stack_images, take_images)
 from .loader import GlobalBatchSampler, IndexDataset, SampleRef

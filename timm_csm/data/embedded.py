@@ -3,21 +3,21 @@
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (the four original IDX files), read with numpy.
 * scikit-learn's ``load_digits`` (8x8 digits shipped inside the wheel), always available; chosen explicitly.
 
-Both return an :class:`ImageArrays` of uint8 images (N, C, H, W), int64 labels and class names, the format every
-stage of the pipeline shares.
+Both return an :class:`~timm_csm.data.arrays.ImageArrays` of uint8 images (N, C, H, W), int64 labels and class
+names, the format every stage of the pipeline shares.
 """
 from __future__ import annotations
 
 import gzip
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 
+from .arrays import ImageArrays
+
 __all__ = [
-    "ImageArrays",
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_INSTALL",
     "fashion_mnist_root",
@@ -32,53 +32,6 @@ FASHION_MNIST_CLASSES = [
 _DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 # what installs Debian's copy (as root; a fresh machine's package lists are empty until the update)
 FASHION_MNIST_INSTALL = "apt-get update && apt-get install -y dataset-fashion-mnist"
-
-
-def images_labels_hash(images, labels):
-    """sha256 over the shape, bytes and int64 labels of uint8 images (N, C, H, W): the content key of a set of
-    images, shared by the prototype and encoder caches and the anchor pools of generation."""
-    import hashlib
-
-    images = np.ascontiguousarray(images)
-    h = hashlib.sha256()
-    h.update(str(images.shape).encode())
-    h.update(images.data)
-    h.update(np.ascontiguousarray(np.asarray(labels).astype(np.int64)).data)
-    return h
-
-
-@dataclass
-class ImageArrays:
-    """A split of an image-classification dataset held in memory.
-
-    ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,); ``class_names`` has one name per class.
-    """
-
-    images: np.ndarray
-    labels: np.ndarray
-    class_names: List[str]
-    source: str = ""
-
-    def __post_init__(self):
-        if self.images.ndim != 4 or self.images.dtype != np.uint8:
-            raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {self.images.shape}")
-        if self.labels.shape != (self.images.shape[0],):
-            raise ValueError(f"labels must have shape ({self.images.shape[0]},), got {self.labels.shape}")
-        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.class_names)):
-            raise ValueError(
-                f"labels must lie in [0, {len(self.class_names)}), got range [{self.labels.min()}, {self.labels.max()}]"
-            )
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def subset(self, indices) -> "ImageArrays":
-        indices = np.asarray(indices)
-        return ImageArrays(self.images[indices], self.labels[indices], list(self.class_names), self.source)
 
 
 def read_idx(path) -> np.ndarray:

@@ -18,7 +18,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from .embedded import ImageArrays, fashion_mnist_root, load_digits, load_fashion_mnist
+from .arrays import ImageArrays
+from .embedded import fashion_mnist_root, load_digits, load_fashion_mnist
 from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit, column_arrays
 
 __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "same_dataset",

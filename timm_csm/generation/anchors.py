@@ -13,7 +13,7 @@ from typing import Dict, Sequence
 import numpy as np
 import torch
 
-from ..data.embedded import images_labels_hash
+from ..data.arrays import images_labels_hash
 from .plan import Group
 from .training import to_model_range
 

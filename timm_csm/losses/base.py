@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .functional import FlatBatch, flatten_batch
+from .batch import FlatBatch, flatten_batch
 
 __all__ = ["LossBase"]
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import check_finite_number, check_reduction, flatten_binary, reduce_binary
+from .batch import check_finite_number, check_reduction, flatten_binary, reduce_binary
 from .registry import register_loss
 
 __all__ = ["BinaryCrossEntropyLoss", "BinaryLabelSmoothingLoss", "BinaryFocalLoss"]

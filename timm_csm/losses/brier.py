@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .base import LossBase
-from .functional import FlatBatch, check_reduction, reduce_rows
+from .batch import FlatBatch, check_reduction, reduce_rows
 from .registry import register_loss
 
 __all__ = ["BrierLoss", "brier_rows", "reduce_brier"]
@@ -51,7 +51,7 @@ def brier_rows(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor
 
 
 def reduce_brier(batch: FlatBatch, reduction: str = "mean") -> torch.Tensor:
-    """The Brier rows of a flattened batch, reduced as :func:`~timm_csm.losses.functional.reduce_rows` does; the
+    """The Brier rows of a flattened batch, reduced as :func:`~timm_csm.losses.batch.reduce_rows` does; the
     mean and sum of unmasked rows are computed inside the autograd function."""
     if batch.weight is None and reduction != "none":
         scale = 1.0 / max(batch.num_rows, 1) if reduction == "mean" else 1.0

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import (check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll, reduce_rows,
+from .batch import (check_finite_number, check_reduction, ce_rows, masked_mean, mean_ce, mean_nll, reduce_rows,
                          row_nll)
 from .registry import register_loss
 

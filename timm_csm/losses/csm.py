@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .base import LossBase
 from .brier import reduce_brier
 from .focal import focal_rows
-from .functional import check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
+from .batch import check_finite_number, flatten_batch, mean_ce, mean_nll, reduce_rows
 from .registry import LossSpec, register_loss
 
 __all__ = ["CSMLoss"]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import check_finite_number, mean_ce
+from .batch import check_finite_number, mean_ce
 from .registry import register_loss
 
 __all__ = ["DistillationLoss"]

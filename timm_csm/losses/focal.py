@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..metrics.binning import bin_index, bin_sums, equal_mass_edges
 from .base import LossBase
-from .functional import (FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor,
+from .batch import (FlatBatch, check_finite_number, check_reduction, flatten_batch, modulating_factor,
                          reduce_rows)
 from .registry import register_loss
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import (check_finite_number, check_reduction, flatten_batch, flatten_binary, reduce_binary,
+from .batch import (check_finite_number, check_reduction, flatten_batch, flatten_binary, reduce_binary,
                          reduce_rows, row_nll)
 from .registry import register_loss
 

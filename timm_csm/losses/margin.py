@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from .base import LossBase
-from .functional import check_finite_number, flatten_batch, masked_mean, mean_ce
+from .batch import check_finite_number, flatten_batch, masked_mean, mean_ce
 from .registry import register_loss
 
 __all__ = ["MbLSLoss", "ACLSLoss", "CALSLoss", "augmented_lagrangian_penalty"]

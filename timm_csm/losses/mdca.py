@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .base import LossBase
 from .focal import focal_rows
-from .functional import check_finite_number, masked_mean, mean_nll, reduce_rows
+from .batch import check_finite_number, masked_mean, mean_nll, reduce_rows
 from .registry import register_loss
 
 __all__ = ["MDCALoss", "mdca_penalty"]

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import check_finite_number, mean_nll
+from .batch import check_finite_number, mean_nll
 from .registry import register_loss
 
 __all__ = ["MMCELoss", "mmce_penalty"]

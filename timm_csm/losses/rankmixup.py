@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossBase
-from .functional import check_finite_number, flatten_batch, mean_ce, reduce_rows
+from .batch import check_finite_number, flatten_batch, mean_ce, reduce_rows
 from .registry import register_loss
 
 __all__ = ["MRLLoss", "MNDCGLoss"]

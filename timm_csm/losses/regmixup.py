@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .functional import check_finite_number
+from .batch import check_finite_number
 
 __all__ = ["regmixup_objective", "REGMIXUP_REDUCTIONS"]
 

@@ -1,4 +1,4 @@
-"""Shared row math of the calibration losses (plain functions): input checks, dense flattening, ignore masks,
+"""The batch every calibration loss takes, in plain functions: input checks, flattening into rows, ignore masks,
 per-row losses and reductions.
 
 Every multiclass loss accepts

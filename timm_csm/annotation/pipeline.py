@@ -16,7 +16,7 @@ import numpy as np
 
 from ..data import ImageArrays
 from ..data.csm_format import check_class_names
-from .annotate import annotate
+from .label_groups import annotate
 from .checks import annotation_report, drop_groups
 from .encoders import ImageEncoder
 from .prototypes import ClassPrototypes, HeldOutFeatures, prototypes_and_held_out
@@ -114,7 +114,7 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
       ``s="auto"``; ``holdout=True`` with a number keeps the encoder of the ``"auto"`` run), else all of ``real``.
       A ready encoder trained on all of ``real`` has seen the held-out images.
 
-    Then :func:`~timm_csm.annotation.annotate.annotate` (``label_mode``, ``drop_incomplete``) and
+    Then :func:`~timm_csm.annotation.label_groups.annotate` (``label_mode``, ``drop_incomplete``) and
     :func:`~timm_csm.annotation.checks.annotation_report`; ``drop_flagged`` removes the groups the report flags
     (not monotone below ``min_spearman``, or a misread endpoint).
     """
