@@ -7,7 +7,7 @@ from typing import List
 
 import numpy as np
 
-__all__ = ["ImageArrays", "images_labels_hash"]
+__all__ = ["ImageArrays", "LabelledSplit", "images_labels_hash"]
 
 
 def images_labels_hash(images, labels):
@@ -23,8 +23,30 @@ def images_labels_hash(images, labels):
     return h
 
 
+class LabelledSplit:
+    """What a split in memory (:class:`ImageArrays`) and a lazily read one (:class:`~timm_csm.data.lazy.LazySplit`)
+    share: ``labels`` (N,) in ``[0, num_classes)``, one name per class in ``class_names``."""
+
+    labels: np.ndarray
+    class_names: List[str]
+
+    def _check_labels(self, num_images: int) -> None:
+        if self.labels.shape != (num_images,):
+            raise ValueError(f"labels must have shape ({num_images},), got {self.labels.shape}")
+        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.class_names)):
+            raise ValueError(f"labels must lie in [0, {len(self.class_names)}), got range "
+                             f"[{self.labels.min()}, {self.labels.max()}]")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
 @dataclass
-class ImageArrays:
+class ImageArrays(LabelledSplit):
     """A split of an image-classification dataset held in memory.
 
     ``images`` is uint8 (N, C, H, W); ``labels`` int64 (N,); ``class_names`` has one name per class.
@@ -38,19 +60,7 @@ class ImageArrays:
     def __post_init__(self):
         if self.images.ndim != 4 or self.images.dtype != np.uint8:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {self.images.shape}")
-        if self.labels.shape != (self.images.shape[0],):
-            raise ValueError(f"labels must have shape ({self.images.shape[0]},), got {self.labels.shape}")
-        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.class_names)):
-            raise ValueError(
-                f"labels must lie in [0, {len(self.class_names)}), got range [{self.labels.min()}, {self.labels.max()}]"
-            )
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
+        self._check_labels(self.images.shape[0])
 
     def subset(self, indices) -> "ImageArrays":
         indices = np.asarray(indices)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .arrays import LabelledSplit
+
 __all__ = ["column_arrays", "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images",
            "pil_mode", "take_images", "image_geometry", "sampled_channel_stats"]
 
@@ -189,7 +191,7 @@ class FolderImages(LazyImages):
 
 
 @dataclass
-class LazySplit:
+class LazySplit(LabelledSplit):
     """A split read lazily: ``images`` (:class:`LazyImages`), int64 ``labels`` (N,), ``class_names``."""
 
     images: LazyImages
@@ -199,18 +201,7 @@ class LazySplit:
 
     def __post_init__(self):
         self.labels = np.asarray(self.labels, dtype=np.int64)
-        if self.labels.shape != (len(self.images),):
-            raise ValueError(f"labels must have shape ({len(self.images)},), got {self.labels.shape}")
-        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.class_names)):
-            raise ValueError(f"labels must lie in [0, {len(self.class_names)}), got range "
-                             f"[{self.labels.min()}, {self.labels.max()}]")
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
+        self._check_labels(len(self.images))
 
     def subset(self, indices) -> "LazySplit":
         indices = np.asarray(indices, dtype=np.int64)
