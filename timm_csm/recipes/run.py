@@ -1,6 +1,6 @@
 """The main job, end to end: generator -> semantic mixing -> re-annotation -> dataset -> CE vs CSM -> report.
 
-    python -m timm_csm.recipes --profile demo          # or: python hub_scripts/pipeline.py --profile demo
+    python -m timm_csm.recipes --profile demo          # or the console script: timm-csm-pipeline --profile demo
 
 Every stage writes into ``<output>/<stage>-<key>/``, where the key hashes the stage's configuration and the
 configurations of the stages it reads; a stage marked done is skipped on a re-run, and a stage that was killed
