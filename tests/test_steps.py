@@ -112,3 +112,15 @@ def test_the_generated_folder_names_its_real_dataset(tmp_path):
     assert steps.generated_dataset(tmp_path) == "digits"
     (tmp_path / "plan.json").write_text(json.dumps({"generator": {}}))
     assert steps.generated_dataset(tmp_path) == "fashion_mnist"
+
+
+def test_a_generator_trains_at_the_real_images_size(tmp_path):
+    from timm_csm.data import load_digits
+
+    digits = load_digits("train").subset(range(32))  # 8x8 grey; the smoke profile is made for 28x28
+    steps.train_generator_folder(digits, tmp_path / "gen", "smoke", steps=1, meta={"dataset": "digits"},
+                                 log=lambda line: None)
+    unet = json.loads((tmp_path / "gen" / "unet" / "config.json").read_text())
+    assert (unet["sample_size"], unet["in_channels"]) == (8, 1)
+    pipe = steps.load_mixing_pipeline(tmp_path / "gen", num_inference_steps=1, device="cpu")
+    assert pipe.class_names == digits.class_names and pipe.provenance["dataset"] == "digits"

@@ -1,5 +1,5 @@
-"""The method's steps, one function each, with explicit parameters: the mixing pipeline of a generator, the
-generated groups, the annotated CSM dataset under its one name.
+"""The method's steps, one function each, with explicit parameters: a generator trained on the real images, the
+mixing pipeline of a generator, the generated groups, the annotated CSM dataset under its one name.
 
     generate_groups("fmnist", "runs/gen", num_groups=900, num_lambdas=8)      # a shipped generator, a folder, a .pkl
     folder, result = annotate_generated_folder("runs/gen", "runs/hub", encoder, dataset="fashion_mnist", install=True)
@@ -10,6 +10,7 @@ same inputs give the same bytes through either.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
@@ -17,13 +18,33 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 from . import __version__
 from .hub import csm_dataset_name, dataset_short_name
 
-__all__ = ["default_device", "is_edm_pickle", "shipped_generator", "resolve_generator", "check_mixing_options",
-           "load_mixing_pipeline", "generate_groups", "generated_dataset", "soft_label_scale",
+__all__ = ["default_device", "train_generator_folder", "is_edm_pickle", "shipped_generator", "resolve_generator",
+           "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset", "soft_label_scale",
            "annotate_generated_folder", "csm_dataset_name"]
 
 _ASSETS = Path(__file__).resolve().parent / "assets"
 #: steps of a generator folder's sampler when none are given (an EDM pickle takes the paper's, 20 or 25)
 DEFAULT_FOLDER_STEPS = 50
+
+
+def train_generator_folder(real, output, profile: str = "fmnist", *, steps: Optional[int] = None,
+                           batch_size: Optional[int] = None, seed: Optional[int] = None, meta: Optional[Dict] = None,
+                           accelerator=None, log: Callable[[str], None] = print):
+    """Train (or resume training) a class-conditional generator on ``real`` (an
+    :class:`~timm_csm.data.ImageArrays`) into the generator folder ``output`` with the generator-training profile
+    ``profile`` (:data:`~timm_csm.generation.GENERATOR_PROFILES`), at the real images' size and channels;
+    ``steps``, ``batch_size`` and ``seed`` replace the profile's where given, ``meta`` goes into the folder's
+    metadata. Returns ``(unet, scheduler)`` (:func:`~timm_csm.generation.training.train_generator`)."""
+    from .generation import GENERATOR_PROFILES
+    from .generation.training import train_generator
+
+    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("seed", seed)) if v is not None}
+    config = dataclasses.replace(GENERATOR_PROFILES[profile], **overrides)
+    channels, size = real.images.shape[1:3]
+    if (config.in_channels, config.sample_size) != (channels, size):
+        config = dataclasses.replace(config, sample_size=size, in_channels=channels)
+    return train_generator(real.images, real.labels, real.class_names, output, config, meta=meta,
+                           accelerator=accelerator, log=log)
 
 
 def is_edm_pickle(generator) -> bool:

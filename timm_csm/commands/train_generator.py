@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from timm_csm.generation.models import GENERATOR_PROFILES
 from timm_csm.training.args import HelpFormatter
@@ -35,21 +34,18 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     from timm_csm.data import load_image_arrays
-    from timm_csm.generation.training import train_generator
     from timm_csm.generation.report import save_sample_grid
+    from timm_csm.steps import train_generator_folder
     from timm_csm.train import exit_interrupted
 
-    config = GENERATOR_PROFILES[args.profile]
-    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed))
-                 if v is not None}
-    config = dataclasses.replace(config, **overrides)
     data = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)
     if args.max_train_samples:
         data = data.subset(range(min(args.max_train_samples, len(data))))
     meta = {"dataset": args.dataset, "profile": args.profile, "num_train_images": len(data),
             "recommended_guidance_scale": args.guidance_scale, "name": f"timm-csm-{args.profile}-ddpm"}
     try:
-        unet, scheduler = train_generator(data.images, data.labels, data.class_names, args.output, config, meta=meta)
+        unet, scheduler = train_generator_folder(data, args.output, args.profile, steps=args.steps,
+                                                 batch_size=args.batch_size, seed=args.seed, meta=meta)
     except KeyboardInterrupt:
         exit_interrupted(f"the checkpoints are in {args.output}; the same command resumes from the last one")
     if not args.no_grid:

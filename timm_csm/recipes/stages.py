@@ -15,7 +15,6 @@ run on the GPU when there is one.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -51,17 +50,8 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
     config = {"dataset": profile.dataset, "generator": profile.generator, "steps": profile.generator_steps}
     with cache.stage("generator", config) as stage:
         if not stage.done:
-            from ..generation import GENERATOR_PROFILES
-            from ..generation.training import train_generator
-
-            cfg = GENERATOR_PROFILES[profile.generator]
-            if profile.generator_steps is not None:
-                cfg = dataclasses.replace(cfg, steps=profile.generator_steps)
-            if train_real.images.shape[2] != cfg.sample_size:
-                cfg = dataclasses.replace(cfg, sample_size=train_real.images.shape[2],
-                                          in_channels=train_real.images.shape[1])
-            train_generator(train_real.images, train_real.labels, train_real.class_names, stage.folder, cfg,
-                            meta={"dataset": profile.dataset, "profile": profile.generator}, log=log)
+            steps.train_generator_folder(train_real, stage.folder, profile.generator, steps=profile.generator_steps,
+                                         meta={"dataset": profile.dataset, "profile": profile.generator}, log=log)
     return stage.folder
 
 
