@@ -171,14 +171,14 @@ def test_a_reference_folder_in_the_earlier_layout_loads_with_the_same_features(t
 
 def test_an_interrupted_run_in_the_earlier_layout_resumes(tmp_path, monkeypatch):
     from timm_csm.annotation import reference, train_reference_encoder
-    from timm_csm.io import load_state, save_state
+    from timm_csm.io import CHECKPOINT_STATE, load_state, save_state
 
     data = synthetic_arrays(n_per_class=16)
     kw = dict(epochs=2, batch_size=16, seed=1, progress=False, log=lambda m: None)
     full = train_reference_encoder(data, tmp_path / "full", **kw)
     # 3 steps per epoch: stopped in epoch 2, after the epoch-1 checkpoint
     train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "cut", **kw), 4)
-    path = tmp_path / "cut" / "checkpoint" / reference.STATE_FILE
+    path = tmp_path / "cut" / reference.CHECKPOINT / CHECKPOINT_STATE
     state = load_state(path)
     save_state(path, {**state, "model": _old_layout(state["model"])})
     lines = []

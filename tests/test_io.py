@@ -1,6 +1,7 @@
 """The package's file layer: atomic writers (complete or absent, the umask's mode) and safetensors state files."""
 import json
 import os
+import re
 import stat
 
 import numpy as np
@@ -89,3 +90,45 @@ def test_damaged_and_foreign_files_are_named(tmp_path):
     assert read_model_meta(tmp_path / "model.safetensors") == {"a": 1}
     torch.save({"w": torch.ones(1)}, tmp_path / "w.pth")
     assert read_model_meta(tmp_path / "w.pth") is None
+
+
+def test_a_checkpoint_is_swapped_in_whole_and_read_back(tmp_path):
+    from timm_csm.io import CHECKPOINT_PROGRESS, read_checkpoint, remove_checkpoint, save_checkpoint
+
+    ckpt = tmp_path / "checkpoint"
+    assert read_checkpoint(ckpt, "test checkpoint", cache=False) is None
+    save_checkpoint(ckpt, {"w": torch.arange(3.0), "opt": {"lr": 0.1}}, {"step": 1})
+    save_checkpoint(ckpt, {"w": torch.arange(4.0), "opt": {"lr": 0.2}}, {"step": 2})
+    state, progress = read_checkpoint(ckpt, "test checkpoint", cache=False)
+    assert torch.equal(state["w"], torch.arange(4.0)) and state["opt"] == {"lr": 0.2} and progress == {"step": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    ckpt.rename(tmp_path / "checkpoint.old")  # a kill between the two renames of the swap
+    assert read_checkpoint(ckpt, "test checkpoint", cache=False)[1] == {"step": 2}
+    remove_checkpoint(ckpt)
+    assert list(tmp_path.iterdir()) == []
+    save_checkpoint(ckpt, {"w": torch.zeros(1)}, {"step": 3})
+    (ckpt / CHECKPOINT_PROGRESS).unlink()  # the layout of an earlier version
+    with pytest.raises(ValueError, match=r"layout of an earlier version \(no state.json\).*fresh output folder"):
+        read_checkpoint(ckpt, "test checkpoint", cache=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickled"])
+def test_a_checkpoint_that_does_not_read_has_one_answer(tmp_path, damage):
+    """A cache is named in the log and removed; anything else is an error naming it, and is left as it was."""
+    from timm_csm.io import CHECKPOINT_STATE, read_checkpoint, save_checkpoint
+
+    ckpt = tmp_path / "checkpoint"
+    save_checkpoint(ckpt, {"w": torch.zeros(8)}, {"step": 1})
+    if damage == "truncated":
+        (ckpt / CHECKPOINT_STATE).write_bytes((ckpt / CHECKPOINT_STATE).read_bytes()[:40])
+        problem = re.escape(str(ckpt)) + " is a damaged test checkpoint"
+    else:
+        (ckpt / CHECKPOINT_STATE).unlink()
+        (ckpt / "state.pt").write_bytes(b"pickle")
+        problem = re.escape(str(ckpt / "state.pt")) + " is a test checkpoint in the pickled format"
+    with pytest.raises(ValueError, match=problem + ".*delete"):
+        read_checkpoint(ckpt, "test checkpoint", cache=False, pickled=["state.pt"])
+    assert ckpt.is_dir()
+    lines = []
+    assert read_checkpoint(ckpt, "test checkpoint", cache=True, pickled=["state.pt"], log=lines.append) is None
+    assert len(lines) == 1 and re.match(problem, lines[0]) and "starts over" in lines[0] and not ckpt.exists()

@@ -10,7 +10,9 @@ State files (:func:`save_state` / :func:`load_state`): a nested dict of tensors,
 (an optimizer's, a scheduler's or an EMA's ``state_dict``, the RNG states) in one safetensors file, tensors under
 dotted keys and the structure as JSON in the header, so that resuming never unpickles (no ``torch.load``). Model
 files (:func:`save_model_file`): a plain safetensors state dict, readable by timm, with the run's metadata in the
-header (:func:`read_model_meta`).
+header (:func:`read_model_meta`). Resumable checkpoints (:func:`save_checkpoint` / :func:`read_checkpoint`): a
+folder holding a state file and the progress as JSON, swapped in whole, with one answer to a checkpoint that does not
+read.
 """
 from __future__ import annotations
 
@@ -22,14 +24,15 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 __all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
-           "link_or_copy_atomic", "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state", "is_state_file",
-           "safetensors_metadata", "save_model_file", "read_model_meta"]
+           "link_or_copy_atomic", "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state",
+           "is_state_file", "safetensors_metadata", "save_model_file", "read_model_meta", "CHECKPOINT_STATE",
+           "CHECKPOINT_PROGRESS", "save_checkpoint", "read_checkpoint", "remove_checkpoint"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -267,3 +270,79 @@ def read_model_meta(path) -> Optional[Dict[str, Any]]:
         return None
     state = _unflatten_state(json.loads(meta[_STATE_KEY]), _NoTensors())
     return state.get("meta") if isinstance(state, dict) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resumable checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+CHECKPOINT_STATE = "state.safetensors"  # what training resumes from: weights, optimizer, schedule (save_state)
+CHECKPOINT_PROGRESS = "state.json"  # how far it got: step or epoch, losses, seconds
+
+
+def _siblings(folder: Path) -> Tuple[Path, Path]:
+    return folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+
+
+def save_checkpoint(folder, state: Dict[str, Any], progress: Dict[str, Any]) -> None:
+    """Write the resumable checkpoint ``folder``: ``state`` (:func:`save_state`) and ``progress`` (JSON). It is
+    built beside as ``<folder>.tmp`` and swapped in by renames; the previous checkpoint survives as ``<folder>.old``
+    until the swap is done, so a kill at any instant leaves one complete checkpoint."""
+    folder = Path(folder)
+    tmp, old = _siblings(folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_state(tmp / CHECKPOINT_STATE, state)
+    write_json_atomic(tmp / CHECKPOINT_PROGRESS, progress)
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_checkpoint(folder) -> None:
+    """Remove the checkpoint ``folder`` and what a kill may have left beside it."""
+    for path in (Path(folder), *_siblings(Path(folder))):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _checkpoint_problem(ckpt: Path, what: str, pickled: Sequence[str]) -> Tuple[Optional[str], Any]:
+    """``(None, (state, progress))`` of a checkpoint that reads, else ``(what is wrong with it, None)``."""
+    from safetensors import SafetensorError
+
+    for name in pickled:
+        if (ckpt / name).exists() and not (ckpt / CHECKPOINT_STATE).exists():
+            return (f"{ckpt / name} is a {what} in the pickled format of earlier versions, which is never unpickled "
+                    "here"), None
+    missing = [n for n in (CHECKPOINT_STATE, CHECKPOINT_PROGRESS) if not (ckpt / n).is_file()]
+    if missing:
+        return f"{ckpt} is a {what} in the layout of an earlier version (no {', '.join(missing)})", None
+    try:
+        return None, (load_state(ckpt / CHECKPOINT_STATE), json.loads((ckpt / CHECKPOINT_PROGRESS).read_text()))
+    except (SafetensorError, OSError, ValueError, KeyError) as e:  # truncated, unreadable, bad JSON, foreign
+        return f"{ckpt} is a damaged {what} ({type(e).__name__}: {e})", None
+
+
+def read_checkpoint(folder, what: str, *, cache: bool, pickled: Sequence[str] = (),
+                    log: Callable[[str], None] = print) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """``(state, progress)`` of the checkpoint ``folder`` written by :func:`save_checkpoint` (or of the
+    ``<folder>.old`` a kill between its renames leaves), None when there is none.
+
+    A checkpoint that does not read (damaged, or written by an earlier version in another layout: ``pickled`` names
+    its ``torch.save`` files, which are never unpickled) has one answer. Where it is a cache, rebuilt in minutes
+    (``cache=True``), it is named in the log and removed, and training starts over; otherwise it is a ``ValueError``
+    naming it and what to do, never a restart that would overwrite it.
+    """
+    folder = Path(folder)
+    ckpt = folder if folder.exists() else _siblings(folder)[1]
+    if not ckpt.exists():
+        return None
+    problem, read = _checkpoint_problem(ckpt, what, pickled)
+    if problem is None:
+        return read
+    if cache:
+        log(f"{problem}; it is removed and training starts over from the seed")
+        remove_checkpoint(folder)
+        return None
+    raise ValueError(f"{problem}; training in {folder.parent} would start from scratch and overwrite it. Train into "
+                     f"a fresh output folder, or delete {ckpt} to start again from scratch here")

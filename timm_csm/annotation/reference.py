@@ -6,14 +6,15 @@ generated images. The default network is the registered timm model ``reference_c
 (:mod:`timm_csm.models.reference_cnn`); any timm model name can replace it.
 
 Training writes ``model.safetensors`` and ``config.json`` into the output folder; a finished folder with the same
-configuration is reused as is, an interrupted one resumes from its last finished epoch. A folder whose files do not
-read (truncated weights, a half-written checkpoint) is named in the log and trained again.
+configuration is reused as is, an interrupted one resumes from the checkpoint of its last finished epoch
+(:func:`~timm_csm.io.save_checkpoint`). The encoder is a cache: a folder whose files do not read (truncated weights, a
+damaged checkpoint, one of an earlier version) is named in the log and trained again
+(:func:`~timm_csm.io.read_checkpoint` with ``cache=True``).
 """
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from ..data import ImageArrays
 from ..data.transforms import channel_stats, pad_crop_flip, sample_crop_flip
-from ..io import load_state, save_safetensors_atomic, save_state, write_json_atomic
+from ..io import read_checkpoint, remove_checkpoint, save_checkpoint, save_safetensors_atomic, write_json_atomic
 from ..models.reference_cnn import checkpoint_filter_fn  # importing timm_csm.models registers reference_cnn
 from .cache import dataset_fingerprint, load_cache
 from .encoders import TimmEncoder
@@ -36,7 +37,7 @@ __all__ = ["ReferenceEncoder", "train_reference_encoder", "load_reference_encode
 REFERENCE_MODEL = "reference_cnn"  # the registered timm model (timm_csm.models.reference_cnn)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-STATE_FILE = "state.safetensors"  # the resumable checkpoint: model, optimizer, schedule, epoch, history
+CHECKPOINT = "checkpoint"  # the resumable checkpoint of an unfinished run: model, optimizer, schedule; epoch, history
 PICKLED_STATE_FILE = "optimizer.pt"  # the optimizer and schedule, as torch.save wrote them in earlier versions
 _AUGMENT_PADDING = 2
 
@@ -174,10 +175,10 @@ def train_reference_encoder(
     if reused is not None:
         return reused
     out.mkdir(parents=True, exist_ok=True)
-    run = _start(out / "checkpoint", config, len(train), device, log)
+    run = _start(out / CHECKPOINT, config, len(train), device, log)
     write_json_atomic(out / CONFIG_FILE, {**config, "complete": None}, sort_keys=True)
     t0 = time.time()
-    _fit(run, config, train, out / "checkpoint", device, progress)
+    _fit(run, config, train, out / CHECKPOINT, device, progress)
     model = run["model"].eval().to(memory_format=torch.contiguous_format)
     save_safetensors_atomic(out / WEIGHTS_FILE, {k: v.contiguous() for k, v in model.state_dict().items()},
                             {"format": "pt"})
@@ -189,7 +190,7 @@ def train_reference_encoder(
             f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
     encoder.config = {**config, "results": results, "complete": run["step"] >= run["full"]}
     write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
-    shutil.rmtree(out / "checkpoint", ignore_errors=True)
+    remove_checkpoint(out / CHECKPOINT)
     return encoder
 
 
@@ -231,25 +232,21 @@ def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
                                                 pct_start=0.25)
     run = {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
            "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
-    if (ckpt / PICKLED_STATE_FILE).exists() and not (ckpt / STATE_FILE).exists():
-        log(f"reference encoder: {ckpt / PICKLED_STATE_FILE} is a checkpoint in the pickled format of earlier "
-            "versions, which is never unpickled here; it is removed and training starts over from the seed")
-        shutil.rmtree(ckpt)
-    if not (ckpt / STATE_FILE).exists():
+    checkpoint = read_checkpoint(ckpt, "reference encoder checkpoint", cache=True, pickled=[PICKLED_STATE_FILE],
+                                 log=log)
+    if checkpoint is None:
         return run
-
-    def resume():
-        state = load_state(ckpt / STATE_FILE)
+    state, progress = checkpoint
+    try:
         _load_weights(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["sched"])
-        return state["epoch"], state["history"]
-
-    resumed = load_cache(resume, f"reference encoder checkpoint {ckpt}", log)
-    if resumed is None:  # the model and optimizer may hold part of the checkpoint: build them again
-        shutil.rmtree(ckpt, ignore_errors=True)
-        return _start(ckpt, config, n, device, log)
-    run["epoch"], run["history"] = resumed
+    except (KeyError, ValueError, RuntimeError) as e:  # it reads but does not fit: a damaged cache as well
+        log(f"{ckpt} is a damaged reference encoder checkpoint ({type(e).__name__}: {e}); it is removed and "
+            "training starts over from the seed")
+        remove_checkpoint(ckpt)
+        return _start(ckpt, config, n, device, log)  # the model and optimizer may hold part of it: built again
+    run["epoch"], run["history"] = progress["epoch"], progress["history"]
     log(f"reference encoder: resuming from epoch {run['epoch']}")
     return run
 
@@ -294,8 +291,7 @@ def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progre
                 bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(running[-25:]):.3f}")
         run["history"].append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
         if step < total:  # checkpoint finished epochs so an interrupted run resumes here
-            save_state(ckpt / STATE_FILE, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                           "sched": sched.state_dict(), "epoch": epoch + 1,
-                                           "history": run["history"]})
+            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "sched": sched.state_dict()}, {"epoch": epoch + 1, "history": run["history"]})
     bar.close()
     run["step"] = step

@@ -1,12 +1,16 @@
 """Training a class-conditional DDPM generator with accelerate: EMA weights, resumable checkpoints.
 
+The checkpoint (``<output>/checkpoint``: :func:`~timm_csm.io.save_checkpoint`) holds the UNet, its EMA, the optimizer
+and the schedule, and the step. A generator is hours of work, not a cache: a checkpoint that does not read (damaged,
+or a pickled one of earlier versions) is an error naming it (:func:`~timm_csm.io.read_checkpoint` with
+``cache=False``), never a restart that would overwrite it.
+
 Every random draw of step ``i`` (batch indices, flips, timesteps, noise, label dropout) comes from a generator seeded
 with ``(seed, i, process index)``, so a run resumed from a checkpoint continues exactly as an uninterrupted run would.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
@@ -15,14 +19,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import load_state, save_state
+from ..io import load_state, read_checkpoint, save_checkpoint
 from .models import GeneratorConfig, create_class_unet
 
 __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
 _CKPT = "checkpoint"
-_TRAINING_STATE = "training_state.safetensors"  # EMA, optimizer and schedule of the checkpoint
-_PICKLED_STATE = "training_state.pt"  # the same, as torch.save wrote it before the safetensors state files
+_PICKLED_STATE = "training_state.pt"  # EMA, optimizer and schedule, as torch.save wrote them in earlier versions
+# the checkpoint layout of the version before save_checkpoint: the UNet, then the rest in a state file of its own
+_EARLIER_MODEL, _EARLIER_STATE = "model.safetensors", "training_state.safetensors"
 
 
 def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -35,37 +40,22 @@ def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
 
 
 def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses, seconds: float) -> None:
-    """Atomic: build ``checkpoint.tmp``, then swap it in with renames (the old one survives until the swap)."""
-    from safetensors.torch import save_file
-
-    tmp, final, old = out / f"{_CKPT}.tmp", out / _CKPT, out / f"{_CKPT}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, tmp / "model.safetensors")
-    save_state(tmp / _TRAINING_STATE, {"ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                                       "lr_sched": lr_sched.state_dict()})
-    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "train_seconds": seconds}))
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    save_checkpoint(out / _CKPT, {"model": unet.state_dict(), "ema": ema.state_dict(),
+                                  "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict()},
+                    {"step": step, "losses": losses, "train_seconds": seconds})
 
 
-def _find_checkpoint(out: Path) -> Optional[Path]:
-    """The checkpoint folder of ``out``, None when there is none. One written before the safetensors state files
-    (a pickled ``training_state.pt``, which is never unpickled here) is an error: training would start from scratch
-    and replace it."""
-    for name in (_CKPT, f"{_CKPT}.old"):  # .old only survives a kill between the two renames
-        ckpt = out / name
-        if (ckpt / _PICKLED_STATE).exists() and not (ckpt / _TRAINING_STATE).exists():
-            raise ValueError(f"{ckpt / _PICKLED_STATE} is a generator checkpoint in the pickled format of earlier "
-                             f"versions, which this version does not read; training in {out} would start from "
-                             f"scratch and overwrite it. Train into a fresh output folder, or delete {ckpt} to "
-                             "start again from scratch here")
-        if (ckpt / "state.json").exists():
-            return ckpt
-    return None
+def _read_checkpoint(out: Path, log: Callable[[str], None]) -> Optional[tuple]:
+    """``(state, progress)`` of the checkpoint of ``out``, None when there is none; one in the layout of the
+    version before (safetensors files too, so safe to read) is rewritten in today's first, so that a generator
+    half-trained then finishes now."""
+    ckpt = out / _CKPT
+    if (ckpt / _EARLIER_STATE).is_file() and (ckpt / _EARLIER_MODEL).is_file():
+        from safetensors.torch import load_file
+
+        state = {"model": load_file(ckpt / _EARLIER_MODEL), **load_state(ckpt / _EARLIER_STATE)}
+        save_checkpoint(ckpt, state, json.loads((ckpt / "state.json").read_text()))
+    return read_checkpoint(ckpt, "generator checkpoint", cache=False, pickled=[_PICKLED_STATE], log=log)
 
 
 def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
@@ -73,14 +63,15 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
     at a generator while it is still training."""
     from diffusers.training_utils import EMAModel
 
-    ckpt = _find_checkpoint(Path(output_dir))
-    if ckpt is None:
+    checkpoint = _read_checkpoint(Path(output_dir), print)
+    if checkpoint is None:
         raise FileNotFoundError(f"no training checkpoint in {output_dir}")
+    state, progress = checkpoint
     unet = create_class_unet(config, num_classes)
     ema = EMAModel(unet.parameters(), decay=config.ema_decay)
-    ema.load_state_dict(load_state(ckpt / _TRAINING_STATE)["ema"])
+    ema.load_state_dict(state["ema"])
     ema.copy_to(unet.parameters())
-    return unet.eval(), json.loads((ckpt / "state.json").read_text())["step"]
+    return unet.eval(), progress["step"]
 
 
 def _check_training_data(images, labels, num_classes: int, config: GeneratorConfig):
@@ -100,19 +91,16 @@ def _check_training_data(images, labels, num_classes: int, config: GeneratorConf
 
 def _resume(out: Path, unet, ema, optimizer, lr_sched, log: Callable[[str], None]):
     """Load the latest checkpoint of ``out`` into the training objects; ``(step, losses, train seconds)``."""
-    from safetensors.torch import load_file
-
-    ckpt = _find_checkpoint(out)
-    if ckpt is None:
+    checkpoint = _read_checkpoint(out, log)
+    if checkpoint is None:
         return 0, [], 0.0
-    state = json.loads((ckpt / "state.json").read_text())
-    unet.load_state_dict(load_file(ckpt / "model.safetensors"))
-    training_state = load_state(ckpt / _TRAINING_STATE)
-    ema.load_state_dict(training_state["ema"])
-    optimizer.load_state_dict(training_state["optimizer"])
-    lr_sched.load_state_dict(training_state["lr_sched"])
-    log(f"resuming generator training from step {state['step']}")
-    return state["step"], state["losses"], state.get("train_seconds", 0.0)
+    state, progress = checkpoint
+    unet.load_state_dict(state["model"])
+    ema.load_state_dict(state["ema"])
+    optimizer.load_state_dict(state["optimizer"])
+    lr_sched.load_state_dict(state["lr_sched"])
+    log(f"resuming generator training from step {progress['step']}")
+    return progress["step"], progress["losses"], progress.get("train_seconds", 0.0)
 
 
 def _noised_batch(data, targets, alphas, num_classes: int, config: GeneratorConfig, step: int, rank: int):
