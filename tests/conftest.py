@@ -22,17 +22,6 @@ def rng():
 @pytest.fixture(scope="module")
 def tiny_generator(tmp_path_factory):
     """A saved generator folder: the smoke profile's UNet for 4 classes, random non-trivial weights."""
-    from diffusers import DDIMScheduler
+    from csm_fixtures import save_tiny_generator
 
-    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet
-
-    num_classes = 4
-    torch.manual_seed(0)
-    unet = create_class_unet(GENERATOR_PROFILES["smoke"], num_classes).eval()
-    for p in unet.parameters():  # diffusers zero-inits some output layers
-        p.data.normal_(0, 0.05)
-    folder = tmp_path_factory.mktemp("gen")
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
-    names = [f"c{i}" for i in range(num_classes)]
-    SemanticMixingPipeline(unet, sched, names, metadata={"name": "tiny"}).save_pretrained(folder)
-    return folder
+    return save_tiny_generator(tmp_path_factory.mktemp("gen"), [f"c{i}" for i in range(4)], {"name": "tiny"})

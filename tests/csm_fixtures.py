@@ -162,3 +162,23 @@ def train_interrupted(monkeypatch, train, stop_at: int) -> None:
             train()
     finally:
         monkeypatch.setattr(F, "cross_entropy", real_ce)
+
+
+def save_tiny_generator(folder, class_names, metadata, sample_size: int = 28, in_channels: int = 1):
+    """Save a generator folder: the smoke profile's UNet at ``sample_size`` x ``sample_size`` x ``in_channels`` for
+    ``class_names``, random non-trivial weights (seed 0), a DDIM scheduler."""
+    import dataclasses
+
+    from diffusers import DDIMScheduler
+
+    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], sample_size=sample_size, in_channels=in_channels)
+    unet = create_class_unet(cfg, len(class_names)).eval()
+    for p in unet.parameters():  # diffusers zero-inits some output layers
+        p.data.normal_(0, 0.05)
+    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
+    SemanticMixingPipeline(unet, sched, list(class_names), metadata=metadata).save_pretrained(folder)
+    return folder
+

@@ -1,11 +1,9 @@
 """The method's steps (timm_csm.steps) and their two front ends: the commands and the recipe's stages give the same
 bytes on the same inputs; one dataset name, one default of s, one way to name a generator."""
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from timm_csm import steps
 from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
@@ -14,22 +12,11 @@ from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
 @pytest.fixture(scope="module")
 def digits_generator(tmp_path_factory):
     """A saved generator folder for digits' 10 classes and 8x8 grey images, random non-trivial weights."""
-    from diffusers import DDIMScheduler
-
+    from csm_fixtures import save_tiny_generator
     from timm_csm.data import load_digits
-    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, create_class_unet
 
-    names = load_digits("train").class_names
-    torch.manual_seed(0)
-    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], sample_size=8, in_channels=1)
-    unet = create_class_unet(cfg, len(names)).eval()
-    for p in unet.parameters():  # diffusers zero-inits some output layers
-        p.data.normal_(0, 0.05)
-    folder = tmp_path_factory.mktemp("gen-digits")
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
-    SemanticMixingPipeline(unet, sched, names, metadata={"name": "tiny-digits", "dataset": "digits"}
-                           ).save_pretrained(folder)
-    return folder
+    return save_tiny_generator(tmp_path_factory.mktemp("gen-digits"), load_digits("train").class_names,
+                               {"name": "tiny-digits", "dataset": "digits"}, sample_size=8)
 
 
 def _files(folder: Path, pattern: str):
