@@ -148,7 +148,9 @@ def generate_groups(generator, output, num_groups: int, num_lambdas: int = 8, *,
 def generated_dataset(generated) -> str:
     """The real dataset a generated folder's generator was trained on, as its plan records it (``fashion_mnist``
     when it records none: the shipped generator's)."""
-    plan = json.loads((Path(generated) / "plan.json").read_text())
+    from .generation.writer import PLAN_FILE
+
+    plan = json.loads((Path(generated) / PLAN_FILE).read_text())
     return (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
 
 
