@@ -166,9 +166,15 @@ def ece(preds, target, n_bins: int = 15, *, input_type: str = "logits", norm: st
     """
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    return _from_bins(lambda *sums: calibration_error_from_bins(*sums, norm), "ECE", preds, target, n_bins,
+                      input_type, task, num_classes, ignore_index)
+
+
+def _from_bins(from_bins, what: str, preds, target, n_bins, input_type, task, num_classes, ignore_index) -> float:
+    """``from_bins(count, conf_sum, acc_sum)`` of the equal-width bins of one pass over the inputs."""
     st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True)
-    st.require("binned", "ECE")
-    return calibration_error_from_bins(st.count, st.conf_sum, st.acc_sum, norm)
+    st.require("binned", what)
+    return from_bins(st.count, st.conf_sum, st.acc_sum)
 
 
 def mce(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
@@ -182,18 +188,16 @@ def overconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = "
                          task: str = "multiclass", num_classes: Optional[int] = None,
                          ignore_index: Optional[int] = None) -> float:
     """OE = Σ_b (|B_b| / N) conf_b max(conf_b - acc_b, 0) (Thulasidasan et al., 2019)."""
-    st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True)
-    st.require("binned", "OE")
-    return overconfidence_from_bins(st.count, st.conf_sum, st.acc_sum)
+    return _from_bins(overconfidence_from_bins, "OE", preds, target, n_bins, input_type, task, num_classes,
+                      ignore_index)
 
 
 def underconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = "logits",
                           task: str = "multiclass", num_classes: Optional[int] = None,
                           ignore_index: Optional[int] = None) -> float:
     """UE = Σ_b (|B_b| / N) conf_b max(acc_b - conf_b, 0), the mirror of OE as logged by the CSM evaluation."""
-    st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True)
-    st.require("binned", "UE")
-    return underconfidence_from_bins(st.count, st.conf_sum, st.acc_sum)
+    return _from_bins(underconfidence_from_bins, "UE", preds, target, n_bins, input_type, task, num_classes,
+                      ignore_index)
 
 
 def adaptive_ece(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
