@@ -1,8 +1,6 @@
 """The calibration benchmark at toy scale: cached and resumable cells, the mean ± std table, the hard-label copy."""
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,18 +9,12 @@ import torch
 
 from csm_testdata import save_digits_csm_folder
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("calibration_bench", ROOT / "benchmarks" / "calibration_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-bench = _load_bench()
+bench = load_benchmark("calibration_bench")
 
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
 TOY = ["--recipe", "noaug", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
@@ -192,9 +184,7 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     from timm_csm.data import load_digits
     from timm_csm.train import run
 
-    spec = importlib.util.spec_from_file_location("csm_diagnostics", ROOT / "benchmarks" / "csm_diagnostics.py")
-    diag = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diag)
+    diag = load_benchmark("csm_diagnostics")
 
     digits = load_digits("train")
     protos = np.stack([digits.images[digits.labels == c].mean(0) for c in range(10)])

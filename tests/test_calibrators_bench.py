@@ -1,24 +1,13 @@
 """The calibrators benchmark at toy scale, as it runs where torch-uncertainty is not installed: every method's row,
 the peers' gaps said in the table, and the known mis-calibration of its synthetic logits."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("calibrators_bench", ROOT / "benchmarks" / "calibrators_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load_benchmark
 
 
 def test_the_table_without_torch_uncertainty(monkeypatch):
-    bench = _load_bench()
+    bench = load_benchmark("calibrators_bench")
     monkeypatch.setattr(bench, "tu_installed", lambda: None)
     rows = bench.bench(["400x4"], repeats=1, seed=0)
     assert [r["method"] for r in rows] == [m[0] for m in bench.METHODS]
@@ -34,7 +23,7 @@ def test_the_table_without_torch_uncertainty(monkeypatch):
 
 
 def test_the_logits_are_over_confident_by_a_temperature_of_two():
-    bench = _load_bench()
+    bench = load_benchmark("calibrators_bench")
     data = bench.synthetic_logits(20000, 5, seed=0)
     from timm_csm.calibration import create_calibrator
 
