@@ -182,3 +182,26 @@ def save_tiny_generator(folder, class_names, metadata, sample_size: int = 28, in
     SemanticMixingPipeline(unet, sched, list(class_names), metadata=metadata).save_pretrained(folder)
     return folder
 
+
+
+def as_earlier_checkpoint(last, folder, split_model=False):
+    """Rewrite the checkpoint ``last`` (``last.safetensors``) in the layout of the version before: the folder
+    ``folder`` holding the state in ``state.safetensors`` and the progress (its plain values) in ``state.json``;
+    ``split_model``: the generator's layout before that, the UNet in ``model.safetensors`` and the rest in
+    ``training_state.safetensors``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from timm_csm.io import load_state, save_state
+
+    state = load_state(last)
+    progress = {k: state.pop(k) for k in [k for k, v in state.items() if not isinstance(v, (dict, torch.Tensor))]}
+    folder.mkdir(parents=True)
+    if split_model:
+        save_file({k: v.contiguous() for k, v in state.pop("model").items()}, folder / "model.safetensors")
+        save_state(folder / "training_state.safetensors", state)
+    else:
+        save_state(folder / "state.safetensors", state)
+    (folder / "state.json").write_text(json.dumps(progress))
+    last.unlink()

@@ -14,7 +14,6 @@ from timm_csm.annotation import (ClassPrototypes, ImagePreprocessor, OpenClipEnc
                                  pair_soft_labels, pairwise_true_lambda, projection_coefficient, rescale_soft_labels,
                                  scale_nll, select_scale, train_reference_encoder)
 from timm_csm.data.csm_format import check_groups, csm_features
-from timm_csm.io import CHECKPOINT_STATE
 
 TINY_CLIP = {"embed_dim": 32,
              "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
@@ -419,7 +418,7 @@ def test_reference_encoder_trains_resumes_and_caches(tmp_path, monkeypatch):
 
     # interrupted in epoch 2 (8 steps per epoch): the rerun resumes from the epoch-1 checkpoint, same weights
     train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "resumed", **kw), 10)
-    assert (tmp_path / "resumed" / reference.CHECKPOINT / CHECKPOINT_STATE).exists()
+    assert (tmp_path / "resumed" / reference.CHECKPOINT).is_file()
     messages = []
     resumed = train_reference_encoder(data, tmp_path / "resumed", **{**kw, "log": messages.append})
     assert messages == ["reference encoder: resuming from epoch 1"]
@@ -475,11 +474,12 @@ def test_damaged_caches_are_named_and_rebuilt(timm_pair, real, tmp_path, monkeyp
 
     # a truncated checkpoint of an interrupted run (3 steps per epoch: stopped in epoch 2): named, and it starts over
     train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "cut", log=lambda m: None, **kw), 4)
-    state = tmp_path / "cut" / reference.CHECKPOINT / CHECKPOINT_STATE
+    state = tmp_path / "cut" / reference.CHECKPOINT
     state.write_bytes(state.read_bytes()[:64])
     lines.clear()
     restarted = train_reference_encoder(data, tmp_path / "cut", log=lines.append, **kw)
-    assert "checkpoint" in lines[0] and "damaged" in lines[0] and not any("resuming" in m for m in lines)
+    assert lines[0].startswith(f"{state} is a damaged reference encoder checkpoint") and "starts over" in lines[0]
+    assert not any("resuming" in m for m in lines) and not state.exists()
     for (k, v), (_, w) in zip(full.model.state_dict().items(), restarted.model.state_dict().items()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
 

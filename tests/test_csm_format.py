@@ -169,21 +169,29 @@ def test_a_reference_folder_in_the_earlier_layout_loads_with_the_same_features(t
     assert lines == [f"reference encoder: reusing {old_dir}"] and again.weights_path == old_dir / "model.safetensors"
 
 
-def test_an_interrupted_run_in_the_earlier_layout_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("earlier_folder", [False, True])
+def test_an_interrupted_run_in_the_earlier_layout_resumes(tmp_path, monkeypatch, earlier_folder):
+    """Earlier layer names of the reference network, also in the checkpoint folder of the previous layout (converted
+    on read into today's file, the folder removed)."""
+    from csm_fixtures import as_earlier_checkpoint
+
     from timm_csm.annotation import reference, train_reference_encoder
-    from timm_csm.io import CHECKPOINT_STATE, load_state, save_state
+    from timm_csm.io import load_state, save_state
 
     data = synthetic_arrays(n_per_class=16)
     kw = dict(epochs=2, batch_size=16, seed=1, progress=False, log=lambda m: None)
     full = train_reference_encoder(data, tmp_path / "full", **kw)
     # 3 steps per epoch: stopped in epoch 2, after the epoch-1 checkpoint
     train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "cut", **kw), 4)
-    path = tmp_path / "cut" / reference.CHECKPOINT / CHECKPOINT_STATE
+    path = tmp_path / "cut" / reference.CHECKPOINT
     state = load_state(path)
     save_state(path, {**state, "model": _old_layout(state["model"])})
+    if earlier_folder:
+        as_earlier_checkpoint(path, tmp_path / "cut" / reference.EARLIER_CHECKPOINT)
     lines = []
     resumed = train_reference_encoder(data, tmp_path / "cut", **{**kw, "log": lines.append})
     assert lines == ["reference encoder: resuming from epoch 1"]
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["config.json", "model.safetensors"]
     for (k, v), (_, w) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
 

@@ -268,39 +268,30 @@ def test_a_damaged_generator_checkpoint_is_an_error_naming_it(tmp_path):
     import dataclasses
 
     from timm_csm.generation.training import train_generator
-    from timm_csm.io import CHECKPOINT_STATE
+    from timm_csm.io import CHECKPOINT_LAST
 
     images = np.zeros((4, 1, 28, 28), dtype=np.uint8)
     cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], steps=2, checkpoint_every=1)
     args = (images, np.arange(4) % 3, ["a", "b", "c"], tmp_path / "gen")
     train_generator(*args, dataclasses.replace(cfg, steps=1), progress=False, log=lambda m: None)
-    state = tmp_path / "gen" / "checkpoint" / CHECKPOINT_STATE
+    state = tmp_path / "gen" / CHECKPOINT_LAST
     state.write_bytes(state.read_bytes()[:64])
-    with pytest.raises(ValueError, match=re.escape(str(state.parent)) + " is a damaged generator checkpoint.*delete"):
+    with pytest.raises(ValueError, match=re.escape(str(state)) + " is a damaged generator checkpoint.*delete"):
         train_generator(*args, cfg, progress=False, log=lambda m: None)
     assert state.stat().st_size == 64
 
 
-def _as_earlier_layout(ckpt):
-    """Rewrite a checkpoint in the layout of the version before save_checkpoint: the UNet in model.safetensors, the
-    EMA, optimizer and schedule in training_state.safetensors."""
-    from safetensors.torch import save_file
-
-    from timm_csm.io import CHECKPOINT_STATE, load_state, save_state
-
-    state = load_state(ckpt / CHECKPOINT_STATE)
-    save_file({k: v.contiguous() for k, v in state.pop("model").items()}, ckpt / "model.safetensors")
-    save_state(ckpt / "training_state.safetensors", state)
-    (ckpt / CHECKPOINT_STATE).unlink()
-
-
-@pytest.mark.parametrize("earlier_layout", [False, True])
+@pytest.mark.parametrize("earlier_layout", [None, "folder", "split model"])
 def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
     """A run stopped at step 2 and resumed ends with the weights of a straight run, also from a checkpoint in the
-    layout of the version before (read, rewritten in today's)."""
+    layouts of the versions before (a folder of a state file and state.json; before it, the UNet in a file of its
+    own): read, rewritten in today's, the folder removed."""
     import dataclasses
 
+    from csm_fixtures import as_earlier_checkpoint
+
     from timm_csm.generation.training import train_generator
+    from timm_csm.io import CHECKPOINT_LAST, load_state
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (32, 1, 28, 28), dtype=np.uint8)
@@ -311,11 +302,13 @@ def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
     train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", dataclasses.replace(cfg, steps=2),
                     progress=False, log=lambda m: None)
     if earlier_layout:
-        _as_earlier_layout(tmp_path / "b" / "checkpoint")
+        as_earlier_checkpoint(tmp_path / "b" / CHECKPOINT_LAST, tmp_path / "b" / "checkpoint",
+                              split_model=earlier_layout == "split model")
     lines = []
     resumed, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", cfg, progress=False,
                                  log=lines.append)
     assert lines == ["resuming generator training from step 2"]
+    assert not (tmp_path / "b" / "checkpoint").exists() and load_state(tmp_path / "b" / CHECKPOINT_LAST)["step"] == 4
     for (n, p), (_, q) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(p, q, msg=n)
     index = json.loads((tmp_path / "b" / "model_index.json").read_text())

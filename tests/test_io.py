@@ -92,43 +92,56 @@ def test_damaged_and_foreign_files_are_named(tmp_path):
     assert read_model_meta(tmp_path / "w.pth") is None
 
 
-def test_a_checkpoint_is_swapped_in_whole_and_read_back(tmp_path):
-    from timm_csm.io import CHECKPOINT_PROGRESS, read_checkpoint, remove_checkpoint, save_checkpoint
+def test_a_checkpoint_is_read_restored_and_converted_from_the_earlier_layout(tmp_path):
+    """Today's file is read as is; a folder of the previous layout (also the .old a kill between its renames left)
+    is read, restored, written as today's file and removed."""
+    from csm_fixtures import as_earlier_checkpoint
 
-    ckpt = tmp_path / "checkpoint"
-    assert read_checkpoint(ckpt, "test checkpoint", cache=False) is None
-    save_checkpoint(ckpt, {"w": torch.arange(3.0), "opt": {"lr": 0.1}}, {"step": 1})
-    save_checkpoint(ckpt, {"w": torch.arange(4.0), "opt": {"lr": 0.2}}, {"step": 2})
-    state, progress = read_checkpoint(ckpt, "test checkpoint", cache=False)
-    assert torch.equal(state["w"], torch.arange(4.0)) and state["opt"] == {"lr": 0.2} and progress == {"step": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
-    ckpt.rename(tmp_path / "checkpoint.old")  # a kill between the two renames of the swap
-    assert read_checkpoint(ckpt, "test checkpoint", cache=False)[1] == {"step": 2}
-    remove_checkpoint(ckpt)
-    assert list(tmp_path.iterdir()) == []
-    save_checkpoint(ckpt, {"w": torch.zeros(1)}, {"step": 3})
-    (ckpt / CHECKPOINT_PROGRESS).unlink()  # the layout of an earlier version
+    from timm_csm.io import CHECKPOINT_LAST, read_checkpoint, save_state
+
+    last, folder = tmp_path / CHECKPOINT_LAST, tmp_path / "checkpoint"
+    assert read_checkpoint(last, "test checkpoint", cache=False, earlier=folder) is None
+    save_state(last, {"w": torch.arange(4.0), "opt": {"lr": 0.2}, "step": 2})
+    restored = []
+    state = read_checkpoint(last, "test checkpoint", cache=False, restore=restored.append, earlier=folder)
+    assert torch.equal(state["w"], torch.arange(4.0)) and state["opt"] == {"lr": 0.2} and state["step"] == 2
+    assert restored == [state]
+    as_earlier_checkpoint(last, folder)
+    folder.rename(tmp_path / "checkpoint.old")
+    state = read_checkpoint(last, "test checkpoint", cache=False, earlier=folder)
+    assert torch.equal(state["w"], torch.arange(4.0)) and state["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_LAST]
+    assert torch.equal(read_checkpoint(last, "test checkpoint", cache=False)["w"], torch.arange(4.0))
+    as_earlier_checkpoint(last, folder)
+    (folder / "state.json").unlink()  # neither today's layout nor the previous one
     with pytest.raises(ValueError, match=r"layout of an earlier version \(no state.json\).*fresh output folder"):
-        read_checkpoint(ckpt, "test checkpoint", cache=False)
+        read_checkpoint(last, "test checkpoint", cache=False, earlier=folder)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "pickled"])
+@pytest.mark.parametrize("damage", ["truncated", "pickled", "does not fit"])
 def test_a_checkpoint_that_does_not_read_has_one_answer(tmp_path, damage):
     """A cache is named in the log and removed; anything else is an error naming it, and is left as it was."""
-    from timm_csm.io import CHECKPOINT_STATE, read_checkpoint, save_checkpoint
+    from timm_csm.io import CHECKPOINT_LAST, read_checkpoint, save_state
 
-    ckpt = tmp_path / "checkpoint"
-    save_checkpoint(ckpt, {"w": torch.zeros(8)}, {"step": 1})
+    last, folder = tmp_path / CHECKPOINT_LAST, tmp_path / "checkpoint"
+    restore = None
     if damage == "truncated":
-        (ckpt / CHECKPOINT_STATE).write_bytes((ckpt / CHECKPOINT_STATE).read_bytes()[:40])
-        problem = re.escape(str(ckpt)) + " is a damaged test checkpoint"
+        save_state(last, {"w": torch.zeros(8)})
+        last.write_bytes(last.read_bytes()[:40])
+        problem = re.escape(str(last)) + " is a damaged test checkpoint"
+    elif damage == "pickled":
+        folder.mkdir()
+        (folder / "state.pt").write_bytes(b"pickle")
+        problem = re.escape(str(folder / "state.pt")) + " is a test checkpoint in the pickled format"
     else:
-        (ckpt / CHECKPOINT_STATE).unlink()
-        (ckpt / "state.pt").write_bytes(b"pickle")
-        problem = re.escape(str(ckpt / "state.pt")) + " is a test checkpoint in the pickled format"
+        save_state(last, {"w": torch.zeros(8)})
+        restore = lambda state: torch.nn.Linear(2, 2).load_state_dict(state)  # noqa: E731
+        problem = re.escape(str(last)) + " is a damaged test checkpoint: it does not fit \\(RuntimeError"
+    read = dict(restore=restore, earlier=folder, pickled=["state.pt"])
     with pytest.raises(ValueError, match=problem + ".*delete"):
-        read_checkpoint(ckpt, "test checkpoint", cache=False, pickled=["state.pt"])
-    assert ckpt.is_dir()
+        read_checkpoint(last, "test checkpoint", cache=False, **read)
+    assert last.is_file() or folder.is_dir()
     lines = []
-    assert read_checkpoint(ckpt, "test checkpoint", cache=True, pickled=["state.pt"], log=lines.append) is None
-    assert len(lines) == 1 and re.match(problem, lines[0]) and "starts over" in lines[0] and not ckpt.exists()
+    assert read_checkpoint(last, "test checkpoint", cache=True, log=lines.append, **read) is None
+    assert len(lines) == 1 and re.match(problem, lines[0]) and "starts over" in lines[0]
+    assert list(tmp_path.iterdir()) == []

@@ -10,9 +10,8 @@ State files (:func:`save_state` / :func:`load_state`): a nested dict of tensors,
 (an optimizer's, a scheduler's or an EMA's ``state_dict``, the RNG states) in one safetensors file, tensors under
 dotted keys and the structure as JSON in the header, so that resuming never unpickles (no ``torch.load``). Model
 files (:func:`save_model_file`): a plain safetensors state dict, readable by timm, with the run's metadata in the
-header (:func:`read_model_meta`). Resumable checkpoints (:func:`save_checkpoint` / :func:`read_checkpoint`): a
-folder holding a state file and the progress as JSON, swapped in whole, with one answer to a checkpoint that does not
-read.
+header (:func:`read_model_meta`). Resumable checkpoints: a state file (``last.safetensors``, written by
+:func:`save_state`) read back by :func:`read_checkpoint`, the one answer to a checkpoint that does not read.
 """
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ import torch
 
 __all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
            "link_or_copy_atomic", "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state",
-           "is_state_file", "safetensors_metadata", "save_model_file", "read_model_meta", "CHECKPOINT_STATE",
-           "CHECKPOINT_PROGRESS", "save_checkpoint", "read_checkpoint", "remove_checkpoint"]
+           "is_state_file", "safetensors_metadata", "save_model_file", "read_model_meta", "CHECKPOINT_LAST",
+           "read_checkpoint", "remove_checkpoint"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -275,74 +274,116 @@ def read_model_meta(path) -> Optional[Dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------------------------
 # resumable checkpoints
 # ---------------------------------------------------------------------------------------------------------------
-CHECKPOINT_STATE = "state.safetensors"  # what training resumes from: weights, optimizer, schedule (save_state)
-CHECKPOINT_PROGRESS = "state.json"  # how far it got: step or epoch, losses, seconds
+#: the training state a run resumes from (:func:`save_state`: weights, optimizer, schedule and how far it got), as
+#: timm's ``last.pth.tar``; written by one ``os.replace``, so a kill leaves the previous one whole
+CHECKPOINT_LAST = "last.safetensors"
+# the layout before it (read and converted, never written): a folder holding the state and, beside it, the progress
+# as JSON, swapped in whole by renames (a kill between them leaves <folder>.old); the generator's layout before that
+# split the state in two, the UNet alone and the rest
+_FOLDER_STATE, _FOLDER_PROGRESS = "state.safetensors", "state.json"
+_FOLDER_MODEL, _FOLDER_REST = "model.safetensors", "training_state.safetensors"
+#: what a state that reads but does not fit the objects raises from their ``load_state_dict``
+_DOES_NOT_FIT = (KeyError, ValueError, RuntimeError, TypeError)
 
 
-def _siblings(folder: Path) -> Tuple[Path, Path]:
-    return folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+class _Unreadable(Exception):
+    """A checkpoint that does not read; its message names the file and what is wrong with it."""
 
 
-def save_checkpoint(folder, state: Dict[str, Any], progress: Dict[str, Any]) -> None:
-    """Write the resumable checkpoint ``folder``: ``state`` (:func:`save_state`) and ``progress`` (JSON). It is
-    built beside as ``<folder>.tmp`` and swapped in by renames; the previous checkpoint survives as ``<folder>.old``
-    until the swap is done, so a kill at any instant leaves one complete checkpoint."""
-    folder = Path(folder)
-    tmp, old = _siblings(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_state(tmp / CHECKPOINT_STATE, state)
-    write_json_atomic(tmp / CHECKPOINT_PROGRESS, progress)
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+def _cause(e: BaseException) -> str:
+    """``e`` on one line (``load_state_dict`` lists its missing keys on several)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
 
-def remove_checkpoint(folder) -> None:
-    """Remove the checkpoint ``folder`` and what a kill may have left beside it."""
-    for path in (Path(folder), *_siblings(Path(folder))):
-        shutil.rmtree(path, ignore_errors=True)
+def _folder_siblings(folder: Path) -> Tuple[Path, ...]:
+    return folder, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
 
 
-def _checkpoint_problem(ckpt: Path, what: str, pickled: Sequence[str]) -> Tuple[Optional[str], Any]:
-    """``(None, (state, progress))`` of a checkpoint that reads, else ``(what is wrong with it, None)``."""
+def _remove_folder(earlier) -> None:
+    for folder in _folder_siblings(Path(earlier)) if earlier is not None else ():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_checkpoint(path, earlier=None) -> None:
+    """Remove the checkpoint ``path`` and, where given, the ``earlier`` checkpoint folder of the previous layout
+    with what a kill between its renames may have left beside it."""
+    Path(path).unlink(missing_ok=True)
+    _remove_folder(earlier)
+
+
+def _read_state(path: Path, what: str) -> Dict[str, Any]:
     from safetensors import SafetensorError
 
-    for name in pickled:
-        if (ckpt / name).exists() and not (ckpt / CHECKPOINT_STATE).exists():
-            return (f"{ckpt / name} is a {what} in the pickled format of earlier versions, which is never unpickled "
-                    "here"), None
-    missing = [n for n in (CHECKPOINT_STATE, CHECKPOINT_PROGRESS) if not (ckpt / n).is_file()]
-    if missing:
-        return f"{ckpt} is a {what} in the layout of an earlier version (no {', '.join(missing)})", None
     try:
-        return None, (load_state(ckpt / CHECKPOINT_STATE), json.loads((ckpt / CHECKPOINT_PROGRESS).read_text()))
-    except (SafetensorError, OSError, ValueError, KeyError) as e:  # truncated, unreadable, bad JSON, foreign
-        return f"{ckpt} is a damaged {what} ({type(e).__name__}: {e})", None
+        return load_state(path)
+    except (SafetensorError, OSError, ValueError, KeyError) as e:  # truncated, unreadable, foreign
+        raise _Unreadable(f"{path} is a damaged {what} ({_cause(e)})") from e
 
 
-def read_checkpoint(folder, what: str, *, cache: bool, pickled: Sequence[str] = (),
-                    log: Callable[[str], None] = print) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """``(state, progress)`` of the checkpoint ``folder`` written by :func:`save_checkpoint` (or of the
-    ``<folder>.old`` a kill between its renames leaves), None when there is none.
+def _read_folder(folder: Path, what: str, pickled: Sequence[str]) -> Dict[str, Any]:
+    """The state of a checkpoint folder of the previous layouts, its progress merged in."""
+    from safetensors.torch import load_file
 
-    A checkpoint that does not read (damaged, or written by an earlier version in another layout: ``pickled`` names
-    its ``torch.save`` files, which are never unpickled) has one answer. Where it is a cache, rebuilt in minutes
-    (``cache=True``), it is named in the log and removed, and training starts over; otherwise it is a ``ValueError``
-    naming it and what to do, never a restart that would overwrite it.
+    for name in pickled:
+        if (folder / name).exists() and not (folder / _FOLDER_STATE).exists():
+            raise _Unreadable(f"{folder / name} is a {what} in the pickled format of earlier versions, which is never "
+                              "unpickled here")
+    if (folder / _FOLDER_MODEL).is_file() and (folder / _FOLDER_REST).is_file():
+        parts = [(folder / _FOLDER_MODEL, lambda p: {"model": load_file(p)}), (folder / _FOLDER_REST, load_state)]
+    else:
+        parts = [(folder / _FOLDER_STATE, load_state)]
+    missing = [p.name for p, _ in parts + [(folder / _FOLDER_PROGRESS, None)] if not p.is_file()]
+    if missing:
+        raise _Unreadable(f"{folder} is a {what} in the layout of an earlier version (no {', '.join(missing)})")
+    state: Dict[str, Any] = {}
+    try:
+        for path, read in parts:
+            state.update(read(path))
+        state.update(json.loads((folder / _FOLDER_PROGRESS).read_text()))
+    except Exception as e:  # truncated, unreadable, bad JSON: all of it is the damaged checkpoint
+        raise _Unreadable(f"{folder} is a damaged {what} ({_cause(e)})") from e
+    return state
+
+
+def read_checkpoint(path, what: str, *, cache: bool, restore: Optional[Callable[[Dict[str, Any]], None]] = None,
+                    earlier=None, pickled: Sequence[str] = (),
+                    log: Callable[[str], None] = print) -> Optional[Dict[str, Any]]:
+    """The training state of the checkpoint ``path`` (:func:`save_state`), loaded into the training objects by
+    ``restore(state)``; None when there is none. Every resumable run reads its checkpoint here.
+
+    ``earlier`` names the checkpoint folder of the previous layout (a state file and ``state.json``; or the
+    generator's ``model.safetensors`` and ``training_state.safetensors``): when ``path`` is absent it is read,
+    restored, written as ``path`` and removed, so that a run interrupted then finishes now. ``pickled`` names the
+    ``torch.save`` files of earlier versions, which are never unpickled.
+
+    A checkpoint that does not read, or reads but does not fit the objects (``restore`` raises), has one answer.
+    Where it is a cache, rebuilt in minutes (``cache=True``), it is named in the log and removed, and training starts
+    over (the objects may hold part of it: build them again); otherwise it is a ``ValueError`` naming it and what to
+    do, never a restart that would overwrite it.
     """
-    folder = Path(folder)
-    ckpt = folder if folder.exists() else _siblings(folder)[1]
-    if not ckpt.exists():
-        return None
-    problem, read = _checkpoint_problem(ckpt, what, pickled)
-    if problem is None:
-        return read
-    if cache:
-        log(f"{problem}; it is removed and training starts over from the seed")
-        remove_checkpoint(folder)
-        return None
-    raise ValueError(f"{problem}; training in {folder.parent} would start from scratch and overwrite it. Train into "
-                     f"a fresh output folder, or delete {ckpt} to start again from scratch here")
+    path = Path(path)
+    folder = next((f for f in _folder_siblings(Path(earlier)) if f.is_dir()), None) if earlier is not None else None
+    where = path if path.exists() or folder is None else folder
+    try:
+        if path.exists():
+            state = _read_state(path, what)
+        elif folder is not None:
+            state = _read_folder(folder, what, pickled)
+        else:
+            return None
+        if restore is not None:
+            try:
+                restore(state)
+            except _DOES_NOT_FIT as e:
+                raise _Unreadable(f"{where} is a damaged {what}: it does not fit ({_cause(e)})") from e
+    except _Unreadable as e:
+        if cache:
+            log(f"{e}; it is removed and training starts over from the seed")
+            remove_checkpoint(path, earlier)
+            return None
+        raise ValueError(f"{e}; a run from scratch would overwrite it: resume from another checkpoint, train into a "
+                         f"fresh output folder, or delete {where} to start again from scratch") from None
+    if where is not path:  # converted on read: written in today's layout, then the folder goes
+        save_state(path, state)
+    _remove_folder(earlier)  # also one a kill left after the conversion
+    return state

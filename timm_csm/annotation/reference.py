@@ -7,9 +7,10 @@ generated images. The default network is the registered timm model ``reference_c
 
 Training writes ``model.safetensors`` and ``config.json`` into the output folder; a finished folder with the same
 configuration is reused as is, an interrupted one resumes from the checkpoint of its last finished epoch
-(:func:`~timm_csm.io.save_checkpoint`). The encoder is a cache: a folder whose files do not read (truncated weights, a
-damaged checkpoint, one of an earlier version) is named in the log and trained again
-(:func:`~timm_csm.io.read_checkpoint` with ``cache=True``).
+(``last.safetensors``, :func:`~timm_csm.io.save_state`, the classifier's layout). The encoder is a cache: a folder
+whose files do not read (truncated weights, a damaged checkpoint, a pickled one of earlier versions) is named in the
+log and trained again (:func:`~timm_csm.io.read_checkpoint` with ``cache=True``); a checkpoint folder of the previous
+layout is converted on read.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ import torch.nn.functional as F
 
 from ..data import ImageArrays
 from ..data.transforms import channel_stats, pad_crop_flip, sample_crop_flip
-from ..io import read_checkpoint, remove_checkpoint, save_checkpoint, save_safetensors_atomic, write_json_atomic
+from ..io import (CHECKPOINT_LAST, read_checkpoint, remove_checkpoint, save_safetensors_atomic, save_state,
+                  write_json_atomic)
 from ..models.reference_cnn import checkpoint_filter_fn  # importing timm_csm.models registers reference_cnn
+from ..progress import progress_bar
 from .cache import dataset_fingerprint, load_cache
 from .encoders import TimmEncoder
 from .preprocess import as_uint8_batch
@@ -37,7 +40,8 @@ __all__ = ["ReferenceEncoder", "train_reference_encoder", "load_reference_encode
 REFERENCE_MODEL = "reference_cnn"  # the registered timm model (timm_csm.models.reference_cnn)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-CHECKPOINT = "checkpoint"  # the resumable checkpoint of an unfinished run: model, optimizer, schedule; epoch, history
+CHECKPOINT = CHECKPOINT_LAST  # the training state of an unfinished run: model, optimizer, schedule, epoch, history
+EARLIER_CHECKPOINT = "checkpoint"  # the folder that held it in the previous layout (converted on read)
 PICKLED_STATE_FILE = "optimizer.pt"  # the optimizer and schedule, as torch.save wrote them in earlier versions
 _AUGMENT_PADDING = 2
 
@@ -175,7 +179,7 @@ def train_reference_encoder(
     if reused is not None:
         return reused
     out.mkdir(parents=True, exist_ok=True)
-    run = _start(out / CHECKPOINT, config, len(train), device, log)
+    run = _start(out, config, len(train), device, log)
     write_json_atomic(out / CONFIG_FILE, {**config, "complete": None}, sort_keys=True)
     t0 = time.time()
     _fit(run, config, train, out / CHECKPOINT, device, progress)
@@ -190,7 +194,7 @@ def train_reference_encoder(
             f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
     encoder.config = {**config, "results": results, "complete": run["step"] >= run["full"]}
     write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
-    remove_checkpoint(out / CHECKPOINT)
+    remove_checkpoint(out / CHECKPOINT, out / EARLIER_CHECKPOINT)
     return encoder
 
 
@@ -219,9 +223,8 @@ def _reuse(out: Path, config: Dict, test: Optional[ImageArrays], device, log) ->
     return enc
 
 
-def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
-    """Model (from the seed), AdamW and the one-cycle schedule, resumed from ``ckpt`` when it holds a finished
-    epoch; a checkpoint that does not read is named and removed, and training starts over from the seed."""
+def _new_run(config: Dict, n: int, device) -> Dict:
+    """Model (from the seed), AdamW and the one-cycle schedule of a run from its first step."""
     torch.manual_seed(config["seed"])
     model = _build_model(config).to(device).to(memory_format=torch.channels_last)
     steps_per_epoch = math.ceil(n / config["batch_size"])
@@ -230,23 +233,26 @@ def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config["lr"], total_steps=max(total, 1),
                                                 pct_start=0.25)
-    run = {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
-           "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
-    checkpoint = read_checkpoint(ckpt, "reference encoder checkpoint", cache=True, pickled=[PICKLED_STATE_FILE],
-                                 log=log)
-    if checkpoint is None:
-        return run
-    state, progress = checkpoint
-    try:
-        _load_weights(model, state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["sched"])
-    except (KeyError, ValueError, RuntimeError) as e:  # it reads but does not fit: a damaged cache as well
-        log(f"{ckpt} is a damaged reference encoder checkpoint ({type(e).__name__}: {e}); it is removed and "
-            "training starts over from the seed")
-        remove_checkpoint(ckpt)
-        return _start(ckpt, config, n, device, log)  # the model and optimizer may hold part of it: built again
-    run["epoch"], run["history"] = progress["epoch"], progress["history"]
+    return {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
+            "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
+
+
+def _start(out: Path, config: Dict, n: int, device, log) -> Dict:
+    """A new run, resumed from the checkpoint in ``out`` when it holds a finished epoch; a checkpoint that does not
+    read or does not fit is named and removed, and training starts over from the seed."""
+    run, tried = _new_run(config, n, device), []
+
+    def restore(state: Dict) -> None:
+        tried.append(True)
+        _load_weights(run["model"], state["model"])
+        run["optimizer"].load_state_dict(state["optimizer"])
+        run["sched"].load_state_dict(state["sched"])
+        run["epoch"], run["history"] = state["epoch"], state["history"]
+
+    state = read_checkpoint(out / CHECKPOINT, "reference encoder checkpoint", cache=True, restore=restore,
+                            earlier=out / EARLIER_CHECKPOINT, pickled=[PICKLED_STATE_FILE], log=log)
+    if state is None:  # none, or one removed after restore may have loaded part of it: from the seed again
+        return _new_run(config, n, device) if tried else run
     log(f"reference encoder: resuming from epoch {run['epoch']}")
     return run
 
@@ -254,16 +260,13 @@ def _start(ckpt: Path, config: Dict, n: int, device, log) -> Dict:
 def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progress: bool) -> None:
     """The training epochs from ``run["epoch"]``: cross-entropy on normalised batches of a seeded permutation
     per epoch (and the seeded crop/flip with ``augment``); each finished epoch is checkpointed in ``ckpt``."""
-    from tqdm.auto import tqdm
-
     model, optimizer, sched = run["model"], run["optimizer"], run["sched"]
     batch_size, steps_per_epoch, total = config["batch_size"], run["steps_per_epoch"], run["total"]
     probe = ReferenceEncoder(model, config, None, device)  # its preprocessor normalises the training batches
     images = torch.from_numpy(np.ascontiguousarray(train.images))
     labels = torch.from_numpy(np.asarray(train.labels, dtype=np.int64))
     step = run["epoch"] * steps_per_epoch
-    bar = tqdm(total=total, initial=min(step, total), desc="reference encoder", unit="step",
-               disable=not progress, dynamic_ncols=True)
+    bar = progress_bar("reference encoder", total=total, initial=min(step, total), enabled=progress)
     model.train()
     for epoch in range(run["epoch"], config["epochs"]):
         if step >= total:
@@ -288,10 +291,10 @@ def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progre
             running.append(loss.item())
             bar.update(1)
             if len(running) % 25 == 0:
-                bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(running[-25:]):.3f}")
+                bar.show_loss(float(np.mean(running[-25:])), epoch=epoch + 1)
         run["history"].append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
         if step < total:  # checkpoint finished epochs so an interrupted run resumes here
-            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "sched": sched.state_dict()}, {"epoch": epoch + 1, "history": run["history"]})
+            save_state(ckpt, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "sched": sched.state_dict(), "epoch": epoch + 1, "history": run["history"]})
     bar.close()
     run["step"] = step

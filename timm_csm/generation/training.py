@@ -1,16 +1,16 @@
 """Training a class-conditional DDPM generator with accelerate: EMA weights, resumable checkpoints.
 
-The checkpoint (``<output>/checkpoint``: :func:`~timm_csm.io.save_checkpoint`) holds the UNet, its EMA, the optimizer
-and the schedule, and the step. A generator is hours of work, not a cache: a checkpoint that does not read (damaged,
-or a pickled one of earlier versions) is an error naming it (:func:`~timm_csm.io.read_checkpoint` with
-``cache=False``), never a restart that would overwrite it.
+The checkpoint (``<output>/last.safetensors``: :func:`~timm_csm.io.save_state`, the classifier's layout) holds the
+UNet, its EMA, the optimizer and the schedule, the step and the losses. A generator is hours of work, not a cache: a
+checkpoint that does not read (damaged, or a pickled one of earlier versions) is an error naming it
+(:func:`~timm_csm.io.read_checkpoint` with ``cache=False``), never a restart that would overwrite it; a checkpoint
+folder of the previous layouts (``<output>/checkpoint``) is converted on read.
 
 Every random draw of step ``i`` (batch indices, flips, timesteps, noise, label dropout) comes from a generator seeded
 with ``(seed, i, process index)``, so a run resumed from a checkpoint continues exactly as an uninterrupted run would.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
@@ -19,15 +19,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import load_state, read_checkpoint, save_checkpoint
+from ..io import CHECKPOINT_LAST, read_checkpoint, save_state
+from ..progress import progress_bar
 from .models import GeneratorConfig, create_class_unet
 
 __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
 
-_CKPT = "checkpoint"
+_EARLIER_CHECKPOINT = "checkpoint"  # the folder that held the checkpoint in the previous layouts (converted on read)
 _PICKLED_STATE = "training_state.pt"  # EMA, optimizer and schedule, as torch.save wrote them in earlier versions
-# the checkpoint layout of the version before save_checkpoint: the UNet, then the rest in a state file of its own
-_EARLIER_MODEL, _EARLIER_STATE = "model.safetensors", "training_state.safetensors"
 
 
 def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
@@ -40,22 +39,15 @@ def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
 
 
 def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses, seconds: float) -> None:
-    save_checkpoint(out / _CKPT, {"model": unet.state_dict(), "ema": ema.state_dict(),
-                                  "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict()},
-                    {"step": step, "losses": losses, "train_seconds": seconds})
+    save_state(out / CHECKPOINT_LAST, {"model": unet.state_dict(), "ema": ema.state_dict(),
+                                       "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict(),
+                                       "step": step, "losses": losses, "train_seconds": seconds})
 
 
-def _read_checkpoint(out: Path, log: Callable[[str], None]) -> Optional[tuple]:
-    """``(state, progress)`` of the checkpoint of ``out``, None when there is none; one in the layout of the
-    version before (safetensors files too, so safe to read) is rewritten in today's first, so that a generator
-    half-trained then finishes now."""
-    ckpt = out / _CKPT
-    if (ckpt / _EARLIER_STATE).is_file() and (ckpt / _EARLIER_MODEL).is_file():
-        from safetensors.torch import load_file
-
-        state = {"model": load_file(ckpt / _EARLIER_MODEL), **load_state(ckpt / _EARLIER_STATE)}
-        save_checkpoint(ckpt, state, json.loads((ckpt / "state.json").read_text()))
-    return read_checkpoint(ckpt, "generator checkpoint", cache=False, pickled=[_PICKLED_STATE], log=log)
+def _read_checkpoint(out: Path, log: Callable[[str], None], restore=None) -> Optional[Dict]:
+    """The training state of the checkpoint of ``out`` loaded by ``restore``, None when there is none."""
+    return read_checkpoint(out / CHECKPOINT_LAST, "generator checkpoint", cache=False, restore=restore,
+                           earlier=out / _EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE], log=log)
 
 
 def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
@@ -63,15 +55,13 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
     at a generator while it is still training."""
     from diffusers.training_utils import EMAModel
 
-    checkpoint = _read_checkpoint(Path(output_dir), print)
-    if checkpoint is None:
-        raise FileNotFoundError(f"no training checkpoint in {output_dir}")
-    state, progress = checkpoint
     unet = create_class_unet(config, num_classes)
     ema = EMAModel(unet.parameters(), decay=config.ema_decay)
-    ema.load_state_dict(state["ema"])
+    state = _read_checkpoint(Path(output_dir), print, lambda state: ema.load_state_dict(state["ema"]))
+    if state is None:
+        raise FileNotFoundError(f"no training checkpoint in {output_dir}")
     ema.copy_to(unet.parameters())
-    return unet.eval(), progress["step"]
+    return unet.eval(), state["step"]
 
 
 def _check_training_data(images, labels, num_classes: int, config: GeneratorConfig):
@@ -91,16 +81,17 @@ def _check_training_data(images, labels, num_classes: int, config: GeneratorConf
 
 def _resume(out: Path, unet, ema, optimizer, lr_sched, log: Callable[[str], None]):
     """Load the latest checkpoint of ``out`` into the training objects; ``(step, losses, train seconds)``."""
-    checkpoint = _read_checkpoint(out, log)
-    if checkpoint is None:
+    def restore(state: Dict) -> None:
+        unet.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        lr_sched.load_state_dict(state["lr_sched"])
+
+    state = _read_checkpoint(out, log, restore)
+    if state is None:
         return 0, [], 0.0
-    state, progress = checkpoint
-    unet.load_state_dict(state["model"])
-    ema.load_state_dict(state["ema"])
-    optimizer.load_state_dict(state["optimizer"])
-    lr_sched.load_state_dict(state["lr_sched"])
-    log(f"resuming generator training from step {progress['step']}")
-    return progress["step"], progress["losses"], progress.get("train_seconds", 0.0)
+    log(f"resuming generator training from step {state['step']}")
+    return state["step"], state["losses"], state.get("train_seconds", 0.0)
 
 
 def _noised_batch(data, targets, alphas, num_classes: int, config: GeneratorConfig, step: int, rank: int):
@@ -142,8 +133,6 @@ def train_generator(
     from accelerate import Accelerator
     from diffusers import DDIMScheduler, DDPMScheduler
     from diffusers.training_utils import EMAModel
-    from tqdm.auto import tqdm
-
     num_classes = len(class_names)
     images, labels = _check_training_data(images, labels, num_classes, config)
     accelerator = accelerator or Accelerator()
@@ -162,8 +151,7 @@ def train_generator(
     ema.to(accelerator.device)
     data = torch.from_numpy(np.array(images))  # a private, writable copy
     targets = torch.from_numpy(labels)
-    bar = tqdm(total=config.steps, initial=start, disable=not (progress and accelerator.is_main_process),
-               desc="generator", dynamic_ncols=True)
+    bar = progress_bar("generator", total=config.steps, initial=start, enabled=progress and accelerator.is_main_process)
     t0, window, dev = time.time(), [], accelerator.device
     unet.train()
     for step in range(start, config.steps):
@@ -181,7 +169,7 @@ def train_generator(
         bar.update(1)
         if len(window) == 50 or step + 1 == config.steps:
             losses.append([step + 1, float(np.mean(window))])
-            bar.set_postfix(loss=f"{losses[-1][1]:.4f}")
+            bar.show_loss(losses[-1][1])
             window = []
         if accelerator.is_main_process and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
             _save_checkpoint(out, step + 1, accelerator.unwrap_model(unet), ema, optimizer, lr_sched, losses,

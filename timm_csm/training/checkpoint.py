@@ -3,7 +3,8 @@ an optional history of per-epoch states.
 
 * ``last.safetensors``: the training state after every epoch (model, optimizer, scheduler, loss state, RNG, epoch,
   best, history, run metadata, and the EMA weights with ``--model-ema``; :func:`timm_csm.io.save_state`), what
-  ``--resume`` continues;
+  ``--resume`` continues (read by :func:`timm_csm.io.read_checkpoint`, as the reference encoder's and the
+  generator's checkpoints are);
 * ``model_best.safetensors``: the model weights of the best epoch by the validation metric ``select_by``
   (:func:`timm_csm.io.save_model_file`), replaced only when an epoch is strictly better (every epoch counts as
   better when there is no validation split); with ``--model-ema`` the EMA weights, which are the ones validated
@@ -23,13 +24,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..io import link_or_copy_atomic, read_model_meta, save_model_file, save_state
+from ..io import CHECKPOINT_LAST, link_or_copy_atomic, read_model_meta, save_model_file, save_state
 from .model import load_model_weights
 
 __all__ = ["CHECKPOINT_LAST", "CHECKPOINT_BEST", "SELECT_METRICS", "CheckpointSaver", "rng_state", "set_rng_state",
            "load_best"]
 
-CHECKPOINT_LAST = "last.safetensors"
 CHECKPOINT_BEST = "model_best.safetensors"
 #: ``--select-by`` -> (logged validation key, better of two values)
 SELECT_METRICS = {"acc": ("val_accuracy", max), "nll": ("val_nll", min), "ece": ("val_ece", min)}

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from ..data import GlobalBatchSampler, IndexDataset
 from ..metrics import calibration_metrics
+from ..progress import progress_bar
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .config import TrainConfig
 from .evaluation import metric_row
@@ -67,8 +68,6 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: Tr
     ``clip_grad`` / ``clip_mode`` (on the update's gradients), ``channels_last``, ``progress``. After each update:
     ``ema.update(model, step=num_updates)`` and, with ``log_steps``, ``train/loss`` (the update's loss averaged over
     processes) to the trackers. A non-finite loss raises ``FloatingPointError``."""
-    from tqdm.auto import tqdm
-
     task.forward_module.train()
     device, accum, n = accelerator.device, config.grad_accum_steps, len(loader)
     short_from = n - n % accum  # batches from here form the epoch's last, shorter group
@@ -76,8 +75,8 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: Tr
     group_loss = torch.zeros_like(total)
     steps, terms_sum = 0, {}
     params = [p for p in task.model.parameters() if p.requires_grad]
-    bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
-               disable=not (config.progress and accelerator.is_main_process))
+    bar = progress_bar(f"epoch {epoch}", iterable=loader, unit="batch", leave=False,
+                       enabled=config.progress and accelerator.is_main_process)
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(bar):
         group = accum if i < short_from else n - short_from
@@ -103,7 +102,7 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: Tr
                 accelerator.log({"train/loss": loss_value}, step=num_updates)
             group_loss.zero_()
         if steps % 10 == 0:
-            bar.set_postfix(loss=f"{float(total) / steps:.4f}")
+            bar.show_loss(float(total) / steps)
     bar.close()
     row = {"train_loss": float(accelerator.reduce(total / max(steps, 1), reduction="mean"))}
     row.update({f"train_{k}": v / max(steps, 1) for k, v in terms_sum.items()})

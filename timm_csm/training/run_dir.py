@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..io import load_state, remove_temp_files
+from ..io import read_checkpoint, remove_temp_files
 from .config import TrainConfig, upgrade_stored_config
 
 __all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
@@ -191,7 +191,7 @@ def load_resumed(config: TrainConfig) -> Dict[str, Any]:
     """The training state of ``--resume``, with its stored configuration restored into ``config``."""
     if not os.path.exists(config.resume):
         raise FileNotFoundError(f"--resume {config.resume} does not exist")
-    state = load_state(config.resume)
+    state = read_checkpoint(config.resume, "training state", cache=False)
     meta = state.get("meta") or {}
     if "config" not in meta or "run_id" not in meta:
         raise ValueError(f"--resume {config.resume}: the state stores no run configuration (written by an earlier "
