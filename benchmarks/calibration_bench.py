@@ -971,11 +971,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks/PROTOCOL.md (one shared cell cache, one page); augmented / noaug, the earlier "
                         "benchmark's; the flags below override single options")
     p.add_argument("--output", default=None,
-                   help="cell cache: <output>/cells/<method>-s<seed>/ (default: runs/calibration_bench_<recipe>, "
-                        "runs/calibration_bench for demo)")
+                   help="cell cache: <output>/cells/<cell>/ (default: runs/calibration_protocol for matched / "
+                        "borrowed, runs/calibration_bench_augmented, runs/calibration_bench for noaug)")
     p.add_argument("--report", default=None,
-                   help="markdown report (the figure is written beside it as <stem>_reliability.png); default: "
-                        "the recipe's page (benchmarks/calibration.md, calibration_demo.md) for its default --output, else "
+                   help="markdown report; default: the recipe's page (benchmarks/calibration.md for matched / "
+                        "borrowed, calibration_earlier.md, calibration_demo.md) for its default --output, else "
                         "<output>/calibration.md, so that side experiments never overwrite the committed report")
     p.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), metavar="METHOD",
                    help=f"methods to run (default: the protocol's {', '.join(PROTOCOL_METHODS)} for matched / "
