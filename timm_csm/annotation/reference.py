@@ -27,10 +27,9 @@ import torch.nn.functional as F
 
 from ..data import ImageArrays
 from ..data.transforms import channel_stats, pad_crop_flip, sample_crop_flip
-from ..io import (CHECKPOINT_LAST, read_checkpoint, remove_checkpoint, save_safetensors_atomic, save_state,
-                  write_json_atomic)
+from ..io import CHECKPOINT_LAST, save_safetensors_atomic, write_json_atomic
 from ..models.reference_cnn import checkpoint_filter_fn  # importing timm_csm.models registers reference_cnn
-from ..progress import progress_bar
+from ..trainer import ResumableTrainer
 from .cache import dataset_fingerprint, load_cache
 from .encoders import TimmEncoder
 from .preprocess import as_uint8_batch
@@ -179,10 +178,11 @@ def train_reference_encoder(
     if reused is not None:
         return reused
     out.mkdir(parents=True, exist_ok=True)
-    run = _start(out, config, len(train), device, log)
+    trainer = _trainer(out, progress, log)
+    run = _start(trainer, config, len(train), device)
     write_json_atomic(out / CONFIG_FILE, {**config, "complete": None}, sort_keys=True)
     t0 = time.time()
-    _fit(run, config, train, out / CHECKPOINT, device, progress)
+    _fit(trainer, run, config, train, device)
     model = run["model"].eval().to(memory_format=torch.contiguous_format)
     save_safetensors_atomic(out / WEIGHTS_FILE, {k: v.contiguous() for k, v in model.state_dict().items()},
                             {"format": "pt"})
@@ -194,7 +194,7 @@ def train_reference_encoder(
             f"({len(test)} images, {results['train_seconds']:.0f} s of training)")
     encoder.config = {**config, "results": results, "complete": run["step"] >= run["full"]}
     write_json_atomic(out / CONFIG_FILE, encoder.config, sort_keys=True)
-    remove_checkpoint(out / CHECKPOINT, out / EARLIER_CHECKPOINT)
+    trainer.finish()
     return encoder
 
 
@@ -237,45 +237,48 @@ def _new_run(config: Dict, n: int, device) -> Dict:
             "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
 
 
-def _start(out: Path, config: Dict, n: int, device, log) -> Dict:
-    """A new run, resumed from the checkpoint in ``out`` when it holds a finished epoch; a checkpoint that does not
+def _trainer(out: Path, progress: bool, log) -> ResumableTrainer:
+    """The resumable trainer of an encoder in ``out``: its unit is the epoch, each finished epoch is checkpointed but
+    the last (the weights are the result); a cache (a checkpoint that does not read is named and trained again)."""
+    return ResumableTrainer(out, "reference encoder checkpoint", cache=True, checkpoint_end=False,
+                            earlier=EARLIER_CHECKPOINT, pickled=[PICKLED_STATE_FILE], desc="reference encoder",
+                            progress=progress, log=log)
+
+
+def _start(trainer: ResumableTrainer, config: Dict, n: int, device) -> Dict:
+    """A new run, resumed from the trainer's checkpoint when it holds a finished epoch; a checkpoint that does not
     read or does not fit is named and removed, and training starts over from the seed."""
     run, tried = _new_run(config, n, device), []
 
-    def restore(state: Dict) -> None:
+    def load(state: Dict) -> None:
         tried.append(True)
         _load_weights(run["model"], state["model"])
         run["optimizer"].load_state_dict(state["optimizer"])
         run["sched"].load_state_dict(state["sched"])
         run["epoch"], run["history"] = state["epoch"], state["history"]
 
-    state = read_checkpoint(out / CHECKPOINT, "reference encoder checkpoint", cache=True, restore=restore,
-                            earlier=out / EARLIER_CHECKPOINT, pickled=[PICKLED_STATE_FILE], log=log)
-    if state is None:  # none, or one removed after restore may have loaded part of it: from the seed again
+    if trainer.restore(load) is None:  # none, or one removed after load may have loaded part of it: from the seed
         return _new_run(config, n, device) if tried else run
-    log(f"reference encoder: resuming from epoch {run['epoch']}")
+    trainer.log(f"reference encoder: resuming from epoch {run['epoch']}")
     return run
 
 
-def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progress: bool) -> None:
+def _fit(trainer: ResumableTrainer, run: Dict, config: Dict, train: ImageArrays, device) -> None:
     """The training epochs from ``run["epoch"]``: cross-entropy on normalised batches of a seeded permutation
-    per epoch (and the seeded crop/flip with ``augment``); each finished epoch is checkpointed in ``ckpt``."""
+    per epoch (and the seeded crop/flip with ``augment``); up to ``run["total"]`` steps in all."""
     model, optimizer, sched = run["model"], run["optimizer"], run["sched"]
     batch_size, steps_per_epoch, total = config["batch_size"], run["steps_per_epoch"], run["total"]
     probe = ReferenceEncoder(model, config, None, device)  # its preprocessor normalises the training batches
     images = torch.from_numpy(np.ascontiguousarray(train.images))
     labels = torch.from_numpy(np.asarray(train.labels, dtype=np.int64))
-    step = run["epoch"] * steps_per_epoch
-    bar = progress_bar("reference encoder", total=total, initial=min(step, total), enabled=progress)
-    model.train()
-    for epoch in range(run["epoch"], config["epochs"]):
-        if step >= total:
-            break
+    run["step"] = run["epoch"] * steps_per_epoch
+
+    def train_epoch(epoch: int, bar) -> None:
         g = torch.Generator().manual_seed(config["seed"] * 100003 + epoch)
         order = torch.randperm(len(train), generator=g)
         running = []
         for i in range(steps_per_epoch):
-            if step >= total:
+            if run["step"] >= total:
                 break
             idx = order[i * batch_size: (i + 1) * batch_size]
             x = images[idx]
@@ -287,14 +290,19 @@ def _fit(run: Dict, config: Dict, train: ImageArrays, ckpt: Path, device, progre
             loss.backward()
             optimizer.step()
             sched.step()
-            step += 1
+            run["step"] += 1
             running.append(loss.item())
             bar.update(1)
             if len(running) % 25 == 0:
                 bar.show_loss(float(np.mean(running[-25:])), epoch=epoch + 1)
         run["history"].append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
-        if step < total:  # checkpoint finished epochs so an interrupted run resumes here
-            save_state(ckpt, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "sched": sched.state_dict(), "epoch": epoch + 1, "history": run["history"]})
-    bar.close()
-    run["step"] = step
+
+    def training_state(epoch: int) -> Dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sched": sched.state_dict(),
+                "epoch": epoch, "history": run["history"]}
+
+    # the epochs that hold steps of the ``total`` (fewer than ``epochs`` with ``max_steps``)
+    end = min(config["epochs"], math.ceil(total / steps_per_epoch))
+    model.train()
+    trainer.fit(train_epoch, training_state, run["epoch"], end, bar_total=total,
+                bar_initial=min(run["step"], total))

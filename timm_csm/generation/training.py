@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import CHECKPOINT_LAST, read_checkpoint, save_state
-from ..progress import progress_bar
+from ..trainer import ResumableTrainer
 from .models import GeneratorConfig, create_class_unet
 
 __all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
@@ -38,16 +37,14 @@ def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
 
 
-def _save_checkpoint(out: Path, step: int, unet, ema, optimizer, lr_sched, losses, seconds: float) -> None:
-    save_state(out / CHECKPOINT_LAST, {"model": unet.state_dict(), "ema": ema.state_dict(),
-                                       "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict(),
-                                       "step": step, "losses": losses, "train_seconds": seconds})
-
-
-def _read_checkpoint(out: Path, log: Callable[[str], None], restore=None) -> Optional[Dict]:
-    """The training state of the checkpoint of ``out`` loaded by ``restore``, None when there is none."""
-    return read_checkpoint(out / CHECKPOINT_LAST, "generator checkpoint", cache=False, restore=restore,
-                           earlier=out / _EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE], log=log)
+def _trainer(out: Path, log: Callable[[str], None], config: Optional[GeneratorConfig] = None, accelerator=None,
+             progress: bool = False) -> ResumableTrainer:
+    """The resumable trainer of a generator run in ``out``: its unit is the step, a checkpoint every
+    ``checkpoint_every`` steps and after the last; not a cache (a checkpoint that does not read is an error)."""
+    return ResumableTrainer(out, "generator checkpoint", cache=False, every=config.checkpoint_every if config else 1,
+                            earlier=_EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE], desc="generator", progress=progress,
+                            is_main_process=accelerator.is_main_process if accelerator else True,
+                            wait_for_everyone=accelerator.wait_for_everyone if accelerator else lambda: None, log=log)
 
 
 def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
@@ -57,7 +54,7 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
 
     unet = create_class_unet(config, num_classes)
     ema = EMAModel(unet.parameters(), decay=config.ema_decay)
-    state = _read_checkpoint(Path(output_dir), print, lambda state: ema.load_state_dict(state["ema"]))
+    state = _trainer(Path(output_dir), print).restore(lambda state: ema.load_state_dict(state["ema"]))
     if state is None:
         raise FileNotFoundError(f"no training checkpoint in {output_dir}")
     ema.copy_to(unet.parameters())
@@ -79,18 +76,18 @@ def _check_training_data(images, labels, num_classes: int, config: GeneratorConf
     return images, labels
 
 
-def _resume(out: Path, unet, ema, optimizer, lr_sched, log: Callable[[str], None]):
-    """Load the latest checkpoint of ``out`` into the training objects; ``(step, losses, train seconds)``."""
-    def restore(state: Dict) -> None:
+def _resume(trainer: ResumableTrainer, unet, ema, optimizer, lr_sched):
+    """Load the latest checkpoint of the run into the training objects; ``(step, losses, train seconds)``."""
+    def load(state: Dict) -> None:
         unet.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
         lr_sched.load_state_dict(state["lr_sched"])
 
-    state = _read_checkpoint(out, log, restore)
+    state = trainer.restore(load)
     if state is None:
         return 0, [], 0.0
-    log(f"resuming generator training from step {state['step']}")
+    trainer.log(f"resuming generator training from step {state['step']}")
     return state["step"], state["losses"], state.get("train_seconds", 0.0)
 
 
@@ -124,7 +121,7 @@ def train_generator(
 ):
     """Train (or resume training) a class-conditional UNet2DModel on uint8 (N, C, H, W) images.
 
-    Writes ``output_dir/checkpoint`` every ``config.checkpoint_every`` steps and, at the end, the EMA weights as a
+    Writes ``output_dir/last.safetensors`` every ``config.checkpoint_every`` steps and, at the end, the EMA weights as a
     generator folder in ``output_dir``: a :class:`~timm_csm.generation.pipeline.SemanticMixingPipeline`'s
     ``save_pretrained`` (``model_index.json`` with the class names, ``meta["recommended_guidance_scale"]`` (default 1)
     and the rest of ``meta`` plus recipe, losses and training time as metadata; ``unet/``, ``scheduler/``).
@@ -145,16 +142,16 @@ def train_generator(
     optimizer = torch.optim.AdamW(unet.parameters(), lr=config.lr, weight_decay=0.0)
     lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
     ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
-    start, losses, seconds_before = _resume(out, unet, ema, optimizer, lr_sched, log)
+    trainer = _trainer(out, log, config, accelerator, progress)
+    start, losses, seconds_before = _resume(trainer, unet, ema, optimizer, lr_sched)
 
     unet, optimizer = accelerator.prepare(unet, optimizer)
     ema.to(accelerator.device)
     data = torch.from_numpy(np.array(images))  # a private, writable copy
     targets = torch.from_numpy(labels)
-    bar = progress_bar("generator", total=config.steps, initial=start, enabled=progress and accelerator.is_main_process)
     t0, window, dev = time.time(), [], accelerator.device
-    unet.train()
-    for step in range(start, config.steps):
+
+    def train_step(step: int, bar) -> None:
         xt, t, y, noise = _noised_batch(data, targets, noise_sched.alphas_cumprod, num_classes, config, step,
                                         accelerator.process_index)
         pred = unet(xt.to(dev), t.to(dev), class_labels=y.to(dev)).sample
@@ -170,12 +167,15 @@ def train_generator(
         if len(window) == 50 or step + 1 == config.steps:
             losses.append([step + 1, float(np.mean(window))])
             bar.show_loss(losses[-1][1])
-            window = []
-        if accelerator.is_main_process and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            _save_checkpoint(out, step + 1, accelerator.unwrap_model(unet), ema, optimizer, lr_sched, losses,
-                             seconds_before + time.time() - t0)
-        accelerator.wait_for_everyone()
-    bar.close()
+            window.clear()
+
+    def training_state(step: int) -> Dict:
+        return {"model": accelerator.unwrap_model(unet).state_dict(), "ema": ema.state_dict(),
+                "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict(), "step": step,
+                "losses": losses, "train_seconds": seconds_before + time.time() - t0}
+
+    unet.train()
+    trainer.fit(train_step, training_state, start, config.steps)
 
     model = accelerator.unwrap_model(unet)
     ema.copy_to(model.parameters())

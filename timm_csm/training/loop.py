@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from ..data import GlobalBatchSampler, IndexDataset
 from ..metrics import calibration_metrics
 from ..progress import progress_bar
+from ..trainer import ResumableTrainer
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .config import TrainConfig
 from .evaluation import metric_row
@@ -192,12 +193,13 @@ def _training_state(task, optimizer, scheduler, ema, epoch: int, saver, history,
 
 def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir: Path, meta: Dict[str, Any], val_loader,
         resume_state: Optional[Dict[str, Any]] = None):
-    """Train ``task`` for epochs ``[start, --epochs)``; returns (history, best). Each epoch's row also records
-    ``step``, the optimizer update count (the step axis of the trackers)."""
+    """Train ``task`` for epochs ``[start, --epochs)`` on the resumable trainer (its unit the epoch, each one
+    checkpointed by the :class:`~timm_csm.training.checkpoint.CheckpointSaver`); returns (history, best). Each epoch's
+    row also records ``step``, the optimizer update count (the step axis of the trackers)."""
     optimizer = create_optimizer(config, task.model)
     scheduler = create_scheduler(config, optimizer)
     start_epoch, history, best = 0, [], None
-    if resume_state is not None:
+    if resume_state is not None:  # read before the run was built, its configuration restored (training.run_dir)
         start_epoch, history, best = _resume(config, task, optimizer, scheduler, resume_state, accelerator)
     saver = CheckpointSaver(out_dir, config.select_by, config.checkpoint_hist, best)
     optimizer, ema = prepare_training(config, task, optimizer, accelerator, resume_state)
@@ -208,7 +210,10 @@ def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir:
         from timm.utils import trim_summary
 
         trim_summary(str(out_dir / SUMMARY_FILE), start_epoch)
-    for epoch in range(start_epoch, config.epochs):
+    improved, validated = False, ()
+
+    def train_epoch(epoch: int, _bar) -> None:  # each epoch shows its own bar of batches
+        nonlocal num_updates, improved, validated
         t0 = time.time()
         sampler.set_epoch(epoch)
         row: Dict[str, Any] = {"epoch": epoch, "lr": optimizer.param_groups[0]["lr"]}
@@ -222,13 +227,22 @@ def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir:
         row["epoch_time"] = round(time.time() - t0, 3)
         history.append(row)
         improved = saver.update(epoch, row, validated=val_loader is not None)
-        if accelerator.is_main_process:
-            saver.save(epoch, _training_state(task, optimizer, scheduler, ema, epoch, saver, history, meta), improved)
-            write_log(out_dir, history)
-            write_summary(out_dir, row, validated)
-            accelerator.print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
-                                          if k in _SHOWN}))
-        if log_steps:
+
+    def save_and_log(epoch: int, state: Dict[str, Any]) -> None:
+        """The saver's files (last, best, history), then the epoch's log, summary row, line and tracker entry."""
+        row = history[-1]
+        saver.save(epoch, state, improved)
+        write_log(out_dir, history)
+        write_summary(out_dir, row, validated)
+        accelerator.print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                                      if k in _SHOWN}))
+        if log_steps:  # the trackers log on the main process only
             accelerator.log(numeric(row), step=num_updates)
-        accelerator.wait_for_everyone()
+
+    def training_state(done: int) -> Dict[str, Any]:  # the state after ``done`` epochs, stored as its last epoch
+        return _training_state(task, optimizer, scheduler, ema, done - 1, saver, history, meta)
+
+    trainer = ResumableTrainer(out_dir, "training state", cache=False, is_main_process=accelerator.is_main_process,
+                               wait_for_everyone=accelerator.wait_for_everyone)
+    trainer.fit(train_epoch, training_state, start_epoch, config.epochs, save=save_and_log)
     return history, saver.best

@@ -1,0 +1,96 @@
+"""The resumable trainer the classifier, the reference encoder and the generator share: which units are
+checkpointed, that a run stopped and resumed trains the units a straight run trains, and the answer of a cache and of
+a run to a checkpoint that does not fit."""
+import re
+
+import pytest
+import torch
+
+from timm_csm.io import CHECKPOINT_LAST, load_state, save_state
+from timm_csm.trainer import ResumableTrainer
+
+
+class _Counter:
+    """A one-weight model whose unit adds the unit's index: the weight says which units ran."""
+
+    def __init__(self):
+        self.weight = torch.zeros(1)
+
+    def train_unit(self, unit, bar):
+        self.weight += unit
+        if bar is not None:
+            bar.update(1)
+
+    def state(self, done):
+        return {"model": {"weight": self.weight.clone()}, "unit": done}
+
+    def load(self, state):
+        self.weight = state["model"]["weight"].clone()
+
+
+def _fit(folder, counter, start, end, **kw):
+    saved = []
+    trainer = ResumableTrainer(folder, "test checkpoint", cache=kw.pop("cache", False), log=kw.pop("log", print),
+                               **kw)
+    trainer.fit(counter.train_unit, counter.state, start, end,
+                save=lambda unit, state: (saved.append(unit), save_state(trainer.path, state)))
+    return trainer, saved
+
+
+def test_checkpoints_every_n_units_and_after_the_last_only_when_asked(tmp_path):
+    counter = _Counter()
+    _, saved = _fit(tmp_path / "a", counter, 0, 7, every=3)
+    assert saved == [2, 5, 6] and float(counter.weight) == sum(range(7))
+    assert load_state(tmp_path / "a" / CHECKPOINT_LAST)["unit"] == 7
+    _, saved = _fit(tmp_path / "b", _Counter(), 0, 4, checkpoint_end=False)
+    assert saved == [0, 1, 2]
+    _, saved = _fit(tmp_path / "c", _Counter(), 0, 3, is_main_process=False)
+    assert saved == [] and not (tmp_path / "c").exists()  # only the main process writes
+    with pytest.raises(ValueError, match="checkpoint every 0 units"):
+        ResumableTrainer(tmp_path, "test checkpoint", cache=False, every=0)
+
+
+def test_a_resumed_run_trains_the_units_a_straight_run_trains(tmp_path):
+    straight = _Counter()
+    _fit(tmp_path / "straight", straight, 0, 6, every=2)
+    first = _Counter()
+    _fit(tmp_path / "cut", first, 0, 3, every=2, checkpoint_end=False)  # stopped after unit 2: checkpoint of 2
+    resumed = _Counter()
+    trainer = ResumableTrainer(tmp_path / "cut", "test checkpoint", cache=False)
+    state = trainer.restore(resumed.load)
+    assert state["unit"] == 2
+    _fit(tmp_path / "cut", resumed, state["unit"], 6, every=2)
+    assert torch.equal(resumed.weight, straight.weight)
+    trainer.finish()
+    assert not trainer.path.exists() and trainer.restore(resumed.load) is None
+
+
+def test_a_checkpoint_that_does_not_fit_is_an_error_for_a_run_and_trained_again_for_a_cache(tmp_path):
+    _fit(tmp_path, _Counter(), 0, 2)
+
+    def does_not_fit(state):
+        raise KeyError("sched")
+
+    path = re.escape(str(tmp_path / CHECKPOINT_LAST))
+    with pytest.raises(ValueError, match=path + " is a damaged test checkpoint: it does not fit.*delete"):
+        ResumableTrainer(tmp_path, "test checkpoint", cache=False).restore(does_not_fit)
+    assert (tmp_path / CHECKPOINT_LAST).exists()
+    lines = []
+    assert ResumableTrainer(tmp_path, "test checkpoint", cache=True, log=lines.append).restore(does_not_fit) is None
+    assert len(lines) == 1 and "starts over" in lines[0] and not (tmp_path / CHECKPOINT_LAST).exists()
+
+
+def test_the_run_bar_counts_the_steps_from_where_the_run_resumes(tmp_path, monkeypatch):
+    from timm_csm import trainer as trainer_module
+
+    opened = []
+
+    def fake_bar(desc, **kw):
+        opened.append((desc, kw["total"], kw["initial"], kw["enabled"]))
+        return type("Bar", (), {"update": lambda self, n=1: None, "close": lambda self: opened.append("closed")})()
+
+    monkeypatch.setattr(trainer_module, "progress_bar", fake_bar)
+    _fit(tmp_path / "a", _Counter(), 2, 5, desc="units", progress=True)
+    trainer = ResumableTrainer(tmp_path / "c", "test checkpoint", cache=False, desc="steps", progress=False)
+    trainer.fit(_Counter().train_unit, _Counter().state, 1, 3, bar_total=30, bar_initial=10)
+    assert opened == [("units", 5, 2, True), "closed", ("steps", 30, 10, False), "closed"]

@@ -1,0 +1,98 @@
+"""The one resumable trainer of the package's three trainings: the classifier's epochs, the reference encoder's epochs
+and the generator's steps.
+
+It has the shape of timm's train loop with its ``CheckpointSaver``: restore the training objects from the run
+folder's ``last.safetensors`` (:func:`~timm_csm.io.read_checkpoint`, with its one answer to a checkpoint that does
+not read or does not fit: named in the log and trained again for a cache, an error naming it for a run), train the
+units from where the checkpoint left off under one progress bar (:mod:`timm_csm.progress`), write the training
+state every ``every`` units (:func:`~timm_csm.io.save_state`: one ``os.replace``, so a kill leaves the previous one
+whole), and finish.
+
+A model supplies only what differs: how its objects load a state, what one unit trains (a step or an epoch) and
+its training state (model, optimizer, schedule, EMA, RNG and how far it got).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from .io import CHECKPOINT_LAST, read_checkpoint, remove_checkpoint, save_state
+from .progress import progress_bar
+
+__all__ = ["ResumableTrainer"]
+
+
+class ResumableTrainer:
+    """The resumable loop over the units of one training run in ``folder``.
+
+    Args:
+        folder: the run folder; its checkpoint is ``folder / last.safetensors``.
+        what: the checkpoint in messages ("generator checkpoint").
+        cache: the answer to a checkpoint that does not read or fit (:func:`~timm_csm.io.read_checkpoint`): True
+            where the result is a cache, rebuilt in minutes (named in the log, removed, trained from the seed);
+            False where it is hours of work (an error naming it).
+        every: units between two checkpoints.
+        checkpoint_end: also checkpoint after the last unit (False where the finished run's result replaces the
+            checkpoint, as the reference encoder's weights do).
+        earlier: the checkpoint folder of the previous layout inside ``folder``, converted on read.
+        pickled: the ``torch.save`` files of earlier versions in ``earlier``, named and never unpickled.
+        desc: the run's progress bar (None: the units show their own, as the classifier's epochs do).
+        progress: show the bar.
+        is_main_process: only the main process writes checkpoints and shows the bar.
+        wait_for_everyone: the barrier after each unit of a distributed run.
+    """
+
+    def __init__(self, folder, what: str, *, cache: bool, every: int = 1, checkpoint_end: bool = True,
+                 earlier: Optional[str] = None, pickled: Sequence[str] = (), desc: Optional[str] = None,
+                 progress: bool = True, is_main_process: bool = True,
+                 wait_for_everyone: Callable[[], None] = lambda: None, log: Callable[[str], None] = print):
+        if every < 1:
+            raise ValueError(f"checkpoint every {every} units: must be at least 1")
+        self.folder = Path(folder)
+        self.path = self.folder / CHECKPOINT_LAST
+        self.earlier = self.folder / earlier if earlier is not None else None
+        self.what, self.cache, self.pickled, self.log = what, cache, tuple(pickled), log
+        self.every, self.checkpoint_end = int(every), checkpoint_end
+        self.desc, self.progress = desc, progress
+        self.is_main_process, self.wait_for_everyone = is_main_process, wait_for_everyone
+
+    def restore(self, load: Callable[[Dict[str, Any]], None]) -> Optional[Dict[str, Any]]:
+        """The checkpoint's state after ``load(state)`` put it into the training objects; None when there is none,
+        and, for a cache, when it did not read or fit (then it is removed, and ``load`` may have loaded part of it:
+        build the objects again)."""
+        return read_checkpoint(self.path, self.what, cache=self.cache, restore=load, earlier=self.earlier,
+                               pickled=self.pickled, log=self.log)
+
+    def _checkpoint_due(self, done: int, end: int) -> bool:
+        if done == end:
+            return self.checkpoint_end
+        return done % self.every == 0
+
+    def fit(self, train_unit: Callable[[int, Any], None], training_state: Callable[[int], Dict[str, Any]],
+            start: int, end: int, *, save: Optional[Callable[[int, Dict[str, Any]], None]] = None,
+            bar_total: Optional[int] = None, bar_initial: Optional[int] = None) -> None:
+        """Train the units ``[start, end)``: ``train_unit(unit, bar)`` (``bar`` the run's progress bar, None without
+        ``desc``; a unit advances it by the steps it trains), then, when a checkpoint is due, on the main process,
+        ``save(unit, training_state(unit + 1))`` (default: the state written to ``last.safetensors``); every
+        process waits for the others after each unit. The bar counts ``bar_total`` steps from ``bar_initial``
+        (default: the units)."""
+        save = save or (lambda unit, state: save_state(self.path, state))
+        bar = None
+        if self.desc is not None:
+            bar = progress_bar(self.desc, total=end if bar_total is None else bar_total,
+                               initial=start if bar_initial is None else bar_initial,
+                               enabled=self.progress and self.is_main_process)
+        try:
+            for unit in range(start, end):
+                train_unit(unit, bar)
+                if self.is_main_process and self._checkpoint_due(unit + 1, end):
+                    save(unit, training_state(unit + 1))
+                self.wait_for_everyone()
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def finish(self) -> None:
+        """Remove the checkpoint (and one of the previous layout) once the run's result is written: a cache
+        keeps only its result."""
+        remove_checkpoint(self.path, self.earlier)
