@@ -118,25 +118,9 @@ def _done(folder: Path) -> bool:
     return (folder / "DONE.json").exists()
 
 
-#: a committed checkpoint of the matched generator's training (the long stage on a CPU), so that a fresh checkout
-#: continues it instead of starting over; copied into the stage folder when that holds no checkpoint of its own
-COMMITTED_GENERATOR_CHECKPOINT = Path("benchmarks/artifacts/matched-generator-checkpoint")
-
-
-def _seed_generator_checkpoint(folder: Path, log=print) -> None:
-    import shutil
-
-    if COMMITTED_GENERATOR_CHECKPOINT.is_dir() and not (folder / "checkpoint").exists() \
-            and not (folder / "last.safetensors").exists() and not _done(folder):
-        shutil.copytree(COMMITTED_GENERATOR_CHECKPOINT, folder / "checkpoint")
-        log(f"[generator] continuing from the committed checkpoint {COMMITTED_GENERATOR_CHECKPOINT}")
-
-
 def run_setting(setting: str, output: Path, until: str = None, log=print) -> None:
     root = output / setting
     root.mkdir(parents=True, exist_ok=True)
-    if setting == "matched":
-        _seed_generator_checkpoint(root / "generator", log)
     if setting == "matched" and not _done(root / "real"):
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         info = export_real(root / "real")

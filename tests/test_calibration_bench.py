@@ -355,22 +355,3 @@ def test_real_copies_are_real_training_images_of_the_dominant_class(tmp_path):
     stamp = (folder / "derived_from.json").stat().st_mtime_ns
     bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
     assert (folder / "derived_from.json").stat().st_mtime_ns == stamp  # written once
-
-
-def test_the_committed_generator_checkpoint_seeds_only_an_empty_stage(tmp_path, monkeypatch):
-    settings = load_benchmark("matched_setting")
-    committed = tmp_path / "committed"
-    committed.mkdir()
-    (committed / "state.json").write_text('{"step": 250}')
-    monkeypatch.setattr(settings, "COMMITTED_GENERATOR_CHECKPOINT", committed)
-    stage = tmp_path / "generator"
-    settings._seed_generator_checkpoint(stage, log=lambda _: None)
-    assert (stage / "checkpoint" / "state.json").read_text() == '{"step": 250}'
-    (committed / "state.json").write_text('{"step": 500}')
-    settings._seed_generator_checkpoint(stage, log=lambda _: None)  # the stage's own progress is never replaced
-    assert (stage / "checkpoint" / "state.json").read_text() == '{"step": 250}'
-    done = tmp_path / "finished"
-    done.mkdir()
-    (done / "DONE.json").write_text("{}")
-    settings._seed_generator_checkpoint(done, log=lambda _: None)
-    assert not (done / "checkpoint").exists()
