@@ -824,16 +824,23 @@ def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> Dict[str, A
             pairs[other] = {f"{key}_{phase}": paired_interval(_by_seed(rows[csm], f"{key}_{phase}"),
                                                               _by_seed(rows[other], f"{key}_{phase}"))
                             for phase in ("pre_ts", "post_ts") for key in ("ece", "acc", "nll")}
-    return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs}
+    # the methods whose seeds the choices wait for: the CSM variants and the candidates of the best other method
+    candidates = [m for m in (*CSM_VARIANTS, *NON_GENERATED) if m in cells or m != "kd"]
+    return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs, "candidates": candidates}
 
 
-def _verdict(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS)) -> str:
+def _verdict(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS),
+             choices_final: bool = True) -> str:
+    """The rule's reading of a paired interval; pending below ``n_required`` seeds, or while the validation choices
+    behind the comparison (the CSM row, the best other method) still wait for some method's seeds."""
     if interval is None:
         return "pending (fewer than 2 paired seeds)"
     n, mean, lo, hi = interval
     text = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] over {n} seeds"
     if n < n_required:
         return text + f": pending ({n} of {n_required} seeds)"
+    if not choices_final:
+        return text + ": pending (the validation choices wait for every method's seeds)"
     if hi < 0:
         return text + ": CSM lower (interval excludes 0)"
     if lo > 0:
@@ -891,14 +898,16 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
     lines += ["", "### The decision rule's verdicts", ""]
     if csm is None:
         return lines + ["Pending: no CSM cell has finished.", ""]
+    final = all(len(rows.get(m, [])) >= len(PROTOCOL_SEEDS) for m in summary["candidates"])
     for what, other, phase in (("against CE, before TS", "ce", "pre_ts"),
                                ("against the best other method, before TS", best["pre_ts"], "pre_ts"),
                                ("against CE, after TS", "ce", "post_ts"),
                                ("against the best other method, after TS", best["post_ts"], "post_ts")):
         iv = summary["pairs"].get(other, {}).get(f"ece_{phase}") if other else None
-        lines.append(f"* ECE {what} ({label(other)}): {_verdict(iv)}.")
+        lines.append(f"* ECE {what} ({label(other)}): {_verdict(iv, choices_final=final)}.")
     acc = summary["pairs"].get("ce", {}).get("acc_pre_ts")
-    lines += [f"* Accuracy against CE: {_verdict(acc).replace('CSM lower', 'CSM costs accuracy')}.", ""]
+    lines += [f"* Accuracy against CE: {_verdict(acc, choices_final=final).replace('CSM lower', 'CSM costs accuracy')}.",
+              ""]
     return lines
 
 
