@@ -809,7 +809,7 @@ def _lowest_mean(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str
     return min(means, key=means.get) if means else None
 
 
-def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> Dict[str, Any]:
+def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> Dict[str, Any]:
     """Per-seed rows of every method, the validation choices (the CSM variant; the best other method before and
     after TS), and the paired intervals of the chosen CSM row against every other method."""
     rows = {m: [per_seed_row(s, c) for s, c in sorted(runs.items())] for m, runs in cells.items()}
@@ -825,7 +825,8 @@ def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> Dict[str, A
                                                               _by_seed(rows[other], f"{key}_{phase}"))
                             for phase in ("pre_ts", "post_ts") for key in ("ece", "acc", "nll")}
     # the methods whose seeds the choices wait for: the CSM variants and the candidates of the best other method
-    candidates = [m for m in (*CSM_VARIANTS, *NON_GENERATED) if m in cells or m != "kd"]
+    candidates = [m for m in (*CSM_VARIANTS, *NON_GENERATED)
+                  if METHODS[m].recipes is None or setting in METHODS[m].recipes]
     return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs, "candidates": candidates}
 
 
@@ -914,7 +915,7 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
 def write_protocol_report(output: Path, report: Path, json_path: Optional[Path], recipe: Dict[str, Any],
                           command: str, committed: Optional[Path] = COMMITTED_CELLS) -> str:
     """(Re)write the protocol's section of ``report`` (both settings) and their rows of ``json_path``."""
-    summaries = {s: protocol_summary(protocol_cells(output, s, committed)) for s in PROTOCOL_RECIPES}
+    summaries = {s: protocol_summary(protocol_cells(output, s, committed), s) for s in PROTOCOL_RECIPES}
     shown = {k: v for k, v in recipe.items() if k != "progress"}
     n_cells = len({(m, s, METHODS[m].per_setting and st) for st, sm in summaries.items()
                    for m, rs in sm["rows"].items() for s in [r["seed"] for r in rs]})

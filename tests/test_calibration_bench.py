@@ -302,7 +302,8 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
         # better on test, worse on validation: not the decision row
         "csm_filtered": {s: _cell(s, 0.005, 0.016) for s in seeds},
     }
-    summary = bench.protocol_summary(cells)
+    summary = bench.protocol_summary(cells, "matched")
+    assert "kd" not in summary["candidates"] and "kd" in bench.protocol_summary(cells, "borrowed")["candidates"]
     assert summary["csm"] == "csm" and summary["best_other"]["pre_ts"] == "brier"
     n, mean, lo, hi = summary["pairs"]["ce"]["ece_pre_ts"]
     assert n == 5 and hi < 0 and mean == pytest.approx(100 * (0.013 - 0.047))

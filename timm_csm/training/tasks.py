@@ -292,7 +292,7 @@ class DistillationTask(ClassificationTask):
             raise ValueError("DistillationTask.from_config needs data_info (the student's mean and std)")
         teacher.pretrained_cfg = dict(getattr(teacher, "pretrained_cfg", {}) or {}, mean=mean, std=std)
         task = cls(model, criterion, teacher, data_info["mean"], data_info["std"], spec)
-        n_out = getattr(task.teacher.model, "num_classes", num_classes)
+        n_out = task.teacher.model.num_classes  # a timm model: its head's size
         if n_out != num_classes:
             raise ValueError(f"--teacher {config.teacher} predicts {n_out} classes, the data has {num_classes}")
         return task
