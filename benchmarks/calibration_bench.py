@@ -830,10 +830,20 @@ def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) 
     return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs, "candidates": candidates}
 
 
+def _outcome(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS),
+             choices_final: bool = True) -> Optional[str]:
+    """``"lower"`` / ``"higher"`` where the interval of CSM minus the other method excludes 0, ``"none"`` where it
+    contains 0, ``None`` while pending (below ``n_required`` seeds, or while the validation choices behind the
+    comparison, the CSM row and the best other method, still wait for some method's seeds)."""
+    if interval is None or interval[0] < n_required or not choices_final:
+        return None
+    _, _, lo, hi = interval
+    return "lower" if hi < 0 else "higher" if lo > 0 else "none"
+
+
 def _verdict(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS),
              choices_final: bool = True) -> str:
-    """The rule's reading of a paired interval; pending below ``n_required`` seeds, or while the validation choices
-    behind the comparison (the CSM row, the best other method) still wait for some method's seeds."""
+    """The rule's reading of a paired interval (:func:`_outcome`) in words."""
     if interval is None:
         return "pending (fewer than 2 paired seeds)"
     n, mean, lo, hi = interval
@@ -842,11 +852,15 @@ def _verdict(interval: Optional[Tuple[int, float, float, float]], n_required: in
         return text + f": pending ({n} of {n_required} seeds)"
     if not choices_final:
         return text + ": pending (the validation choices wait for every method's seeds)"
-    if hi < 0:
-        return text + ": CSM lower (interval excludes 0)"
-    if lo > 0:
-        return text + ": CSM higher (interval excludes 0)"
-    return text + ": no difference shown (interval contains 0)"
+    return text + {"lower": ": CSM lower (interval excludes 0)", "higher": ": CSM higher (interval excludes 0)",
+                   "none": ": no difference shown (interval contains 0)"}[_outcome(interval)]
+
+
+def _statement(outcomes: Sequence[Optional[str]]) -> str:
+    """PROTOCOL.md's "CSM calibrates better": CSM lower against CE and against the best other method."""
+    if any(o is None for o in outcomes):
+        return "pending"
+    return "holds" if all(o == "lower" for o in outcomes) else "does not hold"
 
 
 def _mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:
@@ -900,15 +914,19 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
     if csm is None:
         return lines + ["Pending: no CSM cell has finished.", ""]
     final = all(len(rows.get(m, [])) >= len(PROTOCOL_SEEDS) for m in summary["candidates"])
+    outcomes = {}
     for what, other, phase in (("against CE, before TS", "ce", "pre_ts"),
                                ("against the best other method, before TS", best["pre_ts"], "pre_ts"),
                                ("against CE, after TS", "ce", "post_ts"),
                                ("against the best other method, after TS", best["post_ts"], "post_ts")):
         iv = summary["pairs"].get(other, {}).get(f"ece_{phase}") if other else None
+        outcomes.setdefault(phase, []).append(_outcome(iv, choices_final=final))
         lines.append(f"* ECE {what} ({label(other)}): {_verdict(iv, choices_final=final)}.")
     acc = summary["pairs"].get("ce", {}).get("acc_pre_ts")
     lines += [f"* Accuracy against CE: {_verdict(acc, choices_final=final).replace('CSM lower', 'CSM costs accuracy')}.",
-              ""]
+              "",
+              f"**\"CSM calibrates better\" in `{setting}` (before TS, against CE and the best other method): "
+              f"{_statement(outcomes['pre_ts'])}.** The same test after TS: {_statement(outcomes['post_ts'])}.", ""]
     return lines
 
 

@@ -325,6 +325,23 @@ def test_protocol_verdict_waits_for_every_seed():
     assert "CSM higher" in bench._verdict((5, 1.0, 0.5, 1.5))
 
 
+
+def test_protocol_statement_needs_both_before_ts_verdicts():
+    assert bench._statement(["lower", "lower"]) == "holds"
+    assert bench._statement(["lower", "none"]) == "does not hold"
+    assert bench._statement(["lower", None]) == "pending"
+    assert bench._outcome((5, -1.0, -2.0, -0.5)) == "lower" and bench._outcome((4, -1.0, -2.0, -0.5)) is None
+    seeds = range(5)
+    cells = {m: {s: _cell(s, 0.045, 0.040) for s in seeds} for m in bench.NON_GENERATED if m != "kd"}
+    cells["csm"] = {s: _cell(s, 0.010 + 0.001 * s, 0.010) for s in seeds}
+    cells["csm_filtered"] = {s: _cell(s, 0.010, 0.020) for s in seeds}
+    lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
+    assert "**\"CSM calibrates better\" in `matched` (before TS, against CE and the best other method): holds.**" in lines
+    # best on validation, as good as CSM on test
+    cells["brier"] = {s: _cell(s, 0.010 + 0.001 * s + (0.002 if s % 2 else -0.002), 0.005) for s in seeds}
+    lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
+    assert "best other method): does not hold.**" in lines
+
 def test_committed_cell_is_done_and_checked_against_the_config(tmp_path):
     cfg = {"loss": "ce", "seed": 0, "epochs": 60}
     home = tmp_path / "committed" / "ce-s0"
