@@ -107,7 +107,7 @@ class BenchMethod:
     @property
     def per_setting(self) -> bool:
         """Whether its cells depend on the setting's generated data or encoder (else one cell serves both)."""
-        return self.teacher or self.csm in ("soft", "hard", "filtered")
+        return self.teacher or self.csm not in (None, "real_copies")
 
 
 # Hyper-parameters: the settings of each method's paper / released configs; one value each, no
@@ -133,6 +133,9 @@ METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("ce_eq", "CE, equal images (control)", {"loss": "ce"}, epoch_factor=3.0),
     BenchMethod("regmixup_eq", "RegMixup, equal images (control)", {"loss": "ce", "regmixup": 20.0},
                 epoch_factor=1.5),
+    # the boundary study (PROTOCOL.md, amendment 1): the decision row's set with fewer groups per class pair
+    BenchMethod("csm_groups25", "CSM, a quarter of the groups", {"loss": "csm"}, csm="groups25"),
+    BenchMethod("csm_groups50", "CSM, half of the groups", {"loss": "csm"}, csm="groups50"),
     BenchMethod("kd", "KD from the borrowed encoder (control)",
                 {"loss": "kd", "loss_kwargs": {"temperature": 4.0, "alpha": 0.9}}, teacher=True,
                 recipes=("borrowed",)),
@@ -146,6 +149,8 @@ CONTROLS = ("brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
 NON_GENERATED = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
 #: the two CSM variants the validation rule chooses between
 CSM_VARIANTS = ("csm", "csm_filtered")
+#: the boundary study's rows (PROTOCOL.md, amendment 1), smallest volume first
+BOUNDARY_METHODS = ("csm_groups25", "csm_groups50")
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
 _NOT_KEYED = ("output", "experiment", "progress", "resume")
@@ -388,9 +393,52 @@ def derive_real_copies_dataset(recipe: Dict[str, Any], folder, num_groups: int =
     return folder
 
 
+def derive_group_subset(source, folder, fraction: float) -> Path:
+    """A copy of the CSM dataset ``source`` with, for every class pair, its first ``ceil(fraction * n)`` of the
+    pair's ``n`` groups (by group id): less generated volume, the same pairs and the same share of each. Written once
+    to ``folder``; rewritten when the source dataset changes."""
+    import numpy as np
+
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+
+    def derive(ds):
+        gid, a, b = (np.asarray(ds[c]) for c in ("group_id", "class_a", "class_b"))
+        groups = {}
+        for g, pair in zip(gid.tolist(), zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist())):
+            groups.setdefault(pair, set()).add(g)
+        keep = {g for ids in groups.values() for g in sorted(ids)[:math.ceil(fraction * len(ids))]}
+        rows = np.flatnonzero(np.isin(gid, np.fromiter(keep, dtype=gid.dtype)))
+        return ds.select(rows), {"group_fraction": float(fraction), "groups": len(keep)}
+
+    return _derived_copy(source, folder, f"group_fraction={fraction:g}", derive)
+
+
 # derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
 _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
+#: the boundary study's subsets of the decision row's set: kind -> share of each class pair's groups
+_SUBSETS = {"groups25": 0.25, "groups50": 0.5}
+
+
+def _resolve_subsets(kinds, output: Path, setting: Optional[str], committed: Optional[Path],
+                     csm_paths: Dict[str, str], blocked: Dict[str, str]) -> None:
+    """The boundary study's sets: subsets of the set of the setting's decision row, which the validation rule
+    chooses once both CSM variants have every seed (their cells run first)."""
+    summary = protocol_summary(protocol_cells(output, setting, committed), setting) if setting else None
+    ready = summary is not None and all(len(summary["rows"].get(m, [])) >= len(PROTOCOL_SEEDS) for m in CSM_VARIANTS)
+    if not ready:
+        for kind in kinds:
+            blocked[kind] = "the decision row (csm or csm_filtered) is chosen once both have every seed"
+        return
+    source_kind = METHODS[summary["csm"]].csm
+    if source_kind not in csm_paths:
+        for kind in kinds:
+            blocked[kind] = blocked.get(source_kind, f"the {source_kind} CSM dataset is not available")
+        return
+    for kind in sorted(kinds):
+        folder = output / f"csm-{kind}-{setting}"
+        csm_paths[kind] = str(derive_group_subset(csm_paths[source_kind], folder, _SUBSETS[kind]))
 
 
 def _check_csm_dataset(path) -> Optional[str]:
@@ -425,7 +473,7 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
     csm_paths: Dict[str, str] = {}
     blocked: Dict[str, str] = {}
     kinds = {METHODS[m].csm for m in methods} - {None}
-    if kinds & {"soft", "hard", "filtered"}:
+    if kinds & {"soft", *_DERIVED, *_SUBSETS}:
         problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
         if problem is None:
             csm_paths["soft"] = str(csm_dataset)
@@ -437,13 +485,17 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
                 csm_paths["hard"] = str(csm_dataset_hard)
             else:
                 blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
-        for kind in sorted(kinds & set(_DERIVED) - set(csm_paths) - set(blocked)):
+        # the boundary study's subsets come from the decision row's set, which may be the filtered one
+        derived = kinds & set(_DERIVED) | ({"filtered"} if kinds & set(_SUBSETS) else set())
+        for kind in sorted(derived - set(csm_paths) - set(blocked)):
             derive, name, what = _DERIVED[kind]
             if "soft" in csm_paths:
                 folder = output / (f"{name}-{setting}" if setting else name)
                 csm_paths[kind] = str(derive(csm_paths["soft"], folder))
             else:
                 blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
+    if kinds & set(_SUBSETS):
+        _resolve_subsets(kinds & set(_SUBSETS), output, setting, committed, csm_paths, blocked)
     if "real_copies" in kinds:
         csm_paths["real_copies"] = str(derive_real_copies_dataset(recipe, output / "csm-real-copies"))
     if any(METHODS[m].teacher for m in methods):
@@ -514,7 +566,7 @@ def matches_recipe(cell: Dict[str, Any], method: str, seed: int, recipe: Dict[st
     """Whether a finished cell was trained with ``recipe`` (the generated dataset's path aside)."""
     if method not in METHODS:
         return False
-    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], dict.fromkeys(("soft", *_DERIVED), "-")))
+    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], dict.fromkeys(("soft", *_DERIVED, *_SUBSETS), "-")))
     actual = dict(cell["config"])
     expected.pop("csm_dataset", None)
     actual.pop("csm_dataset", None)
@@ -696,7 +748,9 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
     for m in methods:
         bm = METHODS[m]
         data = ("; generated data: `--csm-dataset`" if bm.csm == "soft" else
-                f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm else "")
+                f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm in _DERIVED else
+                f"; generated data: {_SUBSETS[bm.csm]:.0%} of the decision row's groups" if bm.csm in _SUBSETS
+                else "; generated data: the real-copies set" if bm.csm else "")
         lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
     if seed is not None:
         lines += ["", f"![Reliability diagrams, CE against CSM, seed {seed}]({figure.name})"]
@@ -927,7 +981,30 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
               "",
               f"**\"CSM calibrates better\" in `{setting}` (before TS, against CE and the best other method): "
               f"{_statement(outcomes['pre_ts'])}.** The same test after TS: {_statement(outcomes['post_ts'])}.", ""]
-    return lines
+    return lines + boundary_section(summary)
+
+
+def boundary_section(summary: Dict[str, Any]) -> List[str]:
+    """The boundary study (PROTOCOL.md, amendment 1): the decision row at a quarter, half and all of its groups, each
+    against CE and the best other method (paired intervals, before TS)."""
+    rows, csm = summary["rows"], summary["csm"]
+    shown = [m for m in BOUNDARY_METHODS if m in rows]
+    if not shown or csm is None:
+        return []
+    best = summary["best_other"]["pre_ts"]
+    fmt = lambda iv: "-" if iv is None else f"{iv[1]:+.2f} [{iv[2]:+.2f}, {iv[3]:+.2f}] (n={iv[0]})"  # noqa: E731
+    lines = ["### Boundary study: generated volume (amendment 1)", "",
+             f"The decision row's set ({METHODS[csm].label}) with the first quarter and half of each class pair's "
+             "groups; test metrics in %, differences in ECE points before TS (mean [95% t-interval]).", "",
+             f"| groups | seeds | ECE before TS | ECE after TS | Acc | minus CE | minus {METHODS[best].label if best else '-'} |",
+             "|---|---|---|---|---|---|---|"]
+    for m, share in [*((m, f"{_SUBSETS[METHODS[m].csm]:.0%}") for m in shown), (csm, "100%")]:
+        r = rows[m]
+        against = [fmt(paired_interval(_by_seed(r, "ece_pre_ts"), _by_seed(rows[o], "ece_pre_ts")))
+                   if o in rows else "-" for o in ("ce", best)]
+        lines.append(f"| {share} | {len(r)} | {_mean_cell(r, 'ece_pre_ts', 2)} | {_mean_cell(r, 'ece_post_ts', 2)} | "
+                     f"{_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(against) + " |")
+    return lines + [""]
 
 
 def write_protocol_report(output: Path, report: Path, json_path: Optional[Path], recipe: Dict[str, Any],
@@ -963,7 +1040,7 @@ def write_protocol_report(output: Path, report: Path, json_path: Optional[Path],
     if json_path is not None:
         json_rows_out = []
         for setting, sm in summaries.items():
-            for m in [m for m in PROTOCOL_METHODS if m in sm["rows"]]:
+            for m in [m for m in (*PROTOCOL_METHODS, *BOUNDARY_METHODS) if m in sm["rows"]]:
                 rows = sm["rows"][m]
                 out: Dict[str, Any] = {"method": m, "label": METHODS[m].label, "recipe": setting,
                                        "recipe_options": recipe, "method_options": METHODS[m].options,

@@ -239,6 +239,51 @@ def test_filtered_copy_drops_exactly_the_flagged_groups(tmp_path):
     assert first["image"].tobytes() == twin["image"].tobytes() and first["soft_label"] == twin["soft_label"]
 
 
+def test_group_subset_keeps_the_first_groups_of_every_class_pair(tmp_path):
+    from csm_testdata import make_csm_dataset, save_csm_folder
+
+    from timm_csm.hub import load_csm_dataset
+
+    # 3 classes, 3 pairs, 4 groups per pair (group ids 0-11, pair p holds p, p + 3, p + 6, p + 9)
+    source = save_csm_folder(make_csm_dataset(["a", "b", "c"], n_lambdas=4, seeds_per_pair=4), tmp_path / "csm-aug")
+    soft = load_csm_dataset(source)["train"]
+    half = load_csm_dataset(str(bench.derive_group_subset(source, tmp_path / "half", 0.5)))["train"]
+    assert sorted(set(half["group_id"])) == [0, 1, 2, 3, 4, 5] and len(half) == 24
+    quarter = load_csm_dataset(str(bench.derive_group_subset(source, tmp_path / "quarter", 0.25)))["train"]
+    assert sorted(set(quarter["group_id"])) == [0, 1, 2]
+    row = half[0]
+    twin = [i for i, (g, lam) in enumerate(zip(soft["group_id"], soft["lambda_gen"]))
+            if g == row["group_id"] and lam == row["lambda_gen"]][0]
+    assert row["image"].tobytes() == soft[twin]["image"].tobytes() and row["soft_label"] == soft[twin]["soft_label"]
+    with pytest.raises(ValueError, match="fraction"):
+        bench.derive_group_subset(source, tmp_path / "none", 0.0)
+
+
+def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm_folder):
+    out = tmp_path / "bench"
+    recipe = bench.base_recipe(name="noaug")
+    runs = bench.run_cells(recipe, ["csm_groups50"], [0], out, csm_dataset=csm_folder, setting="matched",
+                           committed=None, max_cells=0)
+    assert "chosen once both have every seed" in runs["skipped"]["csm_groups50-matched-s0"]
+    # both variants finished at every seed, the filtered one lower on validation: its set is the source
+    cells = out / "cells"
+    for m, val_ece in (("csm", 0.03), ("csm_filtered", 0.02)):
+        for s in bench.PROTOCOL_SEEDS:
+            d = cells / bench.cell_name(m, s, "matched")
+            d.mkdir(parents=True)
+            (d / bench.RESULTS).write_text(json.dumps(_cell(s, 0.02, val_ece)["results"]))
+            (d / bench.CELL_META).write_text(json.dumps({"method": m, "seed": s, "setting": "matched",
+                                                         "config": {}, "seconds": 1.0}))
+    runs = bench.run_cells(recipe, ["csm_groups50"], [0], out, csm_dataset=csm_folder, setting="matched",
+                           committed=None, max_cells=0)
+    assert runs["skipped"] == {}
+    stamp = json.loads((out / "csm-groups50-matched" / "derived_from.json").read_text())
+    assert stamp["source"] == str(out / "csm-filtered-matched") and stamp["derivation"] == "group_fraction=0.5"
+    summary = bench.protocol_summary(bench.protocol_cells(out, "matched", None), "matched")
+    summary["rows"]["csm_groups50"] = summary["rows"]["csm"]
+    text = "\n".join(bench.boundary_section(summary))
+    assert "| 50% | 5 |" in text and "| 100% | 5 |" in text
+
 def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
     out, report = tmp_path / "bench", tmp_path / "calibration.md"
     text = bench.main(TOY + ["--output", str(out), "--report", str(report), "--csm-dataset", csm_folder,
