@@ -136,6 +136,7 @@ METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     # the boundary study (PROTOCOL.md, amendment 1): the decision row's set with fewer groups per class pair
     BenchMethod("csm_groups25", "CSM, a quarter of the groups", {"loss": "csm"}, csm="groups25"),
     BenchMethod("csm_groups50", "CSM, half of the groups", {"loss": "csm"}, csm="groups50"),
+    BenchMethod("csm_gen2000", "CSM, generator at 2 000 steps", {"loss": "csm"}, csm="gen2000"),
     BenchMethod("kd", "KD from the borrowed encoder (control)",
                 {"loss": "kd", "loss_kwargs": {"temperature": 4.0, "alpha": 0.9}}, teacher=True,
                 recipes=("borrowed",)),
@@ -150,7 +151,7 @@ NON_GENERATED = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies"
 #: the two CSM variants the validation rule chooses between
 CSM_VARIANTS = ("csm", "csm_filtered")
 #: the boundary study's rows (PROTOCOL.md, amendment 1), smallest volume first
-BOUNDARY_METHODS = ("csm_groups25", "csm_groups50")
+BOUNDARY_METHODS = ("csm_groups25", "csm_groups50", "csm_gen2000")
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
 _NOT_KEYED = ("output", "experiment", "progress", "resume")
@@ -417,28 +418,39 @@ def derive_group_subset(source, folder, fraction: float) -> Path:
 # derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
 _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
-#: the boundary study's subsets of the decision row's set: kind -> share of each class pair's groups
-_SUBSETS = {"groups25": 0.25, "groups50": 0.5}
+#: the boundary study's sets: kind -> (the generated set's folder under SETTINGS_ROOT, None for the setting's own;
+#: the share of each class pair's groups kept), each in the decision row's variant (flagged groups dropped or not)
+_SUBSETS = {"groups25": (None, 0.25), "groups50": (None, 0.5), "gen2000": ("matched-gen2000", 1.0)}
 
 
 def _resolve_subsets(kinds, output: Path, setting: Optional[str], committed: Optional[Path],
                      csm_paths: Dict[str, str], blocked: Dict[str, str]) -> None:
-    """The boundary study's sets: subsets of the set of the setting's decision row, which the validation rule
-    chooses once both CSM variants have every seed (their cells run first)."""
+    """The boundary study's sets, in the variant of the setting's decision row, which the validation rule chooses
+    once both CSM variants have every seed (their cells run first)."""
     summary = protocol_summary(protocol_cells(output, setting, committed), setting) if setting else None
     ready = summary is not None and all(len(summary["rows"].get(m, [])) >= len(PROTOCOL_SEEDS) for m in CSM_VARIANTS)
     if not ready:
         for kind in kinds:
             blocked[kind] = "the decision row (csm or csm_filtered) is chosen once both have every seed"
         return
-    source_kind = METHODS[summary["csm"]].csm
-    if source_kind not in csm_paths:
-        for kind in kinds:
-            blocked[kind] = blocked.get(source_kind, f"the {source_kind} CSM dataset is not available")
-        return
+    variant = METHODS[summary["csm"]].csm
     for kind in sorted(kinds):
-        folder = output / f"csm-{kind}-{setting}"
-        csm_paths[kind] = str(derive_group_subset(csm_paths[source_kind], folder, _SUBSETS[kind]))
+        generated, fraction = _SUBSETS[kind]
+        if generated is None:
+            source = csm_paths.get(variant)
+            if source is None:
+                blocked[kind] = blocked.get(variant, f"the {variant} CSM dataset is not available")
+                continue
+        else:
+            source = str(SETTINGS_ROOT / generated / "csm" / "csm-fmnist-aug")
+            problem = _check_csm_dataset(source)
+            if problem is not None:
+                blocked[kind] = f"CSM dataset {source!r} not available ({problem})"
+                continue
+            if variant == "filtered":
+                source = str(derive_filtered_dataset(source, output / f"csm-filtered-{generated}"))
+        csm_paths[kind] = (source if fraction == 1.0 else
+                           str(derive_group_subset(source, output / f"csm-{kind}-{setting}", fraction)))
 
 
 def _check_csm_dataset(path) -> Optional[str]:
@@ -749,7 +761,7 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
         bm = METHODS[m]
         data = ("; generated data: `--csm-dataset`" if bm.csm == "soft" else
                 f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm in _DERIVED else
-                f"; generated data: {_SUBSETS[bm.csm]:.0%} of the decision row's groups" if bm.csm in _SUBSETS
+                f"; generated data: the decision row's variant of {_SUBSETS[bm.csm]}" if bm.csm in _SUBSETS
                 else "; generated data: the real-copies set" if bm.csm else "")
         lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
     if seed is not None:
@@ -985,25 +997,28 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
 
 
 def boundary_section(summary: Dict[str, Any]) -> List[str]:
-    """The boundary study (PROTOCOL.md, amendment 1): the decision row at a quarter, half and all of its groups, each
-    against CE and the best other method (paired intervals, before TS)."""
+    """The boundary study (PROTOCOL.md, amendment 1): the decision row at a quarter, half and all of its groups, and
+    with the generator at half its steps, each against CE and the best other method (paired intervals, before TS)."""
     rows, csm = summary["rows"], summary["csm"]
     shown = [m for m in BOUNDARY_METHODS if m in rows]
     if not shown or csm is None:
         return []
     best = summary["best_other"]["pre_ts"]
     fmt = lambda iv: "-" if iv is None else f"{iv[1]:+.2f} [{iv[2]:+.2f}, {iv[3]:+.2f}] (n={iv[0]})"  # noqa: E731
-    lines = ["### Boundary study: generated volume (amendment 1)", "",
-             f"The decision row's set ({METHODS[csm].label}) with the first quarter and half of each class pair's "
-             "groups; test metrics in %, differences in ECE points before TS (mean [95% t-interval]).", "",
-             f"| groups | seeds | ECE before TS | ECE after TS | Acc | minus CE | minus {METHODS[best].label if best else '-'} |",
-             "|---|---|---|---|---|---|---|"]
-    for m, share in [*((m, f"{_SUBSETS[METHODS[m].csm]:.0%}") for m in shown), (csm, "100%")]:
+    lines = ["### Boundary study: generated volume and generator steps (amendment 1)", "",
+             f"The decision row ({METHODS[csm].label}) with the first quarter and half of each class pair's groups, "
+             "and with its generator stopped at 2 000 of its 4 000 steps; test metrics in %, differences in ECE "
+             "points before TS (mean [95% t-interval]).", "",
+             f"| generated set | seeds | ECE before TS | ECE after TS | Acc | minus CE | minus "
+             f"{METHODS[best].label if best else '-'} |", "|---|---|---|---|---|---|---|"]
+    names = {"csm_groups25": "25% of the groups", "csm_groups50": "50% of the groups",
+             "csm_gen2000": "all groups, generator at 2 000 steps", csm: "all groups, 4 000 steps (decision row)"}
+    for m in [m for m in ("csm_groups25", "csm_groups50", csm, "csm_gen2000") if m in rows]:
         r = rows[m]
         against = [fmt(paired_interval(_by_seed(r, "ece_pre_ts"), _by_seed(rows[o], "ece_pre_ts")))
                    if o in rows else "-" for o in ("ce", best)]
-        lines.append(f"| {share} | {len(r)} | {_mean_cell(r, 'ece_pre_ts', 2)} | {_mean_cell(r, 'ece_post_ts', 2)} | "
-                     f"{_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(against) + " |")
+        lines.append(f"| {names[m]} | {len(r)} | {_mean_cell(r, 'ece_pre_ts', 2)} | {_mean_cell(r, 'ece_post_ts', 2)} "
+                     f"| {_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(against) + " |")
     return lines + [""]
 
 

@@ -9,6 +9,7 @@ in its folder and is skipped. Run it again after a kill to continue.
     python benchmarks/matched_setting.py --setting matched     # export, generator, generate, annotate, quality
     python benchmarks/matched_setting.py --setting borrowed    # generate, annotate, quality
     python benchmarks/matched_setting.py --setting matched --until generator
+    python benchmarks/matched_setting.py --setting matched-gen2000   # PROTOCOL.md amendment 1: 2 000 generator steps
     python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json   # both generators, one judge
 
 The matched setting's real images are the classifier's: ``load_data`` with the benchmark's data options
@@ -37,12 +38,13 @@ DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--
 GENERATION = ["--num-groups", "6750", "--num-lambdas", "4", "--steps", "8", "--scheduler", "ddim",
               "--guidance-scale", "1.0", "--groups-per-shard", "128", "--batch-groups", "32"]
 #: the generator recipe of the matched setting: the shipped generator's (profile fmnist, 4 000 steps), so that the
-#: two settings differ in the images the generator learned from only
-GENERATOR_STEPS = 4000
+#: two settings differ in the images the generator learned from only; "matched-gen2000" (PROTOCOL.md amendment 1)
+#: is the same run stopped at 2 000 steps (the learning rate is constant after warm-up), with the matched encoder
+GENERATOR_STEPS = {"matched": 4000, "matched-gen2000": 2000}
 #: reference-encoder epochs: the shipped default (4 epochs of 54 000 images) in the borrowed setting; in the matched
 #: setting as many epochs as the classifier's recipe (60 of 2 250 images), fixed in advance
-ENCODER_EPOCHS = {"borrowed": 4, "matched": 60}
-SETTINGS = ("matched", "borrowed")
+ENCODER_EPOCHS = {"borrowed": 4, "matched": 60, "matched-gen2000": 60}
+SETTINGS = ("matched", "borrowed", "matched-gen2000")
 SHIPPED = "timm_csm/assets/generator-fmnist"
 
 
@@ -91,23 +93,25 @@ def export_real(folder: Path) -> Dict:
 
 def stage_commands(setting: str, root: Path, python: str = sys.executable) -> List[tuple]:
     """``(stage name, folder, command)`` of each script stage of ``setting``, in order."""
-    real = root / "real"
-    dataset = str(real) if setting == "matched" else "fashion_mnist"
-    generator = root / "generator" if setting == "matched" else Path(SHIPPED)
+    matched = setting in GENERATOR_STEPS
+    # the matched variants share the matched setting's real images and reference encoder
+    shared = root.parent / "matched" if matched else root
+    dataset = str(shared / "real") if matched else "fashion_mnist"
+    generator = root / "generator" if matched else Path(SHIPPED)
     stages = []
-    if setting == "matched":
+    if matched:
         stages.append(("generator", generator, [python, "hub_scripts/train_generator.py", "--profile", "fmnist",
                                                 "--dataset", dataset, "--output", str(generator), "--steps",
-                                                str(GENERATOR_STEPS), "--seed", "0", "--no-grid"]))
+                                                str(GENERATOR_STEPS[setting]), "--seed", "0", "--no-grid"]))
     stages.append(("generate", root / "generated", [python, "hub_scripts/generate.py", "--generator", str(generator),
                                                     *GENERATION, "--output", str(root / "generated")]))
     stages.append(("annotate", root / "csm", [python, "hub_scripts/annotate.py", "--generated",
                                               str(root / "generated"), "--dataset", dataset, "--output",
                                               str(root / "csm"), "--name", "csm-fmnist-aug", "--s", "auto",
-                                              "--reference-dir", str(root / "reference"), "--reference-epochs",
+                                              "--reference-dir", str(shared / "reference"), "--reference-epochs",
                                               str(ENCODER_EPOCHS[setting])]))
     stages.append(("quality", root / "quality", [python, "hub_scripts/evaluate_generator.py", "--generator",
-                                                 str(generator), "--classifier", str(root / "reference"),
+                                                 str(generator), "--classifier", str(shared / "reference"),
                                                  "--dataset", dataset, "--num-groups", "200", "--steps", "8",
                                                  "--guidance-scale", "1.0", "--output",
                                                  str(root / "quality" / "quality.json")]))
@@ -121,6 +125,8 @@ def _done(folder: Path) -> bool:
 def run_setting(setting: str, output: Path, until: str = None, log=print) -> None:
     root = output / setting
     root.mkdir(parents=True, exist_ok=True)
+    if setting != "matched" and setting in GENERATOR_STEPS and not _done(output / "matched" / "real"):
+        raise SystemExit(f"{setting} uses the matched setting's images and encoder: build --setting matched first")
     if setting == "matched" and not _done(root / "real"):
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         info = export_real(root / "real")

@@ -259,8 +259,11 @@ def test_group_subset_keeps_the_first_groups_of_every_class_pair(tmp_path):
         bench.derive_group_subset(source, tmp_path / "none", 0.0)
 
 
-def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm_folder):
+def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm_folder, monkeypatch):
+    import shutil
+
     out = tmp_path / "bench"
+    monkeypatch.setattr(bench, "SETTINGS_ROOT", tmp_path / "settings")
     recipe = bench.base_recipe(name="noaug")
     runs = bench.run_cells(recipe, ["csm_groups50"], [0], out, csm_dataset=csm_folder, setting="matched",
                            committed=None, max_cells=0)
@@ -279,10 +282,20 @@ def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm
     assert runs["skipped"] == {}
     stamp = json.loads((out / "csm-groups50-matched" / "derived_from.json").read_text())
     assert stamp["source"] == str(out / "csm-filtered-matched") and stamp["derivation"] == "group_fraction=0.5"
+    # the generator-steps set: blocked until built, then its own filtered copy
+    runs = bench.run_cells(recipe, ["csm_gen2000"], [0], out, csm_dataset=csm_folder, setting="matched",
+                           committed=None, max_cells=0)
+    assert "not available" in runs["skipped"]["csm_gen2000-matched-s0"]
+    shutil.copytree(csm_folder, tmp_path / "settings" / "matched-gen2000" / "csm" / "csm-fmnist-aug")
+    runs = bench.run_cells(recipe, ["csm_gen2000"], [0], out, csm_dataset=csm_folder, setting="matched",
+                           committed=None, max_cells=0)
+    assert runs["skipped"] == {}
+    stamp = json.loads((out / "csm-filtered-matched-gen2000" / "derived_from.json").read_text())
+    assert stamp["source"] == str(tmp_path / "settings" / "matched-gen2000" / "csm" / "csm-fmnist-aug")
     summary = bench.protocol_summary(bench.protocol_cells(out, "matched", None), "matched")
     summary["rows"]["csm_groups50"] = summary["rows"]["csm"]
     text = "\n".join(bench.boundary_section(summary))
-    assert "| 50% | 5 |" in text and "| 100% | 5 |" in text
+    assert "| 50% of the groups | 5 |" in text and "| all groups, 4 000 steps (decision row) | 5 |" in text
 
 def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
     out, report = tmp_path / "bench", tmp_path / "calibration.md"

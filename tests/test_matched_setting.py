@@ -1,0 +1,53 @@
+"""The benchmark's generated sets (benchmarks/matched_setting.py): which images, generator and encoder each uses."""
+from pathlib import Path
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+
+setting = load_benchmark("matched_setting")
+
+
+def _stages(name, root=Path("out")):
+    return {stage: (folder, cmd) for stage, folder, cmd in setting.stage_commands(name, root / name, python="py")}
+
+
+def _flag(cmd, flag):
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_matched_generator_and_encoder_learn_from_the_classifiers_images_only():
+    stages = _stages("matched")
+    assert list(stages) == ["generator", "generate", "annotate", "quality"]
+    assert _flag(stages["generator"][1], "--dataset") == str(Path("out/matched/real"))
+    assert _flag(stages["generator"][1], "--steps") == "4000"
+    assert _flag(stages["annotate"][1], "--dataset") == str(Path("out/matched/real"))
+    assert _flag(stages["annotate"][1], "--reference-dir") == str(Path("out/matched/reference"))
+    assert _flag(stages["annotate"][1], "--reference-epochs") == "60"
+
+
+def test_borrowed_uses_the_shipped_generator_and_the_full_training_split():
+    stages = _stages("borrowed")
+    assert "generator" not in stages
+    assert _flag(stages["generate"][1], "--generator") == setting.SHIPPED
+    assert _flag(stages["annotate"][1], "--dataset") == "fashion_mnist"
+    assert _flag(stages["annotate"][1], "--reference-epochs") == "4"
+
+
+def test_the_generator_steps_variant_shares_the_matched_images_and_encoder():
+    stages = _stages("matched-gen2000")
+    assert _flag(stages["generator"][1], "--steps") == "2000"
+    assert _flag(stages["generator"][1], "--output") == str(Path("out/matched-gen2000/generator"))
+    assert _flag(stages["generator"][1], "--dataset") == str(Path("out/matched/real"))
+    assert _flag(stages["annotate"][1], "--reference-dir") == str(Path("out/matched/reference"))
+    assert _flag(stages["generate"][1], "--output") == str(Path("out/matched-gen2000/generated"))
+    # everything but the generator's steps and folders is the matched setting's
+    matched = _stages("matched")
+    for stage in ("generate", "annotate", "quality"):
+        strip = lambda cmd: [a.replace("matched-gen2000", "matched") for a in cmd]  # noqa: E731
+        assert strip(stages[stage][1]) == matched[stage][1]
+
+
+def test_the_generator_steps_variant_needs_the_matched_setting_first(tmp_path):
+    with pytest.raises(SystemExit, match="build --setting matched first"):
+        setting.run_setting("matched-gen2000", tmp_path)
