@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 OMP_NUM_
 FASHION_MNIST_DIR ?= $(or $(TIMM_CSM_FASHION_MNIST),/usr/share/datasets/fashion-mnist)
 FASHION_MNIST_INSTALL := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: install fashion-mnist test demo benchmark docs docs-screenshot dist clean
+.PHONY: install fashion-mnist test demo benchmark boundary docs docs-screenshot dist clean
 
 fashion-mnist:
 	@if [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ]; then exit 0; fi; \
@@ -50,6 +50,13 @@ benchmark: fashion-mnist $(STAMP)
 	$(OFFLINE) $(BIN)/python benchmarks/matched_setting.py --setting matched
 	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe borrowed
 	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe matched
+	$(OFFLINE) $(BIN)/python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json
+
+# the boundary study of benchmarks/PROTOCOL.md (amendment 1), after `make benchmark`
+boundary: benchmark
+	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe matched --methods csm_groups25 csm_groups50
+	$(OFFLINE) $(BIN)/python benchmarks/matched_setting.py --setting matched-gen2000
+	$(OFFLINE) $(BIN)/python benchmarks/calibration_bench.py --recipe matched --methods csm_gen2000
 
 # the documentation site, into site/, warnings as errors (tests/test_docs.py builds it in CI)
 docs: $(STAMP)

@@ -1008,7 +1008,9 @@ def boundary_section(summary: Dict[str, Any]) -> List[str]:
     lines = ["### Boundary study: generated volume and generator steps (amendment 1)", "",
              f"The decision row ({METHODS[csm].label}) with the first quarter and half of each class pair's groups, "
              "and with its generator stopped at 2 000 of its 4 000 steps; test metrics in %, differences in ECE "
-             "points before TS (mean [95% t-interval]).", "",
+             "points before TS (mean [95% t-interval]). Commands (`make boundary`): `python "
+             "benchmarks/matched_setting.py --setting matched-gen2000`, then `python benchmarks/calibration_bench.py "
+             "--recipe matched --methods csm_groups25 csm_groups50 csm_gen2000`.", "",
              f"| generated set | seeds | ECE before TS | ECE after TS | Acc | minus CE | minus "
              f"{METHODS[best].label if best else '-'} |", "|---|---|---|---|---|---|---|"]
     names = {"csm_groups25": "25% of the groups", "csm_groups50": "50% of the groups",
