@@ -197,7 +197,8 @@ def main(argv: Sequence[str] = None) -> None:
         write_json_atomic(Path(args.compare), rows, indent=1)
         return
     run_setting(args.setting, Path(args.output), args.until)
-    print(f"CSM dataset: {Path(args.output) / args.setting / 'csm' / 'csm-fmnist-aug'}")
+    if args.until in (None, "annotate", "quality"):
+        print(f"CSM dataset: {Path(args.output) / args.setting / 'csm' / 'csm-fmnist-aug'}")
 
 
 if __name__ == "__main__":
