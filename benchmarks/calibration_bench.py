@@ -1015,13 +1015,17 @@ def boundary_section(summary: Dict[str, Any]) -> List[str]:
              f"{METHODS[best].label if best else '-'} |", "|---|---|---|---|---|---|---|"]
     names = {"csm_groups25": "25% of the groups", "csm_groups50": "50% of the groups",
              "csm_gen2000": "all groups, generator at 2 000 steps", csm: "all groups, 4 000 steps (decision row)"}
+    below = []
     for m in [m for m in ("csm_groups25", "csm_groups50", csm, "csm_gen2000") if m in rows]:
         r = rows[m]
-        against = [fmt(paired_interval(_by_seed(r, "ece_pre_ts"), _by_seed(rows[o], "ece_pre_ts")))
-                   if o in rows else "-" for o in ("ce", best)]
+        intervals = [paired_interval(_by_seed(r, "ece_pre_ts"), _by_seed(rows[o], "ece_pre_ts")) if o in rows else None
+                     for o in ("ce", best)]
+        if _outcome(intervals[1]) == "lower":
+            below.append(names[m])
         lines.append(f"| {names[m]} | {len(r)} | {_mean_cell(r, 'ece_pre_ts', 2)} | {_mean_cell(r, 'ece_post_ts', 2)} "
-                     f"| {_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(against) + " |")
-    return lines + [""]
+                     f"| {_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(fmt(iv) for iv in intervals) + " |")
+    return lines + ["", f"Points whose interval against {METHODS[best].label if best else '-'} lies below 0 (5 seeds): "
+                    f"{', '.join(below) if below else 'none'}.", ""]
 
 
 def write_protocol_report(output: Path, report: Path, json_path: Optional[Path], recipe: Dict[str, Any],

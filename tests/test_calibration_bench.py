@@ -296,6 +296,7 @@ def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm
     summary["rows"]["csm_groups50"] = summary["rows"]["csm"]
     text = "\n".join(bench.boundary_section(summary))
     assert "| 50% of the groups | 5 |" in text and "| all groups, 4 000 steps (decision row) | 5 |" in text
+    assert "lies below 0 (5 seeds): none." in text
 
 def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
     out, report = tmp_path / "bench", tmp_path / "calibration.md"
