@@ -150,7 +150,7 @@ CONTROLS = ("brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
 NON_GENERATED = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies", "ce_eq", "regmixup_eq", "kd")
 #: the two CSM variants the validation rule chooses between
 CSM_VARIANTS = ("csm", "csm_filtered")
-#: the boundary study's rows (PROTOCOL.md, amendment 1), smallest volume first
+#: the boundary study's rows (PROTOCOL.md, amendment 1): the volume axis, then the generator-steps axis
 BOUNDARY_METHODS = ("csm_groups25", "csm_groups50", "csm_gen2000")
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
@@ -578,7 +578,8 @@ def matches_recipe(cell: Dict[str, Any], method: str, seed: int, recipe: Dict[st
     """Whether a finished cell was trained with ``recipe`` (the generated dataset's path aside)."""
     if method not in METHODS:
         return False
-    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], dict.fromkeys(("soft", *_DERIVED, *_SUBSETS), "-")))
+    placeholders = dict.fromkeys(("soft", *_DERIVED, *_SUBSETS), "-")
+    expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], placeholders))
     actual = dict(cell["config"])
     expected.pop("csm_dataset", None)
     actual.pop("csm_dataset", None)
@@ -761,7 +762,8 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
         bm = METHODS[m]
         data = ("; generated data: `--csm-dataset`" if bm.csm == "soft" else
                 f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm in _DERIVED else
-                f"; generated data: the decision row's variant of {_SUBSETS[bm.csm]}" if bm.csm in _SUBSETS
+                f"; generated data: {_SUBSETS[bm.csm][1]:.0%} of each class pair's groups of "
+                f"{_SUBSETS[bm.csm][0] or 'the setting'}'s set, the decision row's variant" if bm.csm in _SUBSETS
                 else "; generated data: the real-copies set" if bm.csm else "")
         lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
     if seed is not None:
@@ -929,6 +931,14 @@ def _statement(outcomes: Sequence[Optional[str]]) -> str:
     return "holds" if all(o == "lower" for o in outcomes) else "does not hold"
 
 
+def _interval_text(interval: Optional[Tuple[int, float, float, float]], digits: int = 2) -> str:
+    """``mean [low, high] (n=...)`` of a paired interval, ``-`` when there is none."""
+    if interval is None:
+        return "-"
+    n, mean, lo, hi = interval
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] (n={n})"
+
+
 def _mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:
     values = [r[key] for r in rows if r.get(key) is not None]
     if not values:
@@ -973,9 +983,8 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
         if m not in summary["pairs"]:
             continue
         p = summary["pairs"][m]
-        fmt = lambda iv, d=2: "-" if iv is None else f"{iv[1]:+.{d}f} [{iv[2]:+.{d}f}, {iv[3]:+.{d}f}] (n={iv[0]})"  # noqa: E731
-        lines.append(f"| {METHODS[m].label} | {fmt(p['ece_pre_ts'])} | {fmt(p['ece_post_ts'])} | "
-                     f"{fmt(p['acc_pre_ts'])} | {fmt(p['nll_pre_ts'], 4)} |")
+        lines.append(f"| {METHODS[m].label} | {_interval_text(p['ece_pre_ts'])} | {_interval_text(p['ece_post_ts'])} | "
+                     f"{_interval_text(p['acc_pre_ts'])} | {_interval_text(p['nll_pre_ts'], 4)} |")
     lines += ["", "### The decision rule's verdicts", ""]
     if csm is None:
         return lines + ["Pending: no CSM cell has finished.", ""]
@@ -1004,7 +1013,6 @@ def boundary_section(summary: Dict[str, Any]) -> List[str]:
     if not shown or csm is None:
         return []
     best = summary["best_other"]["pre_ts"]
-    fmt = lambda iv: "-" if iv is None else f"{iv[1]:+.2f} [{iv[2]:+.2f}, {iv[3]:+.2f}] (n={iv[0]})"  # noqa: E731
     lines = ["### Boundary study: generated volume and generator steps (amendment 1)", "",
              f"The decision row ({METHODS[csm].label}) with the first quarter and half of each class pair's groups, "
              "and with its generator stopped at 2 000 of its 4 000 steps; test metrics in %, differences in ECE "
@@ -1023,7 +1031,7 @@ def boundary_section(summary: Dict[str, Any]) -> List[str]:
         if _outcome(intervals[1]) == "lower":
             below.append(names[m])
         lines.append(f"| {names[m]} | {len(r)} | {_mean_cell(r, 'ece_pre_ts', 2)} | {_mean_cell(r, 'ece_post_ts', 2)} "
-                     f"| {_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(fmt(iv) for iv in intervals) + " |")
+                     f"| {_mean_cell(r, 'acc_pre_ts', 2)} | " + " | ".join(map(_interval_text, intervals)) + " |")
     return lines + ["", f"Points whose interval against {METHODS[best].label if best else '-'} lies below 0 (5 seeds): "
                     f"{', '.join(below) if below else 'none'}.", ""]
 

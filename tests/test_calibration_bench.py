@@ -395,7 +395,8 @@ def test_protocol_statement_needs_both_before_ts_verdicts():
     cells["csm"] = {s: _cell(s, 0.010 + 0.001 * s, 0.010) for s in seeds}
     cells["csm_filtered"] = {s: _cell(s, 0.010, 0.020) for s in seeds}
     lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
-    assert "**\"CSM calibrates better\" in `matched` (before TS, against CE and the best other method): holds.**" in lines
+    statement = '**"CSM calibrates better" in `matched` (before TS, against CE and the best other method): holds.**'
+    assert statement in lines
     # best on validation, as good as CSM on test
     cells["brier"] = {s: _cell(s, 0.010 + 0.001 * s + (0.002 if s % 2 else -0.002), 0.005) for s in seeds}
     lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
