@@ -420,22 +420,21 @@ _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label c
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
 #: the boundary study's sets: kind -> (the generated set's folder under SETTINGS_ROOT, None for the setting's own;
 #: the share of each class pair's groups kept), each in the decision row's variant (flagged groups dropped or not)
-_SUBSETS = {"groups25": (None, 0.25), "groups50": (None, 0.5), "gen2000": ("matched-gen2000", 1.0)}
+_BOUNDARY_SETS = {"groups25": (None, 0.25), "groups50": (None, 0.5), "gen2000": ("matched-gen2000", 1.0)}
 
 
-def _resolve_subsets(kinds, output: Path, setting: Optional[str], committed: Optional[Path],
+def _resolve_boundary_sets(kinds, output: Path, setting: Optional[str], committed: Optional[Path],
                      csm_paths: Dict[str, str], blocked: Dict[str, str]) -> None:
     """The boundary study's sets, in the variant of the setting's decision row, which the validation rule chooses
     once both CSM variants have every seed (their cells run first)."""
     summary = protocol_summary(protocol_cells(output, setting, committed), setting) if setting else None
-    ready = summary is not None and all(len(summary["rows"].get(m, [])) >= len(PROTOCOL_SEEDS) for m in CSM_VARIANTS)
-    if not ready:
+    if summary is None or not _every_seed(summary["rows"], CSM_VARIANTS):
         for kind in kinds:
             blocked[kind] = "the decision row (csm or csm_filtered) is chosen once both have every seed"
         return
     variant = METHODS[summary["csm"]].csm
     for kind in sorted(kinds):
-        generated, fraction = _SUBSETS[kind]
+        generated, fraction = _BOUNDARY_SETS[kind]
         if generated is None:
             source = csm_paths.get(variant)
             if source is None:
@@ -485,7 +484,7 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
     csm_paths: Dict[str, str] = {}
     blocked: Dict[str, str] = {}
     kinds = {METHODS[m].csm for m in methods} - {None}
-    if kinds & {"soft", *_DERIVED, *_SUBSETS}:
+    if kinds & {"soft", *_DERIVED, *_BOUNDARY_SETS}:
         problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
         if problem is None:
             csm_paths["soft"] = str(csm_dataset)
@@ -498,7 +497,7 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
             else:
                 blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
         # the boundary study's subsets come from the decision row's set, which may be the filtered one
-        derived = kinds & set(_DERIVED) | ({"filtered"} if kinds & set(_SUBSETS) else set())
+        derived = kinds & set(_DERIVED) | ({"filtered"} if kinds & set(_BOUNDARY_SETS) else set())
         for kind in sorted(derived - set(csm_paths) - set(blocked)):
             derive, name, what = _DERIVED[kind]
             if "soft" in csm_paths:
@@ -506,8 +505,8 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
                 csm_paths[kind] = str(derive(csm_paths["soft"], folder))
             else:
                 blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
-    if kinds & set(_SUBSETS):
-        _resolve_subsets(kinds & set(_SUBSETS), output, setting, committed, csm_paths, blocked)
+    if kinds & set(_BOUNDARY_SETS):
+        _resolve_boundary_sets(kinds & set(_BOUNDARY_SETS), output, setting, committed, csm_paths, blocked)
     if "real_copies" in kinds:
         csm_paths["real_copies"] = str(derive_real_copies_dataset(recipe, output / "csm-real-copies"))
     if any(METHODS[m].teacher for m in methods):
@@ -578,7 +577,7 @@ def matches_recipe(cell: Dict[str, Any], method: str, seed: int, recipe: Dict[st
     """Whether a finished cell was trained with ``recipe`` (the generated dataset's path aside)."""
     if method not in METHODS:
         return False
-    placeholders = dict.fromkeys(("soft", *_DERIVED, *_SUBSETS), "-")
+    placeholders = dict.fromkeys(("soft", *_DERIVED, *_BOUNDARY_SETS), "-")
     expected = _keyed(cell_config(recipe, METHODS[method], seed, cell["dir"], placeholders))
     actual = dict(cell["config"])
     expected.pop("csm_dataset", None)
@@ -762,8 +761,8 @@ def write_report(output: Path, report: Path, recipe: Dict[str, Any], seeds: Sequ
         bm = METHODS[m]
         data = ("; generated data: `--csm-dataset`" if bm.csm == "soft" else
                 f"; generated data: the {_DERIVED[bm.csm][2]} of `--csm-dataset`" if bm.csm in _DERIVED else
-                f"; generated data: {_SUBSETS[bm.csm][1]:.0%} of each class pair's groups of "
-                f"{_SUBSETS[bm.csm][0] or 'the setting'}'s set, the decision row's variant" if bm.csm in _SUBSETS
+                f"; generated data: {_BOUNDARY_SETS[bm.csm][1]:.0%} of each class pair's groups of "
+                f"{_BOUNDARY_SETS[bm.csm][0] or 'the setting'}'s set, the decision row's variant" if bm.csm in _BOUNDARY_SETS
                 else "; generated data: the real-copies set" if bm.csm else "")
         lines.append(f"* {bm.label}: `{json.dumps(bm.options, sort_keys=True)}`{data}")
     if seed is not None:
@@ -898,6 +897,11 @@ def protocol_summary(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) 
     return {"rows": rows, "csm": csm, "best_other": best, "pairs": pairs, "candidates": candidates}
 
 
+def _every_seed(rows: Dict[str, List[Dict[str, Any]]], methods: Sequence[str]) -> bool:
+    """Whether every one of ``methods`` has a row for each of the protocol's seeds (its validation choices are made)."""
+    return all(len(rows.get(m, [])) >= len(PROTOCOL_SEEDS) for m in methods)
+
+
 def _outcome(interval: Optional[Tuple[int, float, float, float]], n_required: int = len(PROTOCOL_SEEDS),
              choices_final: bool = True) -> Optional[str]:
     """``"lower"`` / ``"higher"`` where the interval of CSM minus the other method excludes 0, ``"none"`` where it
@@ -988,7 +992,7 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
     lines += ["", "### The decision rule's verdicts", ""]
     if csm is None:
         return lines + ["Pending: no CSM cell has finished.", ""]
-    final = all(len(rows.get(m, [])) >= len(PROTOCOL_SEEDS) for m in summary["candidates"])
+    final = _every_seed(rows, summary["candidates"])
     outcomes = {}
     for what, other, phase in (("against CE, before TS", "ce", "pre_ts"),
                                ("against the best other method, before TS", best["pre_ts"], "pre_ts"),

@@ -1,6 +1,8 @@
 """The calibration benchmark's two generated sets (``benchmarks/PROTOCOL.md``): ``matched``, where the generator and
 the reference encoder learn from exactly the classifier's real training images, and ``borrowed``, the shipped
-generator (all 60 000 Fashion-MNIST training images) with a reference encoder trained on 54 000.
+generator (all 60 000 Fashion-MNIST training images) with a reference encoder trained on 54 000; and the boundary
+study's ``matched-gen2000`` (amendment 1): the matched generator's run stopped at 2 000 steps, with the matched
+images and encoder.
 
 Each stage is one of the commands a user runs on a folder of their own (``hub_scripts/train_generator.py``,
 ``generate.py``, ``annotate.py``, ``evaluate_generator.py``), each resumable; a finished stage leaves ``DONE.json``
@@ -126,7 +128,7 @@ def run_setting(setting: str, output: Path, until: str = None, log=print) -> Non
     root = output / setting
     root.mkdir(parents=True, exist_ok=True)
     if setting != "matched" and setting in GENERATOR_STEPS and not _done(output / "matched" / "real"):
-        raise SystemExit(f"{setting} uses the matched setting's images and encoder: build --setting matched first")
+        raise SystemExit(f"{setting} uses the matched setting's real images: build --setting matched first")
     if setting == "matched" and not _done(root / "real"):
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         info = export_real(root / "real")
