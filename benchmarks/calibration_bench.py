@@ -70,9 +70,11 @@ DEFAULT_JSON = Path("benchmarks/calibration.json")
 # "matched" and "borrowed": the two settings of benchmarks/PROTOCOL.md, the demo profile's classifier on one real
 # subset (data seed 0) with a 2 000-image validation set drawn outside it; they differ in the generated set (and
 # KD's teacher) only, so that their non-generated cells are the same cells, shared in one cell cache.
-RECIPES: Dict[str, str] = {"matched": "demo", "borrowed": "demo", "augmented": "demo", "noaug": "noaug"}
+RECIPES: Dict[str, str] = {"matched": "demo", "borrowed": "demo", "annotated": "demo", "augmented": "demo",
+                           "noaug": "noaug"}
 RECIPE_OPTIONS: Dict[str, Dict[str, Any]] = {"matched": {"val_size": 2000, "data_seed": 0},
-                                              "borrowed": {"val_size": 2000, "data_seed": 0}}
+                                              "borrowed": {"val_size": 2000, "data_seed": 0},
+                                              "annotated": {"val_size": 2000, "data_seed": 0}}
 PROTOCOL_RECIPES = ("matched", "borrowed")
 PROTOCOL_OUTPUT = "runs/calibration_protocol"
 DEFAULT_OUTPUTS = {"matched": PROTOCOL_OUTPUT, "borrowed": PROTOCOL_OUTPUT,
@@ -103,6 +105,17 @@ class BenchMethod:
     #: the recipe's epochs and lr milestones times this (rounded up): as many images processed as CSM's three per
     #: real image and step (CE x3; RegMixup, which takes two, x1.5)
     epoch_factor: float = 1.0
+    #: amendment 2's derivations of the generated set it reads: ``(("filtered", 1), ("s", 2.3))``
+    derive: Tuple[Tuple[str, Any], ...] = ()
+
+    @property
+    def data_key(self) -> Optional[str]:
+        """The generated set it reads: its kind, or the kind with a fixed scale (``"filtered@s=2.3"``)."""
+        if self.csm is None:
+            return None
+        derive = dict(self.derive)
+        kind = "filtered" if derive.get("filtered") else self.csm
+        return kind if derive.get("s", "auto") == "auto" else f"{kind}@s={derive['s']:g}"
 
     @property
     def per_setting(self) -> bool:
@@ -139,7 +152,7 @@ METHODS: Dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("csm_gen2000", "CSM, generator at 2 000 steps", {"loss": "csm"}, csm="gen2000"),
     BenchMethod("kd", "KD from the borrowed encoder (control)",
                 {"loss": "kd", "loss_kwargs": {"temperature": 4.0, "alpha": 0.9}}, teacher=True,
-                recipes=("borrowed",)),
+                recipes=("borrowed", "annotated")),
 )}
 #: the methods of the protocol recipes, in the order of their tables (PROTOCOL.md)
 PROTOCOL_METHODS = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies", "ce_eq", "regmixup_eq", "kd",
@@ -152,6 +165,131 @@ NON_GENERATED = ("ce", "ls", "mbls", "mixup", "regmixup", "brier", "real_copies"
 CSM_VARIANTS = ("csm", "csm_filtered")
 #: the boundary study's rows (PROTOCOL.md, amendment 1): the volume axis, then the generator-steps axis
 BOUNDARY_METHODS = ("csm_groups25", "csm_groups50", "csm_gen2000")
+
+# ---------------------------------------------------------------------------------------------------------------
+# amendment 2 (PROTOCOL.md): tuned methods, named "<method>@<axis>=<value>[,<axis>=<value>]"
+# ---------------------------------------------------------------------------------------------------------------
+#: how an axis enters a cell: a keyword of the method's loss, a training option, or a derivation of the generated set
+#: it reads (s: relabelled at a fixed scale, "auto" keeps the set's own likelihood choice; filtered: flagged groups
+#: dropped)
+TUNING_AXES = {"smoothing": "loss", "margin": "loss", "alpha": "loss", "temperature": "loss", "weight": "loss",
+               "mixup": "option", "regmixup": "option", "n_aug": "option", "s": "data", "filtered": "data"}
+#: an axis's value where the method's options do not set it (the loss's and the recipe's defaults)
+_AXIS_DEFAULTS = {"weight": 1.0, "n_aug": 1, "s": "auto", "filtered": 0}
+_AXIS_NAMES = {"smoothing": "eps", "mixup": "alpha", "regmixup": "alpha", "temperature": "tau", "n_aug": "n_aug"}
+#: stage 1's grids of the baselines (PROTOCOL.md amendment 2), crossed where a method has two axes
+TUNING_GRIDS: Dict[str, Dict[str, Tuple[Any, ...]]] = {
+    "ls": {"smoothing": (0.02, 0.05, 0.1, 0.2)},
+    "mbls": {"margin": (3.0, 6.0, 10.0)},
+    "mixup": {"mixup": (0.1, 0.4, 1.0)},
+    "regmixup": {"regmixup": (2.0, 10.0, 20.0)},
+    "kd": {"temperature": (2.0, 4.0), "alpha": (0.5, 0.9)},
+}
+#: CSM's coordinate-wise search, in order; each step at the values chosen before it
+CSM_TUNING_STEPS: Tuple[Tuple[str, Tuple[Any, ...]], ...] = (
+    ("s", (1.0, 2.3, 4.0, 8.0, "auto")), ("weight", (0.5, 1.0, 2.0)), ("n_aug", (1, 2, 4)), ("filtered", (0, 1)))
+#: the methods without a grid that stage 1 runs as they are
+UNTUNED_A2 = ("ce", "brier")
+A2_SETTINGS = ("matched", "annotated", "borrowed")
+A2_OUTPUT = "runs/protocol_a2"
+A2_SEEDS = tuple(range(15))
+A2_TUNING_SEEDS = (0, 1, 2)
+#: finished amendment-2 cells, committed (with their record: commit, versions, threads, generated set)
+COMMITTED_A2 = Path("benchmarks/cells_a2")
+
+
+def _axis_value(axis: str, text: str) -> Any:
+    if axis == "s" and text == "auto":
+        return "auto"
+    value = float(text)
+    if axis in ("n_aug", "filtered"):
+        if value != int(value) or value < (1 if axis == "n_aug" else 0) or (axis == "filtered" and value > 1):
+            raise ValueError(f"{axis} must be {'a positive integer' if axis == 'n_aug' else '0 or 1'}, got {text}")
+        return int(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{axis} must be a positive number, got {text}")
+    return value
+
+
+def _base_value(base: BenchMethod, axis: str) -> Any:
+    kind = TUNING_AXES[axis]
+    if kind == "loss":
+        return base.options.get("loss_kwargs", {}).get(axis, _AXIS_DEFAULTS.get(axis))
+    if kind == "option":
+        return base.options.get(axis, _AXIS_DEFAULTS.get(axis))
+    return _AXIS_DEFAULTS[axis]
+
+
+def tuned_name(method: str, **values: Any) -> str:
+    """The canonical name of ``method`` at ``values``: axes at the method's own value are left out, so that one
+    configuration has one name (``tuned_name("csm", s=2.3, weight=1.0) == "csm@s=2.3"``)."""
+    base = METHODS[method]
+    parts = [f"{axis}={value if isinstance(value, str) else format(value, 'g')}"
+             for axis, value in sorted(values.items()) if value != _base_value(base, axis)]
+    return method + ("@" + ",".join(parts) if parts else "")
+
+
+def get_method(name: str) -> BenchMethod:
+    """The :class:`BenchMethod` of a method name or a tuned name (``"ls@smoothing=0.1"``, ``"csm@s=2.3,n_aug=2"``)."""
+    base_name, _, spec = name.partition("@")
+    if base_name not in METHODS:
+        raise ValueError(f"unknown method {base_name!r}; choose from {list(METHODS)}")
+    base = METHODS[base_name]
+    if not spec:
+        return base
+    values: Dict[str, Any] = {}
+    for part in spec.split(","):
+        axis, eq, text = part.partition("=")
+        if axis not in TUNING_AXES or not eq:
+            raise ValueError(f"{name!r}: expected <axis>=<value> with an axis of {sorted(TUNING_AXES)}, got {part!r}")
+        kind = TUNING_AXES[axis]
+        if kind == "data" and base.csm is None:
+            raise ValueError(f"{name!r}: {axis} applies to methods that read a generated set")
+        if kind == "loss" and axis not in base.options.get("loss_kwargs", {}) and axis not in _AXIS_DEFAULTS:
+            raise ValueError(f"{name!r}: the {base.options.get('loss')} loss of {base_name} has no option {axis!r}")
+        if kind == "option" and axis not in base.options and axis not in _AXIS_DEFAULTS:
+            raise ValueError(f"{name!r}: {base_name} has no option {axis!r}")
+        values[axis] = _axis_value(axis, text)
+    options = json.loads(json.dumps(base.options))
+    for axis, value in values.items():
+        if TUNING_AXES[axis] == "loss":
+            options.setdefault("loss_kwargs", {})[axis] = value
+        elif TUNING_AXES[axis] == "option":
+            options[axis] = value
+    shown = ", ".join(f"{_AXIS_NAMES.get(a, a)} {v if isinstance(v, str) else format(v, 'g')}"
+                      for a, v in sorted(values.items()))
+    derive = tuple(sorted((a, v) for a, v in values.items() if TUNING_AXES[a] == "data"))
+    return dataclasses.replace(base, name=tuned_name(base_name, **values), label=f"{base.label.split(' (')[0]} "
+                               f"({shown})", options=options, derive=derive)
+
+
+def grid_methods(method: str) -> List[str]:
+    """Stage 1's configurations of a baseline, by canonical name (one name for an untuned method)."""
+    import itertools
+
+    grid = TUNING_GRIDS.get(method)
+    if not grid:
+        return [method]
+    axes = sorted(grid)
+    return [tuned_name(method, **dict(zip(axes, point))) for point in itertools.product(*(grid[a] for a in axes))]
+
+
+def csm_step_methods(step: int, chosen: Optional[Dict[str, Any]] = None, method: str = "csm") -> List[str]:
+    """The configurations of step ``step`` (0-based) of CSM's coordinate-wise search, at the values ``chosen`` by
+    the steps before it (their defaults where not given)."""
+    axis, values = CSM_TUNING_STEPS[step]
+    fixed = {a: (chosen or {}).get(a, _AXIS_DEFAULTS[a]) for a, _ in CSM_TUNING_STEPS[:step]}
+    return [tuned_name(method, **fixed, **{axis: v}) for v in values]
+
+
+def stage1_methods(setting: str) -> List[str]:
+    """Stage 1's cells of ``setting`` that need no earlier choice: every baseline's grid, CE, Brier, KD's grid where
+    the setting's annotator is its teacher, and step 1 of CSM's search (the scale s)."""
+    names = [m for base in ("ce", "ls", "mbls", "mixup", "regmixup", "brier") for m in grid_methods(base)]
+    if setting in METHODS["kd"].recipes:
+        names += grid_methods("kd")
+    return names + csm_step_methods(0)
+
 
 # options that do not change what a cell computes (where it writes, how it shows progress)
 _NOT_KEYED = ("output", "experiment", "progress", "resume")
@@ -177,7 +315,7 @@ def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "augment
 
 def cell_name(method: str, seed: int, setting: Optional[str] = None) -> str:
     """``<method>-s<seed>``; ``<method>-<setting>-s<seed>`` for a protocol cell that depends on the setting."""
-    if setting is not None and method in METHODS and METHODS[method].per_setting:
+    if setting is not None and method.partition("@")[0] in METHODS and get_method(method).per_setting:
         return f"{method}-{setting}-s{seed}"
     return f"{method}-s{seed}"
 
@@ -193,10 +331,10 @@ def cell_config(recipe: Dict[str, Any], method: BenchMethod, seed: int, cell_dir
             cfg["decay_milestones"] = [math.ceil(m * method.epoch_factor) for m in cfg["decay_milestones"]]
     cfg.update(method.options)
     if method.csm is not None:
-        path = (csm_paths or {}).get(method.csm)
+        path = (csm_paths or {}).get(method.data_key)
         if not path:
-            raise ValueError(f"method {method.name!r} needs the {method.csm}-label CSM dataset")
-        cfg.update(csm_dataset=str(path), n_aug=recipe.get("n_aug", 1))
+            raise ValueError(f"method {method.name!r} needs the {method.data_key}-label CSM dataset")
+        cfg.update(csm_dataset=str(path), n_aug=method.options.get("n_aug", recipe.get("n_aug", 1)))
     if method.teacher:
         path = (csm_paths or {}).get("teacher")
         if not path:
@@ -244,9 +382,10 @@ def cell_state(cell_dir: Path, cfg: Dict[str, Any], committed: Optional[Path] = 
 
 
 def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print, setting: Optional[str] = None,
-             committed: Optional[Path] = None) -> Dict[str, Any]:
+             committed: Optional[Path] = None, amendment: Optional[int] = None) -> Dict[str, Any]:
     """Train and evaluate one cell (resuming a killed one); returns its results. With ``committed``, its
-    ``results.json`` and ``cell.json`` are copied there once it has finished."""
+    ``results.json`` and ``cell.json`` are copied there once it has finished. With ``amendment``, ``cell.json``
+    holds the cell's record (:func:`cell_record`)."""
     from timm_csm.io import load_state
     from timm_csm.train import run
 
@@ -263,6 +402,8 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         cfg["resume"] = str(last)
         log(f"[{cell_dir.name}] resuming from {last}")
     meta = {"method": method, "seed": seed, "setting": setting, "config": _keyed(cfg)}
+    if amendment is not None:
+        meta["record"] = dict(cell_record(cfg, amendment), **({"resumed": True} if state == "partial" else {}))
     write_json_atomic(cell_dir / CELL_META, dict(meta, finished=False))
     t0 = time.time()
     results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
@@ -272,6 +413,114 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         write_json_atomic(committed / RESULTS, results, indent=1)
         write_json_atomic(committed / CELL_META, meta, indent=1)
     return results
+
+
+_FINGERPRINTS: Dict[str, str] = {}
+#: the columns that define what a generated set teaches: its pixels, labels, ratios and groups
+_FINGERPRINT_COLUMNS = ("image", "soft_label", "lambda_gen", "lambda_hat", "group_id", "class_a", "class_b")
+
+
+def dataset_fingerprint(path) -> str:
+    """sha256 of a CSM dataset's content (image bytes, soft labels, ratios, groups, in row order): the same for
+    the same set wherever and however it is stored."""
+    import hashlib
+
+    import numpy as np
+
+    from timm_csm.hub import load_csm_dataset
+
+    key = str(Path(path).resolve()) if Path(path).exists() else str(path)
+    if key not in _FINGERPRINTS:
+        dd = load_csm_dataset(str(path))
+        table = (dd["train"] if hasattr(dd, "keys") and "train" in dd else dd).data.table
+        h = hashlib.sha256()
+        for name in _FINGERPRINT_COLUMNS:
+            column = table.column(name).combine_chunks()
+            h.update(name.encode())
+            if name == "image":
+                for item in column.field("bytes").to_pylist():
+                    h.update(len(item).to_bytes(8, "little") + item)
+            elif name == "soft_label":
+                h.update(np.ascontiguousarray(column.flatten().to_numpy(), dtype=np.float32).tobytes())
+            else:
+                h.update(np.ascontiguousarray(column.to_numpy(), dtype=np.float64).tobytes())
+        _FINGERPRINTS[key] = h.hexdigest()
+    return _FINGERPRINTS[key]
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _git(*args: str) -> Optional[str]:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                             check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def cell_record(cfg: Dict[str, Any], amendment: int) -> Dict[str, Any]:
+    """What a cell's numbers depend on besides its options (PROTOCOL.md amendment 2): the amendment, the commit and
+    whether tracked files differ from it, the Python / torch / timm versions, the torch thread count, the fingerprint
+    of the generated set it reads and the digest of KD's teacher weights."""
+    import timm
+    import torch
+
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    record = {"amendment": int(amendment), "commit": _git("rev-parse", "HEAD"),
+              "clean": None if status is None else status == "", "python": platform.python_version(),
+              "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads()}
+    if cfg.get("csm_dataset"):
+        record["generated_set"] = dataset_fingerprint(cfg["csm_dataset"])
+    if cfg.get("teacher"):
+        record["teacher"] = _file_digest(Path(cfg["teacher"]) / "model.safetensors")
+    return record
+
+
+#: results.json keys that say where and how fast a cell ran, not what it computed
+_WHERE = ("checkpoint", "output_dir", "run_id", "epoch_time", "seconds")
+
+
+def _differences(a: Any, b: Any, where: str = "") -> List[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) if k not in _WHERE
+                for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: committed {a!r}, now {b!r}"]
+
+
+def verify_cell(name: str, roots: Sequence[Path] = (COMMITTED_A2, COMMITTED_CELLS), log=print) -> List[str]:
+    """Re-run the committed cell ``name`` from its recorded options on the current code (into a temporary folder)
+    and return every difference: of its ``results.json``, and of its record (commit, versions, threads, generated
+    set) where it has one."""
+    import tempfile
+
+    from timm_csm.train import run
+
+    home = next((Path(r) / name for r in roots if (Path(r) / name / CELL_META).exists()), None)
+    if home is None:
+        raise SystemExit(f"no committed cell {name!r} under {', '.join(str(r) for r in roots)}")
+    meta = _read_json(home / CELL_META)
+    cfg = dict(meta["config"])
+    with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as tmp:
+        log(f"[verify] re-running {name} in {tmp}")
+        results = run(dict(cfg, output=tmp, experiment=".", progress=False))
+    diffs = _differences(_read_json(home / RESULTS), json.loads(json.dumps(results)))
+    if "record" in meta:
+        now = cell_record(cfg, meta["record"]["amendment"])
+        diffs += [f"record.{d}" for d in _differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)]
+    return diffs
 
 
 def _derived_copy(source, folder, derivation: str, derive) -> Path:
@@ -415,6 +664,18 @@ def derive_group_subset(source, folder, fraction: float) -> Path:
     return _derived_copy(source, folder, f"group_fraction={fraction:g}", derive)
 
 
+def derive_rescaled_dataset(source, folder, s: float) -> Path:
+    """A copy of the CSM dataset ``source`` whose soft labels are recomputed from its stored lambda-hat at the fixed
+    scale ``s`` (:func:`timm_csm.annotation.rescale_soft_labels`): the same images, groups and companions (amendment
+    2's s grid). Written once to ``folder``; rewritten when the source dataset changes."""
+    from timm_csm.annotation.label_groups import rescale_soft_labels
+
+    def derive(ds):
+        return rescale_soft_labels(ds, float(s)), {"s": float(s), "label_mode": "projection"}
+
+    return _derived_copy(source, folder, f"rescale(s={float(s):g})", derive)
+
+
 # derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
 _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
@@ -471,19 +732,20 @@ def plan_cells(methods: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, 
 def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[int], output: Path,
               csm_dataset: Optional[str] = None, csm_dataset_hard: Optional[str] = None,
               max_cells: Optional[int] = None, log=print, setting: Optional[str] = None,
-              teacher: Optional[str] = None, committed: Optional[Path] = None) -> Dict[str, Any]:
+              teacher: Optional[str] = None, committed: Optional[Path] = None,
+              amendment: Optional[int] = None) -> Dict[str, Any]:
     """Run the unfinished cells (at most ``max_cells`` of them); returns counts and the skipped cells' reasons.
-    ``setting``: the protocol recipe (cells that depend on it are named after it); ``teacher``: the reference
-    encoder of KD; ``committed``: the folder of committed cells (read, and written as cells finish)."""
+    ``methods``: method names or tuned names (:func:`get_method`); ``setting``: the protocol recipe (cells that
+    depend on it are named after it); ``teacher``: the reference encoder of KD; ``committed``: the folder of
+    committed cells (read, and written as cells finish); ``amendment``: recorded in each new cell's record."""
     from tqdm.auto import tqdm
 
     output = Path(output)
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    specs = {m: get_method(m) for m in methods}
     csm_paths: Dict[str, str] = {}
     blocked: Dict[str, str] = {}
-    kinds = {METHODS[m].csm for m in methods} - {None}
+    kinds = {m.csm for m in specs.values()} - {None}
+    filtered_needed = any(dict(m.derive).get("filtered") for m in specs.values())
     if kinds & {"soft", *_DERIVED, *_BOUNDARY_SETS}:
         problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
         if problem is None:
@@ -497,7 +759,7 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
             else:
                 blocked["hard"] = f"hard-label CSM dataset {csm_dataset_hard!r} not available ({problem})"
         # the boundary study's subsets come from the decision row's set, which may be the filtered one
-        derived = kinds & set(_DERIVED) | ({"filtered"} if kinds & set(_BOUNDARY_SETS) else set())
+        derived = kinds & set(_DERIVED) | ({"filtered"} if kinds & set(_BOUNDARY_SETS) or filtered_needed else set())
         for kind in sorted(derived - set(csm_paths) - set(blocked)):
             derive, name, what = _DERIVED[kind]
             if "soft" in csm_paths:
@@ -507,20 +769,22 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
                 blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
     if kinds & set(_BOUNDARY_SETS):
         _resolve_boundary_sets(kinds & set(_BOUNDARY_SETS), output, setting, committed, csm_paths, blocked)
+    _resolve_rescaled_sets({m.data_key for m in specs.values() if m.data_key and "@s=" in m.data_key}, output,
+                           setting, csm_paths, blocked)
     if "real_copies" in kinds:
         csm_paths["real_copies"] = str(derive_real_copies_dataset(recipe, output / "csm-real-copies"))
-    if any(METHODS[m].teacher for m in methods):
+    if any(m.teacher for m in specs.values()):
         if teacher and (Path(teacher) / "model.safetensors").exists():
             csm_paths["teacher"] = str(teacher)
         else:
             blocked["teacher"] = f"teacher {teacher!r} not available (no model.safetensors)"
     todo, skipped = [], {}
-    for m, s in plan_cells(methods, seeds):
-        method = METHODS[m]
+    for m, s in plan_cells(list(dict.fromkeys(spec.name for spec in specs.values())), seeds):
+        method = get_method(m)
         if setting is not None and method.recipes is not None and setting not in method.recipes:
             continue
         name = cell_name(m, s, setting)
-        reason = blocked.get(method.csm) or (blocked.get("teacher") if method.teacher else None)
+        reason = blocked.get(method.data_key) or (blocked.get("teacher") if method.teacher else None)
         if reason:
             skipped[name] = reason
             continue
@@ -536,8 +800,21 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
     bar = tqdm(todo, desc="cells", unit="cell", dynamic_ncols=True, disable=not todo)
     for m, s, cell_dir, cfg, home in bar:
         bar.set_postfix(cell=cell_dir.name)
-        run_cell(cfg, cell_dir, m, s, log=log, setting=setting if METHODS[m].per_setting else None, committed=home)
+        run_cell(cfg, cell_dir, m, s, log=log, setting=setting if get_method(m).per_setting else None,
+                 committed=home, amendment=amendment)
     return {"ran": len(todo), "skipped": skipped}
+
+
+def _resolve_rescaled_sets(keys, output: Path, setting: Optional[str], csm_paths: Dict[str, str],
+                           blocked: Dict[str, str]) -> None:
+    """The sets of ``"<kind>@s=<value>"``: the kind's set relabelled at the fixed scale (amendment 2's s grid)."""
+    for key in sorted(keys):
+        kind, _, value = key.partition("@s=")
+        if kind not in csm_paths:
+            blocked[key] = blocked.get(kind, f"the {kind} CSM dataset is not available")
+            continue
+        folder = output / f"csm-{kind}-{setting or 'set'}-s{value}"
+        csm_paths[key] = str(derive_rescaled_dataset(csm_paths[kind], folder, float(value)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1115,12 +1392,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="markdown report; default: the recipe's page (benchmarks/calibration.md for matched / "
                         "borrowed, calibration_earlier.md, calibration_demo.md) for its default --output, else "
                         "<output>/calibration.md, so that side experiments never overwrite the committed report")
-    p.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), metavar="METHOD",
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"methods to run (default: the protocol's {', '.join(PROTOCOL_METHODS)} for matched / "
                         f"borrowed, else {', '.join(m for m in METHODS if m not in CONTROLS)})")
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="training seeds (default: 0-4 for matched / borrowed, 0-2 otherwise)")
     p.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells this time")
+    p.add_argument("--amendment", type=int, default=None, choices=(2,),
+                   help="run the cells of PROTOCOL.md's amendment 2 (--recipe matched / annotated / borrowed): cell "
+                        "cache runs/protocol_a2, committed under benchmarks/cells_a2 with each cell's record; "
+                        "--methods takes tuned names (ls@smoothing=0.1, csm@s=2.3,n_aug=2); default: stage 1's "
+                        "cells of the setting at seeds 0-2")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per cell (default 1 with --amendment: a cell's numbers depend on it)")
+    p.add_argument("--verify", default=None, metavar="CELL",
+                   help="re-run one committed cell (e.g. ce-s0, csm@s=2.3-matched-s1) from its recorded options on "
+                        "the current code and print every difference from its results.json and record; exits 1 "
+                        "when any")
     p.add_argument("--report-only", action="store_true", help="only re-assemble the report from finished cells")
     p.add_argument("--json", default=None,
                    help="JSON rows of the summary (one per method and recipe; other recipes' rows are kept); "
@@ -1154,6 +1442,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
     args = build_parser().parse_args(argv)
+    for m in args.methods or ():
+        try:
+            get_method(m)
+        except ValueError as e:
+            build_parser().error(str(e))
+    if args.amendment is not None and args.recipe not in A2_SETTINGS:
+        build_parser().error(f"--amendment {args.amendment} runs the settings {', '.join(A2_SETTINGS)}")
+    threads = args.threads if args.threads is not None else (1 if args.amendment or args.verify else None)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    if args.verify:
+        diffs = verify_cell(args.verify)
+        text = "\n".join([f"{args.verify}: reproduced exactly" if not diffs else
+                          f"{args.verify}: {len(diffs)} difference(s)", *diffs])
+        print(text)
+        if diffs:
+            raise SystemExit(1)
+        return text
     t0 = time.time()
     overrides = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "batch_size", "lr", "weight_decay",
                                                "sched", "max_train_samples", "max_test_samples", "n_aug")}
@@ -1163,6 +1471,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     if args.no_progress:
         overrides["progress"] = False
     recipe = base_recipe(overrides, args.recipe)
+    if args.amendment is not None:
+        return run_amendment(args, recipe)
     output = args.output or DEFAULT_OUTPUTS[args.recipe]
     protocol = args.recipe in PROTOCOL_RECIPES
     methods = list(dict.fromkeys(args.methods or (PROTOCOL_METHODS if protocol else
@@ -1195,6 +1505,24 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     json_path = args.json or (DEFAULT_JSON if Path(report) == DEFAULT_REPORTS[args.recipe] else None)
     text = write_report(Path(output), Path(report), recipe, seeds, command, time.time() - t0,
                         skipped=skipped, methods=methods, recipe_name=args.recipe, json_path=json_path)
+    print(text)
+    return text
+
+
+def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
+    """Run amendment 2's cells of one setting (stage 1's by default) into ``--output`` (runs/protocol_a2), each
+    committed under benchmarks/cells_a2 with its record as it finishes (not with another ``--output``)."""
+    output = Path(args.output or A2_OUTPUT)
+    committed = COMMITTED_A2 if args.output is None else None
+    methods = list(args.methods or stage1_methods(args.recipe))
+    seeds = list(args.seeds or A2_TUNING_SEEDS)
+    csm_dataset = args.csm_dataset or str(SETTINGS_ROOT / args.recipe / "csm" / "csm-fmnist-aug")
+    teacher = args.teacher or str(SETTINGS_ROOT / "borrowed" / "reference")
+    done = run_cells(recipe, methods, seeds, output, csm_dataset=csm_dataset, max_cells=args.max_cells,
+                     setting=args.recipe, teacher=teacher, committed=committed, amendment=args.amendment)
+    text = (f"amendment {args.amendment}, {args.recipe}: ran {done['ran']} cell(s) into {output / 'cells'}"
+            + (f", committed under {committed}" if committed else "")
+            + "".join(f"\nnot run: {name}: {why}" for name, why in sorted(done["skipped"].items())))
     print(text)
     return text
 

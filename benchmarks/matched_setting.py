@@ -45,8 +45,10 @@ GENERATION = ["--num-groups", "6750", "--num-lambdas", "4", "--steps", "8", "--s
 GENERATOR_STEPS = {"matched": 4000, "matched-gen2000": 2000}
 #: reference-encoder epochs: the shipped default (4 epochs of 54 000 images) in the borrowed setting; in the matched
 #: setting as many epochs as the classifier's recipe (60 of 2 250 images), fixed in advance
-ENCODER_EPOCHS = {"borrowed": 4, "matched": 60, "matched-gen2000": 60}
-SETTINGS = ("matched", "borrowed", "matched-gen2000")
+ENCODER_EPOCHS = {"borrowed": 4, "matched": 60, "matched-gen2000": 60, "annotated": 4}
+#: amendment 2's "annotated": the matched generator's images annotated by the borrowed setting's annotator (its
+#: encoder, prototypes and s choice, learned from 54 000 images), the paper's setting with CLIP replaced
+SETTINGS = ("matched", "borrowed", "matched-gen2000", "annotated")
 SHIPPED = "timm_csm/assets/generator-fmnist"
 
 
@@ -95,6 +97,10 @@ def export_real(folder: Path) -> Dict:
 
 def stage_commands(setting: str, root: Path, python: str = sys.executable) -> List[tuple]:
     """``(stage name, folder, command)`` of each script stage of ``setting``, in order."""
+    if setting == "annotated":
+        return [("annotate", root / "csm", _annotate_command(python, root.parent / "matched" / "generated",
+                                                             "fashion_mnist", root, root.parent / "borrowed",
+                                                             ENCODER_EPOCHS["borrowed"]))]
     matched = setting in GENERATOR_STEPS
     # the matched variants share the matched setting's real images and reference encoder
     shared = root.parent / "matched" if matched else root
@@ -107,17 +113,21 @@ def stage_commands(setting: str, root: Path, python: str = sys.executable) -> Li
                                                 str(GENERATOR_STEPS[setting]), "--seed", "0", "--no-grid"]))
     stages.append(("generate", root / "generated", [python, "hub_scripts/generate.py", "--generator", str(generator),
                                                     *GENERATION, "--output", str(root / "generated")]))
-    stages.append(("annotate", root / "csm", [python, "hub_scripts/annotate.py", "--generated",
-                                              str(root / "generated"), "--dataset", dataset, "--output",
-                                              str(root / "csm"), "--name", "csm-fmnist-aug", "--s", "auto",
-                                              "--reference-dir", str(shared / "reference"), "--reference-epochs",
-                                              str(ENCODER_EPOCHS[setting])]))
+    stages.append(("annotate", root / "csm", _annotate_command(python, root / "generated", dataset, root, shared,
+                                                               ENCODER_EPOCHS[setting])))
     stages.append(("quality", root / "quality", [python, "hub_scripts/evaluate_generator.py", "--generator",
                                                  str(generator), "--classifier", str(shared / "reference"),
                                                  "--dataset", dataset, "--num-groups", "200", "--steps", "8",
                                                  "--guidance-scale", "1.0", "--output",
                                                  str(root / "quality" / "quality.json")]))
     return stages
+
+
+def _annotate_command(python: str, generated: Path, dataset: str, root: Path, annotator: Path, epochs: int) -> list:
+    """annotate.py on ``generated`` with the reference encoder of ``annotator`` (trained there on first use)."""
+    return [python, "hub_scripts/annotate.py", "--generated", str(generated), "--dataset", dataset, "--output",
+            str(root / "csm"), "--name", "csm-fmnist-aug", "--s", "auto", "--reference-dir",
+            str(annotator / "reference"), "--reference-epochs", str(epochs)]
 
 
 def _done(folder: Path) -> bool:
@@ -129,6 +139,8 @@ def run_setting(setting: str, output: Path, until: str = None, log=print) -> Non
     root.mkdir(parents=True, exist_ok=True)
     if setting != "matched" and setting in GENERATOR_STEPS and not _done(output / "matched" / "real"):
         raise SystemExit(f"{setting} uses the matched setting's real images: build --setting matched first")
+    if setting == "annotated" and not _done(output / "matched" / "generated"):
+        raise SystemExit("annotated annotates the matched setting's generated images: build --setting matched first")
     if setting == "matched" and not _done(root / "real"):
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         info = export_real(root / "real")

@@ -436,3 +436,59 @@ def test_real_copies_are_real_training_images_of_the_dominant_class(tmp_path):
     stamp = (folder / "derived_from.json").stat().st_mtime_ns
     bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
     assert (folder / "derived_from.json").stat().st_mtime_ns == stamp  # written once
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# amendment 2: tuned methods by name, cell records, re-running a committed cell
+# ---------------------------------------------------------------------------------------------------------------
+def _toy_recipe():
+    return bench.base_recipe({"dataset": "digits", "model": "small_cnn", "model_kwargs": {"widths": [8, 16]},
+                              "epochs": 1, "batch_size": 32, "lr": 0.05, "max_train_samples": 320,
+                              "max_test_samples": 200, "val_fraction": 0.25, "hflip": 0.0, "crop_pad": 1,
+                              "progress": False}, "noaug")
+
+
+def test_tuned_names_are_canonical_and_set_the_option_they_name():
+    assert bench.tuned_name("csm", s=2.3, weight=1.0, n_aug=1, filtered=0) == "csm@s=2.3"
+    assert bench.tuned_name("ls", smoothing=0.05) == "ls"  # the method's own value: one name per configuration
+    ls = bench.get_method("ls@smoothing=0.2")
+    assert ls.options == {"loss": "ls", "loss_kwargs": {"smoothing": 0.2}} and ls.label == "Label smoothing (eps 0.2)"
+    assert bench.get_method("regmixup@regmixup=2").options == {"loss": "ce", "regmixup": 2.0}
+    kd = bench.get_method("kd@alpha=0.5,temperature=2")
+    assert kd.options["loss_kwargs"] == {"temperature": 2.0, "alpha": 0.5} and kd.teacher
+    csm = bench.get_method("csm@filtered=1,n_aug=2,s=4,weight=0.5")
+    assert csm.data_key == "filtered@s=4" and csm.options["n_aug"] == 2
+    assert csm.options["loss_kwargs"] == {"weight": 0.5}
+    assert bench.get_method("csm@s=auto").data_key == "soft"
+    assert len(bench.grid_methods("kd")) == 4 and bench.grid_methods("ce") == ["ce"]
+    assert bench.csm_step_methods(1, {"s": 2.3}) == ["csm@s=2.3,weight=0.5", "csm@s=2.3", "csm@s=2.3,weight=2"]
+    for bad, match in (("ls@margin=3", "has no option 'margin'"), ("ce@s=2", "applies to methods that read"),
+                       ("csm@n_aug=1.5", "positive integer"), ("nope", "unknown method"),
+                       ("ls@smoothing", "expected <axis>=<value>")):
+        with pytest.raises(ValueError, match=match):
+            bench.get_method(bad)
+
+
+def test_amendment_cells_record_what_they_depend_on_and_reproduce(tmp_path, csm_folder):
+    out, home = tmp_path / "a2", tmp_path / "committed"
+    bench.run_cells(_toy_recipe(), ["ls@smoothing=0.1", "csm@s=2.3"], [0], out, csm_dataset=csm_folder,
+                    setting="matched", committed=home, amendment=2)
+    ls = json.loads((home / "ls@smoothing=0.1-s0" / bench.CELL_META).read_text())
+    assert ls["config"]["loss_kwargs"] == {"smoothing": 0.1}
+    record = ls["record"]
+    assert record["amendment"] == 2 and record["torch_threads"] == torch.get_num_threads()
+    assert record["torch"] == torch.__version__ and len(record["commit"]) == 40 and "generated_set" not in record
+    csm = json.loads((home / "csm@s=2.3-matched-s0" / bench.CELL_META).read_text())
+    relabelled = csm["config"]["csm_dataset"]
+    assert csm["record"]["generated_set"] == bench.dataset_fingerprint(relabelled)
+    assert csm["record"]["generated_set"] != bench.dataset_fingerprint(csm_folder)  # other soft labels, same images
+    from timm_csm.hub import load_csm_dataset
+    q = np.asarray(load_csm_dataset(relabelled)["train"]["soft_label"])
+    q_own = np.asarray(load_csm_dataset(csm_folder)["train"]["soft_label"])
+    assert q.max(1).mean() < q_own.max(1).mean()  # s = 2.3 is softer than the set's own choice
+
+    assert bench.verify_cell("csm@s=2.3-matched-s0", roots=[home]) == []
+    results = json.loads((home / "ls@smoothing=0.1-s0" / bench.RESULTS).read_text())
+    results["test"]["pre_ts"]["ece"] += 0.01
+    (home / "ls@smoothing=0.1-s0" / bench.RESULTS).write_text(json.dumps(results))
+    assert [d.split(":")[0] for d in bench.verify_cell("ls@smoothing=0.1-s0", roots=[home])] == ["test.pre_ts.ece"]

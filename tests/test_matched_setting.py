@@ -51,3 +51,15 @@ def test_the_generator_steps_variant_shares_the_matched_images_and_encoder():
 def test_the_generator_steps_variant_needs_the_matched_setting_first(tmp_path):
     with pytest.raises(SystemExit, match="build --setting matched first"):
         setting.run_setting("matched-gen2000", tmp_path)
+
+
+def test_annotated_is_the_matched_images_with_the_borrowed_annotator(tmp_path):
+    stages = _stages("annotated")
+    assert list(stages) == ["annotate"]  # no generator and no generation of its own
+    annotate = stages["annotate"][1]
+    assert _flag(annotate, "--generated") == str(Path("out/matched/generated"))
+    borrowed = _stages("borrowed")["annotate"][1]
+    for flag in ("--dataset", "--reference-dir", "--reference-epochs", "--s"):
+        assert _flag(annotate, flag) == _flag(borrowed, flag)
+    with pytest.raises(SystemExit, match="build --setting matched first"):
+        setting.run_setting("annotated", tmp_path)
