@@ -1238,7 +1238,7 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
     if not order:
         return lines + ["No cell of this setting has finished yet.", ""]
     head = "| method | seeds | Acc (%) | ECE (%) | AECE (%) | CECE (%) | NLL | Brier |"
-    for phase, extra in (("pre_ts", ""), ("post_ts", " T | epoch | val ECE (%) | s / cell |")):
+    for phase, extra in (("pre_ts", ""), ("post_ts", " T | epoch | val ECE before / after TS (%) | s / cell |")):
         lines += [f"### {'Before' if phase == 'pre_ts' else 'After'} temperature scaling (test split)", "",
                   head + extra, "|---" * (8 + extra.count("|")) + "|"]
         for m in order:
@@ -1246,7 +1246,8 @@ def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, An
             cells = [_mean_cell(r, f"{k}_{phase}", 4 if k in ("nll", "brier") else 2)
                      for k in ("acc", "ece", "aece", "cece", "nll", "brier")]
             if phase == "post_ts":
-                cells += [_mean_cell(r, "T", 2), _mean_cell(r, "epoch", 0), _mean_cell(r, "val_ece_pre_ts", 2),
+                cells += [_mean_cell(r, "T", 2), _mean_cell(r, "epoch", 0),
+                          f"{_mean_cell(r, 'val_ece_pre_ts', 2)} / {_mean_cell(r, 'val_ece_post_ts', 2)}",
                           _mean_cell(r, "seconds", 0)]
             mark = " (decision row)" if m == csm else ""
             lines.append(f"| {METHODS[m].label}{mark} | {len(r)} | " + " | ".join(cells) + " |")
