@@ -1122,6 +1122,8 @@ def per_seed_row(seed: int, cell: Dict[str, Any]) -> Dict[str, Any]:
         val = (r.get("val") or {}).get(phase) or {}
         if "ece" in val:
             row[f"val_ece_{phase}"] = val["ece"] * 100.0
+        if "nll" in val:
+            row[f"val_nll_{phase}"] = val["nll"]
     row["T"] = r.get("temperature")
     row["epoch"] = r.get("checkpoint_epoch")
     row["seconds"] = cell.get("seconds")
