@@ -36,7 +36,7 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 install: $(STAMP)
 
 test: fashion-mnist $(STAMP)
-	HF_HOME=$$(mktemp -d) $(OFFLINE) $(BIN)/python -m pytest -q tests
+	HF_HOME=$$(mktemp -d) $(OFFLINE) $(BIN)/python -m pytest -q --durations=25 tests
 
 # the demo is the only job on the machine: let torch use both cores (DEMO_THREADS=1 leaves one free)
 DEMO_THREADS ?= 2
