@@ -185,8 +185,9 @@ def _grid_lines(rows, names: Sequence[str], pick: Optional[str]) -> List[str]:
     for m in names:
         r = rows.get(m, [])
         seeds = [x["seed"] for x in r if x["seed"] in bench.A2_TUNING_SEEDS]
-        means = [_mean(r, k, bench.A2_TUNING_SEEDS) for k in ("val_ece_pre_ts", "val_nll_pre_ts", "val_ece_post_ts",
-                                                              "ece_pre_ts", "ece_post_ts")]
+        # the means over the seeds finished so far (a choice waits for all three)
+        means = [_mean(r, k, seeds) if seeds else None for k in ("val_ece_pre_ts", "val_nll_pre_ts",
+                                                                  "val_ece_post_ts", "ece_pre_ts", "ece_post_ts")]
         label = bench.get_method(m).label + (" **(chosen)**" if m == pick else "")
         lines.append(f"| {label} | {len(seeds)} | " + " | ".join(
             _fmt(v, 4 if i == 1 else 2) for i, v in enumerate(means)) + " |")
@@ -220,8 +221,8 @@ def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committe
     for setting in bench.A2_SETTINGS:
         rows = _rows(a2_cells(setting, output, committed))
         summaries[setting] = {"rows": rows, "choices": stage1_choices(setting, rows)}
-    records = [c["record"] for st in bench.A2_SETTINGS for runs in a2_cells(st, output, committed).values()
-               for c in runs.values()]
+    records = list({c["dir"].name: c["record"] for st in bench.A2_SETTINGS
+                    for runs in a2_cells(st, output, committed).values() for c in runs.values()}.values())
     commits = sorted({(r.get("commit") or "?")[:7] + ("" if r.get("clean") else " (modified)") for r in records})
     threads = sorted({r.get("torch_threads") for r in records})
     decisions = primary_decisions(summaries)
@@ -250,13 +251,70 @@ def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committe
     return text
 
 
+def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]]], path: Path,
+                    title: str) -> Path:
+    """A forest plot of paired differences: one row per ``(group, label, test)`` (:func:`paired_test`), the mean and
+    its 95% t-interval in ECE points, 0 marked; groups (e.g. before / after TS) side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(g for g, _, _ in entries))
+    labels = list(dict.fromkeys(lab for _, lab, _ in entries))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 0.45 * len(labels) + 1.4), sharey=True,
+                             squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for y, label in enumerate(labels):
+            test = next((t for g, lab, t in entries if g == group and lab == label), None)
+            if test is None:
+                continue
+            below = test["high"] < 0
+            ax.errorbar(test["mean"], y, xerr=[[test["mean"] - test["low"]], [test["high"] - test["mean"]]],
+                        fmt="o", color="tab:green" if below else "tab:red" if test["low"] > 0 else "tab:gray",
+                        capsize=3)
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_title(group, fontsize=10)
+    axes[0][0].set_yticks(range(len(labels)), labels)
+    axes[0][0].invert_yaxis()  # the axes share y: once inverts them all
+    fig.supxlabel("CSM minus the other method, test ECE (points); green: interval below 0, red: above", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def protocol_decision_entries(rows: Sequence[Dict[str, Any]]) -> List[Tuple[str, str, Optional[Dict[str, float]]]]:
+    """The protocol's (amendment 0) decision comparisons from ``benchmarks/calibration.json``'s rows: the CSM row
+    of each setting against CE and the best other method, before and after TS."""
+    by = {(r["recipe"], r["method"]): r for r in rows if r.get("per_seed") and r.get("recipe") in bench.PROTOCOL_RECIPES}
+    out = []
+    for setting in bench.PROTOCOL_RECIPES:
+        per = {m: r["per_seed"] for (st, m), r in by.items() if st == setting}
+        csm = bench._lowest_mean(per, bench.CSM_VARIANTS, "val_ece_pre_ts")
+        for phase, name in (("pre_ts", "before TS"), ("post_ts", "after TS")):
+            best = bench._lowest_mean(per, bench.NON_GENERATED, f"val_ece_{phase}")
+            for other in ("ce", best):
+                test = paired_test(bench._by_seed(per[csm], f"ece_{phase}"), bench._by_seed(per[other], f"ece_{phase}"))
+                out.append((name, f"{setting}: vs {bench.METHODS[other].label.split(' (')[0]}", test))
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", action="store_true", help=f"write {PAGE}")
     p.add_argument("--next", choices=bench.A2_SETTINGS, default=None,
                    help="print the cells of this setting that can run now, one '<method> <seed>' per line")
     p.add_argument("--output", default=bench.A2_OUTPUT, help="the cell cache (default %(default)s)")
+    p.add_argument("--protocol-figure", default=None, metavar="PNG",
+                   help="draw the protocol's (amendment 0) decision comparisons from benchmarks/calibration.json")
     args = p.parse_args(argv)
+    if args.protocol_figure:
+        entries = protocol_decision_entries(bench._read_json(bench.DEFAULT_JSON))
+        decision_figure(entries, Path(args.protocol_figure), "Protocol (5 seeds): CSM row minus CE and minus the "
+                        "best other method (validation), 95% paired t-intervals")
+        print(f"wrote {args.protocol_figure}")
     if args.next:
         rows = _rows(a2_cells(args.next, Path(args.output)))
         for m, s in next_cells(args.next, rows):
