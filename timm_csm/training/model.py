@@ -185,7 +185,7 @@ def load_trained_classifier(path, checkpoint: str = "model_best.safetensors", ca
     load_model_weights(model, file)
     if meta.get("transform") == "timm":
         _, eval_tf = create_timm_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"],
-                                            meta["interpolation"], meta["crop_pct"])
+                                            meta["interpolation"], meta["crop_pct"], crop_mode=meta.get("crop_mode"))
     else:
         _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
     model = model.eval()
