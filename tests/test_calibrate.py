@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from calibrate_fixtures import MEAN, STD, save_weights, train_classifier
 from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
@@ -70,7 +69,12 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     for base in ("none", "temperature_scaling"):
         assert set(report["conformal"][base]) == {"lac", "aps", "raps"}
         assert 0.6 < report["conformal"][base]["aps"]["coverage"] <= 1.0
-    # the model to take away: one module, model then the first calibrator listed
+    raps = report["conformal"]["none"]["raps"]
+    assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
+    assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
+    # the model to take away: one module, the model then the calibrator of the lowest cross-validated NLL
+    chosen = report["calibrated_model"]
+    assert chosen["kind"] == min(chosen["cross_validation"], key=lambda n: chosen["cross_validation"][n]["nll"])
     model, transform, meta = load_trained_classifier(out, calibrated=True)
     assert isinstance(model, CalibratedClassifier) and meta["calibrator"].endswith("calibrator.safetensors")
     assert meta["class_names"] == CLASS_NAMES

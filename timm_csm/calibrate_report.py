@@ -14,6 +14,7 @@ __all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
 
 
 def report_markdown(report: Dict[str, Any]) -> str:
+    """``report.md``: the metrics of each calibrator, the exported one and why, the conformal sets."""
     keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
     pre = report.get("preprocessing")
     lines = [f"# Calibration of {report['model']}", "",
@@ -51,14 +52,13 @@ def _conformal_lines(report: Dict[str, Any]) -> List[str]:
              "coverage inside it is what a correct conformal procedure gives.", "",
              "| calibrator | method | coverage | expected range | mean set size | empty sets |",
              "|---|---|---|---|---|---|"]
-    raps = None
     for base, methods in report["conformal"].items():
         for method, r in methods.items():
             lo, hi = r["coverage_range"]
             lines.append(f"| {base} | {method} | {r['coverage']:.4f} | {lo:.3f}-{hi:.3f} | "
                          f"{r['mean_set_size']:.3f} | {r['empty_sets']:.4f} |")
-            raps = r if method == "raps" and raps is None else raps
-    if raps is not None and raps.get("n_tuning"):
+    raps = report["conformal"]["none"].get("raps")
+    if raps is not None and raps["n_tuning"]:
         lines += ["", f"RAPS (uncalibrated): k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on "
                   f"{raps['n_tuning']} calibration images (Angelopoulos et al., 2021), its quantile fitted on the "
                   f"other {raps['n_calibration']}; each row tunes its own."]
