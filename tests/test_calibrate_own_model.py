@@ -79,7 +79,7 @@ def test_without_a_data_config_the_guess_keeps_the_images_and_says_so_in_one_lin
 
 
 def test_an_architecture_of_224_pixels_keeps_the_folders_28(tmp_path):
-    """The issue's case: resnet weights trained on 28 x 28 images, no data config: 28 is used, not 224, and only
+    """resnet weights trained on 28 x 28 images and saved without a data config: 28 is used, not 224, and only
     timm's own pretrained weights (--pretrained-path) take the pretrained_cfg as it is."""
     import timm
 
