@@ -145,8 +145,9 @@ def test_timm_encoder_pooled_pre_logits_from_checkpoint(timm_pair, tmp_path):
     bad = tmp_path / "other.safetensors"
     sd = {k: v.contiguous() for k, v in other.state_dict().items() if not k.startswith("layer4")}
     save_file(sd, str(bad))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match=r"does not fit test_resnet: \d+ keys missing \(layer4\.") as info:
         TimmEncoder("test_resnet", checkpoint_path=bad, model_kwargs={"in_chans": 1})
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
 
 
 # ---------------------------------------------------------------- prototypes

@@ -3,11 +3,12 @@ the saved predictions and calibrators, the calibrated model loaded back as one m
 refusal as one line with no folder left behind."""
 import json
 
+import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from csm_fixtures import CLASS_NAMES, tiny_timm_model, write_image_folder
+from calibrate_fixtures import MEAN, STD, save_weights, train_classifier
+from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
 from timm_csm.calibrate import calibrate, main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
@@ -15,24 +16,34 @@ from timm_csm.metrics import calibration_metrics
 from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
 
 
+def pattern_images(n_per_class: int, seed: int, noise: float = 60.0):
+    """(uint8 (N, 1, 16, 16), labels) drawn as ``write_image_folder`` draws its images."""
+    rng = np.random.default_rng(seed)
+    patterns = class_patterns()
+    images = [np.clip(patterns[k] + rng.normal(0, noise, patterns[k].shape), 0, 255).astype(np.uint8)
+              for k in range(len(patterns)) for _ in range(n_per_class)]
+    return torch.from_numpy(np.stack(images)[:, None]), torch.arange(len(patterns)).repeat_interleave(n_per_class)
+
+
 @pytest.fixture(scope="module")
 def user_files(tmp_path_factory):
+    """The user's folder and a small_cnn trained on other images of it (normalised with MEAN / STD at its own
+    16 x 16), over-confident as a model trained with cross-entropy, saved as plain weights."""
     root = tmp_path_factory.mktemp("user")
     data = write_image_folder(root / "data")
-    model = tiny_timm_model(seed=1)
-    with torch.no_grad():  # an over-confident head, as a model trained with cross-entropy
+    model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
+                             lr=1e-2, batch_size=32)
+    with torch.no_grad():
         model.get_classifier().weight.mul_(40)
-    weights = root / "test_resnet.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    return data, weights
+    return data, save_weights(model, root / "small_cnn.safetensors")
 
 
 def run_calibrate(user_files, output, **options):
     data, weights = user_files
-    kwargs = dict(checkpoint=weights, num_classes=3, in_chans=1, img_size=32, calibration_split="val",
-                  test_split="test", output=output, log=lambda m: None)
+    kwargs = dict(checkpoint=weights, num_classes=3, in_chans=1, data_config={"mean": MEAN, "std": STD},
+                  calibration_split="val", test_split="test", output=output, log=lambda m: None)
     kwargs.update(options)
-    return calibrate(kwargs.pop("model", "test_resnet"), kwargs.pop("dataset", data), **kwargs)
+    return calibrate(kwargs.pop("model", "small_cnn"), kwargs.pop("dataset", data), **kwargs)
 
 
 def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
@@ -58,7 +69,12 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     for base in ("none", "temperature_scaling"):
         assert set(report["conformal"][base]) == {"lac", "aps", "raps"}
         assert 0.6 < report["conformal"][base]["aps"]["coverage"] <= 1.0
-    # the model to take away: one module, model then the first calibrator listed
+    raps = report["conformal"]["none"]["raps"]
+    assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
+    assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
+    # the model to take away: one module, the model then the calibrator of the lowest cross-validated NLL
+    chosen = report["calibrated_model"]
+    assert chosen["kind"] == min(chosen["cross_validation"], key=lambda n: chosen["cross_validation"][n]["nll"])
     model, transform, meta = load_trained_classifier(out, calibrated=True)
     assert isinstance(model, CalibratedClassifier) and meta["calibrator"].endswith("calibrator.safetensors")
     assert meta["class_names"] == CLASS_NAMES
@@ -76,12 +92,9 @@ def _first_batch(split, transform):
     return ImageCollator(split.images, split.labels, transform, 0)(list(range(8)))["pixel_values"]
 
 
-def test_a_flat_folder_with_a_held_out_fraction(tmp_path):
+def test_a_flat_folder_with_a_held_out_fraction(user_files, tmp_path):
     data = write_image_folder(tmp_path / "flat", splits=(None,), n_per_class=20)
-    model = tiny_timm_model(seed=2)
-    weights = tmp_path / "w.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    report = run_calibrate((data, weights), tmp_path / "out", calibration_split=None, calibration_fraction=0.5,
+    report = run_calibrate((data, user_files[1]), tmp_path / "out", calibration_split=None, calibration_fraction=0.5,
                            test_split="train", calibrators=["histogram_binning"], conformal=["lac"])
     assert report["calibration"]["n"] == 30 and report["test"]["n"] == 30
     assert report["class_names"] == CLASS_NAMES
@@ -92,8 +105,9 @@ def run_model_file(user_files, tmp_path, train_split):
     from timm_csm.calibrate import load_classifier
 
     data, weights = user_files
-    plain = load_classifier("test_resnet", checkpoint=weights, num_classes=3, in_chans=1, img_size=32,
-                            class_names=CLASS_NAMES, log=lambda m: None)
+    plain = load_classifier("small_cnn", checkpoint=weights, num_classes=3, in_chans=1,
+                            data_config={"mean": MEAN, "std": STD}, class_names=CLASS_NAMES, native_size=16,
+                            log=lambda m: None)
     path = tmp_path / "model_best.safetensors"
     save_model_file(path, plain.model.state_dict(), dict(plain.meta, dataset=str(data), train_split=train_split))
     return path
@@ -195,14 +209,16 @@ def test_odir_strengths_and_extra_reliability_diagrams_from_the_command_line(use
 
     data, weights = user_files
     out = tmp_path / "o"
-    rc = main(["--model", "test_resnet", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans", "1",
-               "--img-size", "32", "--dataset", str(data), "--calibration-split", "val", "--test-split", "test",
-               "--calibrators", "dirichlet,isotonic", "--reg-lambda", "0.01", "--reg-mu", "0.02", "--conformal", "",
+    rc = main(["--model", "small_cnn", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans", "1",
+               "--mean", str(MEAN[0]), "--std", str(STD[0]), "--dataset", str(data), "--calibration-split", "val", "--test-split", "test",
+               "--calibrators", "dirichlet,isotonic", "--export", "dirichlet", "--reg-lambda", "0.01", "--reg-mu",
+               "0.02", "--conformal", "",
                "--reliability", "adaptive,classwise", "--class-names", ",".join(CLASS_NAMES), "--output", str(out)])
     assert rc == 0
     assert (out / "reliability_adaptive.png").is_file() and (out / "reliability_classwise.png").is_file()
     report = json.loads((out / "report.json").read_text())
     assert report["odir"] == {"reg_lambda": 0.01, "reg_mu": 0.02}
+    assert report["calibrated_model"]["kind"] == "dirichlet" and "cross_validation" not in report["calibrated_model"]
     dirichlet = load_calibrator(out / "calibrators" / "dirichlet.safetensors")
     assert (dirichlet.reg_lambda, dirichlet.reg_mu) == (0.01, 0.02)
     from safetensors.torch import load_file

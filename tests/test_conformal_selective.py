@@ -41,6 +41,52 @@ def test_coverage_is_one_minus_alpha_within_the_bound(method):
     assert 1 < np.mean(sizes) < 10
 
 
+def test_coverage_range_holds_nine_splits_in_ten():
+    """The expected 5-95% range of one split's coverage: its beta-binomial quantiles agree with draws of the law,
+    and about 90% of real conformal splits land inside it (the report's "expected range")."""
+    from timm_csm.calibration.conformal import coverage_range
+
+    n_cal, n_test, alpha = 200, 300, 0.1
+    lo, hi = coverage_range(n_cal, n_test, alpha)
+    l = math.floor((n_cal + 1) * alpha)
+    g = torch.Generator().manual_seed(0)
+    c = torch.distributions.Beta(float(n_cal + 1 - l), float(l)).sample((20000,))
+    draws = torch.binomial(torch.full_like(c, float(n_test)), c, generator=g) / n_test
+    assert abs(float(draws.quantile(0.05)) - lo) <= 2 / n_test and abs(float(draws.quantile(0.95)) - hi) <= 2 / n_test
+    inside = []
+    for t in range(300):
+        z, y = exchangeable(n_cal + n_test, seed=1000 + t)
+        result = ConformalClassifier("aps", alpha=alpha, seed=t).fit(z[:n_cal], y[:n_cal]).evaluate(z[n_cal:],
+                                                                                                 y[n_cal:])
+        assert result["coverage_range"] == [lo, hi] and result["n_calibration"] == n_cal
+        inside.append(lo <= result["coverage"] <= hi)
+    assert 0.84 <= np.mean(inside) <= 0.96
+    assert coverage_range(8, 50, 0.1) == (1.0, 1.0)  # floor(9 * 0.1) = 0: every set holds every class
+
+
+def test_default_raps_is_tuned_as_the_paper_and_differs_from_aps():
+    from timm_csm.calibration.conformal import RAPS_PENALTY_GRID
+
+    z, y = exchangeable(3000, c=10, seed=7, scale=1.0)
+    aps = ConformalClassifier("aps", alpha=0.1, seed=3).fit(z[:1000], y[:1000])
+    raps = ConformalClassifier("raps", alpha=0.1, seed=3).fit(z[:1000], y[:1000])
+    assert raps.n_tuning == 300 and raps.n_calibration == 700 and raps.penalty in RAPS_PENALTY_GRID
+    # k_reg: the (1 - alpha) quantile ("higher") of the true class's 1-based rank on the seeded 30% tuning part
+    tune = torch.randperm(1000, generator=torch.Generator().manual_seed(3))[:300]
+    probs = torch.softmax(z[tune], 1)
+    ranks = (probs > probs.gather(1, y[tune, None])).sum(1) + 1  # classes more probable than the true one, + 1
+    assert raps.k_reg == int(np.quantile(ranks.numpy(), 0.9, method="higher")) >= 1
+    sets_aps, sets_raps = aps.predict_sets(z[1000:]), raps.predict_sets(z[1000:])
+    assert (sets_aps != sets_raps).any(dim=1).double().mean() > 0.05
+    result = raps.evaluate(z[1000:], y[1000:])
+    assert result["penalty"] == raps.penalty and result["k_reg"] == raps.k_reg
+    assert abs(result["coverage"] - 0.9) < 0.03
+    fixed = ConformalClassifier("raps", alpha=0.1, penalty=0.0, k_reg=0, seed=3).fit(z[:1000], y[:1000])
+    assert fixed.n_tuning == 0 and fixed.penalty == 0.0  # given values are used as they are: RAPS = APS here
+    with pytest.raises(ValueError, match="both penalty and k_reg"):
+        ConformalClassifier("raps", penalty=0.1)
+
+
 def test_scores_equal_a_loop():
     z, _ = exchangeable(30, c=6, seed=3)
     probs = torch.softmax(z, 1)

@@ -145,3 +145,22 @@ def test_a_checkpoint_that_does_not_read_has_one_answer(tmp_path, damage):
     assert read_checkpoint(last, "test checkpoint", cache=True, log=lines.append, **read) is None
     assert len(lines) == 1 and re.match(problem, lines[0]) and "starts over" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staging_folder_appears_whole_with_the_umask_or_not_at_all(tmp_path):
+    from timm_csm.io import staging_folder
+
+    old = os.umask(0o022)
+    try:
+        with staging_folder(tmp_path / "out") as folder:
+            (folder / "a.txt").write_text("a")
+            assert not (tmp_path / "out").exists()
+        assert (tmp_path / "out" / "a.txt").read_text() == "a"
+        assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755  # tempfile.mkdtemp's would be 0o700
+        with pytest.raises(RuntimeError, match="disk"):
+            with staging_folder(tmp_path / "failed") as folder:
+                (folder / "half.txt").write_text("x")
+                raise RuntimeError("disk full")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    finally:
+        os.umask(old)

@@ -465,6 +465,23 @@ def test_reliability_diagram_png_shows_the_computed_ece(tmp_path):
     assert (tmp_path / "both.png").stat().st_size > 0
 
 
+def test_many_reliability_diagrams_wrap_into_rows_of_four(tmp_path):
+    """Eight panels (uncalibrated and seven calibrators) were one row 3,840 px wide: now two rows of four."""
+    from PIL import Image
+
+    from timm_csm.metrics.plots import PANELS_PER_ROW, reliability_diagrams
+
+    z, y = make_logits(200, 4, seed=32)
+    sizes = {}
+    for panels in (1, 4, 8, 9):
+        path = tmp_path / f"{panels}.png"
+        reliability_diagrams({f"T={t + 1}": (z / (t + 1), y) for t in range(panels)}, path, n_bins=10)
+        sizes[panels] = Image.open(path).size
+    assert PANELS_PER_ROW == 4
+    assert sizes[4][0] == sizes[8][0] == sizes[9][0] <= 1920 and sizes[1][0] < sizes[4][0]
+    assert sizes[4][1] == sizes[1][1] and sizes[8][1] == 2 * sizes[4][1] and sizes[9][1] == 3 * sizes[4][1]
+
+
 def test_functional_brier_binary_task_is_the_binary_score():
     """Binary task: mean (p - y)^2 of the positive class, as scikit-learn (evaluate's brier_score example: 0.3375)."""
     from sklearn.metrics import brier_score_loss

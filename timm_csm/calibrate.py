@@ -3,144 +3,69 @@
     timm-csm-calibrate --model runs/my-run --dataset ./holdout --calibration-split val --test-split test \\
         --calibrators temperature_scaling,dirichlet,isotonic --output calibrated/
 
-    calibrate("resnet18", "./holdout", checkpoint="resnet18.safetensors", num_classes=10, img_size=32,
+    timm-csm-calibrate --model resnet18 --checkpoint resnet18.safetensors --num-classes 10 \\
+        --input-size 1 28 28 --mean 0.1307 --std 0.3081 --dataset ./digits --test-split train \\
+        --calibration-fraction 0.5 --output calibrated/
+
+    calibrate("resnet18", "./holdout", checkpoint="resnet18.safetensors", num_classes=10,
+              data_config={"input_size": (1, 28, 28), "mean": (0.1307,), "std": (0.3081,)},
               calibration_split="val", test_split="test", output="calibrated/")
 
-The classifier is a run folder or model file of ``train.py`` (architecture, input size, normalisation and class
-names read from its metadata), a timm model name with weights (``checkpoint`` / ``pretrained_path``: safetensors
-only, never unpickled), or an ``nn.Module`` (with ``class_names`` and ``transform`` given). The data are anything
-``train.py`` reads (:func:`timm_csm.data.open_image_split`): image folders in timm's layouts (``<split>/<class>/*``
-and the flat ``<class>/*``, read as split ``train``), ``datasets`` names and folders, ``hfds/...``, ``torch/...``.
-The calibrators are fitted on the calibration split (``calibration_split``, or a seeded ``calibration_fraction``
-held out of the test split) and scored on the test split, never fitted on it.
+The classifier (:mod:`timm_csm.training.classifier`) is a run folder or model file of ``train.py``, a timm model
+name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's own; safetensors only), or an
+``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
+resolves it, from the given values of timm's data config (``--input-size`` / ``--img-size``, ``--mean``,
+``--std``, ``--crop-pct``, ``--crop-mode``, ``--interpolation``), then the model's ``pretrained_cfg``; for weights
+trained elsewhere what is not given is a guess, said in one line (the images' own size, no resize or crop of
+images at the input size, the architecture's mean and std). The data are anything ``train.py`` reads
+(:func:`timm_csm.data.open_image_split`): image folders in timm's layouts (``<split>/<class>/*`` and the flat
+``<class>/*``, read as split ``train``; classes in timm's natural order 1, 2, 10), ``datasets`` names and
+folders, ``hfds/...``, ``torch/...``. The calibrators are fitted on the calibration split (``calibration_split``,
+or a seeded ``calibration_fraction`` held out of the test split) and scored on the test split, never fitted on it.
 
-Checks before anything is written: the class names of the data equal the checkpoint's (count only, said in the
-log, when the model carries none); the test split is not the split the run trained on (unless
-``allow_training_split``); the calibration split holds enough samples for each calibrator. Nothing of the training
-run's data options (its sample limits, splits) is reused: the log says what was read from the checkpoint.
+Checks, all before anything is written (the arguments before anything is loaded): the class names of the data
+equal the checkpoint's (count only, said in the log, when the model carries none); the test split is not the split
+the run trained on (unless ``allow_training_split``); the calibration split holds enough samples for each
+calibrator; the weights fit the architecture (one line: the counts of missing, unexpected and misshapen keys). A
+model at chance accuracy on the calibration split (not clearly above the share of its most frequent class:
+wrong preprocessing, class order or weights) is refused with one line, exit status 2 and nothing written, rather
+than reported as calibrated. Nothing of the training run's data options (its sample limits, splits) is reused.
 
-Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind):
-``report.json`` (every number: the metrics of :func:`timm_csm.metrics.calibration_metrics`, classwise and
-adaptive ECE included, AURC / E-AURC / AUGRC, the reliability tables and risk-coverage curves, conformal coverage
-and set sizes), ``report.md``, ``reliability.png`` (before and after each calibrator; ``reliability_adaptive.png``
-/ ``reliability_classwise.png`` on request), ``risk_coverage.png``,
-``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the calibrated model to take away: ``model.safetensors`` (weights and
-metadata), ``calibrator.safetensors`` (the first calibrator listed) and ``calibrated_model.json``, loaded back as one
-module by ``load_trained_classifier(output, calibrated=True)``.
+Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind;
+folders with the umask's mode, 0755 usually): ``report.json`` (every number: the metrics of
+:func:`timm_csm.metrics.calibration_metrics`, classwise and adaptive ECE included, AURC / E-AURC / AUGRC, the
+reliability tables and risk-coverage curves, conformal coverage with its expected range and set sizes, the
+preprocessing), ``report.md``, ``reliability.png`` (before and after each calibrator, four panels a row;
+``reliability_adaptive.png`` / ``reliability_classwise.png`` on request), ``risk_coverage.png``,
+``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the calibrated model to take away:
+``model.safetensors`` (weights and metadata), ``calibrator.safetensors`` and ``calibrated_model.json``, loaded back
+as one module by ``load_trained_classifier(output, calibrated=True)``. The exported calibrator is ``export`` when
+given, else the one with the lowest cross-validated NLL on the calibration split
+(:func:`timm_csm.calibration.select_calibrator`): the test split takes no part in the choice.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
+import math
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.nn as nn
 
-from .calibration import BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator
-from .io import safetensors_metadata, save_model_file, write_json_atomic, write_text_atomic
+from .calibrate_report import RELIABILITY_KINDS, report_markdown, write_plots
+from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator,
+                          cross_validated_scores, select_calibrator)
+from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .metrics import calibration_metrics, reliability_table
 from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
 from .training.args import HelpFormatter
-from .training.model import (CALIBRATED_MODEL_FILE, check_model_name, create_train_model, load_model_weights,
-                             load_trained_classifier)
+from .training.classifier import (CROP_MODES, INTERPOLATIONS, Classifier, load_classifier, merge_data_config,
+                                  require_safetensors)
+from .training.model import CALIBRATED_MODEL_FILE
 
 __all__ = ["calibrate", "load_classifier", "Classifier", "main", "require_safetensors"]
-
-
-@dataclass
-class Classifier:
-    """A model ready to score images: ``transform`` maps uint8 images to its input; ``class_names`` None when
-    unknown; ``meta`` the timm-csm metadata (None for a plain timm model or module)."""
-
-    model: nn.Module
-    transform: Callable
-    class_names: Optional[List[str]]
-    meta: Optional[Dict[str, Any]]
-    description: str
-
-
-def require_safetensors(path, flag: str) -> Path:
-    """``path`` as a Path when it is a readable safetensors file; else a one-line error naming ``flag``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{flag} {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
-    if safetensors_metadata(path) is None:
-        raise ValueError(f"{flag} {path} is not a safetensors file (a pickle or JSON?); weights are read from "
-                         "safetensors only, never unpickled: convert it with safetensors.torch.save_file")
-    return path
-
-
-def _timm_meta(name: str, model: nn.Module, num_classes: int, in_chans: int, img_size: int,
-               class_names: Optional[List[str]]) -> Dict[str, Any]:
-    """The metadata ``load_trained_classifier`` rebuilds a plain timm model from (timm's eval transform)."""
-    from timm.data import resolve_data_config
-
-    cfg = resolve_data_config({"input_size": (in_chans, img_size, img_size)},
-                              pretrained_cfg=dict(getattr(model, "pretrained_cfg", None) or {}), verbose=False)
-    mean, std = list(cfg["mean"]), list(cfg["std"])
-    if in_chans == 1 and len(mean) == 3:
-        mean, std = [float(np.mean(mean))], [float(np.mean(std))]
-    return {"model": name, "num_classes": num_classes, "in_chans": in_chans, "img_size": img_size,
-            "model_kwargs": [], "transform": "timm", "mean": mean, "std": std,
-            "interpolation": cfg["interpolation"], "crop_pct": cfg["crop_pct"], "class_names": class_names,
-            "dataset": None}
-
-
-def load_classifier(model, checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
-                    in_chans: int = 3, img_size: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
-                    transform: Optional[Callable] = None, log: Callable[[str], None] = print) -> Classifier:
-    """The classifier of :func:`calibrate` (see the module docstring for what ``model`` may be)."""
-    from .data import create_timm_transforms
-
-    names = list(class_names) if class_names is not None else None
-    if isinstance(model, nn.Module):
-        if transform is None:
-            raise ValueError("a model object needs transform= (uint8 images -> model input)")
-        return Classifier(model.eval(), transform, names, None, type(model).__name__)
-    if os.path.exists(str(model)):
-        path = Path(model)
-        if path.is_file():
-            require_safetensors(path, "--model")
-        loaded, eval_tf, meta = load_trained_classifier(path, **({"checkpoint": checkpoint} if checkpoint else {}))
-        log(f"model: {meta['model']} from {path} ({meta['num_classes']} classes, input {meta['in_chans']}x"
-            f"{meta['img_size']}, mean {meta['mean']}, std {meta['std']}, class names from the checkpoint); "
-            "nothing else of its training run is used")
-        stored = meta.get("class_names")
-        if names is not None and stored is not None and names != list(stored):
-            raise ValueError(f"--class-names {names[:5]} differ from the checkpoint's {list(stored)[:5]}")
-        return Classifier(loaded, eval_tf, names or stored, meta, str(path))
-    check_model_name(str(model))
-    if bool(checkpoint) == bool(pretrained_path):
-        raise ValueError(f"timm model {model!r}: give its weights with exactly one of --checkpoint FILE.safetensors "
-                         "or --pretrained-path FILE.safetensors")
-    weights = require_safetensors(checkpoint or pretrained_path, "--checkpoint" if checkpoint else
-                                  "--pretrained-path")
-    if num_classes is None:
-        num_classes = len(names) if names else None
-    if num_classes is None:
-        raise ValueError(f"timm model {model!r}: give --num-classes (or --class-names)")
-    net = create_train_model(str(model), num_classes, in_chans, img_size)
-    try:
-        load_model_weights(net, weights)
-    except RuntimeError as e:  # shape mismatches: the classes or architecture differ
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        raise ValueError(f"{weights} does not fit {model} with {num_classes} classes and {in_chans} channels: "
-                         f"{lines[1] if len(lines) > 1 else lines[0]}") from None
-    size = img_size or int((getattr(net, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-1])
-    meta = _timm_meta(str(model), net, num_classes, in_chans, size, names)
-    _, eval_tf = create_timm_transforms(size, meta["mean"], meta["std"], in_chans, meta["interpolation"],
-                                        meta["crop_pct"])
-    log(f"model: timm {model} with {weights} ({num_classes} classes, input {in_chans}x{size}, timm's eval "
-        f"transform, mean {meta['mean']}, std {meta['std']}); the data it was trained on is unknown")
-    return Classifier(net.eval(), eval_tf, names, meta, f"{model} + {weights}")
 
 
 def _check_splits(classifier: Classifier, dataset, test_split: str, calibration_split: Optional[str],
@@ -184,9 +109,9 @@ def _check_classes(classifier: Classifier, data_names: List[str], num_outputs: O
             diff = [(i, m, d) for i, (m, d) in enumerate(zip(classifier.class_names, data_names)) if m != d][:3]
             raise ValueError(f"the data's class names differ from the model's: {len(data_names)} vs "
                              f"{len(classifier.class_names)} classes, first differences (index, model, data) "
-                             f"{diff}; output i is the model's i-th class name and the data's classes are read in sorted order "
-                             "(folder names): rename the class folders (or the label column's names) to the model's, "
-                             "or give the dataset the model was trained on")
+                             f"{diff}; output i is the model's i-th class name and the data's classes are read in "
+                             "timm's order (folder names, natural sort: 1, 2, 10): rename the class folders (or the "
+                             "label column's names) to the model's, or give the dataset the model was trained on")
     else:
         log(f"class names not checked (the model carries none): the data's {len(data_names)} classes are taken "
             "in order as the model's outputs")
@@ -200,12 +125,11 @@ def _predict(classifier: Classifier, split, batch_size: int, device: str, worker
 
     from .data import BatchTransform, ImageCollator, IndexDataset, LazyImages, pil_mode
 
-    images = split.images
-    if isinstance(classifier.transform, BatchTransform) and isinstance(images, LazyImages):
-        meta = classifier.meta or {}
-        images = images.with_output(pil_mode(meta.get("in_chans")), (meta["img_size"],) * 2)
+    images, tf = split.images, classifier.transform
+    if isinstance(tf, BatchTransform) and isinstance(images, LazyImages):  # one size, to be stacked into a batch
+        images = images.with_output(pil_mode(tf.in_chans), tf.img_size)
     loader = DataLoader(IndexDataset(len(split)), batch_size=batch_size, shuffle=False, num_workers=workers,
-                        collate_fn=ImageCollator(images, split.labels, classifier.transform, 0))
+                        collate_fn=ImageCollator(images, split.labels, tf, 0))
     model = classifier.model.to(device).eval()
     logits, labels = [], []
     with torch.no_grad():
@@ -232,13 +156,17 @@ def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
 ODIR_CALIBRATORS = ("dirichlet", "matrix_scaling")
 
 
+def _create(name: str, odir: Dict[str, float]):
+    return create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))
+
+
 def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conformal: Sequence[str], seed: int,
              log, odir: Dict[str, float]) -> Dict[str, Any]:
     """Fit each calibrator on ``cal`` (``odir``: the penalty strengths of :data:`ODIR_CALIBRATORS`), score it on
     ``test``; conformal sets on top of each (and of none)."""
     fitted, rows = {}, {}
     for name in names:
-        calibrator = create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {})).fit(*cal)
+        calibrator = _create(name, odir).fit(*cal)
         out = calibrator.transform(test[0])
         fitted[name] = (calibrator, out)
         rows[name] = {"test": _scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
@@ -269,78 +197,6 @@ def _check_calibration_size(names: Sequence[str], cal_labels, num_classes: int) 
                              "vector_scaling")
 
 
-def _markdown(report: Dict[str, Any]) -> str:
-    keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
-    lines = [f"# Calibration of {report['model']}", "",
-             f"Data: {report['dataset']}, calibration split {report['calibration']['source']} "
-             f"({report['calibration']['n']} images), test split {report['test']['source']} "
-             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy.", "",
-             "| calibrator | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-    for name, row in [("uncalibrated", report["uncalibrated"]), *report["calibrators"].items()]:
-        lines.append(f"| {name} | " + " | ".join(f"{row['test'][k]:.4f}" for k in keys) + " |")
-    lines += ["", f"Conformal sets at alpha = {report['alpha']} (target coverage {1 - report['alpha']:.2f}):", "",
-              "| calibrator | method | coverage | mean set size | empty sets |", "|---|---|---|---|---|"]
-    for base, methods in report["conformal"].items():
-        for method, r in methods.items():
-            lines.append(f"| {base} | {method} | {r['coverage']:.4f} | {r['mean_set_size']:.3f} | "
-                         f"{r['empty_sets']:.4f} |")
-    lines += ["", f"Calibrated model: `{report['calibrated_model']['model']}` + "
-              f"`{report['calibrated_model']['calibrator']}` ({report['calibrated_model']['kind']}), loaded by "
-              "`timm_csm.training.load_trained_classifier(folder, calibrated=True)`."]
-    return "\n".join(lines) + "\n"
-
-
-RELIABILITY_KINDS = ("adaptive", "classwise")
-
-
-def _extra_diagrams(folder: Path, runs, n_bins: int, kinds: Sequence[str]) -> None:
-    """``reliability_<kind>.png`` for each requested kind: ``adaptive`` (equal-mass bins of the top-label
-    confidence) and ``classwise`` (the one-vs-rest pairs (p_ik, 1[y_i = k]) of every class in equal-width bins)."""
-    from .metrics import reliability_table_from_points
-    from .metrics.plots import table_diagrams
-
-    for kind in kinds:
-        tables = {}
-        for name, (logits, labels) in runs.items():
-            probs = torch.softmax(logits.double(), dim=1)
-            if kind == "adaptive":
-                conf, pred = probs.max(dim=1)
-                tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins,
-                                                             equal_mass=True)
-            else:
-                hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
-                tables[name] = reliability_table_from_points(probs, hits, n_bins)
-        table_diagrams(tables, folder / f"reliability_{kind}.png", title=f"{kind} reliability")
-
-
-def _plots(folder: Path, test, fitted, n_bins: int, log, reliability: Sequence[str] = ()) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from .metrics.plots import reliability_diagrams
-    except ImportError as e:
-        log(f"plots skipped ({e}; pip install matplotlib)")
-        return
-    runs = {"uncalibrated": (test[0], test[1])}
-    runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})
-    reliability_diagrams(runs, str(folder / "reliability.png"), n_bins=n_bins)
-    _extra_diagrams(folder, runs, n_bins, reliability)
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, (logits, labels) in runs.items():
-        conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
-        curve = risk_coverage_from_points(conf, (pred == labels).double())
-        ax.plot(curve.coverage.numpy(), curve.risk.numpy(), label=name)
-    ax.set_xlabel("coverage")
-    ax.set_ylabel("selective risk")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "risk_coverage.png", dpi=120)
-    plt.close(fig)
-
-
 def _export(folder: Path, classifier: Classifier, name: str, calibrator, data_names: List[str]) -> Dict[str, Any]:
     record = {"calibrator": "calibrator.safetensors", "kind": name, "class_names": data_names}
     calibrator.save(folder / "calibrator.safetensors")
@@ -353,99 +209,171 @@ def _export(folder: Path, classifier: Classifier, name: str, calibrator, data_na
     return dict(record, model="model.safetensors", loadable=True)
 
 
-def calibrate(model, dataset, *, output, test_split: str, calibration_split: Optional[str] = None,
-              calibration_fraction: Optional[float] = None, calibrators: Sequence[str] = ("temperature_scaling",),
-              conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1, checkpoint=None,
-              pretrained_path=None, num_classes: Optional[int] = None, in_chans: int = 3,
-              img_size: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
-              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = 15,
-              batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
-              image_column: Optional[str] = None, label_column: Optional[str] = None,
-              data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
-    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
-    ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of ``dirichlet`` and ``matrix_scaling``
-    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``."""
-    output = Path(output)
+#: how many standard errors above the share of the most frequent class an accuracy must lie not to be at chance
+CHANCE_MARGIN = 3.0
+
+
+def _refuse_chance(cal, classifier: Classifier) -> None:
+    """A one-line error when the calibration split's accuracy is not clearly above the most frequent class's share
+    (one-sided binomial test at :data:`CHANCE_MARGIN` standard errors): such a model does not recognise the
+    images, and its calibration would only flatten its predictions towards the class frequencies."""
+    logits, labels = cal
+    n = len(labels)
+    accuracy = float((logits.argmax(dim=1) == labels).double().mean())
+    share = float(torch.bincount(labels).max()) / n
+    bar = share + CHANCE_MARGIN * math.sqrt(share * (1.0 - share) / n)
+    if accuracy > bar:
+        return
+    pre = classifier.preprocessing
+    how = (pre.describe() + (", guessed" if pre.guessed else "") if pre is not None else
+           "the run's stored one" if classifier.meta else "the transform given")
+    raise ValueError(f"accuracy {accuracy:.1%} on the {n} calibration images is at chance (the most frequent class "
+                     f"alone is {share:.1%}; a model that recognises them scores above {bar:.1%}): nothing to "
+                     f"calibrate, nothing written. Check the preprocessing ({how}), the class order and the weights")
+
+
+def _choose_export(names: List[str], export: Optional[str], cal, folds: int, seed: int, n_bins: int,
+                   odir: Dict[str, float], log) -> Dict[str, Any]:
+    """The calibrator to export and why: ``export`` when given, else the lowest cross-validated NLL on the
+    calibration split (:func:`~timm_csm.calibration.select_calibrator`); never a test-split number."""
+    if export is not None:
+        return {"kind": export, "chosen_by": "named by --export"}
+    if len(names) == 1:
+        return {"kind": names[0], "chosen_by": "the only calibrator listed"}
+    folds = min(folds, len(cal[1]))
+    log(f"choosing the calibrator to export by {folds}-fold cross-validated NLL on the calibration split")
+    scores = cross_validated_scores(names, *cal, folds=folds, seed=seed, n_bins=n_bins,
+                                    make=lambda name: _create(name, odir))
+    best = select_calibrator(scores)
+    return {"kind": best, "chosen_by": f"the lowest {folds}-fold cross-validated NLL on the calibration split",
+            "cross_validation": scores}
+
+
+def _check_arguments(model, output: Path, calibrators: List[str], export, conformal, alpha, reliability, odir,
+                     calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
+                     least: Dict[str, Tuple[int, int]]) -> None:
+    """Every check that needs nothing loaded, in one place, before anything is: one line for the first problem
+    (``least``: {flag: (value, its least value)})."""
     if output.exists():
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
-    calibrators = list(calibrators)
     if not calibrators:
         raise ValueError("give at least one calibrator (--calibrators NAME[,NAME...])")
     for name in calibrators:
-        create_calibrator(name)  # unknown names list the registered ones
-    odir = {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
-    for name in calibrators:
-        create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))  # bad strengths: one line
+        _create(name, odir)  # unknown names list the registered ones; bad ODIR strengths: one line
+    if export is not None and export not in calibrators:
+        raise ValueError(f"--export {export!r} is not one of --calibrators {','.join(calibrators)}")
     for kind in reliability:
         if kind not in RELIABILITY_KINDS:
             raise ValueError(f"unknown reliability diagram {kind!r}; known: {', '.join(RELIABILITY_KINDS)}")
     for method in conformal:
         if method not in CONFORMAL_METHODS:
             raise ValueError(f"unknown conformal method {method!r}; known: {', '.join(CONFORMAL_METHODS)}")
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"--alpha must lie in (0, 1), got {alpha}")
     if (calibration_split is None) == (calibration_fraction is None):
         raise ValueError("give exactly one of --calibration-split NAME or --calibration-fraction F (held out of the "
                          "test split)")
     if calibration_split is not None and calibration_split == test_split:
         raise ValueError(f"--calibration-split and --test-split are both {test_split!r}; calibrators are never "
                          "fitted on the test split: use --calibration-fraction to hold part of it out")
-    classifier = load_classifier(model, checkpoint, pretrained_path, num_classes, in_chans, img_size, class_names,
-                                 transform, log)
-    _check_splits(classifier, dataset, test_split, calibration_split, allow_training_split, log)
-    test_data = _open(dataset, test_split, image_column, label_column, data_dir)
-    num_outputs = (classifier.meta or {}).get("num_classes")
-    _check_classes(classifier, list(test_data.class_names), num_outputs, log)
+    if calibration_fraction is not None and not 0.0 < float(calibration_fraction) < 1.0:
+        raise ValueError(f"--calibration-fraction must lie in (0, 1), got {calibration_fraction}")
+    for flag, (value, smallest) in least.items():
+        if int(value) < smallest:
+            raise ValueError(f"{flag} must be at least {smallest}, got {value}")
+    if isinstance(model, (str, Path)) and not Path(model).exists():  # a timm name: its weights are files here
+        for path, flag in ((checkpoint, "--checkpoint"), (pretrained_path, "--pretrained-path")):
+            if path:
+                require_safetensors(path, flag)
+
+
+def _splits(dataset, test_split, calibration_split, calibration_fraction, seed, columns):
+    """(calibration split, test split, their descriptions): the named calibration split, or a seeded fraction held
+    out of the test split."""
+    test_data = _open(dataset, test_split, *columns)
     if calibration_split is not None:
-        cal_data = _open(dataset, calibration_split, image_column, label_column, data_dir)
+        cal_data = _open(dataset, calibration_split, *columns)
         if list(cal_data.class_names) != list(test_data.class_names):
             raise ValueError(f"the {calibration_split!r} and {test_split!r} splits name different classes")
-        cal_source, test_source = calibration_split, test_split
-    else:
-        if not 0.0 < float(calibration_fraction) < 1.0:
-            raise ValueError(f"--calibration-fraction must lie in (0, 1), got {calibration_fraction}")
-        order = torch.randperm(len(test_data), generator=torch.Generator().manual_seed(seed)).numpy()
-        n_cal = int(round(calibration_fraction * len(test_data)))
-        cal_data = test_data.subset(np.sort(order[:n_cal]))
-        test_data = test_data.subset(np.sort(order[n_cal:]))
-        cal_source = f"{calibration_fraction:g} of {test_split!r} (seed {seed})"
-        test_source = f"the rest of {test_split!r}"
-    k = len(test_data.class_names)
-    _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
+        return cal_data, test_data, calibration_split, test_split
+    order = torch.randperm(len(test_data), generator=torch.Generator().manual_seed(seed)).numpy()
+    n_cal = int(round(calibration_fraction * len(test_data)))
+    return (test_data.subset(np.sort(order[:n_cal])), test_data.subset(np.sort(order[n_cal:])),
+            f"{calibration_fraction:g} of {test_split!r} (seed {seed})", f"the rest of {test_split!r}")
+
+
+def calibrate(model, dataset, *, output, test_split: str, calibration_split: Optional[str] = None,
+              calibration_fraction: Optional[float] = None, calibrators: Sequence[str] = ("temperature_scaling",),
+              export: Optional[str] = None, conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1,
+              checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
+              in_chans: Optional[int] = None, img_size: Optional[int] = None,
+              data_config: Optional[Dict[str, Any]] = None, class_names: Optional[Sequence[str]] = None,
+              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = 15,
+              batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
+              image_column: Optional[str] = None, label_column: Optional[str] = None,
+              data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
+              reliability: Sequence[str] = (), cv_folds: int = 5,
+              log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
+    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
+    ``data_config``: timm's data config keys (``input_size``, ``img_size``, ``in_chans``, ``mean``, ``std``,
+    ``crop_pct``, ``crop_mode``, ``interpolation``; ``in_chans`` / ``img_size`` may also be given alone);
+    ``transform``: for a module, any callable of one PIL image (converted to ``in_chans`` channels, RGB by
+    default); ``export``: the calibrator to export (default: chosen by ``cv_folds``-fold cross-validated NLL on
+    the calibration split); ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of
+    ``dirichlet`` and ``matrix_scaling`` (ODIR, Kull et al. 2019); ``reliability``: extra diagrams,
+    ``adaptive`` and / or ``classwise``."""
+    output, calibrators, odir = Path(output), list(calibrators), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
+    given = merge_data_config(data_config, in_chans, img_size)
+    _check_arguments(model, output, calibrators, export, conformal, alpha, reliability, odir, calibration_split,
+                     calibration_fraction, test_split, checkpoint, pretrained_path,
+                     {"--n-bins": (n_bins, 1), "--batch-size": (batch_size, 1), "cv_folds": (cv_folds, 2),
+                      "--workers": (workers, 0)})
+    from .data import image_geometry
+
+    cal_data, test_data, cal_source, test_source = _splits(dataset, test_split, calibration_split,
+                                                           calibration_fraction, seed,
+                                                           (image_column, label_column, data_dir))
     if len(test_data) == 0:
         raise ValueError(f"the test split {test_split!r} has no images")
+    classifier = load_classifier(model, checkpoint, pretrained_path, num_classes, class_names=class_names,
+                                 transform=transform, data_config=given,
+                                 native_size=image_geometry(test_data, seed)[1], log=log)
+    _check_splits(classifier, dataset, test_split, calibration_split, allow_training_split, log)
+    _check_classes(classifier, list(test_data.class_names), (classifier.meta or {}).get("num_classes"), log)
+    k = len(test_data.class_names)
+    _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
     cal = _predict(classifier, cal_data, batch_size, device, workers)
-    test = _predict(classifier, test_data, batch_size, device, workers)
     if cal[0].shape[1] != k:
         raise ValueError(f"the model has {cal[0].shape[1]} outputs, the data {k} classes")
+    _refuse_chance(cal, classifier)
+    test = _predict(classifier, test_data, batch_size, device, workers)
     results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir)
+    chosen = _choose_export(calibrators, export, cal, cv_folds, seed, n_bins, odir, log)
+    log(f"exported: {chosen['kind']} ({chosen['chosen_by']})")
+    pre = classifier.preprocessing
     report: Dict[str, Any] = {
         "model": classifier.description, "dataset": str(dataset), "class_names": list(test_data.class_names),
         "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
         "n_bins": n_bins, "alpha": alpha, "seed": seed, "odir": odir,
+        "preprocessing": None if pre is None else dict(vars(pre), description=pre.describe()),
         "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with staging_folder(output) as staging:
         (staging / "calibrators").mkdir()
         for name, (calibrator, _) in results["fitted"].items():
             calibrator.save(staging / "calibrators" / f"{name}.safetensors")
-        first = calibrators[0]
-        report["calibrated_model"] = _export(staging, classifier, first, results["fitted"][first][0],
-                                             list(test_data.class_names))
+        report["calibrated_model"] = dict(_export(staging, classifier, chosen["kind"],
+                                                  results["fitted"][chosen["kind"]][0], list(test_data.class_names)),
+                                          **chosen)
         write_json_atomic(staging / CALIBRATED_MODEL_FILE, report["calibrated_model"])
         save_model_file(staging / "test_predictions.safetensors", {"logits": test[0], "targets": test[1]},
                         {"dataset": str(dataset), "test": test_source})
         write_json_atomic(staging / "report.json", report)
-        write_text_atomic(staging / "report.md", _markdown(report))
-        _plots(staging, test, results["fitted"], n_bins, log, reliability)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        write_text_atomic(staging / "report.md", report_markdown(report))
+        write_plots(staging, test, results["fitted"], n_bins, log, reliability)
     log(f"report: {output / 'report.md'}; calibrated model: {output} (load_trained_classifier(..., "
         "calibrated=True))")
     return report
@@ -455,17 +383,19 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a train.py run folder or model file, or a timm model name")
-    p.add_argument("--checkpoint", default=None, help="weights (safetensors) of a timm model name, or the file "
-                                                      "to use in a run folder")
-    p.add_argument("--pretrained-path", default=None, help="weights (safetensors) of a timm model name")
+    p.add_argument("--checkpoint", default=None, help="weights (safetensors) of a timm model name, trained anywhere; "
+                                                      "or the file to use in a run folder")
+    p.add_argument("--pretrained-path", default=None, help="timm's own pretrained weights (safetensors) of a timm "
+                                                           "model name: its pretrained_cfg describes them")
     p.add_argument("--dataset", required=True, help="image folder, datasets name or folder, hfds/..., torch/...")
     p.add_argument("--calibration-split", default=None, help="the split the calibrators are fitted on")
     p.add_argument("--calibration-fraction", type=float, default=None,
                    help="hold out this seeded fraction of the test split for fitting instead")
     p.add_argument("--test-split", required=True, help="the split the report scores (a flat <class>/* folder is "
                                                        "split 'train')")
-    p.add_argument("--calibrators", default="temperature_scaling",
-                   help="comma-separated registry names; the first is exported as the calibrated model")
+    p.add_argument("--calibrators", default="temperature_scaling", help="comma-separated registry names")
+    p.add_argument("--export", default=None, help="the calibrator exported with the model (default: the lowest "
+                                                  "cross-validated NLL on the calibration split)")
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
@@ -475,8 +405,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reliability", default="", help="extra reliability diagrams, comma-separated: adaptive "
                    "(equal-mass bins), classwise (one-vs-rest pairs of every class)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a timm model name (default: the run's)")
-    p.add_argument("--in-chans", type=int, default=3, help="input channels of a timm model name")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default: the run's or the model's)")
+    g = p.add_argument_group("preprocessing of a timm model name (timm's validate.py flags; default: the model's "
+                             "pretrained_cfg, and for weights trained elsewhere the images' own size, said as a guess)")
+    g.add_argument("--input-size", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
+                   help="input channels and size (H = W)")
+    g.add_argument("--in-chans", type=int, default=None, help="input channels (default: the model's, 3 for most)")
+    g.add_argument("--img-size", type=int, default=None, help="input size")
+    g.add_argument("--mean", type=float, nargs="+", default=None, help="normalisation mean, one value per channel")
+    g.add_argument("--std", type=float, nargs="+", default=None, help="normalisation std, one value per channel")
+    g.add_argument("--crop-pct", type=float, default=None, help="resize to size / crop-pct, then crop")
+    g.add_argument("--crop-mode", default=None, choices=CROP_MODES, help="timm's crop mode")
+    g.add_argument("--interpolation", default=None, choices=INTERPOLATIONS, help="resize interpolation")
     p.add_argument("--allow-training-split", action="store_true",
                    help="score the split the model was trained on (refused otherwise)")
     p.add_argument("--n-bins", type=int, default=15, help="confidence bins of ECE-type metrics")
@@ -488,21 +427,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default=None, help="label column (detected when omitted)")
     p.add_argument("--data-dir", default=None, help="root folder of a timm torch/<name> dataset")
     p.add_argument("--class-names", default=None, help="comma-separated names of the model's outputs, in output "
-                   "order (a plain timm model carries none); the data's classes must carry the same names in the "
-                   "same sorted order, so map by renaming class folders")
+                   "order (a plain timm model carries none); the data's classes must carry the same names in "
+                   "timm's order (natural sort: 1, 2, 10), so map by renaming class folders")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``timm-csm-calibrate``: bad input is one line on stderr and exit status 2."""
+    """``timm-csm-calibrate``: bad input (a model at chance accuracy included) is one line on stderr and exit
+    status 2, with nothing written."""
     args = _parser().parse_args(argv)
+    data_config = {"input_size": args.input_size, "mean": args.mean, "std": args.std, "crop_pct": args.crop_pct,
+                   "crop_mode": args.crop_mode, "interpolation": args.interpolation}
     try:
         calibrate(args.model, args.dataset, output=args.output, test_split=args.test_split,
                   calibration_split=args.calibration_split, calibration_fraction=args.calibration_fraction,
-                  calibrators=[c for c in args.calibrators.split(",") if c],
+                  calibrators=[c for c in args.calibrators.split(",") if c], export=args.export,
                   conformal=[c for c in args.conformal.split(",") if c], alpha=args.alpha,
                   checkpoint=args.checkpoint, pretrained_path=args.pretrained_path, num_classes=args.num_classes,
-                  in_chans=args.in_chans, img_size=args.img_size, allow_training_split=args.allow_training_split,
+                  in_chans=args.in_chans, img_size=args.img_size, data_config=data_config,
+                  allow_training_split=args.allow_training_split,
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
                   data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,

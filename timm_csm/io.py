@@ -31,7 +31,7 @@ import torch
 __all__ = ["atomic_path", "save_safetensors_atomic", "write_text_atomic", "write_bytes_atomic", "write_json_atomic",
            "link_or_copy_atomic", "remove_temp_files", "HashingReader", "file_sha256", "save_state", "load_state",
            "is_state_file", "safetensors_metadata", "save_model_file", "read_model_meta", "CHECKPOINT_LAST",
-           "read_checkpoint", "remove_checkpoint"]
+           "read_checkpoint", "remove_checkpoint", "staging_folder", "state_dict_mismatch"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -120,6 +120,24 @@ def link_or_copy_atomic(src, dst) -> bool:
         tmp.unlink(missing_ok=True)
         raise
     return True
+
+
+@contextlib.contextmanager
+def staging_folder(path) -> Iterator[Path]:
+    """A new folder ``.<name>.<random>.tmp`` beside ``path`` to write an output folder into: renamed to ``path`` on a
+    clean exit (a ``ValueError`` if ``path`` appeared meanwhile), removed with its contents on an error, so the
+    output exists complete or not at all. Created with the mode ``mkdir`` gives (``0o777`` less the umask:
+    ``0o755`` usually), not ``tempfile.mkdtemp``'s owner-only ``0o700``."""
+    path = Path(path)
+    _, tmp = _create_temp(path, lambda tmp: tmp.mkdir(0o777))
+    try:
+        yield tmp
+        if path.exists():
+            raise ValueError(f"{path} appeared while it was written; nothing of this run was kept")
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def remove_temp_files(folder) -> List[Path]:
@@ -252,6 +270,21 @@ def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, 
     ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
     save_safetensors_atomic(path, tensors, {"format": "pt", _META_KEY: json.dumps(meta)})
+
+
+def state_dict_mismatch(model: torch.nn.Module, state: Dict[str, torch.Tensor], shown: int = 3) -> Optional[str]:
+    """Why ``state`` does not load into ``model`` strictly, in one short line (the counts of missing, unexpected and
+    differently shaped keys, ``shown`` of each), or None when it fits. ``load_state_dict``'s own error lists every
+    key on many lines: thousands of characters for another architecture."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: file {tuple(state[k].shape)}, model {tuple(own[k].shape)}" for k in own
+              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    parts = [f"{len(keys)} {what} (" + ", ".join(keys[:shown]) + (", ..." if len(keys) > shown else "") + ")"
+             for what, keys in (("keys missing", missing), ("unexpected", unexpected),
+                                ("of another shape", shapes)) if keys]
+    return "; ".join(parts) if parts else None
 
 
 class _NoTensors(dict):

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..io import state_dict_mismatch
 from .preprocess import ImagePreprocessor, as_uint8_batch
 
 __all__ = [
@@ -272,10 +273,10 @@ class TimmEncoder(ImageEncoder):
         else:
             name = type(model).__name__
         if state_dict is not None:
-            missing, unexpected = model.load_state_dict(state_dict, strict=False)
-            if missing or unexpected:
-                raise ValueError(f"checkpoint {checkpoint_path} does not fit {name}: missing keys {missing[:5]}, "
-                                 f"unexpected keys {unexpected[:5]}")
+            mismatch = state_dict_mismatch(model, state_dict)
+            if mismatch is not None:
+                raise ValueError(f"checkpoint {checkpoint_path} does not fit {name}: {mismatch}")
+            model.load_state_dict(state_dict)
         for attr in ("forward_features", "forward_head"):
             if not hasattr(model, attr):
                 raise ValueError(f"{name} has no {attr}(); it does not follow timm's model interface")

@@ -10,13 +10,23 @@ split / inductive form). With p = softmax of the (optionally calibrated) logits 
 * ``"aps"`` (adaptive prediction sets, Romano, Sesia & Candès, NeurIPS 2020): with the classes in decreasing p,
   s(x, y) = (mass of the classes ranked above y) + u p_y;
 * ``"raps"`` (regularised APS, Angelopoulos et al., ICLR 2021): the APS score + ``penalty`` max(0, o(x, y) -
-  ``k_reg``), o the 1-based rank of y, which discourages large sets.
+  ``k_reg``), o the 1-based rank of y, which discourages large sets. Unless both are given, ``k_reg`` and
+  ``penalty`` are tuned as in the paper (its Appendix E, "optimise for size"): on a seeded ``tune_fraction`` (30%)
+  of the calibration split, ``k_reg`` is the (1 - alpha) quantile of the true class's rank and ``penalty`` the
+  value of (0.001, 0.01, 0.1, 0.2, 0.5) with the smallest mean set size there; the quantile q is then fitted on the
+  other 70%. With ``penalty`` 0 (or ``k_reg`` at the number of classes) RAPS is APS.
 
 u ~ U(0, 1) per sample (``randomized=True``, the exact-coverage form of APS / RAPS; seeded by ``seed``), or u = 1
 (conservative). Fit: q = the ceil((n + 1)(1 - alpha))-th smallest of the n calibration scores (+inf when that
 exceeds n: every class). Predict: {y : s(x, y) <= q}, computed for every class with the sample's one u, so the
 test sample's true label is in its set exactly when its score is at most q, which is what the guarantee is about:
 1 - alpha <= P(y in C(x)) <= 1 - alpha + 1/(n + 1) for continuous scores.
+
+That probability averages over calibration splits. The coverage of one calibration split (on infinitely many test
+samples) follows Beta(n + 1 - l, l), l = floor((n + 1) alpha) (Vovk, 2012; Angelopoulos & Bates, 2021, section
+C.1), and the coverage measured on n_test test samples the beta-binomial law of n_test draws on top of it:
+:func:`coverage_range` gives its central interval, the spread a correct procedure shows from split to split
+(exact for continuous scores; ties, as LAC's on saturated probabilities, can only raise coverage).
 """
 from __future__ import annotations
 
@@ -28,9 +38,12 @@ import torch
 from ._checks import as_logits, as_targets
 from .base import PostHocCalibrator
 
-__all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile"]
+__all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile", "coverage_range",
+           "RAPS_PENALTY_GRID"]
 
 CONFORMAL_METHODS = ("lac", "aps", "raps")
+#: the penalties RAPS's automatic tuning tries (Angelopoulos et al., 2021, Appendix E)
+RAPS_PENALTY_GRID = (0.001, 0.01, 0.1, 0.2, 0.5)
 
 
 def conformal_scores(probs: torch.Tensor, method: str, u: torch.Tensor, penalty: float = 0.0,
@@ -57,25 +70,61 @@ def conformal_quantile(scores: torch.Tensor, alpha: float) -> float:
     return float(torch.kthvalue(scores.reshape(-1).double().cpu(), max(rank, 1)).values)
 
 
+def coverage_range(n_calibration: int, n_test: int, alpha: float, levels=(0.05, 0.95)) -> tuple:
+    """The ``levels`` quantiles of the coverage split conformal shows on ``n_test`` test samples after a
+    quantile fitted on ``n_calibration`` points: the beta-binomial law BetaBinomial(n_test, n + 1 - l, l) / n_test,
+    l = floor((n + 1) alpha) (see the module docstring). (1.0, 1.0) when l = 0: the quantile is infinite, every set
+    holds every class."""
+    n, m = int(n_calibration), int(n_test)
+    if n < 1 or m < 1:
+        raise ValueError(f"coverage_range needs calibration and test samples, got {n} and {m}")
+    l = math.floor((n + 1) * float(alpha) + 1e-12)
+    if l == 0:
+        return 1.0, 1.0
+    a, b = float(n + 1 - l), float(l)
+    k = torch.arange(m + 1, dtype=torch.float64)
+    lgamma = torch.lgamma
+    log_pmf = (lgamma(torch.tensor(m + 1.0)) - lgamma(k + 1) - lgamma(m - k + 1) + lgamma(k + a) + lgamma(m - k + b)
+               - lgamma(torch.tensor(m + a + b)) + lgamma(torch.tensor(a + b)) - lgamma(torch.tensor(a))
+               - lgamma(torch.tensor(b)))
+    cdf = torch.cumsum(torch.softmax(log_pmf, 0), 0)  # softmax: the pmf renormalised against rounding
+    return tuple(float(torch.searchsorted(cdf, torch.tensor(level, dtype=torch.float64))) / m for level in levels)
+
+
+def _true_ranks(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The 1-based rank of each sample's true class in its decreasing probabilities (ties: the stable order)."""
+    order = torch.argsort(probs, dim=1, descending=True, stable=True)
+    return (order == targets[:, None]).double().argmax(dim=1) + 1
+
+
 class ConformalClassifier:
     """Split-conformal prediction sets (see :mod:`timm_csm.calibration.conformal`) on the logits of ``calibrator``
     (fitted, applied first; None: the raw logits).
 
     ``fit(logits, targets)`` on the calibration split, then ``predict_sets(logits)`` -> bool (N, C) and
-    ``evaluate(logits, targets)`` -> ``{"coverage", "mean_set_size", ...}``.
+    ``evaluate(logits, targets)`` -> ``{"coverage", "coverage_range", "mean_set_size", ...}``. RAPS's ``penalty``
+    and ``k_reg``: None (both) to tune them on ``tune_fraction`` of the calibration split (the module docstring).
     """
 
     def __init__(self, method: str = "aps", alpha: float = 0.1, calibrator: Optional[PostHocCalibrator] = None,
-                 randomized: bool = True, penalty: float = 0.01, k_reg: int = 5, seed: int = 0):
+                 randomized: bool = True, penalty: Optional[float] = None, k_reg: Optional[int] = None,
+                 seed: int = 0, tune_fraction: float = 0.3):
         if method not in CONFORMAL_METHODS:
             raise ValueError(f"method must be one of {CONFORMAL_METHODS}, got {method!r}")
         if not 0.0 < float(alpha) < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-        if float(penalty) < 0 or int(k_reg) < 0:
+        if (penalty is None) != (k_reg is None):
+            raise ValueError("give both penalty and k_reg, or neither (RAPS tunes them on the calibration split)")
+        if penalty is not None and (float(penalty) < 0 or int(k_reg) < 0):
             raise ValueError(f"penalty and k_reg must be >= 0, got {penalty}, {k_reg}")
+        if not 0.0 < float(tune_fraction) < 1.0:
+            raise ValueError(f"tune_fraction must lie in (0, 1), got {tune_fraction}")
         self.method, self.alpha, self.calibrator = method, float(alpha), calibrator
-        self.randomized, self.penalty, self.k_reg, self.seed = bool(randomized), float(penalty), int(k_reg), seed
+        self.randomized, self.seed, self.tune_fraction = bool(randomized), seed, float(tune_fraction)
+        self.penalty = float(penalty) if penalty is not None else None
+        self.k_reg = int(k_reg) if k_reg is not None else None
         self.quantile: Optional[float] = None
+        self.n_calibration = self.n_tuning = 0
         self._calls = 0
 
     def _uniform(self, n: int, device) -> torch.Tensor:
@@ -85,38 +134,69 @@ class ConformalClassifier:
         self._calls += 1
         return torch.rand(n, generator=g, dtype=torch.float64).to(device)
 
-    def _scores(self, logits) -> torch.Tensor:
+    def _probs(self, logits) -> torch.Tensor:
         logits = as_logits(logits)
         if self.calibrator is not None:
             logits = self.calibrator.transform(logits)
-        probs = torch.softmax(logits.double(), dim=1)
-        return conformal_scores(probs, self.method, self._uniform(len(probs), probs.device), self.penalty,
-                                self.k_reg)
+        return torch.softmax(logits.double(), dim=1)
+
+    def _scores(self, probs: torch.Tensor, penalty=None, k_reg=None) -> torch.Tensor:
+        u = self._uniform(len(probs), probs.device)
+        return conformal_scores(probs, self.method, u, self.penalty if penalty is None else penalty,
+                                self.k_reg if k_reg is None else k_reg)
+
+    def _tune_raps(self, probs: torch.Tensor, targets: torch.Tensor) -> None:
+        """``k_reg`` and ``penalty`` chosen on ``probs`` (the tuning part), as the module docstring says."""
+        ranks = _true_ranks(probs, targets).sort().values
+        k_reg = int(ranks[math.ceil((len(ranks) - 1) * (1.0 - self.alpha) - 1e-12)])  # numpy's "higher" quantile
+        sizes = []
+        for penalty in RAPS_PENALTY_GRID:
+            scores = self._scores(probs, penalty, k_reg)
+            q = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
+            sizes.append(float((scores <= q).sum(dim=1).double().mean()))
+        self.k_reg, self.penalty = k_reg, RAPS_PENALTY_GRID[sizes.index(min(sizes))]
 
     def fit(self, logits, targets) -> "ConformalClassifier":
-        scores = self._scores(logits)
-        targets = as_targets(targets, scores.shape[0], scores.shape[1]).to(scores.device)
-        if scores.shape[0] < 1:
+        probs = self._probs(logits)
+        targets = as_targets(targets, probs.shape[0], probs.shape[1]).to(probs.device)
+        if probs.shape[0] < 1:
             raise ValueError("ConformalClassifier: the calibration split is empty")
+        self._calls = 0
+        if self.method == "raps" and self.penalty is None:
+            n_tune = round(self.tune_fraction * len(probs))
+            if not 0 < n_tune < len(probs):
+                raise ValueError(f"RAPS tunes k_reg and penalty on {self.tune_fraction:g} of the calibration split "
+                                 f"and {len(probs)} samples do not divide so; give penalty and k_reg")
+            order = torch.randperm(len(probs), generator=torch.Generator().manual_seed(self.seed)).to(probs.device)
+            self._tune_raps(probs[order[:n_tune]], targets[order[:n_tune]])
+            probs, targets, self.n_tuning = probs[order[n_tune:]], targets[order[n_tune:]], n_tune
+        scores = self._scores(probs)
         self.quantile = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
+        self.n_calibration = len(probs)
         return self
 
     def predict_sets(self, logits) -> torch.Tensor:
         """Bool (N, C): class k is in sample i's set."""
         if self.quantile is None:
             raise ValueError("ConformalClassifier is not fitted: call fit(calibration_logits, targets) first")
-        return self._scores(logits) <= self.quantile
+        return self._scores(self._probs(logits)) <= self.quantile
 
     def evaluate(self, logits, targets) -> dict:
-        """Empirical coverage, mean / median set size and the share of empty sets on a test split."""
+        """Empirical coverage and its expected 5-95% range (:func:`coverage_range`), mean / median set size and
+        the share of empty sets on a test split; RAPS adds its ``penalty`` and ``k_reg``."""
         sets = self.predict_sets(logits)
         targets = as_targets(targets, sets.shape[0], sets.shape[1]).to(sets.device)
         sizes = sets.sum(dim=1).double()
         quantile = self.quantile if math.isfinite(self.quantile) else None  # None: every class (JSON has no inf)
-        return {"method": self.method, "alpha": self.alpha, "quantile": quantile,
-                "coverage": float(sets.gather(1, targets[:, None]).double().mean()),
-                "mean_set_size": float(sizes.mean()), "median_set_size": float(sizes.median()),
-                "empty_sets": float((sizes == 0).double().mean())}
+        out = {"method": self.method, "alpha": self.alpha, "quantile": quantile,
+               "coverage": float(sets.gather(1, targets[:, None]).double().mean()),
+               "coverage_range": list(coverage_range(self.n_calibration, len(targets), self.alpha)),
+               "n_calibration": self.n_calibration,
+               "mean_set_size": float(sizes.mean()), "median_set_size": float(sizes.median()),
+               "empty_sets": float((sizes == 0).double().mean())}
+        if self.method == "raps":
+            out.update(penalty=self.penalty, k_reg=self.k_reg, n_tuning=self.n_tuning)
+        return out
 
     def __repr__(self) -> str:
         q = "unfitted" if self.quantile is None else f"q={self.quantile:.4g}"

@@ -162,8 +162,8 @@ class DatasetImages(LazyImages):
 class FolderImages(LazyImages):
     """The images of an ImageFolder layout (``<class>/<image>``), listed by timm's ``ReaderImageFolder``: only the
     file paths are held, each image is opened when a batch asks for it. ``class_names`` (default: the folder's
-    class folders, sorted) give the label order, so that the splits of one dataset share it; ``labels`` are the
-    reader's."""
+    class folders in the reader's natural order, 1, 2, 10) give the label order, so that the splits of one dataset
+    share it; ``labels`` are the reader's."""
 
     def __init__(self, folder, class_names=None, rows=None, mode=None, size=None):
         from timm.data.readers.reader_image_folder import ReaderImageFolder

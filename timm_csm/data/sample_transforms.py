@@ -27,16 +27,16 @@ class SampleTransform:
     Args:
         transform: the PIL transform (timm's ``create_transform`` output, a torchvision ``Compose``, ...).
         in_chans: channels of the output; each image is converted to ``L`` (1) or ``RGB`` (3) first.
-        img_size: the output side (for the records; the transform decides the size).
+        img_size: the output (H, W) (for the records; the transform decides the size), None when unknown.
         random: whether ``transform`` is random (a train transform); an eval transform draws nothing.
     """
 
     per_sample = True
 
-    def __init__(self, transform: Callable, in_chans: int, img_size: Tuple[int, int], random: bool):
+    def __init__(self, transform: Callable, in_chans: int, img_size: Optional[Tuple[int, int]], random: bool):
         self.transform = transform
         self.in_chans = int(in_chans)
-        self.img_size = tuple(img_size)
+        self.img_size = tuple(img_size) if img_size is not None else None
         self.mode = pil_mode(self.in_chans)
         self.random = bool(random)
 
@@ -89,11 +89,13 @@ def _per_channel(values, in_chans: int, what: str) -> tuple:
 
 
 def create_timm_transforms(img_size: int, mean, std, in_chans: int, interpolation: str = "bilinear",
-                           crop_pct: Optional[float] = None, no_aug: bool = False, **train_kwargs):
+                           crop_pct: Optional[float] = None, no_aug: bool = False, crop_mode: Optional[str] = None,
+                           **train_kwargs):
     """(train, eval) :class:`SampleTransform` of ``timm.data.create_transform``: train with ``train_kwargs``
     (``scale``, ``ratio``, ``hflip``, ``vflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ``re_mode``,
     ``re_count``, ``train_interpolation``, as timm's train.py passes them), eval resizing to ``img_size / crop_pct``
-    and centre-cropping. ``mean`` / ``std`` hold one value per channel, or one for all."""
+    and cropping (``crop_mode``: timm's ``center`` by default, ``squash`` or ``border``). ``mean`` / ``std`` hold
+    one value per channel, or one for all."""
     from timm.data import create_transform
 
     mean, std = _per_channel(mean, in_chans, "mean"), _per_channel(std, in_chans, "std")
@@ -102,6 +104,6 @@ def create_timm_transforms(img_size: int, mean, std, in_chans: int, interpolatio
     train = create_transform(size, is_training=True, no_aug=no_aug, mean=mean, std=std,
                              interpolation=train_interpolation, **train_kwargs)
     evaluation = create_transform(size, is_training=False, mean=mean, std=std, interpolation=interpolation,
-                                  crop_pct=crop_pct)
+                                  crop_pct=crop_pct, crop_mode=crop_mode)
     return (SampleTransform(train, in_chans, size[1:], random=True),
             SampleTransform(evaluation, in_chans, size[1:], random=False))

@@ -148,7 +148,11 @@ def _folder_split(name: str, folders: Dict[str, Path], split: str) -> LazySplit:
     listed by timm's folder reader (nothing decoded)."""
     if split not in folders:
         raise ValueError(f'Unknown split "{split}". Should be one of {list(folders)}.')
-    classes = sorted({d.name for f in folders.values() for d in f.iterdir() if d.is_dir()})  # shared by every split
+    from timm.utils.misc import natural_key
+
+    # shared by every split, in the order of timm's folder reader (natural: 1, 2, 10), so that a model trained with
+    # timm on the folder is scored with its own label indices
+    classes = sorted({d.name for f in folders.values() for d in f.iterdir() if d.is_dir()}, key=natural_key)
     images = FolderImages(folders[split], classes)
     present = set(np.unique(images.labels).tolist())
     empty = [c for i, c in enumerate(classes) if i not in present and (folders[split] / c).is_dir()]

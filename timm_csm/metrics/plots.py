@@ -12,7 +12,8 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from .functional import ReliabilityTable, reliability_table
 
-__all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label"]
+__all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label",
+           "PANELS_PER_ROW"]
 
 
 def ece_label(ece_value: float) -> str:
@@ -20,16 +21,25 @@ def ece_label(ece_value: float) -> str:
     return f"ECE = {100.0 * ece_value:.2f}%"
 
 
-def _figure(ncols: int):
+#: panels per row of a figure of several diagrams (more go to further rows: 4 x 4 inches at 120 dpi is 1,920 px)
+PANELS_PER_ROW = 4
+
+
+def _figure(panels: int):
+    """A figure of ``panels`` diagrams, :data:`PANELS_PER_ROW` a row: [(diagram axes, share axes)] in reading
+    order."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("reliability diagrams need matplotlib: pip install 'timm-csm[plots]'") from e
-    fig = Figure(figsize=(4.0 * ncols, 4.6), layout="constrained")
+    ncols = min(panels, PANELS_PER_ROW)
+    nrows = -(-panels // ncols)
+    fig = Figure(figsize=(4.0 * ncols, 4.6 * nrows), layout="constrained")
     FigureCanvasAgg(fig)  # no pyplot: no global state, no GUI backend
-    grid = fig.add_gridspec(2, ncols, height_ratios=(4, 1))
-    axes = [(fig.add_subplot(grid[0, i]), fig.add_subplot(grid[1, i])) for i in range(ncols)]
+    grid = fig.add_gridspec(2 * nrows, ncols, height_ratios=(4, 1) * nrows)
+    rows_cols = [(2 * (i // ncols), i % ncols) for i in range(panels)]
+    axes = [(fig.add_subplot(grid[r, c]), fig.add_subplot(grid[r + 1, c])) for r, c in rows_cols]
     return fig, axes
 
 
@@ -91,7 +101,8 @@ def reliability_diagram(preds, target, path, n_bins: int = 15, title: Optional[s
 
 def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int = 15,
                          title: Optional[str] = None, input_type: str = "logits", **kwargs) -> Dict[str, float]:
-    """Side-by-side reliability diagrams, one panel per ``{name: (preds, target)}``; returns ``{name: ece}``."""
+    """Reliability diagrams, one panel per ``{name: (preds, target)}`` (:data:`PANELS_PER_ROW` a row); returns
+    ``{name: ece}``."""
     if not runs:
         raise ValueError("runs is empty: pass {name: (preds, target)}")
     tables = {name: reliability_table(preds, target, n_bins, input_type=input_type, **kwargs)
@@ -100,9 +111,9 @@ def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins
 
 
 def table_diagrams(tables: Mapping[str, ReliabilityTable], path, title: Optional[str] = None) -> Dict[str, float]:
-    """Side-by-side diagrams of ready tables (e.g. adaptive or classwise ones from
-    :func:`~timm_csm.metrics.reliability_table_from_points`), one panel per name; returns ``{name: ece}``, the
-    ECE of each table's own binning."""
+    """Diagrams of ready tables (e.g. adaptive or classwise ones from
+    :func:`~timm_csm.metrics.reliability_table_from_points`), one panel per name (:data:`PANELS_PER_ROW` a row);
+    returns ``{name: ece}``, the ECE of each table's own binning."""
     if not tables:
         raise ValueError("tables is empty: pass {name: ReliabilityTable}")
     fig, axes = _figure(len(tables))

@@ -5,6 +5,8 @@
   the command line, a dict, a YAML file or Python); :mod:`~timm_csm.training.args`: the command line built from it;
 * :mod:`~timm_csm.training.data`: the seeded train / validation / test splits and evaluation loaders;
 * :mod:`~timm_csm.training.model`: the classifier factory, weight loading and :func:`load_trained_classifier`;
+  :mod:`~timm_csm.training.classifier`: a classifier trained anywhere, with its preprocessing resolved as timm's
+  ``validate.py`` does (``timm-csm-calibrate``);
 * :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
 * :mod:`~timm_csm.training.optim`: optimizer and schedule;
 * :mod:`~timm_csm.training.loop`: one epoch, prediction, the epochs of a run;

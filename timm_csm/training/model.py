@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch.nn as nn
 
-from ..io import is_state_file, load_state, read_model_meta
+from ..io import is_state_file, load_state, read_model_meta, state_dict_mismatch
 
 __all__ = ["check_model_name", "fixed_input_size", "create_train_model", "load_model_weights",
            "load_trained_classifier", "CalibratedClassifier", "CALIBRATED_MODEL_FILE", "CALIBRATOR_FILES"]
@@ -96,15 +96,41 @@ def create_train_model(name: str, num_classes: int, in_chans: int, img_size: Opt
 
 
 
-def load_model_weights(model: nn.Module, path) -> None:
-    """Load weights from a training-state file (its ``model`` entry), a model file, or any weight file timm's
-    ``load_checkpoint`` reads (safetensors or torch)."""
-    if is_state_file(path):
-        model.load_state_dict(load_state(path)["model"])
-        return
-    from timm.models import load_checkpoint
+def _shape_hint(model: nn.Module, state) -> str:
+    """The channels and classes the weights were built with, where they differ from ``model``'s (read from the
+    first convolution and the classifier that timm's ``pretrained_cfg`` names)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    own = model.state_dict()
+    hints = []
+    for key, axis, flag in ((cfg.get("first_conv"), 1, "--in-chans"), (cfg.get("classifier"), 0, "--num-classes")):
+        weight = f"{key}.weight" if isinstance(key, str) else None
+        if weight in state and weight in own and state[weight].ndim > axis and \
+                state[weight].shape[axis] != own[weight].shape[axis]:
+            hints.append(f"{flag} {state[weight].shape[axis]} (the file's {weight})")
+    return f"; the weights were built with {' and '.join(hints)}" if hints else ""
 
-    load_checkpoint(model, str(path))
+
+def load_model_weights(model: nn.Module, path, description: Optional[str] = None) -> None:
+    """Load weights from a training-state file (its ``model`` entry), a model file, or any weight file timm's
+    ``load_checkpoint`` reads (safetensors or torch; its EMA weights when it holds them, as timm does). Weights that
+    do not fit ``model`` (another architecture, class count or channel count) are a one-line ``ValueError``
+    (:func:`~timm_csm.io.state_dict_mismatch`) naming ``description`` (default: the model's class)."""
+    if is_state_file(path):
+        state = load_state(path)["model"]
+    elif os.path.splitext(str(path))[-1].lower() in (".npz", ".npy"):  # a model-specific format timm loads itself
+        from timm.models import load_checkpoint
+
+        load_checkpoint(model, str(path))
+        return
+    else:
+        from timm.models import load_state_dict
+
+        state = load_state_dict(str(path))
+    mismatch = state_dict_mismatch(model, state)
+    if mismatch is not None:
+        raise ValueError(f"{path} does not fit {description or type(model).__name__}: {mismatch}"
+                         f"{_shape_hint(model, state)}")
+    model.load_state_dict(state)
 
 
 def _calibrated_folder_files(folder: Path, checkpoint: str):
@@ -159,7 +185,7 @@ def load_trained_classifier(path, checkpoint: str = "model_best.safetensors", ca
     load_model_weights(model, file)
     if meta.get("transform") == "timm":
         _, eval_tf = create_timm_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"],
-                                            meta["interpolation"], meta["crop_pct"])
+                                            meta["interpolation"], meta["crop_pct"], crop_mode=meta.get("crop_mode"))
     else:
         _, eval_tf = create_transforms(meta["img_size"], meta["mean"], meta["std"], meta["in_chans"])
     model = model.eval()

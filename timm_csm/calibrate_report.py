@@ -1,0 +1,116 @@
+"""The report of ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): ``report.md`` from the numbers of
+``report.json``, and the diagrams (``reliability.png``, the optional adaptive / classwise ones, ``risk_coverage.png``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+from .metrics.selective import risk_coverage_from_points
+
+__all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
+
+
+def report_markdown(report: Dict[str, Any]) -> str:
+    """``report.md``: the metrics of each calibrator, the exported one and why, the conformal sets."""
+    keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
+    pre = report.get("preprocessing")
+    lines = [f"# Calibration of {report['model']}", "",
+             f"Data: {report['dataset']}, calibration split {report['calibration']['source']} "
+             f"({report['calibration']['n']} images), test split {report['test']['source']} "
+             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy.", ""]
+    if pre:
+        lines += [f"Preprocessing: {pre['description']}" + (f" (guessed: {'; '.join(pre['guessed'])})"
+                                                             if pre["guessed"] else "") + ".", ""]
+    lines += ["| calibrator | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, row in [("uncalibrated", report["uncalibrated"]), *report["calibrators"].items()]:
+        lines.append(f"| {name} | " + " | ".join(f"{row['test'][k]:.4f}" for k in keys) + " |")
+    lines += ["", *_export_lines(report["calibrated_model"]), *_conformal_lines(report)]
+    return "\n".join(lines) + "\n"
+
+
+def _export_lines(record: Dict[str, Any]) -> List[str]:
+    lines = [f"Calibrated model: `{record['model']}` + `{record['calibrator']}` ({record['kind']}: "
+             f"{record['chosen_by']}; the test split took no part in the choice), loaded by "
+             "`timm_csm.training.load_trained_classifier(folder, calibrated=True)`.", ""]
+    if "cross_validation" in record:
+        lines += ["| calibrator | cross-validated NLL | cross-validated ECE |", "|---|---|---|"]
+        lines += [f"| {name} | {r['nll']:.4f} | {r['ece']:.4f} |" for name, r in record["cross_validation"].items()]
+        lines.append("")
+    return lines
+
+
+def _conformal_lines(report: Dict[str, Any]) -> List[str]:
+    if not report["conformal"]:
+        return []
+    alpha = report["alpha"]
+    lines = [f"Conformal sets at alpha = {alpha} (target coverage {1 - alpha:.2f}). The coverage of one split "
+             "varies about the target: given n calibration points it follows Beta(n + 1 - l, l), l = floor((n + 1) "
+             "alpha), and the test split adds its binomial noise; the expected range is its 5-95% interval, so a "
+             "coverage inside it is what a correct conformal procedure gives.", "",
+             "| calibrator | method | coverage | expected range | mean set size | empty sets |",
+             "|---|---|---|---|---|---|"]
+    for base, methods in report["conformal"].items():
+        for method, r in methods.items():
+            lo, hi = r["coverage_range"]
+            lines.append(f"| {base} | {method} | {r['coverage']:.4f} | {lo:.3f}-{hi:.3f} | "
+                         f"{r['mean_set_size']:.3f} | {r['empty_sets']:.4f} |")
+    raps = report["conformal"]["none"].get("raps")
+    if raps is not None and raps["n_tuning"]:
+        lines += ["", f"RAPS (uncalibrated): k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on "
+                  f"{raps['n_tuning']} calibration images (Angelopoulos et al., 2021), its quantile fitted on the "
+                  f"other {raps['n_calibration']}; each row tunes its own."]
+    return lines
+
+
+RELIABILITY_KINDS = ("adaptive", "classwise")
+
+
+def _extra_diagrams(folder: Path, runs, n_bins: int, kinds: Sequence[str]) -> None:
+    """``reliability_<kind>.png`` for each requested kind: ``adaptive`` (equal-mass bins of the top-label
+    confidence) and ``classwise`` (the one-vs-rest pairs (p_ik, 1[y_i = k]) of every class in equal-width bins)."""
+    from .metrics import reliability_table_from_points
+    from .metrics.plots import table_diagrams
+
+    for kind in kinds:
+        tables = {}
+        for name, (logits, labels) in runs.items():
+            probs = torch.softmax(logits.double(), dim=1)
+            if kind == "adaptive":
+                conf, pred = probs.max(dim=1)
+                tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins,
+                                                             equal_mass=True)
+            else:
+                hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
+                tables[name] = reliability_table_from_points(probs, hits, n_bins)
+        table_diagrams(tables, folder / f"reliability_{kind}.png", title=f"{kind} reliability")
+
+
+def write_plots(folder: Path, test, fitted, n_bins: int, log, reliability: Sequence[str] = ()) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from .metrics.plots import reliability_diagrams
+    except ImportError as e:
+        log(f"plots skipped ({e}; pip install matplotlib)")
+        return
+    runs = {"uncalibrated": (test[0], test[1])}
+    runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})
+    reliability_diagrams(runs, str(folder / "reliability.png"), n_bins=n_bins)
+    _extra_diagrams(folder, runs, n_bins, reliability)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, (logits, labels) in runs.items():
+        conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
+        curve = risk_coverage_from_points(conf, (pred == labels).double())
+        ax.plot(curve.coverage.numpy(), curve.risk.numpy(), label=name)
+    ax.set_xlabel("coverage")
+    ax.set_ylabel("selective risk")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "risk_coverage.png", dpi=120)
+    plt.close(fig)
