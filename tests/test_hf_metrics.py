@@ -227,8 +227,9 @@ def test_cache_location_follows_evaluate_config(monkeypatch, tmp_path):
 
 def test_install_cli(tmp_path, capsys):
     assert hf_metrics.main(["ece", "nll", "--cache-dir", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out.split()
+    *printed, next_step = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and all(Path(p).is_file() for p in printed)
+    assert next_step == "next: evaluate.load('ece'), offline too"
     assert hf_metrics.main(["nope", "--cache-dir", str(tmp_path)]) == 1
 
 

@@ -45,6 +45,8 @@ import torch
 import torch.nn as nn
 
 from .calibration import BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator
+from .cli import console_command
+from .extras import missing_extra
 from .io import safetensors_metadata, save_model_file, write_json_atomic, write_text_atomic
 from .metrics import calibration_metrics, reliability_table
 from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
@@ -322,7 +324,7 @@ def _plots(folder: Path, test, fitted, n_bins: int, log, reliability: Sequence[s
 
         from .metrics.plots import reliability_diagrams
     except ImportError as e:
-        log(f"plots skipped ({e}; pip install matplotlib)")
+        log(f"plots skipped: {missing_extra(e) or e}")
         return
     runs = {"uncalibrated": (test[0], test[1])}
     runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})
@@ -451,7 +453,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     return report
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a train.py run folder or model file, or a timm model name")
@@ -493,9 +495,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@console_command("timm-csm-calibrate", build_parser)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``timm-csm-calibrate``: bad input is one line on stderr and exit status 2."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         calibrate(args.model, args.dataset, output=args.output, test_split=args.test_split,
                   calibration_split=args.calibration_split, calibration_fraction=args.calibration_fraction,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Mapping, Optional, Tuple
 
+from ..extras import require
 from .functional import ReliabilityTable, reliability_table
 
 __all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label"]
@@ -21,11 +22,8 @@ def ece_label(ece_value: float) -> str:
 
 
 def _figure(ncols: int):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("reliability diagrams need matplotlib: pip install 'timm-csm[plots]'") from e
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "a reliability diagram", "FigureCanvasAgg")
+    Figure = require("matplotlib.figure", "a reliability diagram", "Figure")
     fig = Figure(figsize=(4.0 * ncols, 4.6), layout="constrained")
     FigureCanvasAgg(fig)  # no pyplot: no global state, no GUI backend
     grid = fig.add_gridspec(2, ncols, height_ratios=(4, 1))
