@@ -98,6 +98,16 @@ def test_a_command_without_its_extra_says_which_to_install_in_one_line_before_it
     assert not out.exists()
 
 
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path, capsys):
+    from timm_csm.commands import annotate
+
+    assert annotate.main(["--generated", str(tmp_path / "gen"), "--dataset", "digits", "--s", "4", "--encoder",
+                          "timm", "--output", str(tmp_path / "hub")]) == 2
+    assert capsys.readouterr().err == ("timm-csm-annotate: error: --encoder timm needs --model (and usually "
+                                       "--checkpoint)\n")
+    assert not (tmp_path / "hub").exists()
+
+
 def test_a_missing_extra_found_on_the_way_is_one_line_too(tmp_path, capsys, monkeypatch):
     from timm_csm.commands import annotate
 

@@ -82,7 +82,7 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
                                device=args.device, **kw)
     if args.encoder == "timm":
         if not args.model:
-            sys.exit("--encoder timm needs --model (and usually --checkpoint)")
+            raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
         return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
                            input_size=args.input_size)
     short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name

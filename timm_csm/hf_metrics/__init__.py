@@ -159,8 +159,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         paths = install_evaluate_modules(args.names or None, args.cache_dir)
-    except (ValueError, OSError) as e:
-        print(f"timm-csm-install-metrics: {e}", file=sys.stderr)
+    except OSError as e:  # an unknown name (ValueError) is bad input: console_command's one line, status 2
+        print(f"timm-csm-install-metrics: error: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
         for path in paths:
