@@ -68,10 +68,17 @@ CHROMIUM_FLAGS := --headless --no-sandbox --disable-gpu --disable-background-net
 docs-screenshot: docs
 	chromium $(CHROMIUM_FLAGS) --screenshot=docs/site_home.png file://$(CURDIR)/site/index.html
 
-# the sdist and the wheel, into dist/ (tests/test_distribution.py builds and installs them in CI)
-dist: $(STAMP)
+# the sdist and the wheel (built from the sdist), into dist/, by PyPA's build in a small environment of its own: the
+# packaging tools only, not the development environment (tests/test_distribution.py builds and installs them in CI)
+BUILD_VENV := .venv-build
+$(BUILD_VENV)/.installed:
+	$(PY) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install --quiet --upgrade build setuptools wheel
+	touch $@
+
+dist: $(BUILD_VENV)/.installed
 	rm -rf dist
-	$(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist'); b.build_wheel('dist')"
+	$(BUILD_VENV)/bin/python -m build --no-isolation --outdir dist .
 
 clean:
 	rm -rf runs build dist site *.egg-info .pytest_cache

@@ -7,7 +7,9 @@
 The same as `timm-csm-train` and `accelerate launch -m timm_csm.train` after an install; `python train.py --help`
 lists the options (grouped); see timm_csm/train.py.
 """
+import sys
+
 from timm_csm.train import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

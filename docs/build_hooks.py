@@ -3,22 +3,26 @@
 * :func:`on_files` generates the API reference: one page per subpackage and top-level module of ``timm_csm``,
   rendered from the docstrings by mkdocstrings, found at build time, so that a new or renamed module is documented
   without a page to edit (and one whose docstrings fail to render fails the strict build).
-* :func:`on_page_markdown` writes the flag tables of ``timm-csm-train`` where a page holds :data:`FLAGS_MARKER`,
-  from the argument parser itself: one table per group of ``--help``, each flag with its default and help.
+* :func:`on_page_markdown` writes the flag tables of a command where a page holds its marker,
+  ``<!-- the flags of timm-csm-train -->`` (:data:`FLAGS_MARKER`), from the command's argument parser itself (the
+  ``build_parser`` of each console script's ``main``, :func:`timm_csm.cli.console_command`): one table per group of
+  ``--help``, each option with its default and help.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
   (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
 """
 from __future__ import annotations
 
 import ast
+import configparser
 import html
+import importlib
 import re
 from pathlib import Path
 
 from griffe import Extension
 
 PACKAGE = Path(__file__).resolve().parents[1] / "timm_csm"
-FLAGS_MARKER = "<!-- the flags of timm-csm-train -->"
+FLAGS_MARKER = re.compile(r"<!-- the flags of (timm-csm-[a-z-]+) -->")
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
 
 
@@ -82,23 +86,38 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "\\|")
 
 
-def flag_tables() -> str:
-    """The options of ``timm-csm-train`` as Markdown, one table per argument group, in ``--help``'s order."""
+def console_scripts() -> dict:
+    """``{command: "module:function"}`` of ``setup.cfg``'s console scripts."""
+    cfg = configparser.ConfigParser()
+    cfg.read(PACKAGE.parent / "setup.cfg")
+    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
+    return {name.strip(): target.strip() for name, target in (line.split("=") for line in lines)}
+
+
+def command_parser(command: str):
+    """The argument parser of the console script ``command``."""
+    module, function = console_scripts()[command].split(":")
+    return getattr(importlib.import_module(module), function).build_parser()
+
+
+def flag_tables(command: str = "timm-csm-train") -> str:
+    """The options of ``command`` as Markdown, one table per argument group, in ``--help``'s order."""
     import argparse
 
-    from timm_csm.training import build_parser
-
-    parser, out = build_parser(), []
+    parser, out = command_parser(command), []
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
+        actions = [a for a in group._group_actions if a.dest != "help"]
         if not actions:
             continue
         out += [f"### {group.title[0].upper()}{group.title[1:]}", "", "| flag | default | what it does |",
                 "|---|---|---|"]
         for action in actions:
             default = action.default
-            shown = "" if default in (None, "", False, argparse.SUPPRESS) or action.nargs == 0 else f"`{default}`"
-            flags = ", ".join(f"`{o}`" for o in action.option_strings)
+            # a 0 default is shown (0 == False): only "no value" and switches are left blank
+            unset = default is None or default is False or default is argparse.SUPPRESS or default == ""
+            required = action.required and action.nargs not in ("?", "*")  # argparse marks every positional
+            shown = "required" if required else "" if unset or action.nargs == 0 else f"`{default}`"
+            flags = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
             text = (action.help or "").replace("%(default)s", str(default))  # BooleanOptionalAction's own
             out.append(f"| {flags} | {shown} | {_cell(text)} |")
         out.append("")
@@ -106,4 +125,4 @@ def flag_tables() -> str:
 
 
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
-    return markdown.replace(FLAGS_MARKER, flag_tables()) if FLAGS_MARKER in markdown else markdown
+    return FLAGS_MARKER.sub(lambda match: flag_tables(match.group(1)), markdown)

@@ -1,5 +1,7 @@
 """Same as `timm-csm-annotate` (timm_csm/commands/annotate.py), for a source checkout."""
+import sys
+
 from timm_csm.commands.annotate import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,47 +11,181 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+from build_hooks import console_scripts as _console_scripts  # noqa: E402  setup.cfg's console scripts
+
 COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
-                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate")
+                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate", "timm_csm.hf_metrics")
 
 
-def _console_scripts():
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
-    lines = [line.split("=") for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines()]
-    return {name.strip(): target.strip() for name, target in lines}
+def _main(target: str):
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def test_console_scripts_are_the_commands_main_functions():
+    """Each console script is a :func:`timm_csm.cli.console_command` of its own name (exit status 0 on success,
+    one-line errors) that parses with its ``build_parser``."""
     scripts = _console_scripts()
     for name in ("timm-csm-train", "timm-csm-generate", "timm-csm-annotate", "timm-csm-publish", "timm-csm-pipeline",
-                 "timm-csm-install-metrics", "timm-csm-calibrate"):
+                 "timm-csm-install-metrics", "timm-csm-calibrate", "timm-csm-train-generator",
+                 "timm-csm-evaluate-generator"):
         assert name in scripts, name
+    assert {target.split(":")[0] for target in scripts.values()} >= set(COMMAND_MODULES) - {"timm_csm.recipes.run"}
     for name, target in scripts.items():
-        module, function = target.split(":")
-        assert function == "main" and callable(getattr(importlib.import_module(module), function)), name
+        main = _main(target)
+        assert target.endswith(":main") and main.prog == name, name
+        assert isinstance(main.build_parser(), argparse.ArgumentParser), name
+        assert main.__wrapped__.__module__ == main.__module__, f"{name}: not a console_command"
     assert scripts["timm-csm-train"] == "timm_csm.train:main"
 
 
-class _Parsed(Exception):
-    pass
+def test_a_console_command_hands_sys_exit_0_on_success_and_refuses_a_non_int_status():
+    """A console script runs ``sys.exit(main())``, which reports any value but None or an int as an error
+    (``timm-csm-annotate --install`` returned its folder: "installed", then exit status 1)."""
+    from timm_csm.cli import console_command
+
+    def returning(value):
+        return console_command("timm-csm-x", argparse.ArgumentParser)(lambda argv=None: value)
+
+    assert returning(None)() == 0 and returning(3)() == 3
+    for value in (Path("runs/hub/csm-digits-aug"), {"ece": 0.1}, True):
+        with pytest.raises(TypeError, match="timm-csm-x: main returned"):
+            returning(value)()
 
 
-def _parser_of(module_name, monkeypatch):
-    """The argument parser a command's ``main`` builds (caught as it parses, so nothing runs)."""
-    def capture(parser, *args, **kwargs):
-        raise _Parsed(parser)
+def test_install_metrics_exits_0_through_sys_exit(tmp_path, capsys):
+    from timm_csm.hf_metrics import main
 
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
-    with pytest.raises(_Parsed) as caught:
-        importlib.import_module(module_name).main([])
-    return caught.value.args[0]
+    with pytest.raises(SystemExit) as ended:
+        sys.exit(main(["ece", "--cache-dir", str(tmp_path)]))
+    assert ended.value.code == 0 and capsys.readouterr().err == ""
+
+
+def _without(monkeypatch, *packages):
+    """Make ``packages`` unimportable in this process, as in an install without their extra."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages:
+            monkeypatch.setitem(sys.modules, name, None)
+    for name in packages:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def _one_error_line(capsys, prog: str, extra: str) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith(f"{prog}: error: ") and f"pip install 'timm-csm[{extra}]'" in lines[0], lines[0]
+    assert len(lines[0]) < 300
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["timm-csm-pipeline", "--profile", "smoke", "--output", "{out}"],
+    ["timm-csm-train-generator", "--dataset", "digits", "--output", "{out}"],
+    ["timm-csm-generate", "--generator", "fmnist", "--num-groups", "2", "--output", "{out}"],
+    ["timm-csm-evaluate-generator", "--generator", "fmnist", "--classifier", "{out}"],
+])
+def test_a_command_without_its_extra_says_which_to_install_in_one_line_before_it_starts(argv, tmp_path, capsys,
+                                                                                      monkeypatch):
+    out = tmp_path / "out"
+    _without(monkeypatch, "diffusers")
+    main = _main(_console_scripts()[argv[0]])
+    assert main([a.format(out=out) for a in argv[1:]]) == 1
+    line = _one_error_line(capsys, argv[0], "gen")
+    assert f"{argv[0]} needs diffusers>=0.30 (the [gen] extra), which is not installed" in line
+    assert not out.exists()
+
+
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path, capsys):
+    from timm_csm.commands import annotate
+
+    assert annotate.main(["--generated", str(tmp_path / "gen"), "--dataset", "digits", "--s", "4", "--encoder",
+                          "timm", "--output", str(tmp_path / "hub")]) == 2
+    assert capsys.readouterr().err == ("timm-csm-annotate: error: --encoder timm needs --model (and usually "
+                                       "--checkpoint)\n")
+    assert not (tmp_path / "hub").exists()
+
+
+def test_a_missing_extra_found_on_the_way_is_one_line_too(tmp_path, capsys, monkeypatch):
+    from timm_csm.commands import annotate
+
+    _without(monkeypatch, "open_clip")
+    argv = ["--generated", str(tmp_path / "gen"), "--dataset", "digits", "--s", "4", "--encoder", "open_clip",
+            "--output", str(tmp_path / "hub")]
+    assert annotate.main(argv) == 1
+    assert "CLIP annotation needs open_clip_torch>=2.24 (the [gen] extra)" in _one_error_line(capsys,
+                                                                                           "timm-csm-annotate", "gen")
+    assert not (tmp_path / "hub").exists()
+
+
+def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path, capsys, monkeypatch):
+    """The Quickstart's ``--calibrators temperature_scaling,dirichlet,isotonic`` without SciPy: one line before the
+    model loads (it used to be a traceback after two calibrators had printed)."""
+    from timm_csm.calibrate import main
+
+    _without(monkeypatch, "scipy")
+    argv = ["--model", "no/such/run", "--dataset", "digits", "--test-split", "test", "--calibration-fraction", "0.5",
+            "--calibrators", "temperature_scaling,dirichlet,isotonic", "--output", str(tmp_path / "calibrated")]
+    assert main(argv) == 1
+    line = _one_error_line(capsys, "timm-csm-calibrate", "calibration")
+    assert "isotonic calibration needs scipy>=1.12 (the [calibration] extra)" in line
+    assert not (tmp_path / "calibrated").exists()
+
+
+def test_a_training_run_without_matplotlib_skips_its_diagrams_naming_the_plots_extra(tmp_path, monkeypatch):
+    import torch
+
+    from timm_csm.training.reporting import _reliability_plots
+
+    _without(monkeypatch, "matplotlib")
+    logits, labels = torch.randn(8, 3), torch.arange(8) % 3
+    with pytest.warns(UserWarning, match=r"^reliability diagrams skipped: .* pip install 'timm-csm\[plots\]'$"):
+        _reliability_plots(tmp_path, logits, labels, logits, {}, "test")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_optional_dependencies_are_setup_cfgs_extras():
+    from packaging.requirements import Requirement
+
+    from timm_csm.extras import OPTIONAL_DEPENDENCIES
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = {name: {str(Requirement(r)) for r in value.split()}
+              for name, value in cfg["options.extras_require"].items()}
+    core = {Requirement(r).name for r in cfg["options"]["install_requires"].split()}
+    for module, dep in OPTIONAL_DEPENDENCIES.items():
+        assert Requirement(dep.requirement).name not in core, module
+        if dep.extra is not None:
+            assert dep.requirement in extras[dep.extra], (module, dep)
+        assert Requirement(dep.requirement).name in {Requirement(r).name for r in extras["dev"]}, module
+    named = {dep.requirement for dep in OPTIONAL_DEPENDENCIES.values()}
+    for extra in {dep.extra for dep in OPTIONAL_DEPENDENCIES.values()} - {None}:
+        assert extras[extra] <= named, f"[{extra}] installs a package the commands cannot name when it is missing"
+
+
+def test_require_names_the_extra_of_a_package_that_is_absent_or_too_old(monkeypatch):
+    from timm_csm.extras import MissingExtra, missing_extra, require
+
+    assert require("scipy.optimize", attribute="isotonic_regression") is not None
+    with pytest.raises(MissingExtra, match=r"^isotonic calibration needs scipy>=1\.12 \(the \[calibration\] extra\), "
+                                           r"not version [0-9.]+: pip install 'timm-csm\[calibration\]'$"):
+        require("scipy.optimize", "isotonic calibration", attribute="no_such_solver")
+    _without(monkeypatch, "matplotlib")
+    with pytest.raises(MissingExtra) as caught:
+        require("matplotlib.figure", "a reliability diagram")
+    assert str(caught.value) == ("a reliability diagram needs matplotlib (the [plots] extra), which is not installed: "
+                                 "pip install 'timm-csm[plots]'")
+    assert missing_extra(ModuleNotFoundError("No module named 'sklearn'", name="sklearn")) == (
+        "the digits dataset needs scikit-learn, which is not installed: pip install 'scikit-learn'")
+    assert missing_extra(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
 
 
 @pytest.mark.parametrize("module_name", COMMAND_MODULES)
-def test_every_option_has_a_help_text_and_its_default_once(module_name, monkeypatch):
-    parser = _parser_of(module_name, monkeypatch)
+def test_every_option_has_a_help_text_and_its_default_once(module_name):
+    parser = importlib.import_module(module_name).main.build_parser()
     formatter = parser.formatter_class(parser.prog)
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":

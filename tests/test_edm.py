@@ -303,7 +303,7 @@ def test_generate_script_takes_an_edm_pickle_and_resumes(tmp_path):
     out = tmp_path / "gen"
     argv = ["--generator", str(path), "--num-groups", "3", "--output", str(out), "--num-lambdas", "3",
             "--groups-per-shard", "2", "--batch-groups", "2"]
-    generate.main(argv)
+    assert generate.main(argv) == 0
     ds, plan = load_generated(out)
     assert plan["class_names"] == list(CIFAR10_CLASSES) and plan["generator"]["steps"] == 20
     assert plan["generator"]["name"] == "edm-cifar10-32x32-cond-vp" and len(plan["generator"]["revision"]) == 12
@@ -314,7 +314,7 @@ def test_generate_script_takes_an_edm_pickle_and_resumes(tmp_path):
     shard = sorted((out / "shards").glob("*.parquet"))[-1]
     before = pq.read_table(shard)
     shard.unlink()
-    generate.main(argv)  # the missing shard is generated again, identical
+    assert generate.main(argv) == 0  # the missing shard is generated again, identical
     assert pq.read_table(shard).equals(before)
     with pytest.raises(SystemExit):
         generate.parse_args(argv + ["--strength", "0.5", "--anchor-dataset", "digits"])

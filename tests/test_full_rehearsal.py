@@ -103,7 +103,7 @@ def test_the_rehearsal_differs_from_full_only_in_sizes_and_files(files, tmp_path
 
 def test_full_runs_end_to_end_at_toy_size(files, tmp_path):
     out = tmp_path / "run"
-    main(_argv(files, out))
+    assert main(_argv(files, out)) == 0
     done = sorted(p.name.rsplit("-", 1)[0] for p in out.iterdir() if (p / "DONE.json").exists())
     # the EDM pickle needs no generator stage and open_clip no encoder; the quality stage needs the reference encoder
     assert done == ["annotated", "generated", "train-ce", "train-csm"]

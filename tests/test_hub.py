@@ -385,8 +385,9 @@ def test_validation_errors_name_the_problem(annotated, tmp_path):
         validate_csm_dataset(annotated.remove_columns(["lambda_hat"]))
 
 
-def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
-    """The scripts end to end on the digits data: raw generated folder -> annotated, installed, pushed."""
+def test_annotate_and_publish_scripts(tmp_path, monkeypatch, capsys):
+    """The scripts end to end on the digits data: raw generated folder -> annotated, installed, pushed; each exits 0
+    and ends naming the next step."""
     import torch
 
     from timm_csm.commands import annotate as annotate_script
@@ -416,9 +417,13 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     import datasets
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
-    annotate_script.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
-                          "--reference-epochs", "1", "--batch-size", "64", "--install",
-                          "--cache-dir", str(tmp_path / "protos")])
+    status = annotate_script.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
+                                   "--reference-epochs", "1", "--batch-size", "64", "--install",
+                                   "--cache-dir", str(tmp_path / "protos")])
+    assert status == 0  # what the console script hands to sys.exit: it returned the folder, exit status 1
+    *_, installed, next_step = capsys.readouterr().out.splitlines()
+    assert installed.startswith("installed: datasets.load_dataset('csm-digits-aug')")
+    assert next_step == "next: timm-csm-train --dataset digits --loss csm --csm-dataset csm-digits-aug"
     folder = tmp_path / "hub" / "csm-digits-aug"
     assert (tmp_path / "runs" / "reference-digits-holdout" / "model.safetensors").exists()
     text = (folder / "README.md").read_text()
@@ -429,7 +434,9 @@ def test_annotate_and_publish_scripts(tmp_path, monkeypatch):
     np.testing.assert_allclose(soft.sum(1), 1.0, atol=1e-6)
 
     hub = FakeHub(tmp_path / "fake-hub")
-    _with(hub.patch(),
-          lambda: publish_script.main(["--repo-id", "org/csm-digits-aug", "--root", str(tmp_path / "hub")]))
+    assert _with(hub.patch(),
+                 lambda: publish_script.main(["--repo-id", "org/csm-digits-aug", "--root", str(tmp_path / "hub")])) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == ("next: datasets.load_dataset('org/csm-digits-aug') anywhere, "
+                                                        "or timm-csm-train --csm-dataset org/csm-digits-aug")
     pushed = datasets.load_dataset(str(hub.repo_dir("org/csm-digits-aug")), split="train")
     assert rows_of(pushed) == rows_of(ds)

@@ -12,25 +12,27 @@ ROOT = Path(timm_csm.__file__).parent
 # import registers the models and the evaluate modules
 ALLOWED = {
     "io": set(),
+    "extras": set(),
+    "cli": {"extras"},
     "progress": set(),
     "trainer": {"io", "progress"},
     "models": set(),
     "data": {"metrics", "io"},
-    "metrics": {"io"},
+    "metrics": {"io", "extras"},
     "losses": {"metrics"},
-    "calibration": {"metrics", "io"},
-    "hf_metrics": {"metrics", "io"},
+    "calibration": {"metrics", "io", "extras"},
+    "hf_metrics": {"metrics", "io", "cli"},
     "annotation": {"data", "models", "io", "trainer"},
     "generation": {"data", "models", "io", "trainer"},
     "hub": {"data", "io"},
     "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
-                 "progress", "trainer"},
-    "train": {"training", "data", "losses", "io", "timm_csm"},
-    "calibrate": {"calibrate_report", "training", "data", "calibration", "metrics", "io"},
-    "calibrate_report": {"metrics"},
+                 "progress", "trainer", "extras"},
+    "train": {"training", "data", "losses", "io", "timm_csm", "cli"},
+    "calibrate": {"calibrate_report", "training", "data", "calibration", "metrics", "io", "cli", "extras"},
+    "calibrate_report": {"metrics", "extras"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
-    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io"},
-    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm"},
+    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
+    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm", "cli"},
     "timm_csm": {"models", "hf_metrics"},
 }
 
@@ -40,9 +42,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_imports():
-    """{module: the timm_csm modules it imports}, relative imports resolved; ``from .. import x`` names the
-    submodule ``x`` when there is one."""
+def _is_require(node) -> bool:
+    return (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "require"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+
+
+def all_imports():
+    """{module: every module it imports, of the package or not, ``timm_csm.extras.require`` included}, relative
+    imports resolved; ``from .. import x`` names the submodule ``x`` when there is one."""
     graph = {}
     for path in sorted(ROOT.rglob("*.py")):
         name, package = _module_name(path), path.name == "__init__.py"
@@ -59,8 +66,16 @@ def module_imports():
                     edges.add(sub if is_module else target)
             elif isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names)
-        graph[name] = {e for e in edges if e == "timm_csm" or e.startswith("timm_csm.")}
+            elif _is_require(node):  # timm_csm.extras.require("scipy.optimize", ...): an import by name
+                edges.add(node.args[0].value)
+        graph[name] = edges
     return graph
+
+
+def module_imports():
+    """{module: the timm_csm modules it imports} (see :func:`all_imports`)."""
+    return {name: {e for e in edges if e == "timm_csm" or e.startswith("timm_csm.")}
+            for name, edges in all_imports().items()}
 
 
 def _part(module: str) -> str:

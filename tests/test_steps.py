@@ -27,19 +27,32 @@ def _parquet(dataset_folder: Path):
     return [p.read_bytes() for p in sorted(dataset_folder.glob("data/*/train-*.parquet"))]
 
 
-def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_path, monkeypatch):
+def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_path, monkeypatch, capsys):
+    """... and each command exits 0 and ends naming its output and the next step."""
     import datasets
 
-    from timm_csm.commands import annotate, generate
+    from timm_csm.commands import annotate, evaluate_generator, generate
     from timm_csm.data import load_image_arrays
 
     monkeypatch.chdir(tmp_path)  # the command's reference encoder goes to runs/reference-digits-holdout
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
-    generate.main(["--generator", str(digits_generator), "--num-groups", "10", "--num-lambdas", "3", "--steps", "2",
-                   "--guidance-scale", "1.0", "--groups-per-shard", "32", "--batch-groups", "32",
-                   "--output", str(tmp_path / "gen")])
-    script_folder = annotate.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
-                                   "--reference-epochs", "1", "--cache-dir", str(tmp_path / "protos")])
+    assert generate.main(["--generator", str(digits_generator), "--num-groups", "10", "--num-lambdas", "3",
+                          "--steps", "2", "--guidance-scale", "1.0", "--groups-per-shard", "32", "--batch-groups",
+                          "32", "--output", "gen"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "generated 10 groups in gen; next: timm-csm-annotate --generated gen --install")
+    assert annotate.main(["--generated", "gen", "--output", "hub", "--reference-epochs", "1",
+                          "--cache-dir", "protos"]) == 0
+    script_folder = tmp_path / "hub" / "csm-digits-aug"
+    *_, saved, next_step = capsys.readouterr().out.splitlines()
+    assert saved == f"saved 30 images to {script_folder}"
+    assert next_step == f"next: timm-csm-train --dataset digits --loss csm --csm-dataset {script_folder}"
+    assert evaluate_generator.main(["--generator", str(digits_generator), "--classifier",
+                                    "runs/reference-digits-holdout", "--dataset", "digits", "--num-groups", "1",
+                                    "--steps", "1", "--output", "quality.json"]) == 0
+    *_, written, next_step = capsys.readouterr().out.splitlines()
+    assert json.loads((tmp_path / "quality.json").read_text())["num_images"] == 2 and written == "result: quality.json"
+    assert next_step.startswith(f"next: timm-csm-generate --generator {digits_generator} --num-groups N")
 
     profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
                             encoder_epochs=1)
@@ -111,3 +124,12 @@ def test_a_generator_trains_at_the_real_images_size(tmp_path):
     assert (unet["sample_size"], unet["in_channels"]) == (8, 1)
     pipe = steps.load_mixing_pipeline(tmp_path / "gen", num_inference_steps=1, device="cpu")
     assert pipe.class_names == digits.class_names and pipe.provenance["dataset"] == "digits"
+
+
+def test_train_generator_exits_0_with_a_loadable_generator(tmp_path, capsys):
+    from timm_csm.commands import train_generator
+
+    assert train_generator.main(["--dataset", "digits", "--profile", "smoke", "--steps", "1", "--max-train-samples",
+                                 "16", "--no-grid", "--output", str(tmp_path / "generator")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"generator: {tmp_path / 'generator'}; next: ")
+    assert steps.load_mixing_pipeline(tmp_path / "generator", 1).unet.config.sample_size == 8

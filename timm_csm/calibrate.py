@@ -58,6 +58,7 @@ from .calibrate_report import RELIABILITY_KINDS, report_markdown, write_plots
 from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator,
                           cross_validated_scores, select_calibrator)
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
+from .cli import console_command
 from .metrics import calibration_metrics, reliability_table
 from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
 from .training.args import HelpFormatter
@@ -379,7 +380,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     return report
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="a train.py run folder or model file, or a timm model name")
@@ -432,10 +433,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@console_command("timm-csm-calibrate", build_parser)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``timm-csm-calibrate``: bad input (a model at chance accuracy included) is one line on stderr and exit
     status 2, with nothing written."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     data_config = {"input_size": args.input_size, "mean": args.mean, "std": args.std, "crop_pct": args.crop_pct,
                    "crop_mode": args.crop_mode, "interpolation": args.interpolation}
     try:

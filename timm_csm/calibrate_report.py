@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
+from .extras import missing_extra
 from .metrics.selective import risk_coverage_from_points
 
 __all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
@@ -97,7 +98,7 @@ def write_plots(folder: Path, test, fitted, n_bins: int, log, reliability: Seque
 
         from .metrics.plots import reliability_diagrams
     except ImportError as e:
-        log(f"plots skipped ({e}; pip install matplotlib)")
+        log(f"plots skipped: {missing_extra(e) or e}")
         return
     runs = {"uncalibrated": (test[0], test[1])}
     runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})

@@ -46,8 +46,9 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence, Union
 import torch
 
 from . import __version__
+from .cli import console_command
 from .io import read_model_meta, safetensors_metadata, write_text_atomic
-from .training.args import CONFIG_MARKER, RUN_META_KEYS
+from .training.args import CONFIG_MARKER, RUN_META_KEYS, build_parser
 from .training.config import TrainConfig
 from .training.prepare import check_training_options
 from .training.trackers import log_results, start_trackers, tracker_names
@@ -334,12 +335,16 @@ def evaluate_checkpoint(checkpoint, **options) -> Dict[str, Any]:
     return run(dict(options, eval_only=True, checkpoint=str(checkpoint)))
 
 
+@console_command("timm-csm-train", build_parser)
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command-line entry point: ``timm-csm-train``, ``accelerate launch -m timm_csm.train``, ``train.py`` (the
     results are in the run folder; :func:`run` returns them). An error is one line, exit status 2; Ctrl-C one line
     naming the run folder and the command that resumes it, exit status 130."""
     try:
-        run(parse_args(argv))
+        folder = run(parse_args(argv))["output_dir"]
+        if os.environ.get("RANK", "0") == "0":
+            print(f"next: timm_csm.training.load_trained_classifier({folder!r}) loads the model; timm-csm-calibrate "
+                  f"--model {folder} fits other calibrators")
     except (ValueError, FileNotFoundError) as e:
         print(f"{_program()}: error: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -376,4 +381,4 @@ def end_process_group() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

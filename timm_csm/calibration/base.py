@@ -34,6 +34,11 @@ class PostHocCalibrator:
         if not self.is_fitted:
             raise ValueError(f"{type(self).__name__} is not fitted: call fit(val_logits, val_targets) first")
 
+    def check_fit_dependencies(self) -> None:
+        """Raise :class:`~timm_csm.extras.MissingExtra` when fitting needs an optional package that is absent
+        (none by default); :func:`~timm_csm.calibration.create_calibrator` calls it, so the gap shows before any
+        work. A saved calibrator loads and transforms without it."""
+
     def fit(self, logits, targets) -> "PostHocCalibrator":
         raise NotImplementedError
 

@@ -29,10 +29,13 @@ BINARY_CALIBRATORS = ("platt", "beta")
 
 
 def create_calibrator(name: str, **kwargs) -> PostHocCalibrator:
-    """``create_calibrator("temperature_scaling", method="nll")``; unknown names list the known ones."""
+    """``create_calibrator("temperature_scaling", method="nll")``, ready to fit; unknown names list the known
+    ones, and a calibrator whose fit needs an optional package that is absent names the extra that installs it."""
     if name not in _CALIBRATORS:
         raise ValueError(f"unknown calibrator {name!r}; known calibrators: {', '.join(sorted(_CALIBRATORS))}")
-    return _CALIBRATORS[name](**kwargs)
+    calibrator = _CALIBRATORS[name](**kwargs)
+    calibrator.check_fit_dependencies()
+    return calibrator
 
 
 def list_calibrators() -> List[str]:

@@ -12,7 +12,7 @@ predicted class can change.
   p_k, linearly interpolated between the fitted points and constant beyond the smallest and largest validation
   score, as scikit-learn's ``IsotonicRegression(out_of_bounds="clip")`` (tied scores are merged into their mean
   label first, as scikit-learn does). The pool-adjacent-violators solve is SciPy's
-  ``scipy.optimize.isotonic_regression`` (SciPy >= 1.12, ``pip install scipy``).
+  ``scipy.optimize.isotonic_regression`` (SciPy >= 1.12, the ``[calibration]`` extra).
 * Histogram binning (Zadrozny & Elkan, ICML 2001): g_k is the fraction of class-k labels among the validation
   samples whose p_k falls in each of ``n_bins`` equal-width bins (right-closed ``(lo, hi]``, 0 in the first bin:
   :func:`timm_csm.metrics.bin_index`, the metrics' rule); an empty bin maps to its midpoint (netcal's rule).
@@ -24,6 +24,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ..extras import require
 from ..metrics.binning import bin_edges, bin_index, check_n_bins
 from ._checks import check_fit_inputs
 from .base import PostHocCalibrator, check_finite_state
@@ -52,13 +53,15 @@ def _bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return bin_index(probs, edges, equal_width=False)
 
 
+def _isotonic_regression():
+    """SciPy's PAVA solver (SciPy >= 1.12); MissingExtra naming the extra when SciPy is absent or older."""
+    return require("scipy.optimize", "isotonic calibration", attribute="isotonic_regression")
+
+
 def _isotonic_knots(scores: np.ndarray, labels: np.ndarray):
     """(x, y) knots of the increasing isotonic fit of ``labels`` on ``scores``: scikit-learn's construction (ties
     merged into their weighted mean, weighted PAVA), keeping only the first and last point of each constant run."""
-    try:
-        from scipy.optimize import isotonic_regression
-    except ImportError as e:  # scipy < 1.12 or absent
-        raise ImportError("IsotonicCalibration needs SciPy >= 1.12 (pip install 'scipy>=1.12')") from e
+    isotonic_regression = _isotonic_regression()
     x, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
     y = np.bincount(inverse, weights=labels, minlength=len(x)) / counts
     fitted = isotonic_regression(y, weights=counts.astype(np.float64), increasing=True).x
@@ -97,6 +100,9 @@ class IsotonicCalibration(PostHocCalibrator):
         self.knots_x: Optional[torch.Tensor] = None
         self.knots_y: Optional[torch.Tensor] = None
         self.num_knots: Optional[torch.Tensor] = None
+
+    def check_fit_dependencies(self) -> None:
+        _isotonic_regression()
 
     def fit(self, logits, targets) -> "IsotonicCalibration":
         logits, targets = check_fit_inputs(logits, targets, type(self).__name__)

@@ -9,8 +9,11 @@
 - ``timm-csm-publish`` (:mod:`.publish`): push a CSM dataset to the Hugging Face Hub.
 - ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): how often a classifier recognises a generator's
   pure-class samples.
+- ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): fit post-hoc calibrators to a model you already have and
+  report before / after.
 - ``timm-csm-install-metrics`` (:mod:`timm_csm.hf_metrics`): make ``evaluate.load(name)`` find the metrics.
 
-Each module here is argparse plus library calls, with ``main(argv=None)``; ``python -m timm_csm.commands.<name>``
-and, in a source checkout, ``python hub_scripts/<name>.py`` run the same ``main``.
+Each module here is argparse plus library calls: ``build_parser()`` and ``main(argv=None)``, a
+:func:`timm_csm.cli.console_command` (exit status 0 on success, one-line errors). ``python -m
+timm_csm.commands.<name>`` and, in a source checkout, ``python hub_scripts/<name>.py`` run the same ``main``.
 """

@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timm_csm.cli import console_command
 from timm_csm.training.args import HelpFormatter
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--generated", required=True, help="raw generation folder (plan.json + shards/)")
     p.add_argument("--dataset", default=None,
@@ -61,7 +62,11 @@ def parse_args(argv=None):
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
     p.add_argument("--device", default="cpu", help="torch device of the encoder")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def _encoder(args, dataset: str, name: str, holdout: bool):
@@ -77,7 +82,7 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
                                device=args.device, **kw)
     if args.encoder == "timm":
         if not args.model:
-            sys.exit("--encoder timm needs --model (and usually --checkpoint)")
+            raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
         return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
                            input_size=args.input_size)
     short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
@@ -93,6 +98,7 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
     return train
 
 
+@console_command("timm-csm-annotate", build_parser)
 def main(argv=None):
     args = parse_args(argv)
     from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset, soft_label_scale
@@ -107,8 +113,8 @@ def main(argv=None):
         batch_size=args.batch_size, drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged,
         min_spearman=args.min_spearman, cache_dir=args.cache_dir, install=args.install,
         image_column=args.image_column, label_column=args.label_column)
-    return folder
+    print(f"next: timm-csm-train --dataset {dataset} --loss csm --csm-dataset {name if args.install else folder}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

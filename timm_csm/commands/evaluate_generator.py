@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from timm_csm.cli import console_command
 from timm_csm.training.args import HelpFormatter
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--generator", help="a finished generator folder")
+    src.add_argument("--generator", help="a finished generator folder, or the name of a shipped generator (fmnist)")
     src.add_argument("--checkpoint-of", help="a generator-training folder: evaluate its latest checkpoint's EMA")
     p.add_argument("--profile", default="fmnist", help="generator profile of --checkpoint-of")
     p.add_argument("--classifier", required=True,
@@ -26,7 +28,12 @@ def main(argv=None):
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--output", default=None, help="write the result as JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+@console_command("timm-csm-evaluate-generator", build_parser, requires=("diffusers",))
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     from diffusers import DDIMScheduler
 
@@ -34,12 +41,14 @@ def main(argv=None):
     from timm_csm.data import load_image_arrays
     from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, pure_class_accuracy
     from timm_csm.generation.training import load_checkpoint_ema
+    from timm_csm.steps import resolve_generator
 
     classifier = load_reference_encoder(args.classifier)
     test = load_image_arrays(args.dataset, "test")
     real_acc = float((classifier.classify(test.images).argmax(1).numpy() == test.labels).mean())
     if args.generator:
-        pipe = SemanticMixingPipeline.from_pretrained(args.generator, num_inference_steps=args.steps,
+        pipe = SemanticMixingPipeline.from_pretrained(resolve_generator(args.generator),
+                                                      num_inference_steps=args.steps,
                                                       guidance_scale=args.guidance_scale)
         step = None
     else:
@@ -56,7 +65,10 @@ def main(argv=None):
     if args.output:
         with open(args.output, "w") as f:
             json.dump(result, f, indent=1)
+        print(f"result: {args.output}")
+    print(f"next: timm-csm-generate --generator {args.generator or args.checkpoint_of} --num-groups N --output "
+          "runs/gen")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,11 +21,13 @@ the classifier run they are made for: ``--anchor-dataset`` with the run's ``--an
 from __future__ import annotations
 
 import argparse
+import sys
 
+from timm_csm.cli import console_command
 from timm_csm.training.args import HelpFormatter
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--generator", required=True,
                    help="generator folder (model_index.json, unet/, scheduler/), an EDM network pickle (.pkl), or "
@@ -51,6 +53,11 @@ def parse_args(argv=None):
     g.add_argument("--anchor-max-train-samples", type=int, default=None, help="train.py's --max-train-samples")
     g.add_argument("--anchor-val-fraction", type=float, default=0.1, help="train.py's --val-fraction")
     g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     from timm_csm.steps import check_mixing_options, is_edm_pickle
 
@@ -78,6 +85,7 @@ def training_anchors(dataset: str, max_train_samples=None, val_fraction: float =
     return AnchorPool(train.images, train.labels, source)
 
 
+@console_command("timm-csm-generate", build_parser, requires=("diffusers",))
 def main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
@@ -91,11 +99,14 @@ def main(argv=None):
             anchors = training_anchors(args.anchor_dataset, args.anchor_max_train_samples, args.anchor_val_fraction,
                                        args.anchor_seed)
         class_names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+        accelerator = Accelerator()
         generate_groups(args.generator, args.output, args.num_groups, args.num_lambdas,
                         num_inference_steps=args.steps, scheduler=args.scheduler, guidance_scale=args.guidance_scale,
                         class_names=class_names, anchors=anchors, strength=args.strength,
                         groups_per_shard=args.groups_per_shard, batch_groups=args.batch_groups,
-                        seed_offset=args.seed_offset, accelerator=Accelerator())
+                        seed_offset=args.seed_offset, accelerator=accelerator)
+        accelerator.print(f"generated {args.num_groups} groups in {args.output}; next: timm-csm-annotate --generated "
+                          f"{args.output} --install")
     except KeyboardInterrupt:
         exit_interrupted(f"the finished shards are in {args.output}; the same command generates the rest")
     finally:  # a process exiting with a live gloo group can abort in gloo's worker thread (SIGABRT)
@@ -103,4 +114,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,10 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from timm_csm.cli import console_command
 from timm_csm.training.args import HelpFormatter
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--repo-id", required=True, help="namespace/name of the dataset repository")
     p.add_argument("--folder", default=None, help="Hub-layout folder (default <root>/<name of the repository>)")
@@ -24,11 +25,12 @@ def parse_args(argv=None):
     p.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the stored login)")
     p.add_argument("--revision", default=None, help="branch to push to (default main)")
     p.add_argument("--max-shard-size", default=None, help="e.g. 500MB")
-    return p.parse_args(argv)
+    return p
 
 
+@console_command("timm-csm-publish", build_parser)
 def main(argv=None):
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     from timm_csm.hub import PushError, push_csm_dataset
 
     folder = Path(args.folder) if args.folder else Path(args.root) / args.repo_id.split("/")[-1]
@@ -39,7 +41,8 @@ def main(argv=None):
         sys.exit(str(e))
     url = getattr(commit, "commit_url", None) or f"https://huggingface.co/datasets/{args.repo_id}"
     print(f"pushed {folder} to {args.repo_id}: {url}")
+    print(f"next: datasets.load_dataset({args.repo_id!r}) anywhere, or timm-csm-train --csm-dataset {args.repo_id}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from timm_csm.cli import console_command
 from timm_csm.generation.models import GENERATOR_PROFILES
 from timm_csm.training.args import HelpFormatter
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--profile", default="fmnist", choices=sorted(GENERATOR_PROFILES),
                    help="generator architecture and training schedule")
@@ -28,9 +30,14 @@ def parse_args(argv=None):
     p.add_argument("--guidance-scale", type=float, default=1.0,
                    help="classifier-free guidance recorded as the generator's recommended scale (and used for the "
                         "grid); 1 = none. Measure it with timm-csm-evaluate-generator")
-    return p.parse_args(argv)
+    return p
 
 
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+@console_command("timm-csm-train-generator", build_parser, requires=("diffusers",))
 def main(argv=None):
     args = parse_args(argv)
     from timm_csm.data import load_image_arrays
@@ -51,7 +58,9 @@ def main(argv=None):
     if not args.no_grid:
         save_sample_grid(unet, scheduler, data.num_classes, f"{args.output}/samples.png",
                          guidance_scale=args.guidance_scale)
+    print(f"generator: {args.output}; next: timm-csm-evaluate-generator --generator {args.output} --classifier "
+          f"<reference encoder> --dataset {args.dataset}, then timm-csm-generate --generator {args.output}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

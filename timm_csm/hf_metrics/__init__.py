@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
+from ..cli import console_command
 from ..io import write_bytes_atomic
 
 __all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
-           "evaluate_modules_cache", "main"]
+           "evaluate_modules_cache", "build_parser", "main"]
 
 METRIC_NAMES = ("ece", "aece", "cwece", "mce", "nll", "brier", "smece", "aurc", "eaurc", "augrc")
 # evaluate's cache folder prefixes: "evaluate-metric--ece" serves evaluate.load("ece"), "timm-csm--ece" serves
@@ -141,8 +142,7 @@ def _make_newest(target: Path, module_dir: Path) -> None:
         os.utime(target, ns=(later, later))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``timm-csm-install-metrics``: install the evaluate modules into the module cache (or ``--cache-dir``)."""
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timm-csm-install-metrics",
                                      description="Make evaluate.load('<name>') find the timm-csm calibration "
                                                  "metrics offline: " + ", ".join(METRIC_NAMES))
@@ -150,15 +150,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cache-dir", default=None,
                         help="evaluate_modules folder (default: from HF_MODULES_CACHE / HF_HOME, as evaluate)")
     parser.add_argument("--quiet", action="store_true", help="print nothing")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@console_command("timm-csm-install-metrics", build_parser)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``timm-csm-install-metrics``: install the evaluate modules into the module cache (or ``--cache-dir``)."""
+    args = build_parser().parse_args(argv)
     try:
         paths = install_evaluate_modules(args.names or None, args.cache_dir)
-    except (ValueError, OSError) as e:
-        print(f"timm-csm-install-metrics: {e}", file=sys.stderr)
+    except OSError as e:  # an unknown name (ValueError) is bad input: console_command's one line, status 2
+        print(f"timm-csm-install-metrics: error: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
         for path in paths:
             print(path)
+        print(f"next: evaluate.load({(args.names or METRIC_NAMES)[0]!r}), offline too")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Mapping, Optional, Tuple
 
+from ..extras import require
 from .functional import ReliabilityTable, reliability_table
 
 __all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label",
@@ -28,11 +29,8 @@ PANELS_PER_ROW = 4
 def _figure(panels: int):
     """A figure of ``panels`` diagrams, :data:`PANELS_PER_ROW` a row: [(diagram axes, share axes)] in reading
     order."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("reliability diagrams need matplotlib: pip install 'timm-csm[plots]'") from e
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "a reliability diagram", "FigureCanvasAgg")
+    Figure = require("matplotlib.figure", "a reliability diagram", "Figure")
     ncols = min(panels, PANELS_PER_ROW)
     nrows = -(-panels // ncols)
     fig = Figure(figsize=(4.0 * ncols, 4.6 * nrows), layout="constrained")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict
 
 from . import stages
+from ..cli import console_command
 from ..training.args import HelpFormatter
 from .cache import StageCache
 from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset
@@ -89,9 +90,12 @@ def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
     return rehearsal_profile(profile) if args.rehearse else profile
 
 
+# diffusers: the generator and generation stages; matplotlib: the report's figures
+@console_command("timm-csm-pipeline", build_parser, requires=("diffusers", "matplotlib"))
 def main(argv=None) -> None:
     """The command line: :func:`profile_from_args` run into ``--output`` (``runs/<profile>``, or
-    ``runs/<profile>-rehearsal``)."""
+    ``runs/<profile>-rehearsal``); it ends naming the report and the installed CSM dataset."""
+    from ..hub import csm_dataset_name
     from ..train import exit_interrupted
 
     args = build_parser().parse_args(argv)
@@ -102,4 +106,8 @@ def main(argv=None) -> None:
         run_recipe(profile, output)
     except KeyboardInterrupt:
         exit_interrupted(f"the finished stages are kept in {output}; the same command continues from them")
-    print(f"pipeline finished in {time.time() - t0:.0f} s; report: {Path(output) / 'report.md'}")
+    name = csm_dataset_name(profile.dataset)
+    print(f"pipeline finished in {time.time() - t0:.0f} s; report: {Path(output) / 'report.md'}; CSM dataset "
+          f"installed as {name}")
+    print(f"next: timm-csm-train --dataset {profile.dataset} --loss csm --csm-dataset {name} (or "
+          f"datasets.load_dataset({name!r}))")

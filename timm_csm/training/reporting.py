@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
 
 __all__ = ["results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE", "write_summary",
@@ -113,11 +114,13 @@ def reliability_title(results: Dict[str, Any], split: str) -> str:
 
 
 def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results, split: str) -> None:
-    """Reliability diagrams of the test logits before and after TS (skipped without matplotlib)."""
+    """Reliability diagrams of the test logits before and after TS (skipped, saying so, without matplotlib)."""
+    from ..metrics.plots import reliability_diagram, reliability_diagrams
+
     try:
-        from ..metrics.plots import reliability_diagram, reliability_diagrams
-    except ImportError as e:  # matplotlib is an optional extra
-        warnings.warn(f"reliability diagrams skipped ({e})")
+        require("matplotlib", "a reliability diagram")
+    except MissingExtra as e:  # an optional extra: the results are complete without the pictures
+        warnings.warn(f"reliability diagrams skipped: {e}")
         return
     name, n_bins = reliability_title(results, split), results["n_bins"]
     reliability_diagram(test_logits, test_y, str(out_dir / "reliability_before.png"), n_bins=n_bins,

@@ -1,0 +1,63 @@
+"""What every console command of the package shares: ``setup.cfg``'s ``console_scripts`` name ``main`` functions
+decorated with :func:`console_command`.
+
+A console script runs ``sys.exit(main())``: ``None`` and ``0`` are success, any other int is the exit status, and
+anything else (a folder, a dict) is printed to stderr as the "error" of exit status 1. :func:`console_command` gives
+each command the same contract: exit status 0 on success, a missing optional dependency or bad input as one line
+``<command>: error: ...`` (statuses 1 and 2) instead of a traceback, and its parser reachable for the documentation's
+flag tables.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, Optional, Sequence
+
+from .extras import missing_extra, require
+
+__all__ = ["console_command", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT"]
+
+EXIT_MISSING_EXTRA = 1
+EXIT_BAD_INPUT = 2  # as argparse's own errors
+
+
+def _error(prog: str, message: str, status: int) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status
+
+
+def console_command(prog: str, build_parser: Callable, requires: Sequence[str] = ()):
+    """Decorate a command's ``main(argv=None)``, which returns None (or an int exit status):
+
+    * the decorated ``main`` returns an int, 0 on success, so that the console script's ``sys.exit`` reports success;
+    * the optional dependencies in ``requires`` (names of :data:`~timm_csm.extras.OPTIONAL_DEPENDENCIES`) are
+      checked before anything runs, and any other one found missing on the way ends the command as well: one line
+      naming the extra that installs it, exit status 1;
+    * ``ValueError`` and ``FileNotFoundError`` (bad input) are one line, exit status 2;
+    * ``main.prog`` is the command's name, ``main.build_parser()`` its argument parser and ``main.requires`` the
+      optional dependencies it always needs.
+    """
+    def decorate(main: Callable[[Optional[Sequence[str]]], Optional[int]]):
+        @functools.wraps(main)
+        def command(argv: Optional[Sequence[str]] = None) -> int:
+            try:
+                for module in requires:
+                    require(module, prog)
+                status = main(argv)
+            except ImportError as e:
+                message = missing_extra(e)
+                if message is None:
+                    raise
+                return _error(prog, message, EXIT_MISSING_EXTRA)
+            except (ValueError, FileNotFoundError) as e:
+                return _error(prog, str(e), EXIT_BAD_INPUT)
+            if status is None:
+                return 0
+            if isinstance(status, bool) or not isinstance(status, int):
+                raise TypeError(f"{prog}: main returned {status!r}; a command returns None or an exit status")
+            return status
+
+        command.prog, command.build_parser, command.requires = prog, build_parser, tuple(requires)
+        return command
+
+    return decorate
