@@ -51,6 +51,8 @@ from .metrics.selective import risk_coverage_from_points, selective_metrics_from
 from .training.args import HelpFormatter
 from .training.model import (CALIBRATED_MODEL_FILE, check_model_name, create_train_model, load_model_weights,
                              load_trained_classifier)
+from .training.shift import ShiftEvaluation
+from .training.shift_report import shift_figure, shift_markdown
 
 __all__ = ["calibrate", "load_classifier", "Classifier", "main", "require_safetensors"]
 
@@ -362,11 +364,15 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), log: Callable[[str], None] = print) -> Dict[str, Any]:
+              reliability: Sequence[str] = (), shift=None, shift_severities: Sequence[int] = (1, 2, 3, 4, 5),
+              ood: Optional[str] = None, ood_split: Optional[str] = None,
+              log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
     calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
     ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of ``dirichlet`` and ``matrix_scaling``
-    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``."""
+    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``; ``shift``
+    (corruption names or ``"all"``) at ``shift_severities`` and ``ood`` (an image source of none of the model's
+    classes, its ``ood_split``): :class:`~timm_csm.training.shift.ShiftEvaluation`."""
     output = Path(output)
     if output.exists():
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
@@ -396,6 +402,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     test_data = _open(dataset, test_split, image_column, label_column, data_dir)
     num_outputs = (classifier.meta or {}).get("num_classes")
     _check_classes(classifier, list(test_data.class_names), num_outputs, log)
+    shift_eval = ShiftEvaluation.create(shift, shift_severities, ood, ood_split, seed=seed, in_dataset=dataset,
+                                        class_names=list(test_data.class_names), data_dir=data_dir)
     if calibration_split is not None:
         cal_data = _open(dataset, calibration_split, image_column, label_column, data_dir)
         if list(cal_data.class_names) != list(test_data.class_names):
@@ -427,6 +435,10 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
+    if shift_eval is not None:
+        report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
+                                     test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
+                                     n_bins=n_bins, conformal=conformal, alpha=alpha, log=log))
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -440,8 +452,9 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         save_model_file(staging / "test_predictions.safetensors", {"logits": test[0], "targets": test[1]},
                         {"dataset": str(dataset), "test": test_source})
         write_json_atomic(staging / "report.json", report)
-        write_text_atomic(staging / "report.md", _markdown(report))
+        write_text_atomic(staging / "report.md", _markdown(report) + shift_markdown(report))
         _plots(staging, test, results["fitted"], n_bins, log, reliability)
+        shift_figure(staging, report, log)
         os.replace(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -474,6 +487,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reg-mu", type=float, default=0.0, help="dirichlet / matrix_scaling: the intercept penalty")
     p.add_argument("--reliability", default="", help="extra reliability diagrams, comma-separated: adaptive "
                    "(equal-mass bins), classwise (one-vs-rest pairs of every class)")
+    p.add_argument("--shift", nargs="?", const="all", default=None, metavar="NAMES",
+                   help="also score the test split under corruptions, before and after each calibrator: 'all' (the "
+                        "flag alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
+    p.add_argument("--shift-severities", type=int, nargs="+", default=[1, 2, 3, 4, 5],
+                   help="the corruption severities of --shift (1-5)")
+    p.add_argument("--ood", default=None, help="an image source of none of the model's classes (any --dataset "
+                                               "form): OOD detection scores against the test images")
+    p.add_argument("--ood-split", default=None, help="the split of --ood (default: its test split, else 'train')")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a timm model name (default: the run's)")
     p.add_argument("--in-chans", type=int, default=3, help="input channels of a timm model name")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the run's or the model's)")
@@ -506,7 +527,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
                   data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,
-                  reliability=[r for r in args.reliability.split(",") if r],
+                  reliability=[r for r in args.reliability.split(",") if r], shift=args.shift,
+                  shift_severities=args.shift_severities, ood=args.ood, ood_split=args.ood_split,
                   class_names=args.class_names.split(",") if args.class_names else None,
                   log=lambda m: print(m, file=sys.stderr))
     except (ValueError, FileNotFoundError) as e:
