@@ -128,3 +128,16 @@ def test_a_trained_models_accuracy_falls_with_severity():
     assert clean > mean[0] and np.all(np.diff(mean) < 0), mean
     for name, row in zip(NAMES, table):
         assert row[-1] <= clean and np.all(np.diff(row) < 0.04), (name, clean, row)
+
+
+def test_the_blur_is_torchvisions():
+    import math
+
+    from torchvision.transforms.v2 import functional as TF
+
+    from timm_csm.data.corruptions.ops import gaussian_blur
+
+    x = torch.rand(2, 3, 28, 30, generator=torch.Generator().manual_seed(0))
+    for sigma in (0.35, 1.0, 5.6):
+        k = min(2 * math.ceil(3 * sigma) + 1, 27)
+        assert torch.allclose(gaussian_blur(x, sigma), TF.gaussian_blur(x, [k, k], [sigma, sigma]), atol=1e-5)

@@ -12,7 +12,7 @@ _CIFAR_C = "CIFAR-10-C (Hendrycks & Dietterich, ICLR 2019)"
 
 
 @register_corruption("gaussian_blur", family="blur", levels=(0.4, 0.6, 0.7, 0.8, 1.0),
-                     source="torchvision.transforms.v2.functional.gaussian_blur",
+                     source="torchvision.transforms.v2.functional.gaussian_blur's kernel, as two matrix products",
                      definition=f"Gaussian blur of sigma = level px at 32 px; {_CIFAR_C}")
 def gaussian_blur(x, level, rand):
     return ops.gaussian_blur(x, level * side_scale(x))
@@ -74,11 +74,11 @@ def glass_blur(x, level, rand):
     scale = side_scale(x)
     delta = max(1, int(round(delta * scale)))
     x = ops.gaussian_blur(x, sigma * scale)
-    b, _, h, w = x.shape
+    h, w = x.shape[-2:]
     for _ in range(iterations):
         dy, dx = rand.integers(-delta, delta, h, w), rand.integers(-delta, delta, h, w)
         rows = (torch.arange(h)[None, :, None] + dy).clamp_(0, h - 1)
         cols = (torch.arange(w)[None, None, :] + dx).clamp_(0, w - 1)
-        x = x.permute(0, 2, 3, 1)[torch.arange(b)[:, None, None], rows, cols].permute(0, 3, 1, 2)
+        x = ops.gather_pixels(x, rows, cols)
     return ops.gaussian_blur(x, sigma * scale)
 
