@@ -4,7 +4,8 @@
   rendered from the docstrings by mkdocstrings, found at build time, so that a new or renamed module is documented
   without a page to edit (and one whose docstrings fail to render fails the strict build).
 * :func:`on_page_markdown` writes the flag tables of ``timm-csm-train`` where a page holds :data:`FLAGS_MARKER`,
-  from the argument parser itself: one table per group of ``--help``, each flag with its default and help.
+  from the argument parser itself: one table per group of ``--help``, each flag with its default and help; and the
+  table of the registered corruptions where a page holds :data:`CORRUPTIONS_MARKER`, from the registry itself.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
   (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
 """
@@ -19,6 +20,7 @@ from griffe import Extension
 
 PACKAGE = Path(__file__).resolve().parents[1] / "timm_csm"
 FLAGS_MARKER = "<!-- the flags of timm-csm-train -->"
+CORRUPTIONS_MARKER = "<!-- the registered corruptions -->"
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
 
 
@@ -105,5 +107,23 @@ def flag_tables() -> str:
     return "\n".join(out)
 
 
+def corruption_table() -> str:
+    """The registered corruptions as Markdown: name, family, where it comes from, the five levels and what a
+    level means."""
+    from timm_csm.data.corruptions import corruption_spec, list_corruptions
+
+    out = ["| corruption | family | from | levels of severities 1-5 | a level is |", "|---|---|---|---|---|"]
+    for family in ("noise", "blur", "weather", "digital", "geometric"):
+        for name in list_corruptions(family=family):
+            spec = corruption_spec(name)
+            levels = " / ".join(str(v).replace(" ", "") for v in spec.levels)
+            out.append(f"| `{name}` | {family} | {_cell(spec.source)} | {_cell(levels)} | {_cell(spec.definition)} |")
+    return "\n".join(out) + "\n"
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
-    return markdown.replace(FLAGS_MARKER, flag_tables()) if FLAGS_MARKER in markdown else markdown
+    if FLAGS_MARKER in markdown:
+        markdown = markdown.replace(FLAGS_MARKER, flag_tables())
+    if CORRUPTIONS_MARKER in markdown:
+        markdown = markdown.replace(CORRUPTIONS_MARKER, corruption_table())
+    return markdown
