@@ -27,7 +27,7 @@ def site(tmp_path_factory):
 
 
 def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
-    for page in ("index", "quickstart", "method", "training", "data", "metrics", "gpu", "architecture",
+    for page in ("index", "quickstart", "method", "training", "data", "metrics", "shift", "gpu", "architecture",
                  "benchmarks/index", "api/index"):
         assert (site / f"{page}.html").stat().st_size > 1000, page
 
@@ -51,6 +51,14 @@ def test_the_training_page_lists_every_flag_of_the_parser_with_its_default(site)
         for flag in action.option_strings if action.dest != "help" else ():
             assert f"<code>{flag}</code>" in text, flag
     assert re.search(r"<code>--epochs</code></td>\s*<td><code>200</code></td>", text)
+
+
+def test_the_shift_page_tabulates_every_registered_corruption(site):
+    from timm_csm.data.corruptions import corruption_spec, list_corruptions
+
+    text = (site / "shift.html").read_text()
+    for name in list_corruptions():
+        assert f"<code>{name}</code>" in text and corruption_spec(name).family in text, name
 
 
 def test_docstring_roles_become_inline_code():
