@@ -56,7 +56,7 @@ def motion_blur(x, level, rand):
 
 @register_corruption("zoom_blur", family="blur", levels=(0.06, 0.11, 0.16, 0.21, 0.26),
                      source="torchvision.transforms.v2.functional.affine",
-                     definition=f"the mean of the image and its centre zoomed by 1, 1.01, ... up to 1 + level (scale "
+                     definition=f"the mean of the image and its centre zoomed by 1, 1.01, ... below 1 + level (scale "
                                 f"free); {_CIFAR_C}")
 def zoom_blur(x, level, rand):
     factors = [1 + k / 100 for k in range(int(round(level * 100)))]
