@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from csm_fixtures import CLASS_NAMES, tiny_timm_model, write_image_folder
+from csm_fixtures import tiny_timm_model, write_image_folder
 from timm_csm.calibrate import calibrate, main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption

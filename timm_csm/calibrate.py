@@ -46,12 +46,12 @@ import torch.nn as nn
 
 from .calibration import BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator
 from .io import safetensors_metadata, save_model_file, write_json_atomic, write_text_atomic
-from .metrics import calibration_metrics, reliability_table
-from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
+from .metrics import reliability_table
+from .metrics.selective import risk_coverage_from_points
 from .training.args import HelpFormatter
 from .training.model import (CALIBRATED_MODEL_FILE, check_model_name, create_train_model, load_model_weights,
                              load_trained_classifier)
-from .training.shift import ShiftEvaluation
+from .training.shift import ShiftEvaluation, prediction_scores
 from .training.shift_report import shift_figure, shift_markdown
 
 __all__ = ["calibrate", "load_classifier", "Classifier", "main", "require_safetensors"]
@@ -217,13 +217,6 @@ def _predict(classifier: Classifier, split, batch_size: int, device: str, worker
     return torch.cat(logits), torch.cat(labels)
 
 
-def _scores(logits, labels, n_bins: int) -> Dict[str, float]:
-    out = {k: float(v) for k, v in calibration_metrics(logits, labels, n_bins=n_bins).items()}
-    conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
-    out.update(selective_metrics_from_points(conf, (pred == labels).double()))
-    return out
-
-
 def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
     conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
     return {"reliability": reliability_table(logits, labels, n_bins).to_dict(),
@@ -243,8 +236,8 @@ def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conform
         calibrator = create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {})).fit(*cal)
         out = calibrator.transform(test[0])
         fitted[name] = (calibrator, out)
-        rows[name] = {"test": _scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
-                      "calibration_split": _scores(calibrator.transform(cal[0]), cal[1], n_bins)}
+        rows[name] = {"test": prediction_scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
+                      "calibration_split": prediction_scores(calibrator.transform(cal[0]), cal[1], n_bins)}
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets: Dict[str, Dict[str, Any]] = {}
@@ -432,7 +425,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         "model": classifier.description, "dataset": str(dataset), "class_names": list(test_data.class_names),
         "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
         "n_bins": n_bins, "alpha": alpha, "seed": seed, "odir": odir,
-        "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
+        "uncalibrated": {"test": prediction_scores(test[0], test[1], n_bins),
+                         "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
     if shift_eval is not None:

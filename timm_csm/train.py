@@ -301,6 +301,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
             weights_path = Path(config.checkpoint)
         model = model.to(accelerator.device, memory_format=torch.channels_last if config.channels_last else
                          torch.preserve_format)
+
         def predict_split(split):  # the corrupted test splits and the OOD split, as the test split is predicted
             return predict(model, eval_loader(split, eval_tf, eval_bs, config, accelerator), accelerator,
                            channels_last=config.channels_last)[:2]
@@ -341,14 +342,13 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
         "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": run_id,
         **scores.metrics,
     }
+    shown = test if test is not None else val  # without a test split the reports show the validation images
     if shift is not None:
-        shown = test if test is not None else val
         calibrators = {"temperature_scaling": scores.scaler} if scores.scaler is not None else {}
         results.update(shift.run(predict_split, data.test if test is not None else data.val, shown[:2],
                                  val[:2] if val is not None else None, calibrators, n_bins=config.n_bins,
                                  log=accelerator.print))
     if accelerator.is_main_process:
-        shown = test if test is not None else val  # without a test split the diagrams show the validation images
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
                                         split=config.test_split if test is not None else "validation"))
     return results
