@@ -7,6 +7,8 @@
   ``<!-- the flags of timm-csm-train -->`` (:data:`FLAGS_MARKER`), from the command's argument parser itself (the
   ``build_parser`` of each console script's ``main``, :func:`timm_csm.cli.console_command`): one table per group of
   ``--help``, each option with its default and help.
+* :func:`on_page_markdown` also writes the table of the registered corruptions where a page holds
+  :data:`CORRUPTIONS_MARKER`, from the registry itself.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
   (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
 """
@@ -23,6 +25,7 @@ from griffe import Extension
 
 PACKAGE = Path(__file__).resolve().parents[1] / "timm_csm"
 FLAGS_MARKER = re.compile(r"<!-- the flags of (timm-csm-[a-z-]+) -->")
+CORRUPTIONS_MARKER = "<!-- the registered corruptions -->"
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
 
 
@@ -124,5 +127,22 @@ def flag_tables(command: str = "timm-csm-train") -> str:
     return "\n".join(out)
 
 
+def corruption_table() -> str:
+    """The registered corruptions as Markdown: name, family, where it comes from, the five levels and what a
+    level means."""
+    from timm_csm.data.corruptions import corruption_spec, list_corruptions
+
+    out = ["| corruption | family | from | levels of severities 1-5 | a level is |", "|---|---|---|---|---|"]
+    for family in ("noise", "blur", "weather", "digital", "geometric"):
+        for name in list_corruptions(family=family):
+            spec = corruption_spec(name)
+            levels = " / ".join(str(v).replace(" ", "") for v in spec.levels)
+            out.append(f"| `{name}` | {family} | {_cell(spec.source)} | {_cell(levels)} | {_cell(spec.definition)} |")
+    return "\n".join(out) + "\n"
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
-    return FLAGS_MARKER.sub(lambda match: flag_tables(match.group(1)), markdown)
+    markdown = FLAGS_MARKER.sub(lambda match: flag_tables(match.group(1)), markdown)
+    if CORRUPTIONS_MARKER in markdown:
+        markdown = markdown.replace(CORRUPTIONS_MARKER, corruption_table())
+    return markdown

@@ -68,3 +68,14 @@ def save_weights(model, path):
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return path
+
+
+def pattern_images(n_per_class: int, seed: int, noise: float = 60.0):
+    """(uint8 (N, 1, 16, 16), labels) drawn as ``write_image_folder`` draws its images."""
+    from csm_fixtures import class_patterns
+
+    rng = np.random.default_rng(seed)
+    patterns = class_patterns()
+    images = [np.clip(patterns[k] + rng.normal(0, noise, patterns[k].shape), 0, 255).astype(np.uint8)
+              for k in range(len(patterns)) for _ in range(n_per_class)]
+    return torch.from_numpy(np.stack(images)[:, None]), torch.arange(len(patterns)).repeat_interleave(n_per_class)

@@ -7,22 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from calibrate_fixtures import MEAN, STD, save_weights, train_classifier
+from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
 from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
 from timm_csm.calibrate import calibrate, main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
 from timm_csm.metrics import calibration_metrics
 from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
-
-
-def pattern_images(n_per_class: int, seed: int, noise: float = 60.0):
-    """(uint8 (N, 1, 16, 16), labels) drawn as ``write_image_folder`` draws its images."""
-    rng = np.random.default_rng(seed)
-    patterns = class_patterns()
-    images = [np.clip(patterns[k] + rng.normal(0, noise, patterns[k].shape), 0, 255).astype(np.uint8)
-              for k in range(len(patterns)) for _ in range(n_per_class)]
-    return torch.from_numpy(np.stack(images)[:, None]), torch.arange(len(patterns)).repeat_interleave(n_per_class)
 
 
 @pytest.fixture(scope="module")

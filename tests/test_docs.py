@@ -29,7 +29,7 @@ def site(tmp_path_factory):
 
 
 def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
-    for page in ("index", "quickstart", "method", "training", "commands", "data", "metrics", "gpu", "architecture",
+    for page in ("index", "quickstart", "method", "training", "commands", "data", "metrics", "shift", "gpu", "architecture",
                  "benchmarks/index", "api/index"):
         assert (site / f"{page}.html").stat().st_size > 1000, page
 
@@ -43,6 +43,14 @@ def test_the_api_reference_has_a_page_for_every_part_of_the_package(site):
         assert page.is_file() and f"timm_csm.{part}.html" in index, part
     calibration = (site / "api" / "timm_csm.calibration.html").read_text()
     assert "TemperatureScaling" in calibration and ":func:`" not in calibration
+
+
+def test_the_shift_page_tabulates_every_registered_corruption(site):
+    from timm_csm.data.corruptions import corruption_spec, list_corruptions
+
+    text = (site / "shift.html").read_text()
+    for name in list_corruptions():
+        assert f"<code>{name}</code>" in text and corruption_spec(name).family in text, name
 
 
 def test_docstring_roles_become_inline_code():

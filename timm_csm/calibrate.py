@@ -59,12 +59,14 @@ from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassi
                           cross_validated_scores, select_calibrator)
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .cli import console_command
-from .metrics import calibration_metrics, reliability_table
-from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
+from .metrics import reliability_table
+from .metrics.selective import risk_coverage_from_points
 from .training.args import HelpFormatter
 from .training.classifier import (CROP_MODES, INTERPOLATIONS, Classifier, load_classifier, merge_data_config,
                                   require_safetensors)
 from .training.model import CALIBRATED_MODEL_FILE
+from .training.shift import ShiftEvaluation, prediction_scores
+from .training.shift_report import shift_figure, shift_markdown
 
 __all__ = ["calibrate", "load_classifier", "Classifier", "main", "require_safetensors"]
 
@@ -140,13 +142,6 @@ def _predict(classifier: Classifier, split, batch_size: int, device: str, worker
     return torch.cat(logits), torch.cat(labels)
 
 
-def _scores(logits, labels, n_bins: int) -> Dict[str, float]:
-    out = {k: float(v) for k, v in calibration_metrics(logits, labels, n_bins=n_bins).items()}
-    conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
-    out.update(selective_metrics_from_points(conf, (pred == labels).double()))
-    return out
-
-
 def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
     conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
     return {"reliability": reliability_table(logits, labels, n_bins).to_dict(),
@@ -170,8 +165,8 @@ def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conform
         calibrator = _create(name, odir).fit(*cal)
         out = calibrator.transform(test[0])
         fitted[name] = (calibrator, out)
-        rows[name] = {"test": _scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
-                      "calibration_split": _scores(calibrator.transform(cal[0]), cal[1], n_bins)}
+        rows[name] = {"test": prediction_scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
+                      "calibration_split": prediction_scores(calibrator.transform(cal[0]), cal[1], n_bins)}
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets: Dict[str, Dict[str, Any]] = {}
@@ -313,8 +308,9 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), cv_folds: int = 5,
-              log: Callable[[str], None] = print) -> Dict[str, Any]:
+              reliability: Sequence[str] = (), cv_folds: int = 5, shift=None,
+              shift_severities: Sequence[int] = (1, 2, 3, 4, 5), ood: Optional[str] = None,
+              ood_split: Optional[str] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
     calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
     ``data_config``: timm's data config keys (``input_size``, ``img_size``, ``in_chans``, ``mean``, ``std``,
@@ -323,7 +319,9 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     default); ``export``: the calibrator to export (default: chosen by ``cv_folds``-fold cross-validated NLL on
     the calibration split); ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of
     ``dirichlet`` and ``matrix_scaling`` (ODIR, Kull et al. 2019); ``reliability``: extra diagrams,
-    ``adaptive`` and / or ``classwise``."""
+    ``adaptive`` and / or ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
+    ``ood`` (an image source of none of the model's classes, its ``ood_split``):
+    :class:`~timm_csm.training.shift.ShiftEvaluation`."""
     output, calibrators, odir = Path(output), list(calibrators), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
     given = merge_data_config(data_config, in_chans, img_size)
     _check_arguments(model, output, calibrators, export, conformal, alpha, reliability, odir, calibration_split,
@@ -342,6 +340,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
                                  native_size=image_geometry(test_data, seed)[1], log=log)
     _check_splits(classifier, dataset, test_split, calibration_split, allow_training_split, log)
     _check_classes(classifier, list(test_data.class_names), (classifier.meta or {}).get("num_classes"), log)
+    shift_eval = ShiftEvaluation.create(shift, shift_severities, ood, ood_split, seed=seed, in_dataset=dataset,
+                                        class_names=list(test_data.class_names), data_dir=data_dir)
     k = len(test_data.class_names)
     _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
@@ -359,9 +359,13 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
         "n_bins": n_bins, "alpha": alpha, "seed": seed, "odir": odir,
         "preprocessing": None if pre is None else dict(vars(pre), description=pre.describe()),
-        "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
+        "uncalibrated": {"test": prediction_scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
+    if shift_eval is not None:
+        report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
+                                     test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
+                                     n_bins=n_bins, conformal=conformal, alpha=alpha, log=log))
     with staging_folder(output) as staging:
         (staging / "calibrators").mkdir()
         for name, (calibrator, _) in results["fitted"].items():
@@ -373,8 +377,9 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         save_model_file(staging / "test_predictions.safetensors", {"logits": test[0], "targets": test[1]},
                         {"dataset": str(dataset), "test": test_source})
         write_json_atomic(staging / "report.json", report)
-        write_text_atomic(staging / "report.md", report_markdown(report))
+        write_text_atomic(staging / "report.md", report_markdown(report) + shift_markdown(report))
         write_plots(staging, test, results["fitted"], n_bins, log, reliability)
+        shift_figure(staging, report, log)
     log(f"report: {output / 'report.md'}; calibrated model: {output} (load_trained_classifier(..., "
         "calibrated=True))")
     return report
@@ -403,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reg-lambda", type=float, default=0.0, help="dirichlet / matrix_scaling: the off-diagonal "
                    "weight penalty (ODIR, Kull et al. 2019)")
     p.add_argument("--reg-mu", type=float, default=0.0, help="dirichlet / matrix_scaling: the intercept penalty")
+    p.add_argument("--shift", nargs="?", const="all", default=None, metavar="NAMES",
+                   help="also score the test split under corruptions, before and after each calibrator: 'all' (the "
+                        "flag alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
+    p.add_argument("--shift-severities", type=int, nargs="+", default=[1, 2, 3, 4, 5],
+                   help="the corruption severities of --shift (1-5)")
+    p.add_argument("--ood", default=None, help="an image source of none of the model's classes (any --dataset "
+                                               "form): OOD detection scores against the test images")
+    p.add_argument("--ood-split", default=None, help="the split of --ood (default: its test split, else 'train')")
     p.add_argument("--reliability", default="", help="extra reliability diagrams, comma-separated: adaptive "
                    "(equal-mass bins), classwise (one-vs-rest pairs of every class)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a timm model name (default: the run's)")
@@ -451,7 +464,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
                   data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,
-                  reliability=[r for r in args.reliability.split(",") if r],
+                  reliability=[r for r in args.reliability.split(",") if r], shift=args.shift,
+                  shift_severities=args.shift_severities, ood=args.ood, ood_split=args.ood_split,
                   class_names=args.class_names.split(",") if args.class_names else None,
                   log=lambda m: print(m, file=sys.stderr))
     except (ValueError, FileNotFoundError) as e:

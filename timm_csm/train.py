@@ -57,6 +57,7 @@ from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, chec
                        eval_loader, evaluate_calibration, fill_from_checkpoint, fit, input_channels, load_best,
                        load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id, parse_args, predict,
                        resolve_config, select_task, write_results)
+from .training.shift import ShiftEvaluation
 
 __all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]
 
@@ -112,6 +113,7 @@ def _prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
                 f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
                   file=sys.stderr)
         _refuse_training_split(config)
+        _require_preprocessing(config)
     elif config.auto_resume and not config.resume and (_experiment_dir(config) / CHECKPOINT_LAST).exists():
         config.resume = str(_experiment_dir(config) / CHECKPOINT_LAST)
     resume_state = load_resumed(config) if config.resume and not config.eval_only else None
@@ -158,6 +160,14 @@ def _run_folder_line(asked: Path, lock) -> str:
     if lock.passed_over is not None:
         return f"{line} ({asked} {_PASSED_OVER[lock.passed_over]})"
     return line
+
+
+def _require_preprocessing(config: TrainConfig) -> None:
+    """--eval-shift / --ood corrupt or score images as the model sees them: an evaluated checkpoint must record its
+    normalisation (or the flags give it), else the shift would be measured through a guessed transform."""
+    if (config.eval_shift or config.ood) and (config.mean is None or config.std is None):
+        raise ValueError(f"--eval-shift / --ood need the model's preprocessing and {config.checkpoint} records no "
+                         "normalisation (not a model file of train.py): give --mean and --std (and --img-size)")
 
 
 def _refuse_training_split(config: TrainConfig) -> None:
@@ -222,6 +232,10 @@ def _build(config: TrainConfig):
                                pretrained_path=config.pretrained_path, initial_checkpoint=config.initial_checkpoint,
                                drop=config.drop, drop_path=config.drop_path,
                                model_kwargs=dict(config.model_kwargs or []))
+    shift = ShiftEvaluation.create(config.eval_shift, config.shift_severities, config.ood, config.ood_split,
+                                   seed=config.seed, in_dataset=config.dataset, class_names=data.class_names,
+                                   data_dir=config.data_dir)
+    data.ood = shift.ood if shift is not None else None
     train_tf, eval_tf, data_info = build_transforms(config, data, in_chans, getattr(model, "pretrained_cfg", None))
     data_info.update(num_classes=k, class_names=data.class_names)
     companions = None
@@ -232,7 +246,7 @@ def _build(config: TrainConfig):
         companions = CSMCompanionSampler(groups, n_aug=config.n_aug, num_classes=k)
     task = (task_cls.from_config(config, model, criterion, k, companions, spec, data_info=data_info)
             if task_cls is not None else None)
-    return data, task, model, train_tf, eval_tf, data_info
+    return data, task, model, train_tf, eval_tf, data_info, shift
 
 
 def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[str, Any]:
@@ -256,7 +270,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
     accelerator = _make_accelerator(config, None)
     check_resumed_processes(resume_state, accelerator)
     set_seed(config.seed)
-    data, task, model, train_tf, eval_tf, data_info = _build(config)
+    data, task, model, train_tf, eval_tf, data_info, shift = _build(config)
     lock, out_dir, run_id = _take_run_dir(config, accelerator, resume_state)
     try:
         if tracker_names(config):  # trackers write into the run folder, known only now
@@ -288,8 +302,13 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
             weights_path = Path(config.checkpoint)
         model = model.to(accelerator.device, memory_format=torch.channels_last if config.channels_last else
                          torch.preserve_format)
+
+        def predict_split(split):  # the corrupted test splits and the OOD split, as the test split is predicted
+            return predict(model, eval_loader(split, eval_tf, eval_bs, config, accelerator), accelerator,
+                           channels_last=config.channels_last)[:2]
+
         results = _evaluate(config, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path,
-                            run_id)
+                            run_id, shift, predict_split)
         results["history"] = history
         log_results(accelerator, results, step=history[-1].get("step", 0) if history else 0)
         accelerator.wait_for_everyone()
@@ -305,9 +324,10 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
 
 
 def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, out_dir: Path, data,
-              best: Dict[str, Any], weights_path, run_id: str) -> Dict[str, Any]:
-    """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`) and
-    write the reports (main process); the results dict of results.json."""
+              best: Dict[str, Any], weights_path, run_id: str, shift=None, predict_split=None) -> Dict[str, Any]:
+    """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`), under
+    ``shift`` too (:class:`~timm_csm.training.shift.ShiftEvaluation`, with ``predict_split``), and write the reports
+    (main process); the results dict of results.json."""
     def predictions(loader):
         return (predict(model, loader, accelerator, features=bool(config.piece), channels_last=config.channels_last)
                 if loader is not None else None)
@@ -323,8 +343,13 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
         "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": run_id,
         **scores.metrics,
     }
+    shown = test if test is not None else val  # without a test split the reports show the validation images
+    if shift is not None:
+        calibrators = {"temperature_scaling": scores.scaler} if scores.scaler is not None else {}
+        results.update(shift.run(predict_split, data.test if test is not None else data.val, shown[:2],
+                                 val[:2] if val is not None else None, calibrators, n_bins=config.n_bins,
+                                 log=accelerator.print))
     if accelerator.is_main_process:
-        shown = test if test is not None else val  # without a test split the diagrams show the validation images
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
                                         split=config.test_split if test is not None else "validation"))
     return results

@@ -17,6 +17,9 @@
 * :mod:`~timm_csm.training.checkpoint`: last / best / history checkpoints;
 * :mod:`~timm_csm.training.evaluation`: calibration before and after temperature scaling, PIECE;
 * :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
+* :mod:`~timm_csm.training.shift`: calibration under corruption x severity and OOD detection (``--eval-shift``,
+  ``--ood``, and timm-csm-calibrate's ``--shift``, ``--ood``); :mod:`~timm_csm.training.shift_report`: their
+  sections of the reports and ``shift.png``;
 * :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration).
 """
 from .args import build_parser, fill_from_checkpoint, parse_args, resolve_config

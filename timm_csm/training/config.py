@@ -67,6 +67,7 @@ _input = functools.partial(option, group="Input and transforms")
 _optim = functools.partial(option, group="Optimizer and schedule")
 _mixing = functools.partial(option, group="Augmentation and mixing")
 _calibration = functools.partial(option, group="Calibration")
+_shift = functools.partial(option, group="Shift and out-of-distribution")
 _output = functools.partial(option, group="Checkpoints and output")
 _run = functools.partial(option, group="Run")
 
@@ -228,6 +229,17 @@ class TrainConfig:
         "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "
                                                  "features")
+
+    # Shift and out-of-distribution
+    eval_shift: Optional[str] = _shift(
+        None, nargs="?", const="all", metavar="NAMES",
+        help="also evaluate the test split under corruptions, before and after temperature scaling: 'all' (the flag "
+             "alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
+    shift_severities: List[int] = _shift([1, 2, 3, 4, 5], help="the corruption severities of --eval-shift (1-5)")
+    ood: Optional[str] = _shift(None, help="an out-of-distribution image source (any --dataset form) whose images "
+                                           "are scored against the test images: AUROC, AUPR and FPR at 95 percent TPR "
+                                           "of four scores, before and after temperature scaling")
+    ood_split: Optional[str] = _shift(None, help="the split of --ood (default: its test split, else 'train')")
 
     # Checkpoints and output
     output: str = _output("output/train", help="parent folder of the experiment folders")

@@ -38,6 +38,7 @@ class DataSplits:
     val: Any
     test: Any  # None: the dataset has no free test split (a training run then reports validation only)
     class_names: List[str]
+    ood: Any = None  # the images of --ood, scored against the test split
 
 
 def _subset(arrays, n: Optional[int], seed: int, salt: int):
@@ -299,7 +300,7 @@ def build_transforms(config: TrainConfig, data: DataSplits, in_chans: int, pretr
         timm_info = {}
         pad, hflip = (0, 0.0) if config.no_aug else (config.crop_pad, config.hflip)
         train_tf, eval_tf = create_transforms(img_size, mean, std, in_chans, crop_padding=pad, hflip=hflip)
-        for split in (data.train, data.val, data.test):
+        for split in (data.train, data.val, data.test, data.ood):
             if split is not None and isinstance(split.images, LazyImages):
                 split.images = split.images.with_output(pil_mode(in_chans), (img_size, img_size))
     info = {"in_chans": in_chans, "img_size": img_size, "mean": list(mean), "std": list(std), "transform": kind,

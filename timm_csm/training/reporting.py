@@ -1,6 +1,7 @@
 """Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), timm's ``summary.csv``, ``results.md``
-(the markdown table of :func:`results_markdown`), ``results.json``, the test predictions and the reliability
-diagrams."""
+(the markdown table of :func:`results_markdown`, with the shift and OOD sections of
+:mod:`~timm_csm.training.shift_report` when the run has them), ``results.json``, the test predictions, the
+reliability diagrams and ``shift.png``."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
+from .shift_report import shift_figure, shift_markdown
 
 __all__ = ["results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE", "write_summary",
            "write_results", "reliability_title"]
@@ -52,7 +54,7 @@ def results_markdown(results: Dict[str, Any]) -> str:
     for key, label, scale in _REPORT_ROWS:
         if key in pre:
             lines.append(f"| {label} | {_fmt(pre.get(key), scale)} | {_fmt(post.get(key) if post else None, scale)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + shift_markdown(results)
 
 
 # (results key, column, scale) of the side-by-side table: accuracy and calibration errors in %, NLL and Brier raw
@@ -150,4 +152,5 @@ def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, p
     save_model_file(out_dir / f"{scored}_predictions.safetensors", {"logits": test_logits, "targets": test_y},
                     {"temperature": results["temperature"], "run_id": results["run_id"]})
     _reliability_plots(out_dir, test_logits, test_y, post_logits, results, split)
+    shift_figure(out_dir, results, log=warnings.warn)
     return markdown

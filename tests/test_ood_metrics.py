@@ -1,0 +1,59 @@
+"""OOD detection metrics: a small case computed by hand (ties included), scikit-learn's ROC AUC, average precision and
+ROC curve on random scores with ties, the four scores' definitions, and one-line refusals."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from timm_csm.metrics import fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
+
+
+def test_a_small_case_by_hand():
+    s_in, s_out = [3.0, 2.0, 2.0, 0.0], [2.0, 1.0, 0.0]
+    # 12 pairs: in 3 beats all 3; each in 2 beats 1 and 0 and ties 2 (2.5); in 0 ties 0 (0.5)
+    assert ood_auroc(s_in, s_out) == pytest.approx(8.5 / 12, abs=1e-15)
+    # thresholds 3, 2, 1, 0: (precision, recall) = (1, 1/4), (3/4, 3/4), (3/5, 3/4), (4/7, 1)
+    assert ood_aupr(s_in, s_out, "in") == pytest.approx(0.25 + 0.5 * 0.75 + 0.25 * 4 / 7, abs=1e-15)
+    # OOD positive, scores negated: thresholds 0, -1, -2, -3: (1/2, 1/3), (2/3, 2/3), (1/2, 1), (3/7, 1)
+    assert ood_aupr(s_in, s_out, "out") == pytest.approx((0.5 + 2 / 3 + 0.5) / 3, abs=1e-15)
+    assert fpr_at_tpr(s_in, s_out, 0.95) == 1.0  # only the lowest threshold accepts 95 % of the in-distribution
+    assert fpr_at_tpr(s_in, s_out, 0.75) == pytest.approx(1 / 3)  # threshold 2 accepts 3 of 4 and one of 3
+    assert ood_auroc([1.0, 1.0], [0.0]) == 1.0 and ood_auroc([0.0], [1.0, 2.0]) == 0.0
+
+
+def test_against_scikit_learn_with_ties():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        s_in, s_out = np.round(rng.normal(1, 1, 300), 1), np.round(rng.normal(0, 1, 200), 1)
+        y, s = np.r_[np.ones(300), np.zeros(200)], np.r_[s_in, s_out]
+        fpr, tpr, _ = metrics.roc_curve(y, s, drop_intermediate=False)
+        got = ood_metrics(torch.from_numpy(s_in), s_out)
+        assert got["auroc"] == pytest.approx(metrics.roc_auc_score(y, s), abs=1e-12)
+        assert got["aupr_in"] == pytest.approx(metrics.average_precision_score(y, s), abs=1e-12)
+        assert got["aupr_out"] == pytest.approx(metrics.average_precision_score(1 - y, -s), abs=1e-12)
+        assert got["fpr95"] == pytest.approx(fpr[np.argmax(tpr >= 0.95)], abs=1e-12)
+
+
+def test_the_four_scores():
+    logits = torch.tensor([[0.0, math.log(3.0)], [2.0, 2.0]])  # probabilities (1/4, 3/4) and (1/2, 1/2)
+    assert ood_score(logits, "msp").tolist() == pytest.approx([0.75, 0.5])
+    assert ood_score(logits, "max_logit").tolist() == pytest.approx([math.log(3.0), 2.0])
+    assert ood_score(logits, "energy").tolist() == pytest.approx([math.log(4.0), 2.0 + math.log(2.0)])
+    assert ood_score(logits, "entropy").tolist() == pytest.approx(
+        [0.25 * math.log(0.25) + 0.75 * math.log(0.75), math.log(0.5)])
+    assert ood_score(logits, "energy").dtype == torch.float64
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ood_score(torch.zeros(2, 3), "odin"), "unknown OOD score 'odin'; known: msp, max_logit"),
+    (lambda: ood_score(torch.tensor([[0.0, float("nan")]]), "msp"), "finite"),
+    (lambda: ood_auroc([], [1.0]), "got 0 and 1"),
+    (lambda: ood_aupr([1.0], [0.0], "both"), "positive must be 'in' or 'out'"),
+    (lambda: fpr_at_tpr([1.0], [0.0], 0.0), r"tpr must lie in \(0, 1\]"),
+])
+def test_bad_input_is_one_line(call, match):
+    with pytest.raises(ValueError, match=match) as e:
+        call()
+    assert "\n" not in str(e.value)

@@ -1,0 +1,160 @@
+"""Shift and OOD evaluation in both commands at toy size: timm-csm-train --eval-shift / --ood and timm-csm-calibrate
+--shift / --ood write the table, the figure and the OOD scores; a cell re-derived from the saved model; every
+refusal one line with nothing written."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
+from csm_fixtures import write_image_folder
+from timm_csm.calibrate import calibrate, main as calibrate_main
+from timm_csm.data import derive_seed, load_digits
+from timm_csm.data.corruptions import create_corruption
+from timm_csm.metrics import calibration_metrics
+from timm_csm.train import run
+from timm_csm.training.model import load_trained_classifier
+from timm_csm.training.shift import SHIFT_METRICS
+
+KEYS = set(SHIFT_METRICS) | {"conformal"}
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """An image folder of three shape classes, none of them a digit: the OOD source of the digits model."""
+    return write_image_folder(tmp_path_factory.mktemp("shapes") / "shapes", splits=("test",), n_per_class=10)
+
+
+def _config(tmp_path, name, **overrides):
+    cfg = dict(dataset="digits", model="small_cnn", epochs=1, batch_size=32, lr=0.05, hflip=0.0, crop_pad=1,
+               max_train_samples=320, max_test_samples=120, val_fraction=0.25, seed=0, progress=False,
+               output=str(tmp_path), experiment=name, decay_milestones=[1])
+    cfg.update(overrides)
+    return cfg
+
+
+def test_train_writes_the_shift_table_figure_and_ood_scores(tmp_path, shapes):
+    res = run(_config(tmp_path, "run", eval_shift="rotate,gaussian_noise", shift_severities=[5, 1],
+                      ood=str(shapes)))
+    out = tmp_path / "run"
+    assert json.loads((out / "results.json").read_text())["shift"] == json.loads(json.dumps(res["shift"]))
+    shift = res["shift"]
+    assert shift["severities"] == [1, 5] and shift["methods"] == ["uncalibrated", "temperature_scaling"]
+    for name in ("rotate", "gaussian_noise"):
+        for s in ("1", "5"):
+            for method, cell in shift["table"][name][s].items():
+                assert set(cell) == KEYS and set(cell["conformal"]) == {"lac", "aps", "raps"}, (name, s, method)
+    assert shift["clean"]["uncalibrated"]["ece"] == pytest.approx(res["test"]["pre_ts"]["ece"], abs=1e-12)
+    assert shift["clean"]["temperature_scaling"]["nll"] == pytest.approx(res["test"]["post_ts"]["nll"], abs=1e-12)
+    for s in ("1", "5"):  # the summary is the mean over the corruptions, the worst the highest ECE
+        cells = [shift["table"][n][s]["temperature_scaling"] for n in ("rotate", "gaussian_noise")]
+        summary = shift["summary"][s]["temperature_scaling"]
+        assert summary["mean"]["ece"] == pytest.approx(np.mean([c["ece"] for c in cells]), abs=1e-12)
+        assert summary["worst"]["ece"] == max(c["ece"] for c in cells)
+    assert shift["summary"]["5"]["uncalibrated"]["mean"]["accuracy"] < shift["clean"]["uncalibrated"]["accuracy"]
+    # a cell re-derived from the saved model: the test subset under rotate 5, through the model's eval transform
+    model, transform, meta = load_trained_classifier(out / "model_best.safetensors")
+    test = load_digits("test")
+    rows = torch.randperm(len(test), generator=torch.Generator().manual_seed(derive_seed(0, 2)))[:120].sort().values
+    images = create_corruption("rotate", 5, seed=0).batch(torch.from_numpy(test.images[rows.numpy()]))
+    with torch.no_grad():
+        logits = model(transform.apply(images))
+    expected = calibration_metrics(logits, torch.from_numpy(test.labels[rows.numpy()]))
+    assert shift["table"]["rotate"]["5"]["uncalibrated"]["ece"] == pytest.approx(expected["ece"], abs=1e-6)
+    ood = res["ood"]
+    assert ood["n_out"] == 30 and ood["n_in"] == 120 and ood["split"] == "test"
+    for method in ("uncalibrated", "temperature_scaling"):
+        assert set(ood["methods"][method]) == {"msp", "max_logit", "energy", "entropy"}
+        for m in ood["methods"][method].values():
+            assert set(m) == {"auroc", "aupr_in", "aupr_out", "fpr95"} and all(0 <= v <= 1 for v in m.values())
+    text = (out / "results.md").read_text()
+    assert "## Under corruption: 2 corruptions" in text and "| 5 | " in text and "## Out of distribution" in text
+    assert (out / "shift.png").stat().st_size > 10_000
+
+
+def _digit_named_folder(root):
+    """A folder whose only class is named as one of the digits' classes."""
+    (root / "test" / "3").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / "test" / "3" / "0.png")
+    return root
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(eval_shift="fogg"), "unknown corruption 'fogg'; known corruptions: brightness"),
+    (dict(eval_shift="fog", shift_severities=[0, 2]), r"severities must be among \[1, 2, 3, 4, 5\], got 0"),
+    (dict(ood="digits"), "--ood digits is the dataset the model is evaluated on"),
+    (dict(ood="FOLDER"), r"names the model's classes \['3'\]"),
+])
+def test_train_refusals_write_nothing(tmp_path, overrides, match):
+    if overrides.get("ood") == "FOLDER":
+        overrides["ood"] = str(_digit_named_folder(tmp_path / "named"))
+    with pytest.raises(ValueError, match=match) as e:
+        run(_config(tmp_path, "refused", **overrides))
+    assert "\n" not in str(e.value) and not (tmp_path / "refused").exists()
+
+
+def test_eval_only_refuses_a_shift_through_unknown_preprocessing(tmp_path):
+    import timm
+
+    weights = tmp_path / "plain.safetensors"  # a weight file without train.py's metadata: no normalisation known
+    save_file(timm.create_model("small_cnn", num_classes=10, in_chans=1).state_dict(), str(weights))
+    options = dict(eval_only=True, checkpoint=str(weights), dataset="digits", model="small_cnn", in_chans=1,
+                   output=str(tmp_path), experiment="eval", eval_shift="fog", progress=False)
+    with pytest.raises(ValueError, match="need the model's preprocessing and .* records no normalisation"):
+        run(options)
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user")
+    data = write_image_folder(root / "data")
+    # a model that recognises the images (calibrate refuses one at chance), trained outside the package
+    model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
+                             lr=1e-2, batch_size=32)
+    weights = save_weights(model, root / "small_cnn.safetensors")
+    return data, weights
+
+
+def _calibrate(user_files, output, **options):
+    data, weights = user_files
+    return calibrate("small_cnn", data, checkpoint=weights, num_classes=3, in_chans=1,
+                     data_config={"mean": MEAN, "std": STD},
+                     calibration_split="val", test_split="test", output=output, log=lambda m: None, **options)
+
+
+def test_calibrate_writes_the_shift_table_figure_and_ood_scores(user_files, tmp_path):
+    out = tmp_path / "out"
+    report = _calibrate(user_files, out, calibrators=["temperature_scaling", "vector_scaling"], shift="contrast",
+                        shift_severities=[2], ood="digits", conformal=["lac"])
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    shift = report["shift"]
+    assert shift["methods"] == ["uncalibrated", "temperature_scaling", "vector_scaling"]
+    assert set(shift["table"]["contrast"]["2"]["vector_scaling"]) == KEYS
+    assert shift["clean"]["vector_scaling"]["ece"] == pytest.approx(
+        report["calibrators"]["vector_scaling"]["test"]["ece"], abs=1e-12)
+    assert shift["clean"]["temperature_scaling"]["conformal"]["lac"]["coverage"] == \
+        report["conformal"]["temperature_scaling"]["lac"]["coverage"]
+    assert report["ood"]["n_out"] == 359 and report["ood"]["split"] == "test"  # the digits' test split
+    assert set(report["ood"]["methods"]) == set(shift["methods"])
+    text = (out / "report.md").read_text()
+    assert "## Under corruption: 1 corruptions x severities [2]" in text and "| contrast (" in text
+    assert "| vector_scaling | energy |" in text
+    assert (out / "shift.png").is_file()
+
+
+def test_calibrate_refusals(user_files, tmp_path, capsys):
+    data, weights = user_files
+    with pytest.raises(ValueError, match="is the dataset the model is evaluated on"):
+        _calibrate(user_files, tmp_path / "out", ood=str(data))
+    assert not (tmp_path / "out").exists()
+    rc = calibrate_main(["--model", "small_cnn", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans",
+                         "1", "--dataset", str(data), "--calibration-split", "val",
+                         "--test-split", "test", "--output", str(tmp_path / "out"), "--shift",
+                         "--shift-severities", "1", "9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("timm-csm-calibrate: error: corruption severities must be among")
+    assert not (tmp_path / "out").exists()

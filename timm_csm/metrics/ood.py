@@ -1,0 +1,113 @@
+"""Out-of-distribution detection from logits: per-sample scores and the detection metrics, in float64.
+
+Scores (higher = more in-distribution), from logits z with p = softmax(z):
+
+* ``"msp"``: the maximum softmax probability max_k p_k (Hendrycks & Gimpel, ICLR 2017);
+* ``"max_logit"``: max_k z_k (Hendrycks et al., ICML 2022);
+* ``"energy"``: log sum_k exp(z_k), the negative free energy at temperature 1 (Liu et al., NeurIPS 2020);
+* ``"entropy"``: sum_k p_k log p_k, the negative predictive entropy.
+
+Metrics of in-distribution scores ``s_in`` against out-of-distribution scores ``s_out``:
+
+* :func:`ood_auroc`: P(s_in > s_out) + P(s_in = s_out) / 2 (the area under the ROC curve, ties counted half:
+  scikit-learn's ``roc_auc_score`` with the in-distribution samples as positives);
+* :func:`ood_aupr`: average precision (scikit-learn's ``average_precision_score``, sum_n (R_n - R_{n-1}) P_n over
+  the distinct thresholds) with the in-distribution (``"in"``) or the out-of-distribution samples (``"out"``, their
+  scores negated) as positives;
+* :func:`fpr_at_tpr`: the share of out-of-distribution samples accepted at the highest threshold that accepts at
+  least ``tpr`` of the in-distribution samples (FPR at 95 % TPR with ``tpr = 0.95``).
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from .inputs import as_tensor
+
+__all__ = ["OOD_SCORES", "OOD_KEYS", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "ood_metrics"]
+
+OOD_SCORES = ("msp", "max_logit", "energy", "entropy")
+OOD_KEYS = ("auroc", "aupr_in", "aupr_out", "fpr95")
+
+
+def ood_score(logits, kind: str) -> torch.Tensor:
+    """(N,) float64 scores ``kind`` (one of :data:`OOD_SCORES`) of logits (N, C); higher = more in-distribution."""
+    z = as_tensor(logits, "logits").double()
+    if z.ndim != 2 or z.shape[1] < 1:
+        raise ValueError(f"logits must be (N, C), got shape {tuple(z.shape)}")
+    if not torch.isfinite(z).all():
+        raise ValueError("logits must be finite")
+    if kind == "msp":
+        return torch.softmax(z, dim=1).amax(dim=1)
+    if kind == "max_logit":
+        return z.amax(dim=1)
+    if kind == "energy":
+        return torch.logsumexp(z, dim=1)
+    if kind == "entropy":
+        log_p = torch.log_softmax(z, dim=1)
+        return (log_p.exp() * log_p).sum(dim=1)
+    raise ValueError(f"unknown OOD score {kind!r}; known: {', '.join(OOD_SCORES)}")
+
+
+def _pair(scores_in, scores_out):
+    s_in = as_tensor(scores_in, "scores_in").double().reshape(-1)
+    s_out = as_tensor(scores_out, "scores_out").double().reshape(-1)
+    if s_in.numel() == 0 or s_out.numel() == 0:
+        raise ValueError(f"OOD metrics need in- and out-of-distribution scores, got {s_in.numel()} and "
+                         f"{s_out.numel()}")
+    if not (torch.isfinite(s_in).all() and torch.isfinite(s_out).all()):
+        raise ValueError("OOD scores must be finite")
+    return s_in, s_out
+
+
+def _positive_curve(pos: torch.Tensor, neg: torch.Tensor):
+    """(true positives, false positives) at each distinct threshold, from the highest score down."""
+    scores = torch.cat([pos, neg])
+    is_pos = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+    order = torch.argsort(scores, descending=True, stable=True)
+    scores, is_pos = scores[order], is_pos[order]
+    last = torch.ones_like(scores, dtype=torch.bool)
+    last[:-1] = scores[1:] != scores[:-1]  # the last sample of each run of equal scores
+    tps = torch.cumsum(is_pos, 0)[last]
+    fps = torch.cumsum(1 - is_pos, 0)[last]
+    return tps, fps
+
+
+def ood_auroc(scores_in, scores_out) -> float:
+    """Area under the ROC curve of in- (positive) against out-of-distribution scores (ties count half)."""
+    s_in, s_out = _pair(scores_in, scores_out)
+    tps, fps = _positive_curve(s_in, s_out)
+    tpr = torch.cat([tps.new_zeros(1), tps / s_in.numel()])
+    fpr = torch.cat([fps.new_zeros(1), fps / s_out.numel()])
+    return float(torch.trapezoid(tpr, fpr))
+
+
+def ood_aupr(scores_in, scores_out, positive: str = "in") -> float:
+    """Average precision with the ``positive`` (``"in"`` or ``"out"``) samples as the positive class."""
+    s_in, s_out = _pair(scores_in, scores_out)
+    if positive not in ("in", "out"):
+        raise ValueError(f"positive must be 'in' or 'out', got {positive!r}")
+    pos, neg = (s_in, s_out) if positive == "in" else (-s_out, -s_in)
+    tps, fps = _positive_curve(pos, neg)
+    precision = tps / (tps + fps)
+    recall = tps / pos.numel()
+    steps = torch.diff(torch.cat([recall.new_zeros(1), recall]))
+    return float((steps * precision).sum())
+
+
+def fpr_at_tpr(scores_in, scores_out, tpr: float = 0.95) -> float:
+    """The false-positive rate (out-of-distribution samples accepted) at the highest threshold whose true-positive
+    rate (in-distribution samples accepted) is at least ``tpr``."""
+    if not 0.0 < float(tpr) <= 1.0:
+        raise ValueError(f"tpr must lie in (0, 1], got {tpr}")
+    s_in, s_out = _pair(scores_in, scores_out)
+    tps, fps = _positive_curve(s_in, s_out)
+    reached = (tps / s_in.numel()) >= float(tpr) - 1e-12
+    return float(fps[reached][0] / s_out.numel())
+
+
+def ood_metrics(scores_in, scores_out) -> Dict[str, float]:
+    """``{"auroc", "aupr_in", "aupr_out", "fpr95"}`` of in- against out-of-distribution scores."""
+    return {"auroc": ood_auroc(scores_in, scores_out), "aupr_in": ood_aupr(scores_in, scores_out, "in"),
+            "aupr_out": ood_aupr(scores_in, scores_out, "out"), "fpr95": fpr_at_tpr(scores_in, scores_out, 0.95)}

@@ -1,0 +1,103 @@
+"""The shift and OOD sections of a report (``results.md`` of a training run, ``report.md`` of timm-csm-calibrate)
+and the figure ``shift.png``: ECE and accuracy against severity, the mean over the corruptions, one line per method
+(before and after each calibrator), the in-distribution value marked at severity 0."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+__all__ = ["shift_markdown", "ood_markdown", "shift_figure", "SHIFT_FIGURE"]
+
+SHIFT_FIGURE = "shift.png"
+_OOD_LABELS = {"msp": "max softmax", "max_logit": "max logit", "energy": "energy", "entropy": "neg. entropy"}
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.2f}"
+
+
+def shift_markdown(results: Dict[str, Any]) -> str:
+    """The sections of ``results["shift"]`` and ``results["ood"]`` (empty when neither is there)."""
+    text = ""
+    if results.get("shift"):
+        text += "\n" + "\n".join(_shift_lines(results["shift"])) + "\n"
+    if results.get("ood"):
+        text += "\n" + ood_markdown(results["ood"])
+    return text
+
+
+def _shift_lines(shift: Dict[str, Any]) -> List[str]:
+    methods, sevs = shift["methods"], shift["severities"]
+    cover = shift["conformal_methods"][0] if shift["clean"][methods[0]]["conformal"] else None  # none: no sets
+    head = ["severity", "accuracy (%)"] + [f"ECE {m} (%)" for m in methods] + [f"NLL {m}" for m in methods]
+    head += [f"{cover} coverage {m}" for m in methods] if cover else []
+    head += [f"worst corruption (ECE {methods[-1]}, %)"]
+    lines = [f"## Under corruption: {len(shift['corruptions'])} corruptions x severities {sevs}", "",
+             f"The {shift['n']} test images under each corruption (seed {shift['seed']}), the calibrators fitted on "
+             "the clean calibration split; each row the mean over the corruptions, and the corruption with the "
+             f"highest ECE. Every cell per corruption is in the JSON report (`shift.table`); figure: "
+             f"`{SHIFT_FIGURE}`.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(label: str, cells: Dict[str, Dict[str, Any]], worst: str) -> str:
+        vals = [_pct(cells[methods[0]]["accuracy"])] + [_pct(cells[m]["ece"]) for m in methods]
+        vals += [f"{cells[m]['nll']:.4f}" for m in methods]
+        vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" for m in methods] if cover else []
+        return f"| {label} | " + " | ".join(vals + [worst]) + " |"
+
+    lines.append(row("clean", shift["clean"], "-"))
+    for s in sevs:
+        summary = shift["summary"][str(s)]
+        worst = summary[methods[-1]]["worst"]
+        lines.append(row(str(s), {m: summary[m]["mean"] for m in methods},
+                         f"{worst['corruption']} ({_pct(worst['ece'])})"))
+    return lines
+
+
+def ood_markdown(ood: Dict[str, Any]) -> str:
+    """The OOD table: AUROC, AUPR (in- and out-of-distribution as positives) and FPR at 95 % TPR per method and
+    score."""
+    lines = [f"## Out of distribution: {ood['source']} ({ood['split']}, {ood['n_out']} images) against the "
+             f"{ood['n_in']} test images", "",
+             "Higher AUROC / AUPR and lower FPR at 95 % TPR detect the unknown images better.", "",
+             "| method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |", "|---|---|---|---|---|---|"]
+    for method, scores in ood["methods"].items():
+        for kind, m in scores.items():
+            lines.append(f"| {method} | {_OOD_LABELS.get(kind, kind)} | {m['auroc']:.4f} | {m['aupr_in']:.4f} | "
+                         f"{m['aupr_out']:.4f} | {m['fpr95']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def shift_figure(folder: Path, results: Dict[str, Any], log: Callable[[str], None] = print) -> None:
+    """``shift.png`` in ``folder`` when ``results`` holds a shift table (skipped, said in the log, without
+    matplotlib)."""
+    shift = results.get("shift")
+    if not shift:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        log(f"{SHIFT_FIGURE} skipped ({e}; pip install matplotlib)")
+        return
+    sevs = shift["severities"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, key, label in ((axes[0], "ece", "ECE (%)"), (axes[1], "accuracy", "accuracy (%)")):
+        for i, method in enumerate(shift["methods"]):
+            colour = f"C{i}"
+            means = [100 * shift["summary"][str(s)][method]["mean"][key] for s in sevs]
+            ax.plot(sevs, means, "o-", color=colour, label=method)
+            clean = 100 * shift["clean"][method][key]
+            ax.plot([0], [clean], "*", color=colour, markersize=12)
+            ax.axhline(clean, color=colour, linestyle=":", linewidth=0.8)
+        ax.set_xticks([0, *sevs], ["clean", *map(str, sevs)])
+        ax.set_xlabel("severity (mean over corruptions)")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{len(shift['corruptions'])} corruptions; star: in distribution", fontsize=9)
+    fig.tight_layout()
+    tmp = Path(folder) / f".{SHIFT_FIGURE}.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(Path(folder) / SHIFT_FIGURE)
