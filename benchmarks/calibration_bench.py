@@ -1698,6 +1698,12 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     return text
 
 
+def volume_dataset(setting: str, volume: int) -> str:
+    """The CSM dataset of ``setting``'s set of ``volume`` times the groups (``matched_setting.py --setting
+    <setting>-x<volume>``)."""
+    return str(SETTINGS_ROOT / f"{setting}-x{volume}" / "csm" / "csm-fmnist-aug")
+
+
 def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
     """Run amendment 2's cells of one setting (stage 1's by default) into ``--output`` (runs/protocol_a2), each
     committed under benchmarks/cells_a2 with its record as it finishes (not with another ``--output``)."""
@@ -1707,7 +1713,7 @@ def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
     seeds = list(args.seeds or A2_TUNING_SEEDS)
     csm_dataset = args.csm_dataset or str(SETTINGS_ROOT / args.recipe / "csm" / "csm-fmnist-aug")
     teacher = args.teacher or str(SETTINGS_ROOT / "borrowed" / "reference")
-    volume_datasets = {v: str(SETTINGS_ROOT / f"{args.recipe}-x{v}" / "csm" / "csm-fmnist-aug") for v in VOLUMES[1:]}
+    volume_datasets = {v: volume_dataset(args.recipe, v) for v in VOLUMES[1:]}
     done = run_cells(recipe, methods, seeds, output, csm_dataset=csm_dataset, max_cells=args.max_cells,
                      setting=args.recipe, teacher=teacher, committed=committed, amendment=args.amendment,
                      volume_datasets=volume_datasets,

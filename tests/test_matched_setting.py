@@ -93,3 +93,13 @@ def test_volume_sets_extend_the_matched_plan_and_keep_its_annotator(tmp_path):
     with pytest.raises(SystemExit, match="build --setting matched-x2 first"):
         setting.run_setting("annotated-x2", tmp_path)
     assert not any(tmp_path.iterdir())  # a refused build leaves nothing behind
+
+
+def test_the_benchmarks_volume_sets_are_built_here():
+    bench = load_benchmark("calibration_bench")
+    for name in ("matched", "annotated"):
+        for volume in bench.VOLUMES[1:]:
+            folder = Path(bench.volume_dataset(name, volume))
+            assert folder.parts[-3] in setting.SETTINGS
+            annotate = _stages(folder.parts[-3], bench.SETTINGS_ROOT)["annotate"][1]
+            assert folder == Path(_flag(annotate, "--output")) / _flag(annotate, "--name")
