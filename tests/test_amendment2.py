@@ -123,7 +123,7 @@ def test_later_stages_start_once_their_choices_are_made_and_stage_2_has_finished
                         "csm@label=lambda,n_aug=2,weight=2", "csm@label=softmax,n_aug=2,weight=2"]  # s = 4 is the row's
     nxt = a2.next_cells("annotated", rows["annotated"], rows)
     assert {(m, s) for m, s in nxt if m in variants} == {(m, s) for m in variants[1:] for s in range(5)}
-    assert {m for m, _ in nxt} == set(variants[1:]) | {v for v in volumes}
+    assert {m for m, _ in nxt} == set(variants[1:]) | set(volumes)
     fifth = [ROW if m == "csm" else m for m in ("ce", "regmixup@regmixup=10", "kd@alpha=0.5,temperature=2", "csm")]
     assert a2.next_cells("borrowed", {}, rows, data_seed=2) == [(m, s) for s in range(5) for m in fifth]
     # on data seed 0 the shared cells that ran already are not proposed again
@@ -163,7 +163,7 @@ def test_page_reports_stages_3_to_5(tmp_path):
     for st in a2.DECISION_SETTINGS:
         for m, s in a2.next_cells(st, rows[st], rows):
             _add(rows[st], m, [s], _value(st, m), test=_value(st, m) + 0.1 * (s % 4))
-    # stage 3: lambda labels 0.5 above the row at every seed; stage 4: one volume point; stage 5: CSM 1, 2, 3 below CE
+    # stage 3: lambda labels 0.5 above the row at every seed; stage 4: one volume point; stage 5 below
     lam = "csm@label=lambda,n_aug=2,weight=2"
     rows["annotated"][lam] = [dict(r, ece_pre_ts=r["ece_pre_ts"] + 0.5, ece_post_ts=r["ece_post_ts"] + 0.5)
                               for r in rows["annotated"][ROW] if r["seed"] < 5]
@@ -173,7 +173,9 @@ def test_page_reports_stages_3_to_5(tmp_path):
     root = tmp_path / "cells"
     for st in a2.DECISION_SETTINGS:
         _write_cells(root, st, rows[st], extra=extra)
-    for d in (0, 1, 2):  # CE's test ECE 3 + 0.1 s, CSM's 2 - d: CSM minus CE is -1 - d - 0.1 s
+    # stage 5: CE's test ECE 3 + 0.1 s, CSM's 2 - d: CSM minus CE is -1 - d - 0.1 s (on data seed 0 the shared
+    # cells of seeds 0-4 take these values)
+    for d in (0, 1, 2):
         stage5 = {m: [{"seed": s, "val_ece_pre_ts": v, "val_nll_pre_ts": 0.4, "val_ece_post_ts": v,
                        "val_nll_post_ts": 0.4, "ece_pre_ts": v + (0.1 * s if m == "ce" else -d), "ece_post_ts": v}
                       for s in range(5)]
