@@ -5,12 +5,18 @@ reads the finished ones (``benchmarks/cells_a2/``, then the cell cache ``runs/pr
 
 * makes stage 1's choices on validation only: each baseline's grid point, CSM's coordinate-wise steps, the best
   other method before and after TS (:func:`stage1_choices`);
-* names the cells that can run next, so that each stage starts once the choices it needs are made (``--next``);
+* names the cells that can run next, so that each stage starts once the choices it needs are made (``--next``):
+  stage 1, then 2, then 3-5, a later stage of a setting once the setting its choices come from has finished stage 2;
 * writes ``benchmarks/calibration_a2.md``: the grids and choices, stage 2's paired intervals and Holm-corrected
-  decisions, and the cells' records (commit, threads) (``--report``).
+  decisions, stage 3's label variants, stage 4's volume points (and their figure), stage 5's data seeds, and the
+  cells' records (commit, threads) (``--report``).
 
     python benchmarks/amendment2.py --report
     python benchmarks/amendment2.py --next matched      # "<method> <seed>" lines of the runnable cells
+    python benchmarks/amendment2.py --next borrowed --data-seed 1   # stage 5's cells of data seed 1
+
+Each line of ``--next SETTING [--data-seed N]`` runs with ``python benchmarks/calibration_bench.py --amendment 2
+--recipe SETTING [--data-seed N] --methods METHOD --seeds SEED`` (methods of one seed list together).
 """
 from __future__ import annotations
 
@@ -20,9 +26,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import calibration_bench as bench
-from timm_csm.io import write_text_atomic
+from timm_csm.io import write_json_atomic, write_text_atomic
 
-__all__ = ["a2_cells", "stage1_choices", "next_cells", "primary_decisions", "write_page", "main"]
+__all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
+           "primary_decisions", "label_confidence", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a2.md")
 #: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
@@ -31,12 +38,23 @@ BASELINES = ("ce", "brier", "ls", "mbls", "mixup", "regmixup")
 #: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them)
 DECISION_SETTINGS = ("matched", "annotated")
 FAMILY_ALPHA = 0.05
+#: the training seeds of stages 3 and 5, and stage 5's data seeds (real subsets)
+LATER_SEEDS = (0, 1, 2, 3, 4)
+DATA_SEEDS = (0, 1, 2)
+#: stage 5's generated set: the borrowed one, which does not depend on the real subset
+STAGE5_SETTING = "borrowed"
+#: stage 4's generated images: 6 750 groups x 4 ratios at volume 1
+IMAGES_PER_VOLUME = 27000
+#: the mean max-probability of each generated set's labels, by the set's fingerprint (committed: the derived sets
+#: stay outside git)
+LABEL_CACHE = Path("benchmarks/cells_a2_labels.json")
 
 
-def a2_cells(setting: str, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2
-             ) -> Dict[str, Dict[int, Dict[str, Any]]]:
-    """``{method: {seed: {"results", "seconds", "dir", "record"}}}`` of the finished amendment-2 cells of
-    ``setting``: those shared by every setting and the setting's own; committed ones first."""
+def a2_cells(setting: str, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2,
+             data_seed: int = 0) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``{method: {seed: {"results", "seconds", "dir", "record", "config"}}}`` of the finished amendment-2 cells of
+    ``setting`` on the real subset of ``data_seed``: those shared by every setting and the setting's own; committed
+    ones first."""
     found: Dict[str, Dict[int, Dict[str, Any]]] = {}
     for root in [r for r in (committed, Path(output) / "cells") if Path(r).is_dir()]:
         for d in sorted(Path(root).iterdir()):
@@ -45,9 +63,11 @@ def a2_cells(setting: str, output: Path = Path(bench.A2_OUTPUT), committed: Path
             meta = bench._read_json(d / bench.CELL_META)
             if meta.get("record", {}).get("amendment") != 2 or meta.get("setting") not in (None, setting):
                 continue
+            if (meta["config"].get("data_seed") or 0) != data_seed:
+                continue
             found.setdefault(meta["method"], {}).setdefault(int(meta["seed"]), {
                 "results": bench._read_json(d / bench.RESULTS), "seconds": meta.get("seconds"), "dir": d,
-                "record": meta["record"]})
+                "record": meta["record"], "config": meta["config"]})
     return found
 
 
@@ -109,17 +129,108 @@ def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[
     return {"grids": grids, "chosen": chosen, "csm_steps": steps, "csm": csm_row, "best_other": best}
 
 
-def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> List[Tuple[str, int]]:
-    """The cells of ``setting`` that can run now, in the protocol's order: stage 1's grids and CSM's current step
-    at seeds 0-2, then (once its choices are made) stage 2's methods at seeds 3-14."""
-    done = {(m, r["seed"]) for m, rs in rows.items() for r in rs}
+def _done(rows) -> set:
+    return {(m, r["seed"]) for m, rs in rows.items() for r in rs}
+
+
+def _stage12_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Tuple[List[Tuple[str, int]], bool]:
+    """Stage 1's and 2's cells of ``setting`` still to run (stage 2's once stage 1's choices are made), and whether
+    stage 2 has finished."""
+    done = _done(rows)
     choices = stage1_choices(setting, rows)
     wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
     todo = [(m, s) for s in bench.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
     if todo or choices["csm"] is None or None in choices["best_other"].values():
-        return todo
+        return todo, False
     stage2 = dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(), choices["csm"]])
-    return [(m, s) for s in bench.A2_SEEDS for m in stage2 if (m, s) not in done]
+    todo = [(m, s) for s in bench.A2_SEEDS for m in stage2 if (m, s) not in done]
+    return todo, not todo
+
+
+def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]],
+               all_rows: Optional[Dict[str, Dict[str, List[Dict[str, Any]]]]] = None,
+               data_seed: int = 0) -> List[Tuple[str, int]]:
+    """The cells of ``setting`` (on the real subset of ``data_seed``, whose rows are ``rows``) that can run now, in
+    the protocol's order: stage 1's grids and CSM's current step at seeds 0-2, then (once its choices are made)
+    stage 2's methods at seeds 3-14, then the cells of stages 3-5 that :func:`later_stage_cells` allows.
+    ``all_rows``: every setting's rows on data seed 0, which the later stages' choices read."""
+    all_rows = dict(all_rows or {})
+    if data_seed == 0:
+        all_rows[setting] = rows
+    todo = _stage12_cells(setting, rows)[0] if data_seed == 0 else []
+    entries = later_stage_cells(all_rows).get((setting, data_seed), [])
+    done = _done(rows) | set(todo)
+    later = [(m, s) for s in sorted({s for _, seeds in entries for s in seeds}) for m, seeds in entries
+             if s in seeds and (m, s) not in done]
+    return todo + list(dict.fromkeys(later))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stages 3-5: configurations made of stage 1's choices
+# ---------------------------------------------------------------------------------------------------------------
+def _csm_values(name: str) -> Dict[str, Any]:
+    return {axis: axis_value(name, axis) for axis, _ in bench.CSM_TUNING_STEPS}
+
+
+def stage3_setting(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> Optional[str]:
+    """The decision setting whose CSM row has the lower mean validation ECE before TS over seeds 0-2 (stage 3's,
+    and stage 4's second); None until both rows are chosen."""
+    rows = {s: all_rows.get(s, {}) for s in DECISION_SETTINGS}
+    csm = {s: stage1_choices(s, r)["csm"] for s, r in rows.items()}
+    if None in csm.values():
+        return None
+    return min(DECISION_SETTINGS, key=lambda s: _mean(rows[s][csm[s]], "val_ece_pre_ts", bench.A2_TUNING_SEEDS))
+
+
+def stage3_variants(csm_row: str) -> List[Tuple[str, str]]:
+    """``(what, configuration)`` of stage 3: the CSM row (its weight, n_aug and filter) at its chosen s, at the
+    paper's s = 2.3 and 4, and with hard, lambda and softmax labels; each configuration once."""
+    values = _csm_values(csm_row)
+    s = values["s"]
+    variants = [(f"CSM row (s {s if isinstance(s, str) else format(s, 'g')})", csm_row)]
+    variants += [(f"s = {v:g}", bench.tuned_name("csm", **dict(values, s=v))) for v in (2.3, 4.0)]
+    variants += [(f"{label} labels", bench.tuned_name("csm", **dict(values, s="auto", label=label)))
+                 for label in bench.LABELS[1:]]
+    first: Dict[str, str] = {}
+    for what, name in variants:
+        first.setdefault(name, what)
+    return [(what, name) for name, what in first.items()]
+
+
+def stage4_points(csm_row: str) -> List[Tuple[int, str]]:
+    """``(volume, configuration)`` of stage 4: the CSM row on the setting's set and on its 2x and 4x sets."""
+    return [(v, bench.tuned_name("csm", **dict(_csm_values(csm_row), volume=v))) for v in bench.VOLUMES]
+
+
+def stage5_methods(choices: Dict[str, Any]) -> Optional[List[Tuple[str, str]]]:
+    """``(what, configuration)`` of stage 5 from the ``annotated`` choices: CE, RegMixup and KD at their chosen
+    values, the CSM row (read on the borrowed set); None until they are made."""
+    picks = [("CE", "ce"), ("RegMixup", choices["chosen"].get("regmixup")), ("KD", choices["chosen"].get("kd")),
+             ("CSM", choices["csm"])]
+    return None if any(name is None for _, name in picks) else picks
+
+
+def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
+                      ) -> Dict[Tuple[str, int], List[Tuple[str, Tuple[int, ...]]]]:
+    """Stages 3-5's cells by (setting, data seed), as (configuration, seeds): stage 3's in the setting of
+    :func:`stage3_setting`, stage 4's volumes in ``matched`` (and in ``annotated`` when it is stage 3's setting),
+    stage 5's in ``borrowed`` at data seeds 0-2 with the ``annotated`` choices; each once the choices it needs are
+    made and the setting they come from has finished stage 2 (PROTOCOL.md: stage 1, then 2, then 3-5)."""
+    finished = {s: _stage12_cells(s, all_rows.get(s, {}))[1] for s in DECISION_SETTINGS}
+    csm = {s: stage1_choices(s, all_rows.get(s, {}))["csm"] for s in DECISION_SETTINGS}
+    out: Dict[Tuple[str, int], List[Tuple[str, Tuple[int, ...]]]] = {}
+    third = stage3_setting(all_rows)
+    if third is not None and finished[third]:
+        out.setdefault((third, 0), []).extend((name, LATER_SEEDS) for _, name in stage3_variants(csm[third]))
+    for setting in ["matched"] + (["annotated"] if third == "annotated" else []):
+        if finished[setting]:
+            out.setdefault((setting, 0), []).extend((name, bench.A2_SEEDS) for v, name in stage4_points(csm[setting])
+                                                    if v != 1)
+    fifth = stage5_methods(stage1_choices("annotated", all_rows.get("annotated", {})))
+    if fifth is not None and finished["annotated"]:
+        for data_seed in DATA_SEEDS:
+            out.setdefault((STAGE5_SETTING, data_seed), []).extend((name, LATER_SEEDS) for _, name in fifth)
+    return out
 
 
 def paired_test(a: Dict[int, float], b: Dict[int, float]) -> Optional[Dict[str, float]]:
@@ -216,22 +327,26 @@ def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2) -> str:
+def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2,
+               label_cache: Path = LABEL_CACHE) -> str:
+    """Write the page (and stage 4's figure beside it, ``<page>_volume.png``) from the finished cells."""
+    cells = {(st, d): a2_cells(st, output, committed, d) for st in bench.A2_SETTINGS for d in DATA_SEEDS}
     summaries = {}
     for setting in bench.A2_SETTINGS:
-        rows = _rows(a2_cells(setting, output, committed))
-        summaries[setting] = {"rows": rows, "choices": stage1_choices(setting, rows)}
-    records = list({c["dir"].name: c["record"] for st in bench.A2_SETTINGS
-                    for runs in a2_cells(st, output, committed).values() for c in runs.values()}.values())
+        rows = _rows(cells[setting, 0])
+        summaries[setting] = {"rows": rows, "choices": stage1_choices(setting, rows), "cells": cells[setting, 0]}
+    records = list({c["dir"].name: c["record"] for found in cells.values()
+                    for runs in found.values() for c in runs.values()}.values())
     commits = sorted({(r.get("commit") or "?")[:7] + ("" if r.get("clean") else " (modified)") for r in records})
     threads = sorted({r.get("torch_threads") for r in records})
     decisions = primary_decisions(summaries)
     lines = ["# Calibration benchmark, amendment 2: the verdict at 15 seeds, every method tuned alike", "",
              "Protocol: [PROTOCOL.md](PROTOCOL.md), amendment 2, committed before its cells. Metrics in %, test split "
              "read only by each cell's final evaluation; every choice on the 2 000 validation images.", "",
-             "Commands: `python benchmarks/calibration_bench.py --amendment 2 --recipe SETTING --methods ... --seeds "
-             "...` (the cells, from a worktree of the recorded commit), `python benchmarks/amendment2.py --next "
-             "SETTING` (which cells can run), `python benchmarks/amendment2.py --report` (this page).", "",
+             "Commands: `python benchmarks/calibration_bench.py --amendment 2 --recipe SETTING [--data-seed N] "
+             "--methods ... --seeds ...` (the cells, from a worktree of the recorded commit), `python "
+             "benchmarks/amendment2.py --next SETTING [--data-seed N]` (which cells can run), `python "
+             "benchmarks/amendment2.py --report` (this page).", "",
              f"Cells finished: {len(records)}; commits: {', '.join(commits) or '-'}; torch threads: "
              f"{', '.join(map(str, threads)) or '-'}. `python benchmarks/calibration_bench.py --verify CELL` re-runs "
              "one from its record.", "",
@@ -246,9 +361,185 @@ def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committe
     lines += [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decisions["verdicts"].items()] + [""]
     for setting in bench.A2_SETTINGS:
         lines += setting_section(setting, summaries[setting])
+    lines += stage3_section(summaries, label_cache)
+    lines += stage4_section(summaries, Path(path).with_name(Path(path).stem + "_volume.png"))
+    lines += stage5_section(summaries["annotated"]["choices"],
+                            {d: _rows(cells[STAGE5_SETTING, d]) for d in DATA_SEEDS})
     text = "\n".join(lines) + "\n"
     write_text_atomic(Path(path), text)
     return text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the page's stages 3-5
+# ---------------------------------------------------------------------------------------------------------------
+def label_confidence(cells: Dict[int, Dict[str, Any]], cache: Path = LABEL_CACHE) -> Optional[float]:
+    """The mean max-probability of the labels (``soft_label``) of the generated set ``cells`` read
+    (:func:`timm_csm.annotation.soft_label_confidence`), cached in ``cache`` by the set's recorded fingerprint;
+    None when no cell records one and no set at the recorded path has it."""
+    import numpy as np
+
+    from timm_csm.annotation import soft_label_confidence
+    from timm_csm.hub import load_csm_dataset
+
+    cell = next((c for c in cells.values() if c["record"].get("generated_set")), None)
+    if cell is None:
+        return None
+    key = cell["record"]["generated_set"]
+    known = bench._read_json(cache) if Path(cache).exists() else {}
+    if key not in known:
+        path = cell["config"].get("csm_dataset")
+        if not path or bench._check_csm_dataset(path) is not None or bench.dataset_fingerprint(path) != key:
+            return None
+        dd = load_csm_dataset(str(path))
+        ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
+        known[key] = soft_label_confidence(np.asarray(ds["soft_label"]))["mean"]
+        write_json_atomic(Path(cache), known, indent=1)
+    return known[key]
+
+
+def _seeds(rows: List[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
+    return [r for r in rows if r["seed"] in seeds]
+
+
+def _paired(rows, a: str, b: str, key: str, seeds: Sequence[int]):
+    """The paired interval of ``a`` minus ``b`` over ``seeds`` (``bench.paired_interval``), None where either is
+    missing."""
+    if a not in rows or b not in rows:
+        return None
+    return bench.paired_interval(bench._by_seed(_seeds(rows[a], seeds), key),
+                                 bench._by_seed(_seeds(rows[b], seeds), key))
+
+
+def _spread(rows: List[Dict[str, Any]], key: str):
+    """The mean of ``key`` and its 95% t-interval over the rows (the one-sample case of a paired interval)."""
+    values = bench._by_seed(rows, key)
+    return bench.paired_interval(values, dict.fromkeys(values, 0.0))
+
+
+def stage3_section(summaries: Dict[str, Dict[str, Any]], cache: Path = LABEL_CACHE) -> List[str]:
+    lines = ["## Stage 3: soft labels with contrast (seeds 0-4; secondary, no Holm)", ""]
+    third = stage3_setting({s: sm["rows"] for s, sm in summaries.items()})
+    if third is None:
+        return lines + ["Pending: the CSM rows of `matched` and `annotated` (stage 1).", ""]
+    sm = summaries[third]
+    rows, row = sm["rows"], sm["choices"]["csm"]
+    lines += [f"Setting `{third}`: its CSM row has the lower mean validation ECE before TS (seeds 0-2). Each "
+              "variant keeps the row's weight, n_aug and filter; `max-prob`: the mean over the set's images of "
+              "the largest class probability of its label (1: one-hot). Differences: the variant minus the CSM "
+              "row, test ECE, paired 95% t-intervals over seeds 0-4.", "",
+              "| variant | seeds (of 0-4) | max-prob of labels | test ECE before TS | test ECE after TS | "
+              "minus CSM row, before TS | minus CSM row, after TS |", "|---|---|---|---|---|---|---|"]
+    for what, name in stage3_variants(row):
+        r = _seeds(rows.get(name, []), LATER_SEEDS)
+        confidence = label_confidence(sm["cells"].get(name, {}), cache)
+        diffs = ["-" if name == row else bench._interval_text(_paired(rows, name, row, f"ece_{phase}", LATER_SEEDS))
+                 for phase in ("pre_ts", "post_ts")]
+        lines.append(f"| {what}: `{name}` | {len(r)} | {_fmt(confidence, 3)} | "
+                     f"{bench._mean_cell(r, 'ece_pre_ts', 2)} | {bench._mean_cell(r, 'ece_post_ts', 2)} | "
+                     f"{diffs[0]} | {diffs[1]} |")
+    return lines + [""]
+
+
+def stage4_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[str]:
+    lines = ["## Stage 4: volume beyond 27 000 generated images (15 seeds)", ""]
+    third = stage3_setting({s: sm["rows"] for s, sm in summaries.items()})
+    series: Dict[str, Dict[str, Any]] = {}
+    table = ["| setting | generated images | seeds | test ECE before TS | test ECE after TS | minus RegMixup, before "
+             "TS | minus RegMixup, after TS | minus 1x, before TS | minus 1x, after TS |", "|---" * 9 + "|"]
+    for setting in ["matched"] + (["annotated"] if third == "annotated" else []):
+        sm = summaries[setting]
+        row, regmixup = sm["choices"]["csm"], sm["choices"]["chosen"]["regmixup"]
+        if row is None or regmixup is None:
+            lines.append(f"`{setting}`: pending (the CSM row and RegMixup's alpha, stage 1).")
+            continue
+        rows = sm["rows"]
+        points = stage4_points(row)
+        phases = ("pre_ts", "post_ts")
+        series[setting] = {"regmixup": {ph: _spread(rows.get(regmixup, []), f"ece_{ph}") for ph in phases},
+                           "points": []}
+        for volume, name in points:
+            r = rows.get(name, [])
+            series[setting]["points"].append((IMAGES_PER_VOLUME * volume, {
+                ph: _spread(r, f"ece_{ph}") for ph in phases}))
+            diffs = [bench._interval_text(_paired(rows, name, other, f"ece_{ph}", bench.A2_SEEDS))
+                     if other != name else "-" for other in (regmixup, row) for ph in phases]
+            table.append(f"| {setting} | {IMAGES_PER_VOLUME * volume:,} | {len(r)} | "
+                         f"{bench._mean_cell(r, 'ece_pre_ts', 2)} | {bench._mean_cell(r, 'ece_post_ts', 2)} | "
+                         + " | ".join(diffs) + " |")
+    if not series:
+        return lines + [""]
+    lines += ["The CSM row's configuration on the setting's set and on 2x and 4x its groups (the first 6 750 the "
+              "same images); differences in test ECE points, paired 95% t-intervals over the common seeds of 0-14.",
+              "", *table, ""]
+    drawn = any(i is not None for sr in series.values() for _, ph in sr["points"] for i in ph.values())
+    if drawn:
+        volume_figure(series, figure)
+        lines += [f"![Test ECE against generated images, 95% intervals, RegMixup's band]({figure.name})", ""]
+    return lines
+
+
+def volume_figure(series: Dict[str, Dict[str, Any]], path: Path) -> Path:
+    """Test ECE before and after TS against generated images, one row of panels per setting: each point's mean and
+    95% t-interval over its seeds, RegMixup's mean and interval as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(series), 2, figsize=(8.4, 3.2 * len(series)), squeeze=False, sharey="row")
+    for row, (setting, sr) in zip(axes, series.items()):
+        for ax, (phase, name) in zip(row, (("pre_ts", "before TS"), ("post_ts", "after TS"))):
+            band = sr["regmixup"][phase]
+            if band is not None:
+                ax.axhspan(band[2], band[3], color="tab:orange", alpha=0.2, lw=0)
+                ax.axhline(band[1], color="tab:orange", lw=1, label=f"RegMixup, 95% interval (n={band[0]})")
+            drawn = [(x, i) for x, ph in sr["points"] for i in [ph[phase]] if i is not None]
+            if drawn:
+                ax.errorbar([x for x, _ in drawn], [i[1] for _, i in drawn],
+                            yerr=[[i[1] - i[2] for _, i in drawn], [i[3] - i[1] for _, i in drawn]], fmt="o-",
+                            color="tab:blue", capsize=3, label="CSM row")
+            xs = [x for x, _ in sr["points"]]
+            ax.set_xscale("log")
+            ax.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
+            ax.set_xticks(xs, [f"{x:,}" for x in xs])
+            ax.minorticks_off()
+            ax.set_title(f"{setting}: test ECE {name}", fontsize=10)
+            ax.set_xlabel("generated images")
+            ax.legend(fontsize=8)
+        row[0].set_ylabel("ECE (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def stage5_section(choices: Dict[str, Any], rows_by_data_seed: Dict[int, Dict[str, List[Dict[str, Any]]]]
+                   ) -> List[str]:
+    lines = ["## Stage 5: other real subsets (data seeds 0-2, seeds 0-4, the borrowed generated set)", ""]
+    methods = stage5_methods(choices)
+    if methods is None:
+        return lines + ["Pending: the `annotated` choices of RegMixup, KD and the CSM row (stage 1).", ""]
+    csm = methods[-1][1]
+    lines += ["CE, RegMixup and KD at their `annotated` choices, CSM at the `annotated` row's configuration on the "
+              "borrowed set. CSM minus each method, test ECE: paired 95% t-intervals per data seed (over seeds 0-4), "
+              "over the 15 (data seed, seed) pairs, and over the 3 data-seed means. The borrowed encoder (the "
+              "annotator and KD's teacher) learned from 54 000 training images, among them most of each subset's "
+              "validation images.", "",
+              "| CSM minus | phase | data seed 0 | data seed 1 | data seed 2 | 15 pairs | 3 data-seed means |",
+              "|---|---|---|---|---|---|---|"]
+    for what, other in methods[:-1]:
+        for phase, name in (("pre_ts", "before TS"), ("post_ts", "after TS")):
+            key = f"ece_{phase}"
+            per = {d: _paired(rows, csm, other, key, LATER_SEEDS) for d, rows in rows_by_data_seed.items()}
+            pairs = [{(d, s): v for d, rows in rows_by_data_seed.items() if m in rows
+                      for s, v in bench._by_seed(_seeds(rows[m], LATER_SEEDS), key).items()} for m in (csm, other)]
+            # a data seed's mean difference once all its seeds are paired
+            means = {d: i[1] for d, i in per.items() if i is not None and i[0] == len(LATER_SEEDS)}
+            over_means = bench.paired_interval(means, dict.fromkeys(means, 0.0))
+            cells = [per[d] for d in DATA_SEEDS] + [bench.paired_interval(*pairs), over_means]
+            lines.append(f"| {what} (`{other}`) | {name} | " + " | ".join(map(bench._interval_text, cells)) + " |")
+    return lines + [""]
 
 
 def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]]], path: Path,
@@ -306,6 +597,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--report", action="store_true", help=f"write {PAGE}")
     p.add_argument("--next", choices=bench.A2_SETTINGS, default=None,
                    help="print the cells of this setting that can run now, one '<method> <seed>' per line")
+    p.add_argument("--data-seed", type=int, default=0, choices=DATA_SEEDS,
+                   help="with --next: the real subset (stage 5's data seeds 1 and 2; default 0)")
     p.add_argument("--output", default=bench.A2_OUTPUT, help="the cell cache (default %(default)s)")
     p.add_argument("--protocol-figure", default=None, metavar="PNG",
                    help="draw the protocol's (amendment 0) decision comparisons from benchmarks/calibration.json")
@@ -316,8 +609,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         "best other method (validation), 95% paired t-intervals")
         print(f"wrote {args.protocol_figure}")
     if args.next:
-        rows = _rows(a2_cells(args.next, Path(args.output)))
-        for m, s in next_cells(args.next, rows):
+        all_rows = {st: _rows(a2_cells(st, Path(args.output))) for st in bench.A2_SETTINGS}
+        rows = _rows(a2_cells(args.next, Path(args.output), data_seed=args.data_seed))
+        for m, s in next_cells(args.next, rows, all_rows, args.data_seed):
             print(m, s)
     if args.report:
         write_page(output=Path(args.output))

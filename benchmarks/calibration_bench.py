@@ -35,6 +35,14 @@ whose soft labels are replaced by the one-hot dominant generation class (``a`` w
 the annotation's ``label_mode="generation"``), written once under ``<output>/``; the filtered row reads a copy
 without its flagged groups (``annotate.py --drop-flagged``), written there too; the real-copies control a CSM dataset
 of real training images with the generated sets' group structure (:func:`derive_real_copies_dataset`).
+
+Amendment 2 (``--amendment 2 --recipe matched / annotated / borrowed``) names its configurations
+``<method>@<axis>=<value>,...`` (:data:`TUNING_AXES`). CSM's data axes derive the set it reads, each written once
+under ``--output`` and keyed by its source: ``s`` (relabelled at a fixed scale), ``filtered``, stage 3's ``label``
+(``hard``, ``lambda``: q_a = lambda_gen, ``softmax``: the setting's annotator's, :data:`A2_ANNOTATORS`) and stage
+4's ``volume`` (2, 4: ``runs/settings/<setting>-x<volume>`` from ``matched_setting.py``, then the other
+derivations). Stage 5's ``--data-seed N`` trains on another real subset; its cells are named
+``<method>[-<setting>]-d<N>-s<seed>`` (data seed 0 keeps the names without it).
 """
 from __future__ import annotations
 
@@ -110,12 +118,14 @@ class BenchMethod:
 
     @property
     def data_key(self) -> Optional[str]:
-        """The generated set it reads: its kind, or the kind with a fixed scale (``"filtered@s=2.3"``)."""
+        """The generated set it reads: its kind, then the derivations of amendment 2 in the order they apply
+        (``"filtered@s=2.3"``, ``"soft@volume=2@label=lambda"``): the volume set, its labels, their scale."""
         if self.csm is None:
             return None
         derive = dict(self.derive)
-        kind = "filtered" if derive.get("filtered") else self.csm
-        return kind if derive.get("s", "auto") == "auto" else f"{kind}@s={derive['s']:g}"
+        changed = [a for a in ("volume", "label", "s") if derive.get(a, _AXIS_DEFAULTS[a]) != _AXIS_DEFAULTS[a]]
+        steps = [f"{a}={derive[a] if isinstance(derive[a], str) else format(derive[a], 'g')}" for a in changed]
+        return "@".join(["filtered" if derive.get("filtered") else self.csm, *steps])
 
     @property
     def per_setting(self) -> bool:
@@ -171,12 +181,21 @@ BOUNDARY_METHODS = ("csm_groups25", "csm_groups50", "csm_gen2000")
 # ---------------------------------------------------------------------------------------------------------------
 #: how an axis enters a cell: a keyword of the method's loss, a training option, or a derivation of the generated set
 #: it reads (s: relabelled at a fixed scale, "auto" keeps the set's own likelihood choice; filtered: flagged groups
-#: dropped)
+#: dropped; label: stage 3's labels in place of the annotation's; volume: stage 4's set of 2x / 4x the groups)
 TUNING_AXES = {"smoothing": "loss", "margin": "loss", "alpha": "loss", "temperature": "loss", "weight": "loss",
-               "mixup": "option", "regmixup": "option", "n_aug": "option", "s": "data", "filtered": "data"}
+               "mixup": "option", "regmixup": "option", "n_aug": "option", "s": "data", "filtered": "data",
+               "label": "data", "volume": "data"}
 #: an axis's value where the method's options do not set it (the loss's and the recipe's defaults)
-_AXIS_DEFAULTS = {"weight": 1.0, "n_aug": 1, "s": "auto", "filtered": 0}
-_AXIS_NAMES = {"smoothing": "eps", "mixup": "alpha", "regmixup": "alpha", "temperature": "tau", "n_aug": "n_aug"}
+_AXIS_DEFAULTS = {"weight": 1.0, "n_aug": 1, "s": "auto", "filtered": 0, "label": "projection", "volume": 1}
+_AXIS_NAMES = {"smoothing": "eps", "mixup": "alpha", "regmixup": "alpha", "temperature": "tau", "n_aug": "n_aug",
+               "label": "labels"}
+#: stage 3's labels of a generated set (PROTOCOL.md amendment 2): the annotation's own (projection, at s), the
+#: one-hot dominant generation class (hard), the generation ratio (lambda) and the annotator's softmax
+LABELS = ("projection", "hard", "lambda", "softmax")
+#: stage 4's volumes: the setting's set (1) and the sets of 2x and 4x its groups (benchmarks/matched_setting.py)
+VOLUMES = (1, 2, 4)
+#: the axes that only a method reading the setting's own generated set takes
+_SET_AXES = ("label", "volume")
 #: stage 1's grids of the baselines (PROTOCOL.md amendment 2), crossed where a method has two axes
 TUNING_GRIDS: Dict[str, Dict[str, Tuple[Any, ...]]] = {
     "ls": {"smoothing": (0.02, 0.05, 0.1, 0.2)},
@@ -196,11 +215,21 @@ A2_SEEDS = tuple(range(15))
 A2_TUNING_SEEDS = (0, 1, 2)
 #: finished amendment-2 cells, committed (with their record: commit, versions, threads, generated set)
 COMMITTED_A2 = Path("benchmarks/cells_a2")
+#: each setting's annotator (reference encoder, prototypes, s rule), under SETTINGS_ROOT: stage 3's softmax labels
+A2_ANNOTATORS = {"matched": "matched", "annotated": "borrowed", "borrowed": "borrowed"}
 
 
 def _axis_value(axis: str, text: str) -> Any:
     if axis == "s" and text == "auto":
         return "auto"
+    if axis == "label":
+        if text not in LABELS:
+            raise ValueError(f"label must be one of {', '.join(LABELS)}, got {text}")
+        return text
+    if axis == "volume":
+        if text not in [str(v) for v in VOLUMES]:
+            raise ValueError(f"volume must be one of {', '.join(map(str, VOLUMES))}, got {text}")
+        return int(text)
     value = float(text)
     if axis in ("n_aug", "filtered"):
         if value != int(value) or value < (1 if axis == "n_aug" else 0) or (axis == "filtered" and value > 1):
@@ -245,11 +274,15 @@ def get_method(name: str) -> BenchMethod:
         kind = TUNING_AXES[axis]
         if kind == "data" and base.csm is None:
             raise ValueError(f"{name!r}: {axis} applies to methods that read a generated set")
+        if axis in _SET_AXES and base.csm != "soft":
+            raise ValueError(f"{name!r}: {axis} applies to methods that read the setting's generated set")
         if kind == "loss" and axis not in base.options.get("loss_kwargs", {}) and axis not in _AXIS_DEFAULTS:
             raise ValueError(f"{name!r}: the {base.options.get('loss')} loss of {base_name} has no option {axis!r}")
         if kind == "option" and axis not in base.options and axis not in _AXIS_DEFAULTS:
             raise ValueError(f"{name!r}: {base_name} has no option {axis!r}")
         values[axis] = _axis_value(axis, text)
+    if values.get("label", "projection") != "projection" and values.get("s", "auto") != "auto":
+        raise ValueError(f"{name!r}: s scales the annotation's labels, which label={values['label']} replaces")
     options = json.loads(json.dumps(base.options))
     for axis, value in values.items():
         if TUNING_AXES[axis] == "loss":
@@ -313,11 +346,13 @@ def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "augment
     return recipe
 
 
-def cell_name(method: str, seed: int, setting: Optional[str] = None) -> str:
-    """``<method>-s<seed>``; ``<method>-<setting>-s<seed>`` for a protocol cell that depends on the setting."""
+def cell_name(method: str, seed: int, setting: Optional[str] = None, data_seed: Optional[int] = None) -> str:
+    """``<method>-s<seed>``; ``<method>-<setting>-s<seed>`` for a protocol cell that depends on the setting;
+    ``-d<data seed>`` before the seed for a real subset other than data seed 0 (amendment 2's stage 5)."""
+    data = f"-d{data_seed}" if data_seed else ""
     if setting is not None and method.partition("@")[0] in METHODS and get_method(method).per_setting:
-        return f"{method}-{setting}-s{seed}"
-    return f"{method}-s{seed}"
+        return f"{method}-{setting}{data}-s{seed}"
+    return f"{method}{data}-s{seed}"
 
 
 def cell_config(recipe: Dict[str, Any], method: BenchMethod, seed: int, cell_dir: Path,
@@ -676,6 +711,75 @@ def derive_rescaled_dataset(source, folder, s: float) -> Path:
     return _derived_copy(source, folder, f"rescale(s={float(s):g})", derive)
 
 
+def derive_lambda_label_dataset(source, folder) -> Path:
+    """A copy of the CSM dataset ``source`` whose soft label is the generation ratio itself: q_a = lambda_gen,
+    q_b = 1 - lambda_gen (amendment 2's stage 3: no re-annotation). Written once to ``folder``; rewritten when the
+    source dataset changes."""
+    import numpy as np
+    import torch
+
+    from timm_csm.annotation.soft_labels import dominant_class
+
+    def derive(ds):
+        k = len(ds.features["label"].names)
+
+        def relabel(lambda_gen, class_a, class_b):
+            lam = np.asarray(lambda_gen, np.float64)
+            rows = np.arange(len(lam))
+            q = np.zeros((len(lam), k))
+            q[rows, np.asarray(class_a)] = lam
+            q[rows, np.asarray(class_b)] = 1.0 - lam
+            q = torch.from_numpy(q)
+            return {"soft_label": q.float().numpy(), "label": dominant_class(q, np.asarray(class_a)).numpy()}
+
+        out = ds.map(relabel, batched=True, batch_size=4096, input_columns=["lambda_gen", "class_a", "class_b"],
+                     features=ds.features, desc="lambda labels")
+        return out, {"label_mode": "lambda_gen"}
+
+    return _derived_copy(source, folder, "label_mode=lambda_gen", derive)
+
+
+def derive_softmax_label_dataset(source, folder, annotator) -> Path:
+    """A copy of the CSM dataset ``source`` whose soft label is the annotator's softmax over all classes on each
+    image (the paper's variant 1, direct annotation): the reference encoder at ``annotator``
+    (:func:`timm_csm.annotation.load_reference_encoder`) classifies the decoded images. Written once to
+    ``folder``; rewritten when the source dataset or the annotator's weights change."""
+    import datasets
+
+    from timm_csm.annotation import decode_images, load_reference_encoder
+
+    encoder = load_reference_encoder(annotator)
+
+    def derive(ds):
+        if encoder.class_names != list(ds.features["label"].names):
+            raise ValueError(f"the annotator {annotator} was trained on the classes {encoder.class_names}, the set "
+                             f"holds {ds.features['label'].names}")
+        stored = ds.features["image"]
+        raw = ds.cast_column("image", datasets.Image(decode=False))
+
+        def relabel(images):
+            q = encoder.classify(decode_images(images)).double().softmax(1)
+            return {"soft_label": q.float().numpy(), "label": q.argmax(1).numpy()}
+
+        out = raw.map(relabel, batched=True, batch_size=512, input_columns=["image"], features=raw.features,
+                      desc="softmax labels")
+        return out.cast_column("image", stored), {"label_mode": "softmax", "annotator": str(annotator)}
+
+    digest = _file_digest(Path(annotator) / "model.safetensors")
+    return _derived_copy(source, folder, f"label_mode=softmax(annotator sha256 {digest})", derive)
+
+
+def derive_label_dataset(source, folder, label: str, annotator=None) -> Path:
+    """Stage 3's ``label`` (:data:`LABELS`) in place of the annotation's soft labels of ``source``."""
+    if label == "hard":
+        return derive_hard_label_dataset(source, folder)
+    if label == "lambda":
+        return derive_lambda_label_dataset(source, folder)
+    if label == "softmax":
+        return derive_softmax_label_dataset(source, folder, annotator)
+    raise ValueError(f"label must be one of {', '.join(LABELS[1:])} to derive, got {label!r}")
+
+
 # derived generated datasets: kind -> (derivation, folder under --output, what the skip message calls it)
 _DERIVED = {"hard": (derive_hard_label_dataset, "csm-hard-labels", "hard-label copy"),
             "filtered": (derive_filtered_dataset, "csm-filtered", "copy without flagged groups")}
@@ -733,19 +837,74 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
               csm_dataset: Optional[str] = None, csm_dataset_hard: Optional[str] = None,
               max_cells: Optional[int] = None, log=print, setting: Optional[str] = None,
               teacher: Optional[str] = None, committed: Optional[Path] = None,
-              amendment: Optional[int] = None) -> Dict[str, Any]:
-    """Run the unfinished cells (at most ``max_cells`` of them); returns counts and the skipped cells' reasons.
-    ``methods``: method names or tuned names (:func:`get_method`); ``setting``: the protocol recipe (cells that
-    depend on it are named after it); ``teacher``: the reference encoder of KD; ``committed``: the folder of
-    committed cells (read, and written as cells finish); ``amendment``: recorded in each new cell's record."""
+              amendment: Optional[int] = None, volume_datasets: Optional[Dict[int, str]] = None,
+              annotator: Optional[str] = None) -> Dict[str, Any]:
+    """Run the unfinished cells (at most ``max_cells`` of them) of :func:`prepare_cells`; returns counts and the
+    skipped cells' reasons. ``amendment``: recorded in each new cell's record."""
     from tqdm.auto import tqdm
 
+    todo, skipped = prepare_cells(recipe, methods, seeds, output, csm_dataset, csm_dataset_hard, setting, teacher,
+                                  committed, volume_datasets, annotator)
+    if max_cells is not None:
+        todo = todo[:max(0, max_cells)]
+    for reason in sorted(set(skipped.values())):
+        log(f"skipping {sum(v == reason for v in skipped.values())} cell(s): {reason}")
+    bar = tqdm(todo, desc="cells", unit="cell", dynamic_ncols=True, disable=not todo)
+    for m, s, cell_dir, cfg, home in bar:
+        bar.set_postfix(cell=cell_dir.name)
+        run_cell(cfg, cell_dir, m, s, log=log, setting=setting if get_method(m).per_setting else None,
+                 committed=home, amendment=amendment)
+    return {"ran": len(todo), "skipped": skipped}
+
+
+def prepare_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[int], output: Path,
+                  csm_dataset: Optional[str] = None, csm_dataset_hard: Optional[str] = None,
+                  setting: Optional[str] = None, teacher: Optional[str] = None, committed: Optional[Path] = None,
+                  volume_datasets: Optional[Dict[int, str]] = None, annotator: Optional[str] = None
+                  ) -> Tuple[List[Tuple[str, int, Path, Dict[str, Any], Optional[Path]]], Dict[str, str]]:
+    """The unfinished cells ``(method, seed, folder, options, committed folder)``, their generated sets derived,
+    and the reasons of the cells that cannot run. ``methods``: method names or tuned names (:func:`get_method`);
+    ``setting``: the protocol recipe (cells that depend on it are named after it); ``teacher``: the reference
+    encoder of KD; ``committed``: the folder of committed cells; ``volume_datasets``: the setting's sets of 2x / 4x
+    the groups by volume; ``annotator``: the reference encoder of the setting's annotation (``label=softmax``)."""
     output = Path(output)
     specs = {m: get_method(m) for m in methods}
+    csm_paths, blocked = _generated_sets(recipe, specs.values(), output, csm_dataset, csm_dataset_hard, setting,
+                                         committed, volume_datasets, annotator)
+    if any(m.teacher for m in specs.values()):
+        if teacher and (Path(teacher) / "model.safetensors").exists():
+            csm_paths["teacher"] = str(teacher)
+        else:
+            blocked["teacher"] = f"teacher {teacher!r} not available (no model.safetensors)"
+    data_seed = recipe.get("data_seed")
+    todo, skipped = [], {}
+    for m, s in plan_cells(list(dict.fromkeys(spec.name for spec in specs.values())), seeds):
+        method = get_method(m)
+        if setting is not None and method.recipes is not None and setting not in method.recipes:
+            continue
+        name = cell_name(m, s, setting, data_seed)
+        reason = blocked.get(method.data_key) or (blocked.get("teacher") if method.teacher else None)
+        if reason:
+            skipped[name] = reason
+            continue
+        cell_dir = output / "cells" / name
+        cfg = cell_config(recipe, method, s, cell_dir, csm_paths)
+        home = committed / name if committed is not None else None
+        if cell_state(cell_dir, cfg, home) != "done":
+            todo.append((m, s, cell_dir, cfg, home))
+    return todo, skipped
+
+
+def _generated_sets(recipe: Dict[str, Any], specs, output: Path, csm_dataset: Optional[str],
+                    csm_dataset_hard: Optional[str], setting: Optional[str], committed: Optional[Path],
+                    volume_datasets: Optional[Dict[int, str]], annotator: Optional[str]
+                    ) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """``(paths, blocked)``: the folder of every generated set ``specs`` read, by data key, derived where needed,
+    and why each set that cannot be had is missing."""
     csm_paths: Dict[str, str] = {}
     blocked: Dict[str, str] = {}
-    kinds = {m.csm for m in specs.values()} - {None}
-    filtered_needed = any(dict(m.derive).get("filtered") for m in specs.values())
+    kinds = {m.csm for m in specs} - {None}
+    filtered_needed = any(dict(m.derive).get("filtered") for m in specs)
     if kinds & {"soft", *_DERIVED, *_BOUNDARY_SETS}:
         problem = _check_csm_dataset(csm_dataset) if csm_dataset else "no --csm-dataset given"
         if problem is None:
@@ -769,52 +928,71 @@ def run_cells(recipe: Dict[str, Any], methods: Sequence[str], seeds: Sequence[in
                 blocked[kind] = blocked["soft"] + f"; the {what} is derived from it"
     if kinds & set(_BOUNDARY_SETS):
         _resolve_boundary_sets(kinds & set(_BOUNDARY_SETS), output, setting, committed, csm_paths, blocked)
-    _resolve_rescaled_sets({m.data_key for m in specs.values() if m.data_key and "@s=" in m.data_key}, output,
-                           setting, csm_paths, blocked)
+    sources = {"volume": volume_datasets or {}, "annotator": annotator}
+    for key in sorted({m.data_key for m in specs if m.data_key and "@" in m.data_key}):
+        _resolve_derived_set(key, output, setting, csm_paths, blocked, sources)
     if "real_copies" in kinds:
-        csm_paths["real_copies"] = str(derive_real_copies_dataset(recipe, output / "csm-real-copies"))
-    if any(m.teacher for m in specs.values()):
-        if teacher and (Path(teacher) / "model.safetensors").exists():
-            csm_paths["teacher"] = str(teacher)
+        data_seed = recipe.get("data_seed")
+        csm_paths["real_copies"] = str(derive_real_copies_dataset(
+            recipe, output / ("csm-real-copies" + (f"-d{data_seed}" if data_seed else ""))))
+    return csm_paths, blocked
+
+
+def _split_data_key(key: str) -> Tuple[str, List[Tuple[str, str]]]:
+    kind, *steps = key.split("@")
+    return kind, [tuple(step.split("=", 1)) for step in steps]
+
+
+def _join_data_key(kind: str, steps: Sequence[Tuple[str, str]]) -> str:
+    return "@".join([kind, *(f"{axis}={value}" for axis, value in steps)])
+
+
+def _derived_set_folder(key: str, setting: Optional[str]) -> str:
+    """The folder name of a derived set under ``--output``: ``csm-filtered-matched-s2.3``,
+    ``csm-soft-matched-x2-lambda-labels``."""
+    kind, steps = _split_data_key(key)
+    suffix = {"volume": "-x{}", "label": "-{}-labels", "s": "-s{}"}
+    return f"csm-{kind}-{setting or 'set'}" + "".join(suffix[axis].format(value) for axis, value in steps)
+
+
+def _resolve_derived_set(key: str, output: Path, setting: Optional[str], csm_paths: Dict[str, str],
+                         blocked: Dict[str, str], sources: Dict[str, Any]) -> None:
+    """The set of the data key ``key`` (:attr:`BenchMethod.data_key`): its parent set (``key`` less its last step;
+    the volume set before its filter) resolved first, then the step applied: ``s``, a fixed scale (amendment 2's s
+    grid); ``label``, stage 3's labels; ``filtered``, the flagged groups dropped; ``volume``, the set of 2x / 4x
+    the groups itself (``sources["volume"]``)."""
+    if key in csm_paths or key in blocked:
+        return
+    kind, steps = _split_data_key(key)
+    if not steps:  # a set of its own kind, resolved by the caller when it can be had
+        blocked[key] = f"the {kind} CSM dataset is not available"
+        return
+    if steps[-1][0] in ("s", "label"):
+        parent, (axis, value) = _join_data_key(kind, steps[:-1]), steps[-1]
+    elif kind == "filtered":
+        parent, axis, value = _join_data_key("soft", steps), "filtered", "1"
+    else:
+        path = sources["volume"].get(int(steps[0][1]))
+        problem = _check_csm_dataset(path) if path else "none given"
+        if problem is None:
+            csm_paths[key] = str(path)
         else:
-            blocked["teacher"] = f"teacher {teacher!r} not available (no model.safetensors)"
-    todo, skipped = [], {}
-    for m, s in plan_cells(list(dict.fromkeys(spec.name for spec in specs.values())), seeds):
-        method = get_method(m)
-        if setting is not None and method.recipes is not None and setting not in method.recipes:
-            continue
-        name = cell_name(m, s, setting)
-        reason = blocked.get(method.data_key) or (blocked.get("teacher") if method.teacher else None)
-        if reason:
-            skipped[name] = reason
-            continue
-        cell_dir = output / "cells" / name
-        cfg = cell_config(recipe, method, s, cell_dir, csm_paths)
-        home = committed / name if committed is not None else None
-        if cell_state(cell_dir, cfg, home) != "done":
-            todo.append((m, s, cell_dir, cfg, home))
-    if max_cells is not None:
-        todo = todo[:max(0, max_cells)]
-    for reason in sorted(set(skipped.values())):
-        log(f"skipping {sum(v == reason for v in skipped.values())} cell(s): {reason}")
-    bar = tqdm(todo, desc="cells", unit="cell", dynamic_ncols=True, disable=not todo)
-    for m, s, cell_dir, cfg, home in bar:
-        bar.set_postfix(cell=cell_dir.name)
-        run_cell(cfg, cell_dir, m, s, log=log, setting=setting if get_method(m).per_setting else None,
-                 committed=home, amendment=amendment)
-    return {"ran": len(todo), "skipped": skipped}
-
-
-def _resolve_rescaled_sets(keys, output: Path, setting: Optional[str], csm_paths: Dict[str, str],
-                           blocked: Dict[str, str]) -> None:
-    """The sets of ``"<kind>@s=<value>"``: the kind's set relabelled at the fixed scale (amendment 2's s grid)."""
-    for key in sorted(keys):
-        kind, _, value = key.partition("@s=")
-        if kind not in csm_paths:
-            blocked[key] = blocked.get(kind, f"the {kind} CSM dataset is not available")
-            continue
-        folder = output / f"csm-{kind}-{setting or 'set'}-s{value}"
-        csm_paths[key] = str(derive_rescaled_dataset(csm_paths[kind], folder, float(value)))
+            blocked[key] = f"the {steps[0][1]}x generated set {path!r} is not available ({problem})"
+        return
+    _resolve_derived_set(parent, output, setting, csm_paths, blocked, sources)
+    if parent in blocked:
+        blocked[key] = blocked[parent]
+        return
+    source, folder = csm_paths[parent], output / _derived_set_folder(key, setting)
+    if axis == "s":
+        csm_paths[key] = str(derive_rescaled_dataset(source, folder, float(value)))
+    elif axis == "filtered":
+        csm_paths[key] = str(derive_filtered_dataset(source, folder))
+    elif value == "softmax" and not (sources["annotator"] and (Path(sources["annotator"]) / "config.json").exists()):
+        blocked[key] = f"the softmax labels need the setting's annotator (a reference encoder folder), got " \
+                       f"{sources['annotator']!r}"
+    else:
+        csm_paths[key] = str(derive_label_dataset(source, folder, value, sources["annotator"]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1404,8 +1582,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amendment", type=int, default=None, choices=(2,),
                    help="run the cells of PROTOCOL.md's amendment 2 (--recipe matched / annotated / borrowed): cell "
                         "cache runs/protocol_a2, committed under benchmarks/cells_a2 with each cell's record; "
-                        "--methods takes tuned names (ls@smoothing=0.1, csm@s=2.3,n_aug=2); default: stage 1's "
-                        "cells of the setting at seeds 0-2")
+                        "--methods takes tuned names (ls@smoothing=0.1, csm@s=2.3,n_aug=2, stage 3's "
+                        "csm@label=lambda, stage 4's csm@volume=2: the set runs/settings/<setting>-x2); default: "
+                        "stage 1's cells of the setting at seeds 0-2")
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="with --amendment: the real subset (2 500 training and 2 000 validation images) of this "
+                        "data seed, stage 5's (default 0); cells of another data seed than 0 are named "
+                        "<method>-d<N>-s<seed>")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per cell (default 1 with --amendment: a cell's numbers depend on it)")
     p.add_argument("--verify", default=None, metavar="CELL",
@@ -1452,6 +1635,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
             build_parser().error(str(e))
     if args.amendment is not None and args.recipe not in A2_SETTINGS:
         build_parser().error(f"--amendment {args.amendment} runs the settings {', '.join(A2_SETTINGS)}")
+    if args.data_seed is not None and args.amendment is None:
+        build_parser().error("--data-seed names amendment 2's cells; give --amendment 2")
     threads = args.threads if args.threads is not None else (1 if args.amendment or args.verify else None)
     if threads is not None:
         import torch
@@ -1467,7 +1652,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         return text
     t0 = time.time()
     overrides = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "batch_size", "lr", "weight_decay",
-                                               "sched", "max_train_samples", "max_test_samples", "n_aug")}
+                                               "sched", "max_train_samples", "max_test_samples", "n_aug",
+                                               "data_seed")}
     if args.model_kwargs is not None:
         overrides["model_kwargs"] = dict(args.model_kwargs)
     overrides.update(dict(args.train_opt))
@@ -1512,6 +1698,12 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     return text
 
 
+def volume_dataset(setting: str, volume: int) -> str:
+    """The CSM dataset of ``setting``'s set of ``volume`` times the groups (``matched_setting.py --setting
+    <setting>-x<volume>``)."""
+    return str(SETTINGS_ROOT / f"{setting}-x{volume}" / "csm" / "csm-fmnist-aug")
+
+
 def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
     """Run amendment 2's cells of one setting (stage 1's by default) into ``--output`` (runs/protocol_a2), each
     committed under benchmarks/cells_a2 with its record as it finishes (not with another ``--output``)."""
@@ -1521,9 +1713,14 @@ def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
     seeds = list(args.seeds or A2_TUNING_SEEDS)
     csm_dataset = args.csm_dataset or str(SETTINGS_ROOT / args.recipe / "csm" / "csm-fmnist-aug")
     teacher = args.teacher or str(SETTINGS_ROOT / "borrowed" / "reference")
+    volume_datasets = {v: volume_dataset(args.recipe, v) for v in VOLUMES[1:]}
     done = run_cells(recipe, methods, seeds, output, csm_dataset=csm_dataset, max_cells=args.max_cells,
-                     setting=args.recipe, teacher=teacher, committed=committed, amendment=args.amendment)
-    text = (f"amendment {args.amendment}, {args.recipe}: ran {done['ran']} cell(s) into {output / 'cells'}"
+                     setting=args.recipe, teacher=teacher, committed=committed, amendment=args.amendment,
+                     volume_datasets=volume_datasets,
+                     annotator=str(SETTINGS_ROOT / A2_ANNOTATORS[args.recipe] / "reference"))
+    text = (f"amendment {args.amendment}, {args.recipe}"
+            + (f", data seed {recipe['data_seed']}" if recipe.get("data_seed") else "")
+            + f": ran {done['ran']} cell(s) into {output / 'cells'}"
             + (f", committed under {committed}" if committed else "")
             + "".join(f"\nnot run: {name}: {why}" for name, why in sorted(done["skipped"].items())))
     print(text)

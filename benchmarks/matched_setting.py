@@ -12,12 +12,19 @@ in its folder and is skipped. Run it again after a kill to continue.
     python benchmarks/matched_setting.py --setting borrowed    # generate, annotate, quality
     python benchmarks/matched_setting.py --setting matched --until generator
     python benchmarks/matched_setting.py --setting matched-gen2000   # PROTOCOL.md amendment 1: 2 000 generator steps
+    python benchmarks/matched_setting.py --setting matched-x2        # amendment 2, stage 4: groups 0 ... 13 499
+    python benchmarks/matched_setting.py --setting annotated-x2      # the same images, the borrowed annotator
     python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json   # both generators, one judge
 
 The matched setting's real images are the classifier's: ``load_data`` with the benchmark's data options
 (``--data-seed 0 --val-size 2000 --max-train-samples 2500``), exported with the test split as a ``save_to_disk``
 folder that the scripts read like any user's dataset. The CSM dataset of a setting is
 ``<output>/<setting>/csm/csm-fmnist-aug``.
+
+Amendment 2's volume sets (stage 4): ``matched-x2`` and ``matched-x4`` hold groups 0 ... 13 499 and 0 ... 26 999 of
+the same plan, generator and sampler as ``matched``; each extends the next smaller set (``generate.py
+--extend-from``: the groups it holds are copied, so the first 6 750 are the matched set's images) and is annotated by
+the matched annotator; ``annotated-x2`` / ``-x4`` annotate the same images with the borrowed annotator.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from timm_csm.io import write_json_atomic
 
@@ -48,7 +55,11 @@ GENERATOR_STEPS = {"matched": 4000, "matched-gen2000": 2000}
 ENCODER_EPOCHS = {"borrowed": 4, "matched": 60, "matched-gen2000": 60, "annotated": 4}
 #: amendment 2's "annotated": the matched generator's images annotated by the borrowed setting's annotator (its
 #: encoder, prototypes and s choice, learned from 54 000 images), the paper's setting with CLIP replaced
-SETTINGS = ("matched", "borrowed", "matched-gen2000", "annotated")
+#: amendment 2's volume sets (stage 4): the matched plan at 2x and 4x the groups, each extending the set named here
+VOLUME_SETS = {"matched-x2": (2, "matched"), "matched-x4": (4, "matched-x2")}
+#: the same images annotated by the borrowed annotator, as "annotated" annotates the matched set's
+ANNOTATED_VOLUME_SETS = {"annotated-x2": "matched-x2", "annotated-x4": "matched-x4"}
+SETTINGS = ("matched", "borrowed", "matched-gen2000", "annotated", *VOLUME_SETS, *ANNOTATED_VOLUME_SETS)
 SHIPPED = "timm_csm/assets/generator-fmnist"
 
 
@@ -95,12 +106,28 @@ def export_real(folder: Path) -> Dict:
             "data_options": DATA_OPTIONS}
 
 
+def generation_options(volume: int = 1) -> List[str]:
+    """:data:`GENERATION` with ``volume`` times its groups."""
+    i = GENERATION.index("--num-groups") + 1
+    return GENERATION[:i] + [str(int(GENERATION[i]) * volume)] + GENERATION[i + 1:]
+
+
 def stage_commands(setting: str, root: Path, python: str = sys.executable) -> List[tuple]:
     """``(stage name, folder, command)`` of each script stage of ``setting``, in order."""
-    if setting == "annotated":
-        return [("annotate", root / "csm", _annotate_command(python, root.parent / "matched" / "generated",
+    if setting == "annotated" or setting in ANNOTATED_VOLUME_SETS:
+        images = ANNOTATED_VOLUME_SETS.get(setting, "matched")
+        return [("annotate", root / "csm", _annotate_command(python, root.parent / images / "generated",
                                                              "fashion_mnist", root, root.parent / "borrowed",
                                                              ENCODER_EPOCHS["borrowed"]))]
+    if setting in VOLUME_SETS:
+        volume, smaller = VOLUME_SETS[setting]
+        matched = root.parent / "matched"
+        return [("generate", root / "generated",
+                 [python, "hub_scripts/generate.py", "--generator", str(matched / "generator"),
+                  *generation_options(volume), "--extend-from", str(root.parent / smaller / "generated"),
+                  "--output", str(root / "generated")]),
+                ("annotate", root / "csm", _annotate_command(python, root / "generated", str(matched / "real"), root,
+                                                             matched, ENCODER_EPOCHS["matched"]))]
     matched = setting in GENERATOR_STEPS
     # the matched variants share the matched setting's real images and reference encoder
     shared = root.parent / "matched" if matched else root
@@ -134,13 +161,26 @@ def _done(folder: Path) -> bool:
     return (folder / "DONE.json").exists()
 
 
+def _prerequisite(setting: str) -> Optional[Tuple[str, str]]:
+    """``(setting, stage)`` whose finished folder ``setting`` builds on, and None where it builds on nothing."""
+    if setting != "matched" and setting in GENERATOR_STEPS:
+        return "matched", "real"
+    if setting == "annotated":
+        return "matched", "generated"
+    if setting in VOLUME_SETS:
+        return VOLUME_SETS[setting][1], "generated"
+    if setting in ANNOTATED_VOLUME_SETS:
+        return ANNOTATED_VOLUME_SETS[setting], "generated"
+    return None
+
+
 def run_setting(setting: str, output: Path, until: str = None, log=print) -> None:
+    needed = _prerequisite(setting)
+    if needed is not None and not _done(output / needed[0] / needed[1]):
+        raise SystemExit(f"{setting} builds on the {needed[0]} setting's {needed[1]} folder: build --setting "
+                         f"{needed[0]} first")
     root = output / setting
     root.mkdir(parents=True, exist_ok=True)
-    if setting != "matched" and setting in GENERATOR_STEPS and not _done(output / "matched" / "real"):
-        raise SystemExit(f"{setting} uses the matched setting's real images: build --setting matched first")
-    if setting == "annotated" and not _done(output / "matched" / "generated"):
-        raise SystemExit("annotated annotates the matched setting's generated images: build --setting matched first")
     if setting == "matched" and not _done(root / "real"):
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         info = export_real(root / "real")
@@ -174,7 +214,7 @@ def compare_generators(output: Path, judge: Path, log=print) -> Dict:
     classify = load_reference_encoder(judge).classify
     real = torch.as_tensor(np.asarray(real_subset().train.images))
     rows = {}
-    for setting in SETTINGS:
+    for setting in [s for s in SETTINGS if s not in VOLUME_SETS]:  # a volume set's images are the matched generator's
         folder = output / setting / "generated"
         if not _done(folder):
             continue

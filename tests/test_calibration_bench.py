@@ -492,3 +492,132 @@ def test_amendment_cells_record_what_they_depend_on_and_reproduce(tmp_path, csm_
     results["test"]["pre_ts"]["ece"] += 0.01
     (home / "ls@smoothing=0.1-s0" / bench.RESULTS).write_text(json.dumps(results))
     assert [d.split(":")[0] for d in bench.verify_cell("ls@smoothing=0.1-s0", roots=[home])] == ["test.pre_ts.ece"]
+
+
+def test_existing_configurations_compute_what_they_computed(tmp_path, csm_folder):
+    """Amendment 2's running cells: the configuration of a name that existed before the stage 3-5 axes is the same
+    dict as before them (written from the code of that time), set paths included."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "model.safetensors").write_bytes(b"weights")
+    names = ["csm@s=2.3", "ls@smoothing=0.1", "kd@alpha=0.5,temperature=2", "csm@filtered=1,n_aug=2,s=4,weight=0.5",
+             "csm", "csm@filtered=1", "ce", "regmixup@regmixup=10"]
+    todo, skipped = bench.prepare_cells(bench.base_recipe({}, "matched"), names, [3], tmp_path / "out",
+                                        csm_dataset=csm_folder, setting="annotated", teacher=str(teacher))
+    out = str(tmp_path / "out")
+    recipe = {"dataset": "fashion_mnist", "model": "small_cnn", "epochs": 60, "batch_size": 128, "lr": 0.1,
+              "weight_decay": 0.0005, "sched": "multistep", "max_train_samples": 2500, "max_test_samples": None,
+              "model_kwargs": {"widths": [16, 32, 64, 128, 256]}, "crop_pad": 2, "hflip": 0.5,
+              "decay_milestones": [30, 45], "val_size": 2000, "data_seed": 0, "seed": 3, "experiment": "."}
+    expected = {
+        "csm@s=2.3": {"loss": "csm", "csm_dataset": f"{out}/csm-soft-annotated-s2.3", "n_aug": 1,
+                      "output": f"{out}/cells/csm@s=2.3-annotated-s3"},
+        "ls@smoothing=0.1": {"loss": "ls", "loss_kwargs": {"smoothing": 0.1},
+                             "output": f"{out}/cells/ls@smoothing=0.1-s3"},
+        "kd@alpha=0.5,temperature=2": {"loss": "kd", "loss_kwargs": {"temperature": 2.0, "alpha": 0.5},
+                                       "teacher": str(teacher),
+                                       "output": f"{out}/cells/kd@alpha=0.5,temperature=2-annotated-s3"},
+        "csm@filtered=1,n_aug=2,s=4,weight=0.5": {
+            "loss": "csm", "n_aug": 2, "loss_kwargs": {"weight": 0.5}, "csm_dataset": f"{out}/csm-filtered-annotated-s4",
+            "output": f"{out}/cells/csm@filtered=1,n_aug=2,s=4,weight=0.5-annotated-s3"},
+        "csm": {"loss": "csm", "csm_dataset": csm_folder, "n_aug": 1, "output": f"{out}/cells/csm-annotated-s3"},
+        "csm@filtered=1": {"loss": "csm", "csm_dataset": f"{out}/csm-filtered-annotated", "n_aug": 1,
+                           "output": f"{out}/cells/csm@filtered=1-annotated-s3"},
+        "ce": {"loss": "ce", "output": f"{out}/cells/ce-s3"},
+        "regmixup@regmixup=10": {"loss": "ce", "regmixup": 10.0, "output": f"{out}/cells/regmixup@regmixup=10-s3"},
+    }
+    assert skipped == {}
+    assert {m: cfg for m, _, _, cfg, _ in todo} == {m: dict(recipe, **extra) for m, extra in expected.items()}
+
+
+def _q(folder):
+    from timm_csm.hub import load_csm_dataset
+
+    return load_csm_dataset(str(folder))["train"]
+
+
+def test_stage3_labels_follow_their_definitions(tmp_path, csm_folder):
+    from timm_csm.annotation import load_reference_encoder, train_reference_encoder
+    from timm_csm.data import load_digits
+
+    source = _q(csm_folder)
+    lam, a, b = (np.asarray(source[c]) for c in ("lambda_gen", "class_a", "class_b"))
+    rows = np.arange(len(lam))
+    # lambda: q_a = lambda_gen, q_b = 1 - lambda_gen, nothing elsewhere; no re-annotation
+    q = np.asarray(_q(bench.derive_label_dataset(csm_folder, tmp_path / "lam", "lambda"))["soft_label"])
+    assert np.allclose(q[rows, a], lam) and np.allclose(q[rows, b], 1 - lam) and np.allclose(q.sum(1), 1)
+    assert np.count_nonzero(q, axis=1).max() == 2
+    # hard: the existing hard-label copy
+    hard = bench.derive_label_dataset(csm_folder, tmp_path / "hard", "hard")
+    assert _q(hard)["soft_label"] == _q(bench.derive_hard_label_dataset(csm_folder, tmp_path / "hard2"))["soft_label"]
+    # softmax: the annotator's probabilities over all classes on each stored image
+    train_reference_encoder(load_digits("train"), tmp_path / "annotator", epochs=1, max_steps=3, progress=False,
+                            log=lambda m: None)
+    derived = _q(bench.derive_label_dataset(csm_folder, tmp_path / "softmax", "softmax", tmp_path / "annotator"))
+    images = torch.as_tensor(np.stack([np.asarray(im)[None] for im in derived["image"]]))
+    expected = load_reference_encoder(tmp_path / "annotator").classify(images).double().softmax(1).numpy()
+    q = np.asarray(derived["soft_label"])
+    assert np.allclose(q, expected, atol=1e-6) and np.array_equal(np.asarray(derived["label"]), q.argmax(1))
+    assert (np.count_nonzero(q, axis=1) > 2).all()  # every class, not the pair only
+    assert derived[3]["image"].tobytes() == source[3]["image"].tobytes()
+
+
+def test_stage3_names_read_the_derived_labels_once(tmp_path, csm_folder):
+    lam = bench.get_method("csm@label=lambda,n_aug=2")
+    assert lam.data_key == "soft@label=lambda" and lam.options["n_aug"] == 2
+    assert bench.tuned_name("csm", label="projection", s="auto", n_aug=2) == "csm@n_aug=2"
+    assert bench.get_method("csm@filtered=1,label=softmax").data_key == "filtered@label=softmax"
+    for bad, match in (("csm@label=hard,s=4", "label=hard replaces"), ("ls@label=hard", "applies to methods"),
+                       ("csm_hard@label=lambda", "the setting's generated set"), ("csm@label=soft", "one of")):
+        with pytest.raises(ValueError, match=match):
+            bench.get_method(bad)
+    names = ["csm@label=lambda,n_aug=2", "csm@filtered=1,label=hard", "csm@label=softmax"]
+    todo, skipped = bench.prepare_cells(_toy_recipe(), names, [0, 1], tmp_path / "out", csm_dataset=csm_folder,
+                                        setting="matched")
+    paths = {m: cfg["csm_dataset"] for m, _, _, cfg, _ in todo}
+    assert paths == {"csm@label=lambda,n_aug=2": str(tmp_path / "out" / "csm-soft-matched-lambda-labels"),
+                     "csm@filtered=1,label=hard": str(tmp_path / "out" / "csm-filtered-matched-hard-labels")}
+    assert set(skipped) == {"csm@label=softmax-matched-s0", "csm@label=softmax-matched-s1"}
+    assert "softmax labels need the setting's annotator" in skipped["csm@label=softmax-matched-s0"]
+    filtered = _q(tmp_path / "out" / "csm-filtered-matched")
+    assert _q(paths["csm@filtered=1,label=hard"])["group_id"] == filtered["group_id"]  # labels of the filtered set
+    stamp = (tmp_path / "out" / "csm-soft-matched-lambda-labels" / "derived_from.json").stat().st_mtime_ns
+    bench.prepare_cells(_toy_recipe(), names[:1], [2], tmp_path / "out", csm_dataset=csm_folder, setting="matched")
+    assert (tmp_path / "out" / "csm-soft-matched-lambda-labels" / "derived_from.json").stat().st_mtime_ns == stamp
+
+
+def test_volume_axis_reads_the_larger_set_with_the_same_derivations(tmp_path, csm_folder):
+    from csm_testdata import DIGIT_NAMES, make_csm_dataset, save_csm_folder
+
+    larger = save_csm_folder(make_csm_dataset(DIGIT_NAMES, seeds_per_pair=2), tmp_path / "x2")
+    assert bench.tuned_name("csm", volume=2, s=2.3, weight=1.0) == "csm@s=2.3,volume=2"
+    assert bench.tuned_name("csm", volume=1) == "csm"
+    with pytest.raises(ValueError, match="volume must be one of 1, 2, 4"):
+        bench.get_method("csm@volume=3")
+    names = ["csm@volume=2", "csm@s=2.3,volume=2", "csm@filtered=1,volume=2", "csm@volume=4", "csm"]
+    assert [bench.get_method(m).data_key for m in names] == [
+        "soft@volume=2", "soft@volume=2@s=2.3", "filtered@volume=2", "soft@volume=4", "soft"]
+    out = tmp_path / "out"
+    todo, skipped = bench.prepare_cells(_toy_recipe(), names, [0], out, csm_dataset=csm_folder, setting="matched",
+                                        volume_datasets={2: larger, 4: str(tmp_path / "nowhere")})
+    paths = {m: cfg["csm_dataset"] for m, _, _, cfg, _ in todo}
+    assert paths == {"csm@volume=2": larger, "csm@s=2.3,volume=2": str(out / "csm-soft-matched-x2-s2.3"),
+                     "csm@filtered=1,volume=2": str(out / "csm-filtered-matched-x2"), "csm": csm_folder}
+    assert list(skipped) == ["csm@volume=4-matched-s0"] and "4x generated set" in skipped["csm@volume=4-matched-s0"]
+    rescaled = _q(paths["csm@s=2.3,volume=2"])
+    assert len(rescaled) == len(_q(larger)) == 2 * len(_q(csm_folder))
+    assert rescaled["soft_label"] == _q(bench.derive_rescaled_dataset(larger, tmp_path / "ref", 2.3))["soft_label"]
+
+
+def test_data_seeds_name_their_cells_and_read_their_subset(tmp_path):
+    assert bench.cell_name("ce", 0, "borrowed", 1) == "ce-d1-s0"
+    assert bench.cell_name("ce", 0, "borrowed", 0) == bench.cell_name("ce", 0, "borrowed") == "ce-s0"
+    assert bench.cell_name("csm@s=4", 3, "borrowed", 2) == "csm@s=4-borrowed-d2-s3"
+    recipe = bench.base_recipe({"data_seed": 2}, "borrowed")
+    todo, _ = bench.prepare_cells(recipe, ["ce", "regmixup@regmixup=10"], [0], tmp_path)
+    assert [(d.name, cfg["data_seed"]) for _, _, d, cfg, _ in todo] == [("ce-d2-s0", 2), ("regmixup@regmixup=10-d2-s0", 2)]
+    with pytest.raises(SystemExit):
+        bench.main(["--recipe", "borrowed", "--data-seed", "1", "--methods", "ce", "--max-cells", "0"])
+    text = bench.main(["--amendment", "2", "--recipe", "borrowed", "--data-seed", "1", "--methods", "ce",
+                       "--max-cells", "0", "--output", str(tmp_path / "a2")])
+    assert text.startswith("amendment 2, borrowed, data seed 1: ran 0 cell(s)")

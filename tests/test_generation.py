@@ -227,6 +227,38 @@ def test_damaged_shards_are_named_and_generated_again(tmp_path):
     assert lines == []  # verified shards are kept
 
 
+def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_generator, tmp_path):
+    from timm_csm.steps import generate_groups
+
+    def generate(out, num_groups, **kw):
+        return generate_groups(tiny_generator, out, num_groups, 3, num_inference_steps=3, groups_per_shard=2,
+                               batch_groups=2, progress=False, log=lambda line: None, **kw)
+
+    small = generate(tmp_path / "x1", 3)  # 3 groups: the last shard holds one of its two groups
+    extended = generate(tmp_path / "x2", 6, extend_from=small)
+    fresh = generate(tmp_path / "fresh", 6)
+    rows_small, plan_small = _rows(small)
+    rows_ext, plan_ext = _rows(extended)
+    rows_fresh, plan_fresh = _rows(fresh)
+    assert plan_ext == plan_fresh and plan_ext["num_groups"] == 6 and plan_small["num_groups"] == 3
+    # the first groups are the 1x set's rows, images byte for byte; the others follow the plan
+    assert rows_ext[:9] == rows_small
+    assert [r[:5] for r in rows_ext] == [r[:5] for r in rows_fresh]
+    assert {(r[0], r[2], r[3], r[4]) for r in rows_ext} == {
+        (g.group_id, g.seed, g.class_a, g.class_b) for g in plan_groups(K, 6)}
+    # groups 4 and 5 (a shard of their own) are generated as a fresh run generates them
+    assert rows_ext[12:] == rows_fresh[12:]
+    assert json.loads((extended / "extended_from.json").read_text()) == {
+        "folder": str(small), "plan_hash": plan_small["plan_hash"], "groups": 3}
+    # only the number of groups may differ, and only upwards
+    with pytest.raises(ValueError, match=r"another generation plan \(differs in \['lambdas'\]\)"):
+        generate_groups(tiny_generator, tmp_path / "bad", 6, 4, num_inference_steps=3, groups_per_shard=2,
+                        progress=False, extend_from=small)
+    with pytest.raises(ValueError, match="holds 6 groups, more than the 3 asked for"):
+        generate(tmp_path / "smaller", 3, extend_from=extended)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "smaller").exists()
+
+
 def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run(_generate_cmd(tiny_generator, tmp_path / "one"), check=True, env=env, capture_output=True)

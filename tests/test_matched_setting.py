@@ -63,3 +63,43 @@ def test_annotated_is_the_matched_images_with_the_borrowed_annotator(tmp_path):
         assert _flag(annotate, flag) == _flag(borrowed, flag)
     with pytest.raises(SystemExit, match="build --setting matched first"):
         setting.run_setting("annotated", tmp_path)
+
+
+def test_volume_sets_extend_the_matched_plan_and_keep_its_annotator(tmp_path):
+    matched = _stages("matched")
+    for name, volume, smaller in (("matched-x2", 2, "matched"), ("matched-x4", 4, "matched-x2")):
+        stages = _stages(name)
+        assert list(stages) == ["generate", "annotate"]  # the matched generator: no training, no quality of its own
+        generate = stages["generate"][1]
+        assert _flag(generate, "--generator") == str(Path("out/matched/generator"))
+        assert _flag(generate, "--extend-from") == str(Path(f"out/{smaller}/generated"))
+        assert _flag(generate, "--num-groups") == str(6750 * volume)
+        # the plan is the matched one but for the number of groups
+        strip = lambda cmd, *flags: [a for i, a in enumerate(cmd) if a not in flags and cmd[i - 1] not in flags]  # noqa: E731
+        assert strip(generate, "--num-groups", "--extend-from", "--output") == strip(
+            matched["generate"][1], "--num-groups", "--extend-from", "--output")
+        annotate = stages["annotate"][1]
+        assert _flag(annotate, "--generated") == str(Path(f"out/{name}/generated"))
+        for flag in ("--dataset", "--reference-dir", "--reference-epochs", "--s"):
+            assert _flag(annotate, flag) == _flag(matched["annotate"][1], flag)
+    borrowed = _stages("borrowed")["annotate"][1]
+    for name in ("annotated-x2", "annotated-x4"):
+        annotate = _stages(name)["annotate"][1]
+        assert _flag(annotate, "--generated") == str(Path(f"out/matched-{name[-2:]}/generated"))
+        for flag in ("--dataset", "--reference-dir", "--reference-epochs", "--s"):
+            assert _flag(annotate, flag) == _flag(borrowed, flag)
+    with pytest.raises(SystemExit, match="build --setting matched-x2 first"):
+        setting.run_setting("matched-x4", tmp_path)
+    with pytest.raises(SystemExit, match="build --setting matched-x2 first"):
+        setting.run_setting("annotated-x2", tmp_path)
+    assert not any(tmp_path.iterdir())  # a refused build leaves nothing behind
+
+
+def test_the_benchmarks_volume_sets_are_built_here():
+    bench = load_benchmark("calibration_bench")
+    for name in ("matched", "annotated"):
+        for volume in bench.VOLUMES[1:]:
+            folder = Path(bench.volume_dataset(name, volume))
+            assert folder.parts[-3] in setting.SETTINGS
+            annotate = _stages(folder.parts[-3], bench.SETTINGS_ROOT)["annotate"][1]
+            assert folder == Path(_flag(annotate, "--output")) / _flag(annotate, "--name")

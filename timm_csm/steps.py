@@ -128,12 +128,13 @@ def generate_groups(generator, output, num_groups: int, num_lambdas: int = 8, *,
                     guidance_scale: Optional[float] = None, class_names: Optional[Sequence[str]] = None,
                     anchors=None, strength: float = 1.0, groups_per_shard: int = 64, batch_groups: int = 16,
                     seed_offset: int = 0, accelerator=None, progress: bool = True,
-                    log: Callable[[str], None] = print) -> Path:
+                    log: Callable[[str], None] = print, extend_from=None) -> Path:
     """Generate ``num_groups`` groups x ``num_lambdas`` ratios (``linspace(0, 1, num_lambdas)``) of ``generator``
     into ``output``, sharded (``groups_per_shard``) and resumable: :func:`load_mixing_pipeline`, the group plan
     (:func:`~timm_csm.generation.make_plan`, which records the generator's provenance and the anchors), then
     :func:`~timm_csm.generation.generate_to_folder` (``batch_groups`` groups a forward pass; ``accelerator``
-    splits the shards across processes and sets the device)."""
+    splits the shards across processes and sets the device). ``extend_from``: a finished output of the same command
+    with fewer groups, whose groups are copied rather than generated again."""
     from .generation import generate_to_folder, lambda_grid, make_plan
 
     device = accelerator.device if accelerator is not None else None
@@ -142,7 +143,8 @@ def generate_groups(generator, output, num_groups: int, num_lambdas: int = 8, *,
     plan_anchors = None if anchors is None or strength >= 1.0 else {**anchors.describe(), "strength": strength}
     plan = make_plan(pipe.num_classes, num_groups, lambda_grid(num_lambdas), pipe.class_names, groups_per_shard,
                      seed_offset, generator=pipe.provenance, anchors=plan_anchors)
-    return generate_to_folder(pipe, output, plan, batch_groups, accelerator, progress=progress, log=log)
+    return generate_to_folder(pipe, output, plan, batch_groups, accelerator, progress=progress, log=log,
+                              extend_from=extend_from)
 
 
 def generated_dataset(generated) -> str:

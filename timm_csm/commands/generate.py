@@ -9,6 +9,11 @@ otherwise; the class names are CIFAR-10's or CIFAR-100's by the label dimension 
 
     timm-csm-generate --generator edm-cifar10-32x32-cond-vp.pkl --num-groups 19980 --output runs/c10
 
+More groups of the same plan without generating the first ones again: ``--extend-from`` a finished output of the
+same command with fewer ``--num-groups`` (its groups are copied as stored; any other difference is refused).
+
+    timm-csm-generate --generator runs/generator-fmnist --num-groups 1800 --output runs/gen-x2 --extend-from runs/gen
+
 Real-anchored mode: ``--strength t`` (< 1) starts every group from a real training image of one of its two classes,
 noised to strength t with the group's noise (SDEdit), instead of pure noise. The anchors are the training images of
 the classifier run they are made for: ``--anchor-dataset`` with the run's ``--anchor-max-train-samples``,
@@ -44,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups-per-shard", type=int, default=64, help="groups per shard file (the unit of resuming)")
     p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
     p.add_argument("--seed-offset", type=int, default=0, help="seed of the first group (group i has seed offset + i)")
+    p.add_argument("--extend-from", default=None, metavar="FOLDER",
+                   help="a finished output of this command with fewer groups: its groups are copied, not generated "
+                        "again (the plan must be the same but for --num-groups)")
     p.add_argument("--class-names", default=None,
                    help="EDM pickle: comma-separated class names in label order (default: CIFAR-10 / CIFAR-100)")
     g = p.add_argument_group("real-anchored mode")
@@ -104,7 +112,7 @@ def main(argv=None):
                         num_inference_steps=args.steps, scheduler=args.scheduler, guidance_scale=args.guidance_scale,
                         class_names=class_names, anchors=anchors, strength=args.strength,
                         groups_per_shard=args.groups_per_shard, batch_groups=args.batch_groups,
-                        seed_offset=args.seed_offset, accelerator=accelerator)
+                        seed_offset=args.seed_offset, accelerator=accelerator, extend_from=args.extend_from)
         accelerator.print(f"generated {args.num_groups} groups in {args.output}; next: timm-csm-annotate --generated "
                           f"{args.output} --install")
     except KeyboardInterrupt:

@@ -6,6 +6,11 @@ file exists only when complete. A restarted job skips the shards that exist, so 
 it finishes with exactly the dataset an uninterrupted run writes: no duplicate and no missing group. A shard file
 that exists but is damaged (truncated or overwritten by something else: its Parquet footer does not read, or it
 holds another number of rows than its groups x lambdas) is named in the log and generated again.
+
+A finished folder extends to more groups of the same plan (``extend_from``): the plan depends on nothing but the
+number of groups beyond the generator, sampler and lambda grid, and its groups are a prefix of any larger plan's
+(:func:`~timm_csm.generation.plan.plan_groups`), so the groups the earlier folder holds are copied from it, as stored,
+and only the others are generated.
 """
 from __future__ import annotations
 
@@ -20,9 +25,14 @@ import numpy as np
 from ..io import atomic_path, write_json_atomic
 from .plan import plan_groups
 
-__all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "shard_problem", "encode_png"]
+__all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "shard_problem", "encode_png",
+           "extension_source"]
 
 PLAN_FILE = "plan.json"
+#: what an extended folder records of the folder its first groups were copied from
+EXTENDED_FILE = "extended_from.json"
+#: the plan keys an extension may change: the number of groups, and what follows from it
+_GROWING_KEYS = ("num_groups", "num_shards", "plan_hash")
 
 
 def encode_png(image_chw: np.ndarray) -> bytes:
@@ -128,14 +138,47 @@ def _done_shards(folder: Path, plan: Dict, mine: Sequence[int], log: Callable[[s
     return done
 
 
+def extension_source(source, plan: Dict) -> Dict:
+    """The plan of the finished generation folder ``source`` after checking that ``plan`` extends it: the same plan
+    (generator, sampler, lambdas, shard size, seeds) with at least as many groups, every shard present and sound."""
+    source = Path(source)
+    if not (source / PLAN_FILE).exists():
+        raise FileNotFoundError(f"{source} is not a generation folder (no {PLAN_FILE}): nothing to extend")
+    old = json.loads((source / PLAN_FILE).read_text())
+    differ = sorted(k for k in set(old) | set(plan) if k not in _GROWING_KEYS and old.get(k) != plan.get(k))
+    if differ:
+        raise ValueError(f"{source} holds another generation plan (differs in {differ}); an extension may change "
+                         "the number of groups only")
+    if old["num_groups"] > plan["num_groups"]:
+        raise ValueError(f"{source} holds {old['num_groups']} groups, more than the {plan['num_groups']} asked for")
+    for k in range(old["num_shards"]):
+        path = shard_path(source, k, old["num_shards"])
+        problem = "it is missing" if not path.exists() else shard_problem(path, old, k)
+        if problem is not None:
+            raise ValueError(f"{source} is not a finished generation (shard {path.name}: {problem}); finish it first")
+    return old
+
+
+def _carried_rows(source, old: Dict, index: int) -> Dict[str, list]:
+    """The stored rows of shard ``index``'s groups that ``source`` (plan ``old``, same shard size) holds."""
+    import pyarrow.parquet as pq
+
+    if index >= old["num_shards"]:
+        return {}
+    table = pq.read_table(str(shard_path(source, index, old["num_shards"])))
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
 def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, accelerator=None,
-                       progress: bool = True, log: Callable[[str], None] = print) -> Path:
+                       progress: bool = True, log: Callable[[str], None] = print, extend_from=None) -> Path:
     """Generate every missing or damaged shard of ``plan`` into ``folder`` with
     ``pipeline(groups, lambdas, output_type="pt", return_dict=False) -> (uint8 images, members)``.
 
     ``accelerator`` (optional) splits the shards across processes; only the main process shows a progress bar, over
     groups (the pipeline's bar over denoising steps is turned off with ``set_progress_bar_config(disable=True)``).
     Existing shards are verified first (:func:`shard_problem`); ``log`` names each damaged one.
+    ``extend_from``: a finished folder of the same plan with fewer groups (:func:`extension_source`), whose groups
+    are copied (their stored rows, images as encoded) instead of generated; recorded in ``extended_from.json``.
     A real-anchored pipeline (``SemanticMixingPipeline`` with anchors) also has ``anchor_index(group)`` and
     ``strength``, recorded in the ``anchor_index`` / ``anchor_strength`` columns (-1 / 1 for pure noise).
     """
@@ -146,8 +189,12 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
     rank = accelerator.process_index if accelerator else 0
     world = accelerator.num_processes if accelerator else 1
     is_main = rank == 0
+    old = extension_source(extend_from, plan) if extend_from is not None else None
     if is_main:
         _check_or_write_plan(folder, plan, True)
+        if old is not None:
+            write_json_atomic(folder / EXTENDED_FILE, {"folder": str(extend_from), "plan_hash": old["plan_hash"],
+                                                       "groups": old["num_groups"]})
     if accelerator:
         accelerator.wait_for_everyone()
     _check_or_write_plan(folder, plan, False)
@@ -170,6 +217,12 @@ def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, acc
     for k in mine:
         groups = plan_groups(plan["num_classes"], min(n, (k + 1) * per), plan["seed_offset"], start=k * per)
         rows = {name: [] for name in features}
+        if old is not None:
+            for name, values in _carried_rows(extend_from, old, k).items():
+                rows[name].extend(values)
+            carried = len(set(rows["group_id"]))
+            groups = groups[carried:]
+            bar.update(carried * world if world > 1 else carried)
         for i in range(0, len(groups), batch_groups):
             batch = groups[i: i + batch_groups]
             images, members = pipeline(batch, plan["lambdas"], output_type="pt", return_dict=False)
