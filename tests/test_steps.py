@@ -38,11 +38,13 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
     generate.main(["--generator", str(digits_generator), "--num-groups", "10", "--num-lambdas", "3", "--steps", "2",
                    "--guidance-scale", "1.0", "--groups-per-shard", "32", "--batch-groups", "32",
                    "--output", str(tmp_path / "gen")])
+    # a generator of random weights: the generator check is told to go on
     script_folder = annotate.main(["--generated", str(tmp_path / "gen"), "--output", str(tmp_path / "hub"),
-                                   "--reference-epochs", "1", "--cache-dir", str(tmp_path / "protos")])
+                                   "--reference-epochs", "1", "--cache-dir", str(tmp_path / "protos"),
+                                   "--accept-poor-generator"])
 
     profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
-                            encoder_epochs=1)
+                            encoder_epochs=1, accept_poor_generator=True)
     train, test = load_image_arrays("digits", "train"), load_image_arrays("digits", "test")
     cache = StageCache(tmp_path / "run", lambda line: None)
     generated = stages.generate(cache, profile, digits_generator, train.class_names)

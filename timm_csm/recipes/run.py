@@ -35,14 +35,11 @@ __all__ = ["run_recipe", "build_parser", "profile_from_args", "main"]
 def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = print) -> Dict:
     """Run (or resume) every stage of ``profile`` under ``output``; returns the comparison (``table``,
     ``results``, ``figures``) and writes ``<output>/report.md``."""
-    from ..data import load_image_arrays
-
     profile = resolve_dataset(profile, log)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     cache = StageCache(output, log)
-    train_real = load_image_arrays(profile.dataset, "train")
-    test_real = load_image_arrays(profile.dataset, "test")
+    train_real, test_real, profile = stages.real_splits(profile, log)
     clip = stages.check_encoder(profile)  # an open_clip encoder is built once: checked now, used to annotate
 
     generator_dir = stages.generator(cache, profile, train_real, log)
@@ -72,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None,
                    help="'reference' or open_clip:<model>:<tag or weights file>, e.g. open_clip:ViT-B-32-quickgelu:"
                         "openai (downloaded when online) or open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors")
-    p.add_argument("--dataset", default=None, help="the real dataset (default: the profile's)")
+    p.add_argument("--dataset", default=None,
+                   help="the real dataset (default: the profile's): a name, or an image folder [<split>/]<class>/*.png")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="a dataset with no test split (a flat <class>/*.png folder): the seeded share of it every "
+                        "stage holds out as the test split (default: the profile's, 0.1)")
+    p.add_argument("--accept-poor-generator", action="store_true",
+                   help="build the CSM dataset even when the annotation checks find the generator poor (pure-class "
+                        "images recognised near chance, or most groups flagged), with a warning")
     p.add_argument("--epochs", type=int, default=None, help="classifier epochs (default: the profile's)")
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
     p.add_argument("--rehearse", action="store_true",
@@ -81,10 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
-    """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs`` and
-    ``--seed`` replaced where given, then at rehearsal size with ``--rehearse``."""
-    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed")
+    """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs``,
+    ``--seed``, ``--test-fraction`` and ``--accept-poor-generator`` replaced where given, then at rehearsal size with
+    ``--rehearse``."""
+    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed", "test_fraction")
                  if getattr(args, k) is not None}
+    if args.accept_poor_generator:
+        overrides["accept_poor_generator"] = True
     profile = dataclasses.replace(get_profile(args.profile), **overrides)
     return rehearsal_profile(profile) if args.rehearse else profile
 
@@ -92,6 +99,9 @@ def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
 def main(argv=None) -> None:
     """The command line: :func:`profile_from_args` run into ``--output`` (``runs/<profile>``, or
     ``runs/<profile>-rehearsal``)."""
+    import sys
+
+    from ..steps import PoorGeneratorError
     from ..train import exit_interrupted
 
     args = build_parser().parse_args(argv)
@@ -102,4 +112,7 @@ def main(argv=None) -> None:
         run_recipe(profile, output)
     except KeyboardInterrupt:
         exit_interrupted(f"the finished stages are kept in {output}; the same command continues from them")
+    except PoorGeneratorError as e:  # the finished stages are kept: --accept-poor-generator continues from them
+        print(f"timm-csm-pipeline: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     print(f"pipeline finished in {time.time() - t0:.0f} s; report: {Path(output) / 'report.md'}")
