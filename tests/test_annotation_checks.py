@@ -65,3 +65,48 @@ def test_report_and_drop_on_a_csm_dataset():
     assert set(kept["group_id"]).isdisjoint(report["flagged_group_ids"])  # whole flagged groups are gone
     assert np.array_equal(np.array(kept["lambda_hat"]), hat[~np.isin(gid, report["flagged_group_ids"])])
     assert annotation_report(kept)["flagged"] == 0
+
+
+def test_the_generator_check_names_recognition_near_chance_and_most_groups_flagged():
+    from timm_csm.annotation.checks import generator_problems
+
+    def report(accuracy, flagged, groups=300, k=10):
+        return {"num_groups": groups, "flagged": flagged,
+                "pure_class_recognition": {"accuracy": accuracy, "chance": 1 / k, "num_images": 2 * groups}}
+
+    # the shipped generator's numbers (benchmarks/calibration.md): no problem
+    assert generator_problems(report(0.609, 1772, groups=6750)) == []
+    # a generator after 400 steps: both problems, each with its numbers
+    poor = generator_problems(report(0.15, 264))
+    assert len(poor) == 2 and "recognised 15.0%, near chance 10.0% (600 images" in poor[0]
+    assert poor[1] == "264 of 300 groups flagged"
+    # the bounds: a quarter of the way from chance (10% -> 32.5%) and more than half of the groups
+    assert generator_problems(report(0.325, 150)) == []
+    assert len(generator_problems(report(0.3249, 151))) == 2
+    assert len(generator_problems(report(0.70, 0, k=2))) == 0 and len(generator_problems(report(0.62, 0, k=2))) == 1
+    assert generator_problems({"pure_class_recognition": None, "num_groups": 0, "flagged": 0}) == []
+
+
+def test_pure_members_of_groups_that_show_their_classes_are_recognised_and_noise_is_not(tmp_path):
+    """The recognition the check reads, from annotation's encoding pass: the nearest real-class prototype of each
+    pure member (lambda 0: class b, 1: class a), among all classes: the fixtures' morphs of the class patterns, then
+    the same groups as noise."""
+    from csm_fixtures import CLASS_NAMES, LAMBDAS, png_bytes, raw_generated, synthetic_arrays, tiny_timm_encoder
+    from timm_csm.annotation import annotate, compute_prototypes
+
+    encoder = tiny_timm_encoder(tmp_path)[0]
+    protos = compute_prototypes(encoder, synthetic_arrays(n_per_class=20), batch_size=32, progress=False)
+
+    def recognition(generated):
+        return annotate(generated, CLASS_NAMES, encoder, protos, 4.0, lambdas=LAMBDAS, batch_size=5,
+                        return_recognition=True, progress=False)[1]
+
+    assert recognition(raw_generated(num_groups=6)) == {"accuracy": 1.0, "chance": 1 / 3, "num_images": 12}
+
+    def noise(rows):
+        rng = np.random.default_rng(0)
+        rows["image"] = [{"bytes": png_bytes(rng.integers(0, 256, (1, 16, 16), dtype=np.uint8)), "path": None}
+                         for _ in rows["image"]]
+
+    poor = recognition(raw_generated(num_groups=6, edit=noise))
+    assert poor["num_images"] == 12 and poor["accuracy"] < 0.5

@@ -339,7 +339,10 @@ def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
     lines = []
     resumed, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", cfg, progress=False,
                                  log=lines.append)
-    assert lines == ["resuming generator training from step 2"]
+    assert lines[1:] == ["resuming generator training from step 2"]  # after the line of the schedule
+    assert lines[0].startswith("generator: 32 images of 3 classes at 1x28x28; UNet [16, 16, 32]; 4 steps of 8 images, "
+                               "AdamW lr 0.001 (linear warm-up over 1 steps), EMA decay 0.999, seed 0; checkpoint "
+                               "every 2 steps (")
     assert not (tmp_path / "b" / "checkpoint").exists() and load_state(tmp_path / "b" / CHECKPOINT_LAST)["step"] == 4
     for (n, p), (_, q) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(p, q, msg=n)

@@ -41,8 +41,9 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
                           "32", "--output", "gen"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "generated 10 groups in gen; next: timm-csm-annotate --generated gen --install")
+    # a generator of random weights: the generator check is told to go on
     assert annotate.main(["--generated", "gen", "--output", "hub", "--reference-epochs", "1",
-                          "--cache-dir", "protos"]) == 0
+                          "--cache-dir", "protos", "--accept-poor-generator"]) == 0
     script_folder = tmp_path / "hub" / "csm-digits-aug"
     *_, saved, next_step = capsys.readouterr().out.splitlines()
     assert saved == f"saved 30 images to {script_folder}"
@@ -52,10 +53,10 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
                                     "--steps", "1", "--output", "quality.json"]) == 0
     *_, written, next_step = capsys.readouterr().out.splitlines()
     assert json.loads((tmp_path / "quality.json").read_text())["num_images"] == 2 and written == "result: quality.json"
-    assert next_step.startswith(f"next: timm-csm-generate --generator {digits_generator} --num-groups N")
+    assert next_step.startswith("the generator is poor: ")  # random weights: it says so instead of the next step
 
     profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
-                            encoder_epochs=1)
+                            encoder_epochs=1, accept_poor_generator=True)
     train, test = load_image_arrays("digits", "train"), load_image_arrays("digits", "test")
     cache = StageCache(tmp_path / "run", lambda line: None)
     generated = stages.generate(cache, profile, digits_generator, train.class_names)
@@ -131,5 +132,6 @@ def test_train_generator_exits_0_with_a_loadable_generator(tmp_path, capsys):
 
     assert train_generator.main(["--dataset", "digits", "--profile", "smoke", "--steps", "1", "--max-train-samples",
                                  "16", "--no-grid", "--output", str(tmp_path / "generator")]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith(f"generator: {tmp_path / 'generator'}; next: ")
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"generator saved in {tmp_path / 'generator'} (") and "; next, measure it: " in last
     assert steps.load_mixing_pipeline(tmp_path / "generator", 1).unet.config.sample_size == 8

@@ -220,9 +220,22 @@ def test_dataset_errors_label_column_and_class_names(tmp_path, csm_folder):
     assert not (tmp_path / "err" / "last.safetensors").exists()
 
 
+def _reported_metrics(results):
+    """Every number a run reports: the temperature, the split sizes, the checkpoint's epoch, and each metric of
+    each split (test, validation) before and after temperature scaling."""
+    out = {k: results[k] for k in ("temperature", "n_train", "n_val", "n_test", "checkpoint_epoch")}
+    for split in ("test", "val"):
+        for phase in ("pre_ts", "post_ts"):
+            out.update({f"{split}/{phase}/{k}": v for k, v in results[split][phase].items()})
+    return out
+
+
 def test_two_processes_match_one(tmp_path, csm_folder):
     """2 gloo processes with batch 16 each = 1 process with batch 32: same samples, crops and companions per
-    step; GroupNorm keeps the statistics per sample, so the runs agree up to float reduction order."""
+    step; GroupNorm keeps the statistics per sample, so the runs agree up to float reduction order, on every metric
+    of every split. The same checkpoint evaluated on 2 processes reports exactly the 1-process numbers: every
+    validation and test image is scored once (48 and 200 images in global batches of 32: the last batch of each is
+    evened out with copies, which gathering drops)."""
     common = dict(loss="csm", csm_dataset=csm_folder, crop_pad=1, hflip=0.5, epochs=2, max_train_samples=192,
                   model_kwargs=[("norm_layer", "groupnorm")])
     one = run(_config(tmp_path, "p1", batch_size=32, **common))
@@ -233,12 +246,22 @@ def test_two_processes_match_one(tmp_path, csm_folder):
         "1", "--loss", "csm", "--csm-dataset", csm_folder, "--output", tmp_path, "--experiment", "p2")
     two = json.loads((tmp_path / "p2" / "results.json").read_text())
     assert two["num_processes"] == 2 and one["num_processes"] == 1
-    assert two["n_test"] == one["n_test"] == 200 and two["n_val"] == one["n_val"]
+    assert (one["n_test"], one["n_val"]) == (200, 48)
+    reported = _reported_metrics(one)
+    assert len(reported) == 5 + 4 * 10 and reported.keys() == _reported_metrics(two).keys()
+    for key, value in _reported_metrics(two).items():
+        assert value == pytest.approx(reported[key], abs=1e-4), key
     for e in range(2):
-        assert two_history(tmp_path)[e]["train_loss"] == pytest.approx(one["history"][e]["train_loss"], rel=1e-4)
-    for key in ("accuracy", "ece", "nll", "brier"):
-        assert two["test"]["pre_ts"][key] == pytest.approx(one["test"]["pre_ts"][key], abs=1e-4), key
-    assert two["temperature"] == one["temperature"]
+        logged = two_history(tmp_path)[e]
+        shown = {k: v for k, v in one["history"][e].items() if k.startswith(("train_", "val_"))}
+        assert len(shown) > 10
+        for key, value in shown.items():
+            assert logged[key] == pytest.approx(value, rel=1e-4, abs=1e-4), (e, key)
+
+    launch_two_processes(ROOT / "train.py", "--eval-only", "--checkpoint", tmp_path / "p1" / "model_best.safetensors",
+                         "-b", "16", "--no-progress", "--output", tmp_path, "--experiment", "e2")
+    evaluated = json.loads((tmp_path / "e2" / "results.json").read_text())
+    assert evaluated["num_processes"] == 2 and _reported_metrics(evaluated) == reported
 
 
 def two_history(tmp_path):

@@ -50,6 +50,23 @@ def test_checkpoints_every_n_units_and_after_the_last_only_when_asked(tmp_path):
         ResumableTrainer(tmp_path, "test checkpoint", cache=False, every=0)
 
 
+def test_a_time_interval_checkpoints_long_units_between_the_unit_interval(tmp_path, monkeypatch):
+    """``every_seconds``: a unit that ends that long after the last checkpoint is checkpointed too (the clock
+    restarts at each checkpoint), so a slow run is never far from its last one."""
+    from types import SimpleNamespace
+
+    import timm_csm.trainer as trainer_module
+
+    clock = iter(range(0, 10000, 60))  # each look at the trainer's clock is 60 s after the one before
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    _, saved = _fit(tmp_path / "a", _Counter(), 0, 6, every=100, every_seconds=120)
+    assert saved == [1, 3, 5]  # 120 s after the start, 120 s after that checkpoint, and the last unit
+    _, saved = _fit(tmp_path / "b", _Counter(), 0, 6, every=100, every_seconds=None)
+    assert saved == [5]
+    with pytest.raises(ValueError, match="checkpoint every 0 seconds"):
+        ResumableTrainer(tmp_path, "test checkpoint", cache=False, every_seconds=0)
+
+
 def test_a_resumed_run_trains_the_units_a_straight_run_trains(tmp_path):
     straight = _Counter()
     _fit(tmp_path / "straight", straight, 0, 6, every=2)

@@ -166,8 +166,8 @@ def test_the_timm_options_taken_as_they_are_are_options_here():
 
 def test_a_flat_folder_trains_with_a_held_out_fraction_and_reports_validation_only(tmp_path, capsys):
     """timm's plain layout (``<class>/*.png``, no split folders) is the training split: the run says in one line
-    that there is no test split and reports its validation images; --eval-only scores such a folder only when
-    --test-split names it, and never the folder the checkpoint trained on."""
+    that there is no test split and reports its validation images; --eval-only scores another such folder whole,
+    with the temperature the training run fitted, and never the folder the checkpoint trained on."""
     from csm_fixtures import write_image_folder
 
     flat = str(write_image_folder(tmp_path / "images", splits=(None,), n_per_class=20))
@@ -183,11 +183,34 @@ def test_a_flat_folder_trains_with_a_held_out_fraction_and_reports_validation_on
     assert (run_dir / "val_predictions.safetensors").is_file() and not (run_dir / "test_predictions.safetensors").exists()
     assert yaml.safe_load((run_dir / "args.yaml").read_text())["test_split"] is None
     checkpoint = str(run_dir / "model_best.safetensors")
-    for extra, match in (((), "no split to score"), (("--test-split", "train"), "is the split .* was trained on")):
+    for extra, match in (((), "no split to score.*was trained on it"),
+                         (("--test-split", "train"), "is the split .* was trained on")):
         with pytest.raises(ValueError, match=match):
             run(parse_args(["--eval-only", "--checkpoint", checkpoint, "--no-progress", *extra]))
     held_out = str(write_image_folder(tmp_path / "held_out", splits=(None,), n_per_class=10, seed=1))
-    scored = run(parse_args(["--eval-only", "--checkpoint", checkpoint, "--dataset", held_out, "--test-split", "train",
+    scored = run(parse_args(["--eval-only", "--checkpoint", checkpoint, "--dataset", held_out,
                              "--no-progress", "--output", str(tmp_path), "--experiment", "eval"]))
     assert (scored["n_test"], scored["n_val"]) == (30, 0)  # every image scored, none held out for TS
-    assert scored["test"]["post_ts"] is None and scored["val"] is None
+    assert scored["val"] is None and scored["temperature"] == res["temperature"]  # the training run's temperature
+    assert scored["test"]["post_ts"] is not None and scored["checkpoint_epoch"] == res["checkpoint_epoch"]
+    report = (tmp_path / "eval" / "results.md").read_text()
+    assert "0 validation" not in report and "epoch None" not in report
+    assert f"temperature {res['temperature']:.2f} fitted by run {res['run_id']} on its 12 validation images" in report
+    after = [line for line in report.splitlines() if line.startswith("| ECE (%)")][0]
+    assert after.split("|")[3].strip() != "-"  # the after-TS column is filled
+
+
+def test_test_fraction_holds_out_the_same_seeded_test_split_of_a_flat_folder(tmp_path, three_split_folder):
+    """--test-fraction: a seeded share of a flat folder is the test split, the same images whatever else the run
+    draws (validation share, training subset); a dataset with a test split of its own refuses it."""
+    from csm_fixtures import write_image_folder
+
+    flat = str(write_image_folder(tmp_path / "images", splits=(None,), n_per_class=20))
+    data = load_data(parse_args(["--dataset", flat, "--test-fraction", "0.2", "--val-fraction", "0.25"]))
+    assert (len(data.test), len(data.train), len(data.val)) == (12, 36, 12)
+    other = load_data(parse_args(["--dataset", flat, "--test-fraction", "0.2", "--max-train-samples", "20"]))
+    assert np.array_equal(other.test.images.rows, data.test.images.rows) and len(other.train) == 18
+    seen = set(data.train.images.rows) | set(data.val.images.rows)
+    assert not seen & set(data.test.images.rows) and len(seen) == 48
+    with pytest.raises(ValueError, match="--test-fraction 0.2: dataset .* has the test split 'test'"):
+        load_data(parse_args(["--dataset", three_split_folder, "--test-fraction", "0.2"]))

@@ -18,33 +18,52 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 from . import __version__
 from .hub import csm_dataset_name, dataset_short_name
 
-__all__ = ["default_device", "train_generator_folder", "is_edm_pickle", "shipped_generator", "resolve_generator",
-           "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset", "soft_label_scale",
-           "annotate_generated_folder", "csm_dataset_name"]
+__all__ = ["default_device", "generator_name", "train_generator_folder", "is_edm_pickle", "shipped_generator",
+           "resolve_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
+           "soft_label_scale", "PoorGeneratorError", "check_generator", "annotate_generated_folder",
+           "csm_dataset_name"]
 
 _ASSETS = Path(__file__).resolve().parent / "assets"
 #: steps of a generator folder's sampler when none are given (an EDM pickle takes the paper's, 20 or 25)
 DEFAULT_FOLDER_STEPS = 50
 
 
+def generator_name(dataset: str) -> str:
+    """The name of a generator trained on ``dataset``: ``timm-csm-<short name>-ddpm`` (``fashion_mnist`` ->
+    ``timm-csm-fmnist-ddpm``, a folder ``data/mnist-digits`` -> ``timm-csm-mnist-digits-ddpm``)."""
+    return f"timm-csm-{dataset_short_name(dataset)}-ddpm"
+
+
 def train_generator_folder(real, output, profile: str = "fmnist", *, steps: Optional[int] = None,
-                           batch_size: Optional[int] = None, seed: Optional[int] = None, meta: Optional[Dict] = None,
-                           accelerator=None, log: Callable[[str], None] = print):
+                           batch_size: Optional[int] = None, seed: Optional[int] = None,
+                           checkpoint_every: Optional[int] = None, checkpoint_minutes: Optional[float] = None,
+                           meta: Optional[Dict] = None, accelerator=None, log: Callable[[str], None] = print):
     """Train (or resume training) a class-conditional generator on ``real`` (an
     :class:`~timm_csm.data.ImageArrays`) into the generator folder ``output`` with the generator-training profile
     ``profile`` (:data:`~timm_csm.generation.GENERATOR_PROFILES`), at the real images' size and channels;
-    ``steps``, ``batch_size`` and ``seed`` replace the profile's where given, ``meta`` goes into the folder's
-    metadata. Returns ``(unet, scheduler)`` (:func:`~timm_csm.generation.training.train_generator`)."""
+    ``steps``, ``batch_size``, ``seed`` and ``checkpoint_every`` replace the profile's where given,
+    ``checkpoint_minutes`` also checkpoints after that much time (default
+    :data:`~timm_csm.generation.training.CHECKPOINT_MINUTES`), ``meta`` goes into the folder's metadata, with the
+    number of training images and the generator's name (:func:`generator_name` of ``meta["dataset"]``, else of the
+    images' source) unless it gives them. Returns ``(unet, scheduler)``
+    (:func:`~timm_csm.generation.training.train_generator`)."""
     from .generation import GENERATOR_PROFILES
-    from .generation.training import train_generator
+    from .generation.training import CHECKPOINT_MINUTES, train_generator
 
-    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("seed", seed)) if v is not None}
+    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("seed", seed),
+                                   ("checkpoint_every", checkpoint_every)) if v is not None}
     config = dataclasses.replace(GENERATOR_PROFILES[profile], **overrides)
     channels, size = real.images.shape[1:3]
     if (config.in_channels, config.sample_size) != (channels, size):
         config = dataclasses.replace(config, sample_size=size, in_channels=channels)
+    meta = dict(meta or {})
+    meta.setdefault("num_train_images", len(real))
+    source = meta.get("dataset") or getattr(real, "source", "")
+    if source and "name" not in meta:
+        meta["name"] = generator_name(str(source))
+    minutes = CHECKPOINT_MINUTES if checkpoint_minutes is None else checkpoint_minutes
     return train_generator(real.images, real.labels, real.class_names, output, config, meta=meta,
-                           accelerator=accelerator, log=log)
+                           accelerator=accelerator, checkpoint_minutes=minutes, log=log)
 
 
 def is_edm_pickle(generator) -> bool:
@@ -170,13 +189,37 @@ def soft_label_scale(s: Union[None, str, float], dataset: str) -> Union[str, flo
     return s if s == "auto" else float(s)
 
 
+class PoorGeneratorError(ValueError):
+    """The annotation checks found the generator poor (:func:`~timm_csm.annotation.checks.generator_problems`);
+    nothing was saved."""
+
+
+def check_generator(report: Dict, accept: bool = False, log: Callable[[str], None] = print) -> None:
+    """The generator check of an annotation ``report``: :class:`PoorGeneratorError` naming the problems, or with
+    ``accept`` a loud warning (a banner through ``log``) and the run goes on."""
+    from .annotation.checks import generator_problems
+
+    problems = generator_problems(report)
+    if not problems:
+        return
+    what = "the generator is poor: " + "; ".join(problems)
+    if not accept:
+        raise PoorGeneratorError(f"{what}. No CSM dataset was built: train the generator longer "
+                                 "(timm-csm-train-generator --steps N resumes it) or pass --accept-poor-generator")
+    banner = "!" * 100
+    log(f"{banner}\nWARNING: {what}.\nWARNING: building the CSM dataset anyway (--accept-poor-generator): its soft "
+        "labels contradict its images, and a classifier trained on it can be worse calibrated than with "
+        f"cross-entropy alone.\n{banner}")
+
+
 def annotate_generated_folder(generated, output, encoder, *, dataset: Optional[str] = None, real=None,
                               name: Optional[str] = None, s: Union[None, str, float] = None,
                               holdout: Optional[bool] = None, holdout_fraction: float = 0.1, seed: int = 0,
                               label_mode: str = "projection", batch_size: int = 256, drop_incomplete: bool = False,
                               drop_flagged: bool = False, min_spearman: float = 0.8, cache_dir=None,
                               install: bool = False, image_column: Optional[str] = None,
-                              label_column: Optional[str] = None, progress: bool = True,
+                              label_column: Optional[str] = None, accept_poor_generator: bool = False,
+                              progress: bool = True,
                               log: Callable[[str], None] = print) -> Tuple[Path, "AnnotatedSet"]:
     """Annotate the generated folder ``generated`` and save it as the Hub-layout CSM dataset ``<output>/<name>``
     (``name`` default :func:`csm_dataset_name` of ``dataset``), installed for bare-name ``load_dataset`` when
@@ -186,6 +229,8 @@ def annotate_generated_folder(generated, output, encoder, *, dataset: Optional[s
     already (default: read with ``image_column`` / ``label_column``). ``s``: see :func:`soft_label_scale`.
     ``encoder``, ``holdout`` and the rest: :func:`~timm_csm.annotation.annotate_generated`. The dataset card
     records the real dataset, the generation plan (generator, sampler, lambda grid), the annotation and the package.
+    Before anything is saved, :func:`check_generator` stops a poor generator (:class:`PoorGeneratorError`) unless
+    ``accept_poor_generator``.
     """
     from .annotation import annotate_generated
     from .data import load_image_arrays
@@ -199,6 +244,7 @@ def annotate_generated_folder(generated, output, encoder, *, dataset: Optional[s
                                 holdout_fraction=holdout_fraction, seed=seed, label_mode=label_mode,
                                 batch_size=batch_size, drop_incomplete=drop_incomplete, drop_flagged=drop_flagged,
                                 min_spearman=min_spearman, cache_dir=cache_dir, progress=progress, log=log)
+    check_generator(result.report, accept_poor_generator, log)
     provenance = {"dataset": dataset, **provenance_from_plan(plan), **result.provenance(),
                   "package": f"timm-csm {__version__}"}
     folder = save_csm_dataset(result.dataset, Path(output) / (name or csm_dataset_name(dataset)),

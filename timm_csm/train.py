@@ -49,6 +49,7 @@ from . import __version__
 from .cli import console_command
 from .io import read_model_meta, safetensors_metadata, write_text_atomic
 from .training.args import CONFIG_MARKER, RUN_META_KEYS, build_parser
+from .training.checkpoint import saved_temperature
 from .training.config import TrainConfig
 from .training.prepare import check_training_options
 from .training.trackers import log_results, start_trackers, tracker_names
@@ -83,7 +84,9 @@ def _experiment_dir(config: TrainConfig) -> Path:
     if config.experiment:
         return Path(config.output) / config.experiment
     if config.eval_only and config.checkpoint and "output" not in config.explicit:  # beside the checkpoint
-        return Path(config.checkpoint).parent / f"eval-{Path(str(config.dataset)).name}-{config.test_split}"
+        whole = config.test_split == config.train_split  # a folder of held-out images, scored whole
+        split = "" if whole else f"-{config.test_split}"
+        return Path(config.checkpoint).parent / f"eval-{Path(str(config.dataset)).name}{split}"
     name = f"{Path(str(config.dataset)).name}-{config.model}-{config.loss}"
     return Path(config.output) / name
 
@@ -333,13 +336,20 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
                 if loader is not None else None)
 
     test, val = predictions(test_loader), predictions(val_loader)
-    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece)
+    fitted = None  # an eval-only run without validation images applies the temperature its checkpoint's run fitted
+    if config.eval_only and val is None:
+        fitted = saved_temperature(config.checkpoint)
+    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece,
+                                  fitted=fitted[0] if fitted else None)
+    if config.eval_only:  # the checkpoint's own epoch, not a selection of this run
+        best = dict(best, epoch=(read_model_meta(config.checkpoint) or {}).get("epoch"))
     results: Dict[str, Any] = {
         "dataset": str(config.dataset), "model": config.model, "loss": config.loss, "n_train": len(data.train),
         "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": config.n_bins,
         "ts_method": config.ts_method,
         "select_by": config.select_by, "checkpoint": None if weights_path is None else str(weights_path),
-        "checkpoint_epoch": best.get("epoch"),
+        "checkpoint_epoch": best.get("epoch"), "eval_only": bool(config.eval_only),
+        "temperature_source": fitted[1] if fitted else None,
         "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": run_id,
         **scores.metrics,
     }

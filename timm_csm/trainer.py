@@ -13,6 +13,7 @@ its training state (model, optimizer, schedule, EMA, RNG and how far it got).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -32,6 +33,8 @@ class ResumableTrainer:
             where the result is a cache, rebuilt in minutes (named in the log, removed, trained from the seed);
             False where it is hours of work (an error naming it).
         every: units between two checkpoints.
+        every_seconds: also checkpoint after a unit that ends this long after the last checkpoint (or the start), so
+            that a long run is never far from its last checkpoint (None: by units only).
         checkpoint_end: also checkpoint after the last unit (False where the finished run's result replaces the
             checkpoint, as the reference encoder's weights do).
         earlier: the checkpoint folder of the previous layout inside ``folder``, converted on read.
@@ -42,9 +45,9 @@ class ResumableTrainer:
         wait_for_everyone: the barrier after each unit of a distributed run.
     """
 
-    def __init__(self, folder, what: str, *, cache: bool, every: int = 1, checkpoint_end: bool = True,
-                 earlier: Optional[str] = None, pickled: Sequence[str] = (), desc: Optional[str] = None,
-                 progress: bool = True, is_main_process: bool = True,
+    def __init__(self, folder, what: str, *, cache: bool, every: int = 1, every_seconds: Optional[float] = None,
+                 checkpoint_end: bool = True, earlier: Optional[str] = None, pickled: Sequence[str] = (),
+                 desc: Optional[str] = None, progress: bool = True, is_main_process: bool = True,
                  wait_for_everyone: Callable[[], None] = lambda: None, log: Callable[[str], None] = print):
         if every < 1:
             raise ValueError(f"checkpoint every {every} units: must be at least 1")
@@ -52,7 +55,10 @@ class ResumableTrainer:
         self.path = self.folder / CHECKPOINT_LAST
         self.earlier = self.folder / earlier if earlier is not None else None
         self.what, self.cache, self.pickled, self.log = what, cache, tuple(pickled), log
-        self.every, self.checkpoint_end = int(every), checkpoint_end
+        if every_seconds is not None and every_seconds <= 0:
+            raise ValueError(f"checkpoint every {every_seconds} seconds: must be positive")
+        self.every, self.every_seconds, self.checkpoint_end = int(every), every_seconds, checkpoint_end
+        self._last_save = time.monotonic()
         self.desc, self.progress = desc, progress
         self.is_main_process, self.wait_for_everyone = is_main_process, wait_for_everyone
 
@@ -66,7 +72,8 @@ class ResumableTrainer:
     def _checkpoint_due(self, done: int, end: int) -> bool:
         if done == end:
             return self.checkpoint_end
-        return done % self.every == 0
+        late = self.every_seconds is not None and time.monotonic() - self._last_save >= self.every_seconds
+        return done % self.every == 0 or late
 
     def fit(self, train_unit: Callable[[int, Any], None], training_state: Callable[[int], Dict[str, Any]],
             start: int, end: int, *, save: Optional[Callable[[int, Dict[str, Any]], None]] = None,
@@ -82,11 +89,13 @@ class ResumableTrainer:
             bar = progress_bar(self.desc, total=end if bar_total is None else bar_total,
                                initial=start if bar_initial is None else bar_initial,
                                enabled=self.progress and self.is_main_process)
+        self._last_save = time.monotonic()
         try:
             for unit in range(start, end):
                 train_unit(unit, bar)
                 if self.is_main_process and self._checkpoint_due(unit + 1, end):
                     save(unit, training_state(unit + 1))
+                    self._last_save = time.monotonic()
                 self.wait_for_everyone()
         finally:
             if bar is not None:

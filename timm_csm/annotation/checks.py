@@ -6,16 +6,28 @@ breaks the first when its lambda-hat is not monotone in lambda (Spearman's rank 
 second when its lambda = 1 member projects nearer class b (lambda-hat < 1/2) or its lambda = 0 member nearer class a.
 :func:`annotation_report` counts both and summarises max_k q_k, the confidence the soft labels ask of a classifier;
 :func:`drop_groups` removes flagged groups so their effect on training can be measured.
+
+:func:`generator_problems` reads a report as a verdict on the generator: pure-class images recognised near chance
+(by the nearest real-class prototype, among all classes) or most groups flagged mean that the groups do not show
+their classes, and soft labels computed from them contradict their images (a CSM classifier trained on such a set
+was measured worse calibrated than cross-entropy). A good small generator has about a quarter of its groups flagged
+and its pure-class images recognised well above chance (``benchmarks/calibration.md``).
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
 from ..data.lazy import column_arrays
 
-__all__ = ["group_spearman", "flag_groups", "soft_label_confidence", "annotation_report", "drop_groups"]
+__all__ = ["group_spearman", "flag_groups", "soft_label_confidence", "annotation_report", "drop_groups",
+           "generator_problems", "MAX_FLAGGED_SHARE", "MIN_RECOGNITION_SKILL"]
+
+#: more than this share of the groups flagged: the generator is poor
+MAX_FLAGGED_SHARE = 0.5
+#: pure-class recognition less than this share of the way from chance (1/K) to perfect: near chance
+MIN_RECOGNITION_SKILL = 0.25
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -101,3 +113,21 @@ def drop_groups(dataset, group_ids):
     """``dataset`` without the rows of ``group_ids`` (whole groups, so no group is left incomplete)."""
     group_of_row = column_arrays(dataset, ["group_id"])["group_id"]
     return dataset.select(np.flatnonzero(~np.isin(group_of_row, np.asarray(list(group_ids), dtype=np.int64))))
+
+
+def generator_problems(report: Dict) -> List[str]:
+    """What makes the generator of an annotated set poor, one phrase each (an empty list: none): its pure-class
+    images recognised near chance (``report["pure_class_recognition"]``: ``{"accuracy", "chance", "num_images"}``
+    and optionally ``"by"``, what recognised them; less than :data:`MIN_RECOGNITION_SKILL` of the way from chance to
+    perfect), or more than :data:`MAX_FLAGGED_SHARE` of the groups flagged (``num_groups``, ``flagged``)."""
+    problems = []
+    recognition = report.get("pure_class_recognition")
+    if recognition is not None:
+        acc, chance = recognition["accuracy"], recognition["chance"]
+        if acc < chance + MIN_RECOGNITION_SKILL * (1.0 - chance):
+            by = recognition.get("by", "nearest real-class prototype")
+            problems.append(f"pure-class images recognised {acc:.1%}, near chance {chance:.1%} "
+                            f"({recognition['num_images']} images, {by})")
+    if report.get("num_groups") and report["flagged"] > MAX_FLAGGED_SHARE * report["num_groups"]:
+        problems.append(f"{report['flagged']} of {report['num_groups']} groups flagged")
+    return problems

@@ -21,7 +21,7 @@ from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
 from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient
 
-__all__ = ["annotate", "rescale_soft_labels", "decode_images", "LABEL_MODES"]
+__all__ = ["annotate", "rescale_soft_labels", "decode_images", "pure_member_recognition", "LABEL_MODES"]
 
 LABEL_MODES = ("projection", "zero_shot", "generation")
 
@@ -92,6 +92,7 @@ def annotate(
     batch_size: int = 256,
     drop_incomplete: bool = False,
     zero_shot_templates: Sequence[str] = DEFAULT_ZERO_SHOT_TEMPLATES,
+    return_recognition: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ):
@@ -110,10 +111,12 @@ def annotate(
             ``"generation"`` (rebuttal variant 2: one-hot of the dominant generation class). lambda_hat is stored
             in every mode.
         drop_incomplete: drop groups that do not hold one image per lambda (and log how many) instead of failing.
+        return_recognition: also return how often the pure members are nearest their own class's prototype
+            (:func:`pure_member_recognition`), from the same encoding pass.
 
     Returns:
         ``datasets.Dataset`` with the features of :func:`csm_features` (``dataset.info.description`` notes the
-        number of dropped groups).
+        number of dropped groups); with ``return_recognition``, ``(dataset, recognition)``.
     """
     if label_mode not in LABEL_MODES:
         raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
@@ -123,8 +126,8 @@ def annotate(
     if lambdas is None:
         lambdas = np.unique(np.round(cols["lambda_gen"].astype(np.float64), 6))
     generated, cols, description = _complete_groups(generated, cols, lambdas, drop_incomplete, log)
-    lambda_hat, probs = _encode(generated, cols, encoder, proto, class_names, label_mode, zero_shot_templates,
-                                batch_size, progress)
+    lambda_hat, probs, nearest = _encode(generated, cols, encoder, proto, class_names, label_mode,
+                                         zero_shot_templates, batch_size, progress)
     a_t, b_t = torch.from_numpy(cols["class_a"]), torch.from_numpy(cols["class_b"])
     k = len(class_names)
     if label_mode == "projection":
@@ -141,6 +144,8 @@ def annotate(
     out = _assemble(generated, class_names, label.numpy(), soft.numpy(), cols["class_a"], cols["class_b"],
                     cols["lambda_gen"], lam_hat32.numpy(), cols["group_id"], cols["seed"])
     out.info.description = description
+    if return_recognition:
+        return out, pure_member_recognition(nearest, cols["lambda_gen"], cols["class_a"], cols["class_b"], k)
     return out
 
 
@@ -202,8 +207,8 @@ def _complete_groups(generated, cols: dict, lambdas, drop_incomplete: bool, log)
 
 def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, class_names, label_mode: str,
             zero_shot_templates, batch_size: int, progress: bool):
-    """lambda_hat (N,) float64 and, for ``zero_shot``, the encoder's class probabilities (N, K); batch i + 1 is
-    decoded in a thread while the encoder runs on batch i."""
+    """lambda_hat (N,) float64, for ``zero_shot`` the encoder's class probabilities (N, K) (else None), and each
+    image's nearest class prototype (N,); batch i + 1 is decoded in a thread while the encoder runs on batch i."""
     from tqdm.auto import tqdm
 
     n, k = len(cols["class_a"]), len(class_names)
@@ -217,6 +222,7 @@ def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, c
             classifier = encoder.text_classifier(class_names, zero_shot_templates)
     images = generated.with_format("arrow", columns=["image"])
     lambda_hat = torch.empty(n, dtype=torch.float64)
+    nearest = torch.empty(n, dtype=torch.int64)
     probs = torch.empty(n, k, dtype=torch.float32) if label_mode == "zero_shot" else None
     starts = list(range(0, n, batch_size))
 
@@ -236,12 +242,27 @@ def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, c
             feats = encoder.encode(batch)
             lambda_hat[rows] = projection_coefficient(feats, proto_dev, torch.from_numpy(cols["class_a"][rows]),
                                                       torch.from_numpy(cols["class_b"][rows])).cpu()
+            nearest[rows] = torch.cdist(feats.to(torch.float64), proto_dev).argmin(1).cpu()
             if probs is not None:
                 kw = {"classifier": classifier} if classifier is not None else {}
                 probs[rows] = encoder.zero_shot_probs(feats, class_names, **kw).float().cpu()
             bar.update(len(batch))
     bar.close()
-    return lambda_hat, probs
+    return lambda_hat, probs, nearest.numpy()
+
+
+def pure_member_recognition(nearest, lambda_gen, class_a, class_b, num_classes: int) -> Optional[dict]:
+    """How often the pure members of the groups (lambda_gen 1: class a, 0: class b) are nearest to the prototype of
+    their own class among all ``num_classes`` (``nearest``: each row's nearest prototype, Euclidean, in the encoder's
+    feature space, where the soft labels are made): ``{"accuracy", "chance": 1 / K, "num_images"}``; None when no
+    group has a pure member."""
+    lam = np.asarray(lambda_gen, dtype=np.float64)
+    rows = np.flatnonzero((lam == 0.0) | (lam == 1.0))
+    if len(rows) == 0:
+        return None
+    truth = np.where(lam[rows] == 1.0, np.asarray(class_a)[rows], np.asarray(class_b)[rows])
+    accuracy = float((np.asarray(nearest)[rows] == truth).mean())
+    return {"accuracy": accuracy, "chance": 1.0 / num_classes, "num_images": int(len(rows))}
 
 
 def _soft_label_array(soft: np.ndarray):

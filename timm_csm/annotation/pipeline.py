@@ -114,9 +114,10 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
       ``s="auto"``; ``holdout=True`` with a number keeps the encoder of the ``"auto"`` run), else all of ``real``.
       A ready encoder trained on all of ``real`` has seen the held-out images.
 
-    Then :func:`~timm_csm.annotation.label_groups.annotate` (``label_mode``, ``drop_incomplete``) and
-    :func:`~timm_csm.annotation.checks.annotation_report`; ``drop_flagged`` removes the groups the report flags
-    (not monotone below ``min_spearman``, or a misread endpoint).
+    Then :func:`~timm_csm.annotation.label_groups.annotate` (``label_mode``, ``drop_incomplete``),
+    :func:`~timm_csm.annotation.checks.annotation_report` with the pure members' recognition
+    (:func:`~timm_csm.annotation.label_groups.pure_member_recognition`); ``drop_flagged`` removes the groups the
+    report flags (not monotone below ``min_spearman``, or a misread endpoint).
     """
     auto, holdout = _resolve(s, holdout)
     check_class_names(plan["class_names"], real.class_names, "generation plan", "the real dataset")
@@ -131,10 +132,12 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
         s, selection = choose_scale(held_out)
         selection["seed"] = seed
         log(f"s = {s:.4f} (fitted on {len(held)} held-out real images, NLL {selection['nll']:.4f})")
-    annotated = annotate(generated, plan["class_names"], encoder, protos, float(s), lambdas=plan["lambdas"],
-                         label_mode=label_mode, batch_size=batch_size, drop_incomplete=drop_incomplete,
-                         progress=progress, log=log)
+    annotated, recognition = annotate(generated, plan["class_names"], encoder, protos, float(s),
+                                      lambdas=plan["lambdas"], label_mode=label_mode, batch_size=batch_size,
+                                      drop_incomplete=drop_incomplete, return_recognition=True, progress=progress,
+                                      log=log)
     report = annotation_report(annotated, min_spearman)
+    report["pure_class_recognition"] = recognition
     flagged = report.pop("flagged_group_ids")
     log("annotation report: " + json.dumps(report))
     if drop_flagged and report["flagged"]:

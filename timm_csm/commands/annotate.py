@@ -18,6 +18,10 @@ import sys
 from timm_csm.cli import console_command
 from timm_csm.training.args import HelpFormatter
 
+#: the share of the real training split held out for ``--s auto`` and its seed (the defaults of ``--val-fraction`` and
+#: ``--seed``): the images the default reference encoder never sees
+HELD_OUT_FRACTION, HELD_OUT_SEED = 0.1, 0
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
@@ -44,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s", default=None,
                    help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
                         "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the training split for --s auto")
+    p.add_argument("--val-fraction", type=float, default=HELD_OUT_FRACTION,
+                   help="held-out share of the training split for --s auto")
     p.add_argument("--holdout-encoder", action="store_true",
                    help="train the reference encoder without the held-out share even with a numeric --s, so that a "
                         "run with a fixed s differs from the --s auto run only in s")
@@ -58,10 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop groups whose lambda-hat is not monotone in lambda (Spearman < --min-spearman) or whose "
                         "pure endpoints project nearer the other class; the annotation report counts them either way")
     p.add_argument("--min-spearman", type=float, default=0.8, help="monotonicity threshold of --drop-flagged")
+    p.add_argument("--accept-poor-generator", action="store_true",
+                   help="build the dataset even when the checks find the generator poor (its pure-class images "
+                        "recognised near chance, or most groups flagged), with a warning; without it such a run stops "
+                        "before anything is saved")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
     p.add_argument("--device", default="cpu", help="torch device of the encoder")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    p.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="seed of the held-out split")
     return p
 
 
@@ -69,12 +78,30 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
+def reference_dir(name: str, holdout: bool) -> str:
+    """The default folder of the reference encoder of the CSM dataset ``name`` (``csm-<short>-aug``):
+    ``runs/reference-<short>``, ``-holdout`` when it learns without the held-out share (``--s auto``)."""
+    short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
+    return f"runs/reference-{short}{'-holdout' if holdout else ''}"
+
+
+def train_reference(dataset: str, fit, folder, epochs: int = 4, device: str = "cpu", image_column=None,
+                    label_column=None):
+    """The reference encoder of ``dataset`` trained on ``fit`` (its real training images, less any held-out share)
+    into ``folder``, or reused from there; its test accuracy is measured when the dataset has a test split."""
+    from timm_csm.annotation import train_reference_encoder
+    from timm_csm.data import load_image_arrays
+    from timm_csm.data.sources import dataset_split_names, detect_test_split
+
+    test_split = detect_test_split(dataset_split_names(dataset), exclude=["train"])
+    test = load_image_arrays(dataset, test_split, image_column, label_column) if test_split is not None else None
+    return train_reference_encoder(fit, folder, epochs=epochs, test=test, device=device)
+
+
 def _encoder(args, dataset: str, name: str, holdout: bool):
     """The encoder of ``--encoder``: a ready open_clip / timm encoder, or for the reference encoder a function
     that trains it on the real images it may see (without the held-out share when ``holdout``)."""
-    from timm_csm.annotation import OpenClipEncoder, TimmEncoder, train_reference_encoder
-    from timm_csm.data import load_image_arrays
-    from timm_csm.data.sources import dataset_split_names, detect_test_split
+    from timm_csm.annotation import OpenClipEncoder, TimmEncoder
 
     if args.encoder == "open_clip":
         kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
@@ -85,17 +112,9 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
             raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
         return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
                            input_size=args.input_size)
-    short = name[len("csm-"):-len("-aug")] if name.startswith("csm-") and name.endswith("-aug") else name
-    ref_dir = args.reference_dir or f"runs/reference-{short}{'-holdout' if holdout else ''}"
-
-    def train(fit):
-        # its test accuracy is reported when the dataset has a test split (read only when the encoder trains)
-        test_split = detect_test_split(dataset_split_names(dataset), exclude=["train"])
-        test = (load_image_arrays(dataset, test_split, args.image_column, args.label_column)
-                if test_split is not None else None)
-        return train_reference_encoder(fit, ref_dir, epochs=args.reference_epochs, test=test, device=args.device)
-
-    return train
+    ref_dir = args.reference_dir or reference_dir(name, holdout)
+    return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device, args.image_column,
+                                       args.label_column)
 
 
 @console_command("timm-csm-annotate", build_parser)
@@ -112,7 +131,8 @@ def main(argv=None):
         holdout=holdout, holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode,
         batch_size=args.batch_size, drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged,
         min_spearman=args.min_spearman, cache_dir=args.cache_dir, install=args.install,
-        image_column=args.image_column, label_column=args.label_column)
+        image_column=args.image_column, label_column=args.label_column,
+        accept_poor_generator=args.accept_poor_generator)
     print(f"next: timm-csm-train --dataset {dataset} --loss csm --csm-dataset {name if args.install else folder}")
 
 

@@ -1,15 +1,22 @@
 """Train a class-conditional diffusers UNet2DModel generator (resumable; run again to continue).
 
     OMP_NUM_THREADS=1 timm-csm-train-generator --profile fmnist --output runs/generator-fmnist
+    OMP_NUM_THREADS=1 timm-csm-train-generator --profile fmnist --dataset my_images --output runs/generator-mine
     accelerate launch -m timm_csm.commands.train_generator --profile cifar10 --dataset cifar10 --output runs/gen-c10
+
+The profile sets the network and the schedule; the images keep their own size and channels (fmnist: up to 32 px
+on a CPU; digits: 8 px; cifar10 / cifar100: 32 px colour on a GPU). The first line printed gives the schedule and
+when checkpoints are written; the last, the generator folder and the next step.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from timm_csm.cli import console_command
 from timm_csm.generation.models import GENERATOR_PROFILES
+from timm_csm.generation.training import CHECKPOINT_MINUTES
 from timm_csm.training.args import HelpFormatter
 
 
@@ -26,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="images per step (default: the profile's)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default: the profile's)")
     p.add_argument("--max-train-samples", type=int, default=None, help="train on the first N images (default: all)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="steps between two checkpoints (default: the profile's)")
+    p.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_MINUTES,
+                   help="also checkpoint when this many minutes passed since the last checkpoint")
     p.add_argument("--no-grid", action="store_true", help="skip the PNG grid of samples at the end")
     p.add_argument("--guidance-scale", type=float, default=1.0,
                    help="classifier-free guidance recorded as the generator's recommended scale (and used for the "
@@ -49,17 +60,28 @@ def main(argv=None):
     if args.max_train_samples:
         data = data.subset(range(min(args.max_train_samples, len(data))))
     meta = {"dataset": args.dataset, "profile": args.profile, "num_train_images": len(data),
-            "recommended_guidance_scale": args.guidance_scale, "name": f"timm-csm-{args.profile}-ddpm"}
+            "recommended_guidance_scale": args.guidance_scale}
     try:
         unet, scheduler = train_generator_folder(data, args.output, args.profile, steps=args.steps,
-                                                 batch_size=args.batch_size, seed=args.seed, meta=meta)
+                                                 batch_size=args.batch_size, seed=args.seed,
+                                                 checkpoint_every=args.checkpoint_every,
+                                                 checkpoint_minutes=args.checkpoint_minutes, meta=meta)
     except KeyboardInterrupt:
         exit_interrupted(f"the checkpoints are in {args.output}; the same command resumes from the last one")
     if not args.no_grid:
         save_sample_grid(unet, scheduler, data.num_classes, f"{args.output}/samples.png",
                          guidance_scale=args.guidance_scale)
-    print(f"generator: {args.output}; next: timm-csm-evaluate-generator --generator {args.output} --classifier "
-          f"<reference encoder> --dataset {args.dataset}, then timm-csm-generate --generator {args.output}")
+    if os.environ.get("RANK", "0") == "0":
+        print(finished_message(args))
+
+
+def finished_message(args) -> str:
+    """Where the generator is, and the next step of the method."""
+    grid = "" if args.no_grid else ", samples.png"
+    dataset = f" --dataset {args.dataset}" if args.dataset != "fashion_mnist" else ""
+    return (f"generator saved in {args.output} (model_index.json, unet/, scheduler/{grid}); next, measure it: "
+            f"timm-csm-evaluate-generator --generator {args.output}{dataset}, then generate groups: "
+            f"timm-csm-generate --generator {args.output} --num-groups 900 --output runs/generated")
 
 
 if __name__ == "__main__":

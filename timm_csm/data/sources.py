@@ -22,8 +22,8 @@ from .arrays import ImageArrays
 from .embedded import fashion_mnist_root, load_digits, load_fashion_mnist
 from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit, column_arrays
 
-__all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names", "detect_test_split", "same_dataset",
-           "EMBEDDED_DATASETS",
+__all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names",
+           "detect_test_split", "hold_out_test_split", "same_dataset", "decode_split", "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits")
@@ -102,14 +102,32 @@ def _offline() -> bool:
 
 
 def load_image_arrays(name: str, split: str = "train", image_column=None, label_column=None) -> ImageArrays:
-    """Load split ``split`` of ``name`` into memory (see the module docstring for what ``name`` may be)."""
+    """Load split ``split`` of ``name`` into memory (see the module docstring for what ``name`` may be). An image
+    folder is listed by timm's folder reader, as training reads it (the same images in the same order, nothing
+    downloaded or converted), and decoded here."""
     if name == "fashion_mnist":
         if fashion_mnist_root() is not None or _offline():
             return load_fashion_mnist(split)  # offline without Debian's copy: the error naming the install command
         name = "zalando-datasets/fashion_mnist"
     elif name == "digits":
         return load_digits(split)
+    _refuse_file(name)
+    folders = _image_folder_splits(name)
+    if folders is not None:
+        return decode_split(_folder_split(name, folders, split))
     return hf_split_to_arrays(_hf_split(name, split), image_column, label_column, source=name)
+
+
+_DECODE_CHUNK = 1024  # images decoded at a time by decode_split
+
+
+def decode_split(split: LazySplit) -> ImageArrays:
+    """A lazily read split decoded into memory: uint8 (N, C, H, W) in the images' own channels (grey stays grey);
+    images of different sizes are an error naming them."""
+    n = len(split)
+    chunks = [split.images[np.arange(i, min(n, i + _DECODE_CHUNK))].numpy() for i in range(0, n, _DECODE_CHUNK)]
+    images = np.concatenate(chunks) if chunks else np.zeros((0, 1, 1, 1), np.uint8)
+    return ImageArrays(images, split.labels, list(split.class_names), split.source)
 
 
 #: sub-folder names of an image folder that are splits (timm's and Hugging Face's conventions)
@@ -264,6 +282,24 @@ def same_dataset(a, b) -> bool:
     if os.path.exists(str(a)) and os.path.exists(str(b)):
         return Path(a).resolve() == Path(b).resolve()
     return str(a) == str(b)
+
+
+def hold_out_test_split(split, fraction: float, seed: int):
+    """``(rest, test)``: a seeded ``fraction`` of a split (in memory or lazy) held out as the test split of a dataset
+    that has none (a flat ``<class>/<image>`` folder), as ``datasets``' ``train_test_split`` would; the same
+    ``(fraction, seed)`` holds out the same images wherever it is called (``--test-fraction`` of training, the
+    recipe's stages), both parts in the split's order."""
+    import torch
+
+    from .seeding import derive_seed
+
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"--test-fraction must lie in (0, 1), got {fraction}")
+    n_test = int(round(fraction * len(split)))
+    if not 0 < n_test < len(split):
+        raise ValueError(f"--test-fraction {fraction} of {len(split)} images leaves no test or no training image")
+    order = torch.randperm(len(split), generator=torch.Generator().manual_seed(derive_seed(seed, 4))).numpy()
+    return split.subset(np.sort(order[n_test:])), split.subset(np.sort(order[:n_test]))
 
 
 def detect_test_split(splits: Iterable[str], exclude: Iterable[str] = ()) -> Optional[str]:

@@ -19,10 +19,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..io import CHECKPOINT_LAST
 from ..trainer import ResumableTrainer
 from .models import GeneratorConfig, create_class_unet
 
-__all__ = ["train_generator", "to_model_range", "load_checkpoint_ema"]
+__all__ = ["train_generator", "to_model_range", "load_checkpoint_ema", "CHECKPOINT_MINUTES", "describe_training"]
+
+#: minutes between two checkpoints at most (besides every ``checkpoint_every`` steps): a CPU run of the fmnist profile
+#: takes about 9 minutes for its 250 steps
+CHECKPOINT_MINUTES = 2.0
 
 _EARLIER_CHECKPOINT = "checkpoint"  # the folder that held the checkpoint in the previous layouts (converted on read)
 _PICKLED_STATE = "training_state.pt"  # EMA, optimizer and schedule, as torch.save wrote them in earlier versions
@@ -38,11 +43,14 @@ def _step_generator(seed: int, step: int, rank: int) -> torch.Generator:
 
 
 def _trainer(out: Path, log: Callable[[str], None], config: Optional[GeneratorConfig] = None, accelerator=None,
-             progress: bool = False) -> ResumableTrainer:
+             progress: bool = False, checkpoint_minutes: Optional[float] = None) -> ResumableTrainer:
     """The resumable trainer of a generator run in ``out``: its unit is the step, a checkpoint every
-    ``checkpoint_every`` steps and after the last; not a cache (a checkpoint that does not read is an error)."""
+    ``checkpoint_every`` steps (and ``checkpoint_minutes``) and after the last; not a cache (a checkpoint that does
+    not read is an error)."""
+    seconds = None if checkpoint_minutes is None else 60.0 * checkpoint_minutes
     return ResumableTrainer(out, "generator checkpoint", cache=False, every=config.checkpoint_every if config else 1,
-                            earlier=_EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE], desc="generator", progress=progress,
+                            every_seconds=seconds, earlier=_EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE],
+                            desc="generator", progress=progress,
                             is_main_process=accelerator.is_main_process if accelerator else True,
                             wait_for_everyone=accelerator.wait_for_everyone if accelerator else lambda: None, log=log)
 
@@ -108,6 +116,20 @@ def _noised_batch(data, targets, alphas, num_classes: int, config: GeneratorConf
     return a.sqrt() * x0 + (1 - a).sqrt() * noise, t, y, noise
 
 
+def describe_training(config: GeneratorConfig, num_images: int, num_classes: int, out: Path,
+                      checkpoint_minutes: Optional[float] = None) -> str:
+    """The line a generator run starts with: data, network, schedule, EMA and when it checkpoints."""
+    every = f"every {config.checkpoint_every} steps"
+    if checkpoint_minutes is not None:
+        every += f" and every {checkpoint_minutes:g} min"
+    size = f"{config.in_channels}x{config.sample_size}x{config.sample_size}"
+    return (f"generator: {num_images} images of {num_classes} classes at {size}; UNet "
+            f"{list(config.block_out_channels)}; {config.steps} steps of {config.batch_size} "
+            f"images, AdamW lr {config.lr:g} (linear warm-up over {config.warmup_steps} steps), EMA decay "
+            f"{config.ema_decay:g}, seed {config.seed}; checkpoint {every} ({out / CHECKPOINT_LAST}; the same command "
+            "resumes from it)")
+
+
 def train_generator(
     images: np.ndarray,
     labels: np.ndarray,
@@ -117,11 +139,13 @@ def train_generator(
     meta: Optional[Dict] = None,
     accelerator=None,
     progress: bool = True,
+    checkpoint_minutes: Optional[float] = None,
     log: Callable[[str], None] = print,
 ):
     """Train (or resume training) a class-conditional UNet2DModel on uint8 (N, C, H, W) images.
 
-    Writes ``output_dir/last.safetensors`` every ``config.checkpoint_every`` steps and, at the end, the EMA weights as a
+    Writes ``output_dir/last.safetensors`` every ``config.checkpoint_every`` steps (and ``checkpoint_minutes``; the
+    first line logged says when, with the schedule) and, at the end, the EMA weights as a
     generator folder in ``output_dir``: a :class:`~timm_csm.generation.pipeline.SemanticMixingPipeline`'s
     ``save_pretrained`` (``model_index.json`` with the class names, ``meta["recommended_guidance_scale"]`` (default 1)
     and the rest of ``meta`` plus recipe, losses and training time as metadata; ``unet/``, ``scheduler/``).
@@ -142,7 +166,9 @@ def train_generator(
     optimizer = torch.optim.AdamW(unet.parameters(), lr=config.lr, weight_decay=0.0)
     lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
     ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
-    trainer = _trainer(out, log, config, accelerator, progress)
+    trainer = _trainer(out, log, config, accelerator, progress, checkpoint_minutes)
+    if accelerator.is_main_process:
+        log(describe_training(config, len(images), num_classes, out, checkpoint_minutes))
     start, losses, seconds_before = _resume(trainer, unet, ema, optimizer, lr_sched)
 
     unet, optimizer = accelerator.prepare(unet, optimizer)

@@ -36,14 +36,11 @@ __all__ = ["run_recipe", "build_parser", "profile_from_args", "main"]
 def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = print) -> Dict:
     """Run (or resume) every stage of ``profile`` under ``output``; returns the comparison (``table``,
     ``results``, ``figures``) and writes ``<output>/report.md``."""
-    from ..data import load_image_arrays
-
     profile = resolve_dataset(profile, log)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     cache = StageCache(output, log)
-    train_real = load_image_arrays(profile.dataset, "train")
-    test_real = load_image_arrays(profile.dataset, "test")
+    train_real, test_real, profile = stages.real_splits(profile, log)
     clip = stages.check_encoder(profile)  # an open_clip encoder is built once: checked now, used to annotate
 
     generator_dir = stages.generator(cache, profile, train_real, log)
@@ -73,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None,
                    help="'reference' or open_clip:<model>:<tag or weights file>, e.g. open_clip:ViT-B-32-quickgelu:"
                         "openai (downloaded when online) or open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors")
-    p.add_argument("--dataset", default=None, help="the real dataset (default: the profile's)")
+    p.add_argument("--dataset", default=None,
+                   help="the real dataset (default: the profile's): a name, or an image folder [<split>/]<class>/*.png")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="a dataset with no test split (a flat <class>/*.png folder): the seeded share of it every "
+                        "stage holds out as the test split (default: the profile's, 0.1)")
+    p.add_argument("--accept-poor-generator", action="store_true",
+                   help="build the CSM dataset even when the annotation checks find the generator poor (pure-class "
+                        "images recognised near chance, or most groups flagged), with a warning")
     p.add_argument("--epochs", type=int, default=None, help="classifier epochs (default: the profile's)")
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
     p.add_argument("--rehearse", action="store_true",
@@ -82,10 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
-    """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs`` and
-    ``--seed`` replaced where given, then at rehearsal size with ``--rehearse``."""
-    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed")
+    """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs``,
+    ``--seed``, ``--test-fraction`` and ``--accept-poor-generator`` replaced where given, then at rehearsal size with
+    ``--rehearse``."""
+    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed", "test_fraction")
                  if getattr(args, k) is not None}
+    if args.accept_poor_generator:
+        overrides["accept_poor_generator"] = True
     profile = dataclasses.replace(get_profile(args.profile), **overrides)
     return rehearsal_profile(profile) if args.rehearse else profile
 

@@ -15,6 +15,7 @@ run on the GPU when there is one.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -24,8 +25,34 @@ from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
 
-__all__ = ["generator", "generate", "encoder_config", "open_clip_spec", "check_encoder", "encoder", "quality",
-           "annotate", "csm_dataset_folder", "train_config", "train"]
+__all__ = ["real_splits", "generator", "generate", "encoder_config", "open_clip_spec", "check_encoder", "encoder",
+           "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
+
+
+def held_out_test(profile: RecipeProfile) -> Optional[float]:
+    """The share of the real training split the run holds out as its test split (a dataset without one), or None;
+    part of the keys of the stages that learn from the real images."""
+    return profile.train_extra.get("test_fraction")
+
+
+def real_splits(profile: RecipeProfile, log: Callable[[str], None]):
+    """``(train, test, profile)``: the real training and test splits in memory. A dataset with no test split (a
+    flat ``<class>/<image>`` folder) has ``profile.test_fraction`` of its images held out as the test split
+    (:func:`~timm_csm.data.sources.hold_out_test_split`, with the classifier's data seed), and the returned profile
+    carries that share to every stage (the classifier holds out the same images with ``--test-fraction``)."""
+    from ..data import load_image_arrays
+    from ..data.sources import dataset_split_names, detect_test_split, hold_out_test_split
+
+    train = load_image_arrays(profile.dataset, "train")
+    split = detect_test_split(dataset_split_names(profile.dataset), exclude=["train"])
+    if split is not None:
+        return train, load_image_arrays(profile.dataset, split), profile
+    seed = profile.train_extra.get("data_seed", profile.seed)
+    train, test = hold_out_test_split(train, profile.test_fraction, seed)
+    log(f"[dataset] {profile.dataset} has no test split: {len(test)} of its {len(train) + len(test)} images "
+        f"({profile.test_fraction:g}, seed {seed}) are held out as the test split of every stage (--test-fraction)")
+    extra = dict(profile.train_extra, test_fraction=profile.test_fraction)
+    return train, test, dataclasses.replace(profile, train_extra=extra)
 
 
 def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
@@ -43,11 +70,14 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
     if profile.generator == "shipped":
         shipped = steps.shipped_generator(profile.dataset)
         if shipped is None:
-            raise FileNotFoundError(f"no generator is shipped for {profile.dataset!r}: choose a generator-training "
-                                    "profile (--generator fmnist / digits / cifar10 ...) to train one")
+            raise FileNotFoundError(f"no generator is shipped for {profile.dataset!r}: train one here with a "
+                                    "generator-training profile: --generator digits (8 px), fmnist (up to 32 px, "
+                                    "CPU), cifar10 or cifar100 (32 px colour, GPU)")
         log(f"[generator] shipped weights: {shipped}")
         return shipped
     config = {"dataset": profile.dataset, "generator": profile.generator, "steps": profile.generator_steps}
+    if held_out_test(profile) is not None:
+        config["test_fraction"] = held_out_test(profile)
     with cache.stage("generator", config) as stage:
         if not stage.done:
             steps.train_generator_folder(train_real, stage.folder, profile.generator, steps=profile.generator_steps,
@@ -99,6 +129,8 @@ def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
               "max_steps": profile.encoder_max_steps, "seed": profile.seed}
     if profile.encoder == "reference" and _chooses_s(profile):
         config["held_out"] = _HELD_OUT
+    if held_out_test(profile) is not None:
+        config["test_fraction"] = held_out_test(profile)
     return config
 
 
@@ -205,7 +237,8 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
             _, result = steps.annotate_generated_folder(
                 generated.folder, stage.folder, encoder, dataset=profile.dataset, real=train_real,
                 s=profile.soft_label_scale, holdout_fraction=_HELD_OUT, seed=profile.seed,
-                drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes", install=True)
+                drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes", install=True,
+                accept_poor_generator=profile.accept_poor_generator)
             write_json_atomic(stage.folder / "annotation.json", {"s": result.s, "rows": len(result.dataset)})
     return stage
 

@@ -102,15 +102,21 @@ def resolve_config(config) -> TrainConfig:
 # the run options stored with every model file and training state (``model_kwargs`` besides), which an eval-only
 # run takes from its checkpoint when they are not given
 RUN_META_KEYS = ("model", "dataset", "image_column", "label_column", "train_split", "test_split", "val_split",
-                 "val_fraction", "val_size", "max_train_samples", "max_test_samples", "seed", "data_seed", "loss")
+                 "val_fraction", "val_size", "max_train_samples", "max_test_samples", "seed", "data_seed", "loss",
+                 "test_fraction")
 
 
 def fill_from_checkpoint(config: TrainConfig) -> Dict[str, Any]:
     """For --eval-only: fill options the user did not give from the checkpoint's metadata; returns the run-data
     options so taken (``RUN_META_KEYS`` that were set), for the log."""
+    from ..data.sources import same_dataset
+
     state = upgrade_stored_config(read_model_meta(config.checkpoint) or {})
+    other_data = "dataset" in config.explicit and not same_dataset(state.get("dataset"), config.dataset)
     taken = {}
     for k, v in state.items():
+        if other_data and k == "test_fraction":  # a share of the checkpoint's data: not of another folder's
+            continue
         if k in RUN_META_KEYS or k in ("num_classes", "in_chans", "img_size"):
             if k not in config.explicit:
                 setattr(config, k, v)

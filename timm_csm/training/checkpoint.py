@@ -20,7 +20,7 @@ leaves the previous files as they were.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -28,7 +28,7 @@ from ..io import CHECKPOINT_LAST, link_or_copy_atomic, read_model_meta, save_mod
 from .model import load_model_weights
 
 __all__ = ["CHECKPOINT_LAST", "CHECKPOINT_BEST", "SELECT_METRICS", "CheckpointSaver", "rng_state", "set_rng_state",
-           "load_best"]
+           "load_best", "saved_temperature"]
 
 CHECKPOINT_BEST = "model_best.safetensors"
 #: ``--select-by`` -> (logged validation key, better of two values)
@@ -114,3 +114,25 @@ def load_best(model, folder, best: Dict[str, Any], run_id: str) -> Optional[Path
                          f"expected run {run_id}, epoch {best['epoch']}")
     load_model_weights(model, path)
     return path
+
+
+def saved_temperature(checkpoint) -> Optional[Tuple[Any, str]]:
+    """The temperature a finished training run fitted for its model file ``checkpoint``: ``(scaler, where it comes
+    from)`` when the run folder's ``results.json`` names that file of the same run and the run saved
+    ``temperature.safetensors``; None otherwise (another file, a run without validation images)."""
+    import json
+
+    from ..calibration import TemperatureScaling
+
+    folder = Path(checkpoint).parent
+    results_file, temperature_file = folder / "results.json", folder / "temperature.safetensors"
+    if not (results_file.is_file() and temperature_file.is_file()):
+        return None
+    results = json.loads(results_file.read_text())
+    run_id = (read_model_meta(checkpoint) or {}).get("run_id")
+    scored = results.get("checkpoint")
+    if run_id is None or results.get("run_id") != run_id or not scored or Path(scored).name != Path(checkpoint).name:
+        return None
+    source = (f"fitted by run {run_id} on its {results.get('n_val')} validation images ({results.get('ts_method')}), "
+              f"{temperature_file}")
+    return TemperatureScaling.load(temperature_file), source

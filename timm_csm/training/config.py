@@ -96,6 +96,11 @@ class TrainConfig:
     label_column: Optional[str] = _dataset(None, help="label column (detected when omitted)")
     val_fraction: float = _dataset(0.1, help="fraction of the training split held out (seeded) for validation and "
                                              "temperature scaling when no --val-split is given")
+    test_fraction: Optional[float] = _dataset(None, help="a dataset with no test split (a flat <class>/<image> "
+                                                          "folder): hold out this seeded fraction of the training "
+                                                          "split (with --data-seed) as the test split, as "
+                                                          "datasets' train_test_split; default: report on the "
+                                                          "validation images")
     max_train_samples: Optional[int] = _dataset(None, help="use a seeded random subset of this many training images "
                                                            "(before the validation split)")
     val_size: Optional[int] = _dataset(None, help="draw this many validation images from the training split outside "

@@ -8,7 +8,9 @@ any Hugging Face dataset name or folder and timm's ``hfds/`` / ``torch/`` names 
 meaning), else a seeded ``--val-fraction`` of the training split held out. The test split is ``--test-split``, else
 detected (``test``, else ``validation`` / ``val``, the first not already used): a dataset laid out as
 ``train`` / ``validation`` reports on ``validation``; a flat ``<class>/<image>`` folder (one split, ``train``)
-trains with ``--val-fraction`` and reports on its validation images only. A named split the dataset lacks is an error naming its splits.
+trains with ``--val-fraction`` and reports on its validation images only, or on a seeded ``--test-fraction`` of it
+held out first (:func:`~timm_csm.data.sources.hold_out_test_split`). A named split the dataset lacks is an error
+naming its splits.
 ``build_transforms`` chooses the input size, channels, normalisation and recipe (the batched pad-crop recipe or
 timm's ``create_transform``, image by image).
 """
@@ -114,20 +116,40 @@ def _draw_validation(train, size: int, seed: int):
 
 
 def _test_split(config: TrainConfig, splits: List[str]):
-    """The split reported on: ``--test-split``, else the detected one, else None (training only: a flat
-    ``<class>/<image>`` folder is one split, and the run then reports its validation split)."""
+    """The split reported on: ``--test-split``, else the detected one, else None: held out of the training split
+    with ``--test-fraction``, or a training run that reports its validation split (a flat ``<class>/<image>``
+    folder is one split). ``--eval-only`` on a dataset with no free test split scores its training split when it
+    is not the checkpoint's training data (a folder of held-out images)."""
     from ..data.sources import TEST_SPLIT_NAMES, detect_test_split
 
     name = config.test_split or detect_test_split(splits, exclude=(config.train_split, config.val_split))
+    if config.test_fraction is not None:
+        if name is not None:
+            raise ValueError(f"--test-fraction {config.test_fraction}: dataset {config.dataset!r} has the test split "
+                             f"{name!r}; drop --test-fraction")
+        return None
     if name is None and config.eval_only:
-        raise ValueError(f"no split to score: dataset {config.dataset!r} has splits {splits} and none of "
-                         f"{list(TEST_SPLIT_NAMES)} is free; name the held-out split with --test-split (a flat "
-                         "<class>/<image> folder is split 'train')")
+        if not _checkpoint_trained_on(config):
+            return config.train_split  # a folder of held-out images: every image is scored
+        raise ValueError(f"no split to score: dataset {config.dataset!r} has splits {splits}, none of "
+                         f"{list(TEST_SPLIT_NAMES)} is free, and {config.checkpoint} was trained on it; score a "
+                         "folder of held-out images (--dataset), or a split the run held out (--test-split)")
     if name is None and config.val_split is None and config.val_size is None and not config.val_fraction:
         raise ValueError(f"dataset {config.dataset!r} has no test split (its splits are {splits}) and the run holds "
                          "out no validation images: give --val-fraction (or --val-size) to report on those, or "
                          "--test-split")
     return name
+
+
+def _checkpoint_trained_on(config: TrainConfig) -> bool:
+    """Whether ``--dataset`` is the data the ``--checkpoint`` of an eval-only run was trained on (assumed without
+    a checkpoint to ask)."""
+    from ..data.sources import same_dataset
+    from ..io import read_model_meta
+
+    if not config.checkpoint:
+        return True
+    return same_dataset((read_model_meta(config.checkpoint) or {}).get("dataset"), config.dataset)
 
 
 def load_data(config: TrainConfig) -> DataSplits:
@@ -147,6 +169,10 @@ def load_data(config: TrainConfig) -> DataSplits:
             raise ValueError(f"the {name!r} split names classes {other.class_names[:10]}, the "
                              f"{config.train_split!r} split {train.class_names[:10]}")
     data_seed = config.seed if config.data_seed is None else config.data_seed
+    if config.test_fraction is not None:  # before any other draw: the same images whatever the rest of the run
+        from ..data.sources import hold_out_test_split
+
+        train, test = hold_out_test_split(train, config.test_fraction, data_seed)
     if config.eval_only and val is None and config.test_split == config.train_split:
         val = train.subset(np.zeros(0, dtype=np.int64))
     if config.val_size is not None:

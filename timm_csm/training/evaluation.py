@@ -44,7 +44,8 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
-                         n_bins: int = 15, ts_method: str = "grid_ece", with_piece: bool = False) -> Evaluation:
+                         n_bins: int = 15, ts_method: str = "grid_ece", with_piece: bool = False,
+                         fitted: Optional[TemperatureScaling] = None) -> Evaluation:
     """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
     layout; None: no validation split, pre-TS metrics only).
 
@@ -57,7 +58,9 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       report (after TS in-sample) and ``post_logits`` are the scaled validation logits;
     * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
       TS, with the validation features as the reference set (skipped with a warning without a validation or a
-      test split).
+      test split);
+    * ``fitted``: without validation predictions, a temperature fitted before (the training run's, for an
+      eval-only run on a folder of held-out images) is applied to the test logits as it is.
     """
     if val is None and test is None:
         raise ValueError("nothing to evaluate: no validation and no test predictions")
@@ -68,7 +71,12 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
         warnings.warn("--piece needs a validation split (the proximity's reference set) and a test split; skipped")
         with_piece = False
     if val is None:
-        return Evaluation(metrics, None, None)
+        if fitted is None or test is None:
+            return Evaluation(metrics, None, None)
+        post_logits = fitted.transform(test[0])
+        metrics["temperature"] = float(fitted.temperature)
+        metrics["test"]["post_ts"] = _scores(post_logits, test[1], n_bins)
+        return Evaluation(metrics, post_logits, fitted)
     val_logits, val_y = val[0], val[1]
     metrics["val"] = {"pre_ts": _scores(val_logits, val_y, n_bins), "post_ts": None}
     scaler, prox = None, None

@@ -61,7 +61,7 @@ def _optimizer_step(optimizer, accelerator, params, clip_grad: float, clip_mode:
 def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: TrainConfig, ema=None,
                     num_updates: int = 0, log_steps: bool = False) -> Tuple[Dict[str, float], int]:
     """One pass over ``loader``; returns (``{"train_loss": mean batch loss over processes, "train_<term>": mean of
-    each logged loss term on this process}``, the optimizer update count after the epoch).
+    each logged loss term over processes}``, the optimizer update count after the epoch).
 
     Options of ``config``: ``grad_accum_steps`` (N: the gradients of N batches, each loss divided by N, add up before
     one optimizer update; the epoch's last group of ``len(loader) % N`` batches divides by its own size, as timm; the
@@ -106,7 +106,9 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: Tr
             bar.show_loss(float(total) / steps)
     bar.close()
     row = {"train_loss": float(accelerator.reduce(total / max(steps, 1), reduction="mean"))}
-    row.update({f"train_{k}": v / max(steps, 1) for k, v in terms_sum.items()})
+    if terms_sum:  # every process logs the same terms (one loss): their means over processes, as the loss's
+        means = torch.tensor([v / max(steps, 1) for v in terms_sum.values()], dtype=torch.float64, device=device)
+        row.update(zip((f"train_{k}" for k in terms_sum), accelerator.reduce(means, reduction="mean").tolist()))
     return row, num_updates
 
 

@@ -43,18 +43,38 @@ def results_markdown(results: Dict[str, Any]) -> str:
               f"{_fmt(pre['ece'], 100)} | {_fmt(pre['aece'], 100)} | "
               f"{_fmt(post['ece'] if post else None, 100)} | {_fmt(post['aece'] if post else None, 100)} | "
               f"{'-' if t is None else f'{t:.2f}'} |", ""]
-    where = (f"Test split: {results['n_test']} images" if results["test"] else
-             f"No test split: the numbers are on the {results['n_val']} validation images, which also selected the "
-             "checkpoint (after TS: in-sample)")
-    lines += [f"{where}; temperature fitted on {results['n_val']} validation "
-              f"images ({results['ts_method']}); {results['n_bins']} bins; checkpoint: epoch "
-              f"{results.get('checkpoint_epoch')} selected by validation {results.get('select_by')}; run "
-              f"{results.get('run_id')}.", ""]
+    lines += [f"{_scored_line(results)}; {_temperature_line(results)}; {results['n_bins']} bins; "
+              f"{_checkpoint_line(results)}; run {results.get('run_id')}.", ""]
     lines += ["| metric | before TS | after TS |", "|---|---|---|"]
     for key, label, scale in _REPORT_ROWS:
         if key in pre:
             lines.append(f"| {label} | {_fmt(pre.get(key), scale)} | {_fmt(post.get(key) if post else None, scale)} |")
     return "\n".join(lines) + "\n" + shift_markdown(results)
+
+
+def _scored_line(results: Dict[str, Any]) -> str:
+    if results["test"]:
+        return f"Test split: {results['n_test']} images"
+    return (f"No test split: the numbers are on the {results['n_val']} validation images, which also selected the "
+            "checkpoint (after TS: in-sample)")
+
+
+def _temperature_line(results: Dict[str, Any]) -> str:
+    if results.get("temperature") is None:
+        return "no temperature scaling (no validation images to fit it on)" if not results["n_val"] else (
+            "temperature scaling skipped")
+    if results.get("temperature_source"):
+        return f"temperature {results['temperature']:.2f} {results['temperature_source']}"
+    return f"temperature fitted on {results['n_val']} validation images ({results['ts_method']})"
+
+
+def _checkpoint_line(results: Dict[str, Any]) -> str:
+    epoch = results.get("checkpoint_epoch")
+    if results.get("eval_only"):
+        return f"checkpoint: {results.get('checkpoint')}" + (f" (epoch {epoch})" if epoch is not None else "")
+    if epoch is None:
+        return "checkpoint: the model as created (no epoch trained)"
+    return f"checkpoint: epoch {epoch} selected by validation {results.get('select_by')}"
 
 
 # (results key, column, scale) of the side-by-side table: accuracy and calibration errors in %, NLL and Brier raw
