@@ -5,7 +5,9 @@ Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`class
 :func:`reliability_table`, :func:`calibration_metrics` (all of them in one pass) and :func:`piece` (ProCal's
 proximity-informed ECE, from penultimate features via :func:`proximity`). Selective prediction: :func:`aurc`,
 :func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`;
-:func:`selective_metrics_from_points` from kept confidences). Streaming: :class:`CalibrationAccumulator`. The input
+:func:`selective_metrics_from_points` from kept confidences). Intervals (:mod:`timm_csm.metrics.intervals`):
+:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples),
+:func:`paired_t_interval` over training seeds and :func:`holm`'s correction. Streaming: :class:`CalibrationAccumulator`. The input
 contract, which every function and the accumulator apply: :func:`prepare_inputs` (with :func:`infer_input_type` /
 :func:`infer_task` for callers that read the input type from the data, as the ``evaluate`` modules do). Plots:
 :mod:`timm_csm.metrics.plots` (needs matplotlib).
@@ -19,6 +21,8 @@ from .binning import bin_edges, bin_index, check_n_bins
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
+from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics, holm,
+                        paired_t_interval, percentile_interval, resample_indices)
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
 from .proximity import piece, proximity
@@ -30,4 +34,5 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "piece", "proximity", "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS",
            "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage",
            "selective_metrics_from_points", "SELECTIVE_KEYS", "check_n_bins", "as_tensor", "infer_input_type",
-           "infer_task", "prepare_inputs", "PreparedInputs"]
+           "infer_task", "prepare_inputs", "PreparedInputs", "bootstrap_metrics", "bootstrap_distribution",
+           "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval", "holm"]
