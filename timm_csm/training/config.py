@@ -228,6 +228,8 @@ class TrainConfig:
         "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "
                                                  "features")
+    bootstrap: int = _calibration(1000, help="bootstrap resamples of the test and validation samples behind the "
+                                             "interval (level 0.95) of every reported metric (0: none)")
 
     # Checkpoints and output
     output: str = _output("output/train", help="parent folder of the experiment folders")
