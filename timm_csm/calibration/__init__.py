@@ -7,7 +7,8 @@
 Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
 interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
 histogram binning, and (two-class models) Platt scaling and beta calibration. Split-conformal prediction sets
-(LAC, APS, RAPS) on top of any of them: :class:`ConformalClassifier`.
+(LAC, APS, RAPS) on top of any of them, or with their own temperature fitted for set size:
+:class:`ConformalClassifier`. Choosing among the calibrators by k-fold cross-validation: :func:`select_calibrator`.
 """
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
@@ -15,6 +16,7 @@ from .conformal import CONFORMAL_METHODS, ConformalClassifier
 from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
+from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
 from .temperature import TemperatureScaling, temperature_grid
 from .vector import VectorScaling
 
@@ -22,5 +24,5 @@ __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
     "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS", "ConformalClassifier",
-    "CONFORMAL_METHODS",
+    "CONFORMAL_METHODS", "select_calibrator", "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

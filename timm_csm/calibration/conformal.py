@@ -17,16 +17,24 @@ u ~ U(0, 1) per sample (``randomized=True``, the exact-coverage form of APS / RA
 exceeds n: every class). Predict: {y : s(x, y) <= q}, computed for every class with the sample's one u, so the
 test sample's true label is in its set exactly when its score is at most q, which is what the guarantee is about:
 1 - alpha <= P(y in C(x)) <= 1 - alpha + 1/(n + 1) for continuous scores.
+
+Temperature: the scores read softmax(logits / T). A calibrator's temperature, fitted for NLL or ECE, tends to widen
+APS / RAPS sets (Dabah & Tirer 2024, arXiv:2402.05806; MAPIE #483), so ``temperature="set_size"`` fits the sets'
+own T instead: on a seeded ``tuning_fraction`` of the calibration split, the T of :func:`temperature_grid` whose sets
+(with their quantile on that part) are smallest on average; the quantile is then computed on the other part, which
+T never saw, so the guarantee holds with that part's size as n.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
+from ..metrics import bootstrap_columns
 from ._checks import as_logits, as_targets
 from .base import PostHocCalibrator
+from .temperature import temperature_grid
 
 __all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile"]
 
@@ -66,15 +74,25 @@ class ConformalClassifier:
     """
 
     def __init__(self, method: str = "aps", alpha: float = 0.1, calibrator: Optional[PostHocCalibrator] = None,
-                 randomized: bool = True, penalty: float = 0.01, k_reg: int = 5, seed: int = 0):
+                 randomized: bool = True, penalty: float = 0.01, k_reg: int = 5, seed: int = 0,
+                 temperature: Union[None, float, str] = None, tuning_fraction: float = 0.5):
         if method not in CONFORMAL_METHODS:
             raise ValueError(f"method must be one of {CONFORMAL_METHODS}, got {method!r}")
         if not 0.0 < float(alpha) < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
         if float(penalty) < 0 or int(k_reg) < 0:
             raise ValueError(f"penalty and k_reg must be >= 0, got {penalty}, {k_reg}")
+        if temperature is not None and calibrator is not None:
+            raise ValueError("give a calibrator or the sets' own temperature, not both")
+        if temperature not in (None, "set_size") and (isinstance(temperature, str) or not float(temperature) > 0):
+            raise ValueError(f"temperature must be None, a positive number or 'set_size', got {temperature!r}")
+        if not 0.0 < float(tuning_fraction) < 1.0:
+            raise ValueError(f"tuning_fraction must lie in (0, 1), got {tuning_fraction}")
         self.method, self.alpha, self.calibrator = method, float(alpha), calibrator
         self.randomized, self.penalty, self.k_reg, self.seed = bool(randomized), float(penalty), int(k_reg), seed
+        self.fit_temperature, self.tuning_fraction = temperature == "set_size", float(tuning_fraction)
+        #: the temperature the scores divide the logits by (None: 1, or the calibrator's logits)
+        self.temperature: Optional[float] = None if temperature in (None, "set_size") else float(temperature)
         self.quantile: Optional[float] = None
         self._calls = 0
 
@@ -85,21 +103,46 @@ class ConformalClassifier:
         self._calls += 1
         return torch.rand(n, generator=g, dtype=torch.float64).to(device)
 
-    def _scores(self, logits) -> torch.Tensor:
+    def _scores(self, logits, temperature: Optional[float] = None, u: Optional[torch.Tensor] = None) -> torch.Tensor:
         logits = as_logits(logits)
         if self.calibrator is not None:
             logits = self.calibrator.transform(logits)
-        probs = torch.softmax(logits.double(), dim=1)
-        return conformal_scores(probs, self.method, self._uniform(len(probs), probs.device), self.penalty,
-                                self.k_reg)
+        temperature = temperature or self.temperature
+        probs = torch.softmax(logits.double() / (temperature or 1.0), dim=1)
+        u = self._uniform(len(probs), probs.device) if u is None else u
+        return conformal_scores(probs, self.method, u, self.penalty, self.k_reg)
 
     def fit(self, logits, targets) -> "ConformalClassifier":
-        scores = self._scores(logits)
-        targets = as_targets(targets, scores.shape[0], scores.shape[1]).to(scores.device)
-        if scores.shape[0] < 1:
+        logits = as_logits(logits)
+        targets = as_targets(targets, logits.shape[0], logits.shape[1])
+        if logits.shape[0] < 1:
             raise ValueError("ConformalClassifier: the calibration split is empty")
+        if self.fit_temperature:
+            order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(self.seed))
+            n_tune = int(round(self.tuning_fraction * len(targets)))
+            if not 1 <= n_tune < len(targets):
+                raise ValueError(f"ConformalClassifier: {len(targets)} calibration samples cannot be split into a "
+                                 f"part that fits the temperature and one for the quantile")
+            tune, rest = order[:n_tune], order[n_tune:]
+            self.temperature = self._set_size_temperature(logits[tune], targets[tune])
+            logits, targets = logits[rest], targets[rest]
+        scores = self._scores(logits)
+        targets = targets.to(scores.device)
         self.quantile = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
         return self
+
+    def _set_size_temperature(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        """The temperature of the grid with the smallest mean set size on ``(logits, targets)``, each with its own
+        quantile there (one draw of the randomisation for all; ties to the lowest T)."""
+        u = self._uniform(len(targets), logits.device)
+        best, best_size = 1.0, math.inf
+        for t in temperature_grid():
+            scores = self._scores(logits, t, u)
+            q = conformal_quantile(scores.gather(1, targets[:, None].to(scores.device)).squeeze(1), self.alpha)
+            size = float((scores <= q).sum(dim=1).double().mean())
+            if size < best_size:
+                best, best_size = t, size
+        return best
 
     def predict_sets(self, logits) -> torch.Tensor:
         """Bool (N, C): class k is in sample i's set."""
@@ -107,17 +150,25 @@ class ConformalClassifier:
             raise ValueError("ConformalClassifier is not fitted: call fit(calibration_logits, targets) first")
         return self._scores(logits) <= self.quantile
 
-    def evaluate(self, logits, targets) -> dict:
-        """Empirical coverage, mean / median set size and the share of empty sets on a test split."""
+    def evaluate(self, logits, targets, bootstrap: int = 0, seed: int = 0) -> dict:
+        """Empirical coverage, mean / median set size and the share of empty sets on a test split, the temperature
+        of the scores; with ``bootstrap`` resamples of the test samples also their 95% percentile ``intervals``
+        (:func:`timm_csm.metrics.bootstrap_columns`, ``seed``)."""
         sets = self.predict_sets(logits)
         targets = as_targets(targets, sets.shape[0], sets.shape[1]).to(sets.device)
         sizes = sets.sum(dim=1).double()
+        covered = sets.gather(1, targets[:, None]).double().view(-1)
         quantile = self.quantile if math.isfinite(self.quantile) else None  # None: every class (JSON has no inf)
-        return {"method": self.method, "alpha": self.alpha, "quantile": quantile,
-                "coverage": float(sets.gather(1, targets[:, None]).double().mean()),
-                "mean_set_size": float(sizes.mean()), "median_set_size": float(sizes.median()),
-                "empty_sets": float((sizes == 0).double().mean())}
+        out = {"method": self.method, "alpha": self.alpha, "quantile": quantile, "temperature": self.temperature,
+               "coverage": float(covered.mean()), "mean_set_size": float(sizes.mean()),
+               "median_set_size": float(sizes.median()), "empty_sets": float((sizes == 0).double().mean())}
+        if bootstrap:
+            columns = {"coverage": covered, "mean_set_size": sizes, "median_set_size": sizes,
+                       "empty_sets": (sizes == 0).double()}
+            out["intervals"] = bootstrap_columns(columns, medians=["median_set_size"], resamples=bootstrap, seed=seed)
+        return out
 
     def __repr__(self) -> str:
         q = "unfitted" if self.quantile is None else f"q={self.quantile:.4g}"
-        return f"ConformalClassifier(method={self.method!r}, alpha={self.alpha:g}, {q})"
+        t = "" if self.temperature is None else f", T={self.temperature:g}"
+        return f"ConformalClassifier(method={self.method!r}, alpha={self.alpha:g}, {q}{t})"
