@@ -931,11 +931,10 @@ def _statement(outcomes: Sequence[Optional[str]]) -> str:
 
 
 def _interval_text(interval: Optional[Tuple[int, float, float, float]], digits: int = 2) -> str:
-    """``mean [low, high] (n=...)`` of a paired interval, ``-`` when there is none."""
-    if interval is None:
-        return "-"
-    n, mean, lo, hi = interval
-    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] (n={n})"
+    """``mean [low, high] (n=...)`` of a paired interval, ``-`` when there is none (``timm-csm-compare``'s text)."""
+    from timm_csm.commands.compare import interval_text
+
+    return interval_text(interval, digits)
 
 
 def _mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
-                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate")
+                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate", "timm_csm.commands.compare")
 
 
 def _console_scripts():
@@ -26,7 +26,7 @@ def _console_scripts():
 def test_console_scripts_are_the_commands_main_functions():
     scripts = _console_scripts()
     for name in ("timm-csm-train", "timm-csm-generate", "timm-csm-annotate", "timm-csm-publish", "timm-csm-pipeline",
-                 "timm-csm-install-metrics", "timm-csm-calibrate"):
+                 "timm-csm-install-metrics", "timm-csm-calibrate", "timm-csm-compare"):
         assert name in scripts, name
     for name, target in scripts.items():
         module, function = target.split(":")

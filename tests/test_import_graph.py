@@ -29,7 +29,8 @@ ALLOWED = {
     "calibrate": {"training", "data", "calibration", "metrics", "io"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
     "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io"},
-    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm"},
+    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "metrics", "io",
+                 "timm_csm"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

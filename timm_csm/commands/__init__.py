@@ -10,6 +10,8 @@
 - ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): how often a classifier recognises a generator's
   pure-class samples.
 - ``timm-csm-install-metrics`` (:mod:`timm_csm.hf_metrics`): make ``evaluate.load(name)`` find the metrics.
+- ``timm-csm-compare`` (:mod:`.compare`): paired differences between methods run at matching seeds, with
+  t-intervals and Holm-corrected decisions.
 
 Each module here is argparse plus library calls, with ``main(argv=None)``; ``python -m timm_csm.commands.<name>``
 and, in a source checkout, ``python hub_scripts/<name>.py`` run the same ``main``.
