@@ -113,7 +113,7 @@ def test_the_training_split_is_refused_as_test_split(user_files, tmp_path):
     ("pickle", "not a safetensors file"), ("json", "not a safetensors file"), ("missing", "does not exist"),
     ("names", "class names differ"), ("count", "outputs|does not fit"), ("small", "parameters and the calibration"),
     ("binary", "two-class"), ("same_split", "never fitted on the test split"), ("unknown", "unknown calibrator"),
-    ("not_a_folder", "is a file, not a folder"),
+    ("not_a_folder", "is a file, not a folder"), ("auto_and_more", "give it alone"), ("folds", "--folds >= 2"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_folder(user_files, tmp_path, case, match):
     data, weights = user_files
@@ -143,10 +143,52 @@ def test_bad_input_is_one_line_and_leaves_no_folder(user_files, tmp_path, case, 
     elif case == "not_a_folder":
         (tmp_path / "file.txt").write_text("x")
         options["dataset"] = tmp_path / "file.txt"
+    elif case == "auto_and_more":
+        options["calibrators"] = ["auto", "isotonic"]
+    elif case == "folds":
+        options.update(calibrators=["auto"], folds=1)
     with pytest.raises((ValueError, FileNotFoundError), match=match) as info:
         run_calibrate(user_files, out, **options)
     assert "\n" not in str(info.value)
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_auto_chooses_by_cross_validation_and_every_number_has_an_interval(user_files, tmp_path):
+    from safetensors.torch import load_file
+
+    from timm_csm.metrics import bootstrap_metrics
+
+    out = tmp_path / "auto"
+    data, weights = user_files
+    assert main(["--model", "test_resnet", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans", "1",
+                 "--img-size", "32", "--dataset", str(data), "--calibration-split", "val", "--test-split", "test",
+                 "--calibrators", "auto", "--folds", "3", "--select-by", "ece", "--bootstrap", "200",
+                 "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    selection = report["selection"]
+    assert selection["by"] == "ece" and selection["folds"] == 3 and sum(selection["fold_sizes"]) == 90
+    chosen = min(selection["mean"], key=selection["mean"].get)
+    assert selection["chosen"] == chosen == list(report["calibrators"])[0] == report["calibrated_model"]["kind"]
+    assert set(selection["left_out"]) == {"platt", "beta"} and len(report["calibrators"]) == 7
+    assert load_calibrator(out / "calibrator.safetensors").kind == load_calibrator(
+        out / "calibrators" / f"{chosen}.safetensors").kind
+    text = (out / "report.md").read_text()
+    assert f"| {chosen} (chosen) |" in text and "interval [low, high]: percentile bootstrap, 200 resamples" in text
+    # every number has its interval; the uncalibrated ones are the bootstrap of the saved predictions
+    saved = load_file(str(out / "test_predictions.safetensors"))
+    assert report["uncalibrated"]["intervals"]["test"] == json.loads(json.dumps(
+        bootstrap_metrics(saved["logits"], saved["targets"], resamples=200, seed=0, selective=True)))
+    assert set(report["uncalibrated"]["intervals"]["test"]) == set(report["uncalibrated"]["test"])
+    for row in report["calibrators"].values():
+        for split in ("test", "calibration_split"):
+            assert set(row["intervals"][split]) == set(row[split])
+            for key, iv in row["intervals"][split].items():
+                assert iv["low"] <= iv["high"], key
+    assert set(report["conformal"]) == {"none", *report["calibrators"], "set_size_temperature"}
+    own = report["conformal"]["set_size_temperature"]["aps"]
+    assert own["temperature"] > 0 and set(own["intervals"]) == {"coverage", "mean_set_size", "median_set_size",
+                                                                "empty_sets"}
+    assert report["conformal"][chosen]["aps"]["temperature"] is None  # on top of the calibrator: its logits
 
 
 def test_command_line_prints_one_line_and_exits_2(user_files, tmp_path, capsys):

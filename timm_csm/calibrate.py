@@ -19,14 +19,19 @@ log, when the model carries none); the test split is not the split the run train
 ``allow_training_split``); the calibration split holds enough samples for each calibrator. Nothing of the training
 run's data options (its sample limits, splits) is reused: the log says what was read from the checkpoint.
 
+``--calibrators auto`` fits every registered calibrator that applies and puts first (and exports) the one with the
+lowest k-fold cross-validated NLL or ECE on the calibration split (:func:`timm_csm.calibration.select_calibrator`).
+
 Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind):
 ``report.json`` (every number: the metrics of :func:`timm_csm.metrics.calibration_metrics`, classwise and
 adaptive ECE included, AURC / E-AURC / AUGRC, the reliability tables and risk-coverage curves, conformal coverage
-and set sizes), ``report.md``, ``reliability.png`` (before and after each calibrator; ``reliability_adaptive.png``
-/ ``reliability_classwise.png`` on request), ``risk_coverage.png``,
+and set sizes, also with the sets' own temperature fitted for set size; each number's 95% bootstrap interval
+under ``intervals``; with ``auto`` the fold table under ``selection``), ``report.md``, ``reliability.png`` (before
+and after each calibrator; ``reliability_adaptive.png`` / ``reliability_classwise.png`` on request),
+``risk_coverage.png``,
 ``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the calibrated model to take away: ``model.safetensors`` (weights and
-metadata), ``calibrator.safetensors`` (the first calibrator listed) and ``calibrated_model.json``, loaded back as one
-module by ``load_trained_classifier(output, calibrated=True)``.
+metadata), ``calibrator.safetensors`` (the first calibrator listed, the chosen one with ``auto``) and
+``calibrated_model.json``, loaded back as one module by ``load_trained_classifier(output, calibrated=True)``.
 """
 from __future__ import annotations
 
@@ -44,9 +49,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .calibration import BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator
+from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, SELECTION_METRICS, ConformalClassifier,
+                          auto_candidates, create_calibrator, fold_table_markdown, select_calibrator)
 from .io import safetensors_metadata, save_model_file, write_json_atomic, write_text_atomic
-from .metrics import calibration_metrics, reliability_table
+from .metrics import bootstrap_metrics, calibration_metrics, reliability_table
+from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .metrics.selective import risk_coverage_from_points, selective_metrics_from_points
 from .training.args import HelpFormatter
 from .training.model import (CALIBRATED_MODEL_FILE, check_model_name, create_train_model, load_model_weights,
@@ -232,10 +239,20 @@ def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
 ODIR_CALIBRATORS = ("dirichlet", "matrix_scaling")
 
 
+def _intervals(logits, labels, n_bins: int, bootstrap: int, seed: int) -> Dict[str, Dict[str, float]]:
+    """The percentile intervals of every number of :func:`_scores` (``bootstrap`` resamples)."""
+    return bootstrap_metrics(logits, labels, n_bins, resamples=bootstrap, seed=seed, selective=True)
+
+
+#: the conformal sets with their own temperature, fitted for set size (a key of the report's "conformal")
+OWN_TEMPERATURE = "set_size_temperature"
+
+
 def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conformal: Sequence[str], seed: int,
-             log, odir: Dict[str, float]) -> Dict[str, Any]:
+             log, odir: Dict[str, float], bootstrap: int = 0) -> Dict[str, Any]:
     """Fit each calibrator on ``cal`` (``odir``: the penalty strengths of :data:`ODIR_CALIBRATORS`), score it on
-    ``test``; conformal sets on top of each (and of none)."""
+    ``test`` (with ``bootstrap`` resamples: the intervals of every number); conformal sets on top of each (and of
+    none), and with their own temperature fitted for set size (:data:`OWN_TEMPERATURE`)."""
     fitted, rows = {}, {}
     for name in names:
         calibrator = create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {})).fit(*cal)
@@ -243,15 +260,32 @@ def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conform
         fitted[name] = (calibrator, out)
         rows[name] = {"test": _scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
                       "calibration_split": _scores(calibrator.transform(cal[0]), cal[1], n_bins)}
+        if bootstrap:
+            rows[name]["intervals"] = {
+                "test": _intervals(out, test[1], n_bins, bootstrap, seed),
+                "calibration_split": _intervals(calibrator.transform(cal[0]), cal[1], n_bins, bootstrap, seed)}
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets: Dict[str, Dict[str, Any]] = {}
-    for base in ["none", *names]:
-        calibrator = fitted[base][0] if base != "none" else None
+    for base in ["none", *names, OWN_TEMPERATURE]:
+        calibrator = fitted[base][0] if base in fitted else None
+        temperature = "set_size" if base == OWN_TEMPERATURE else None
         for method in conformal:
-            cp = ConformalClassifier(method, alpha=alpha, calibrator=calibrator, seed=seed).fit(*cal)
-            sets.setdefault(base, {})[method] = cp.evaluate(*test)
+            cp = ConformalClassifier(method, alpha=alpha, calibrator=calibrator, seed=seed,
+                                     temperature=temperature).fit(*cal)
+            sets.setdefault(base, {})[method] = cp.evaluate(*test, bootstrap=bootstrap, seed=seed)
     return {"fitted": fitted, "rows": rows, "conformal": sets}
+
+
+def _select(cal, k: int, folds: int, by: str, seed: int, n_bins: int, odir: Dict[str, float], log):
+    """``--calibrators auto``: the applicable registered calibrators, the one chosen by ``folds``-fold
+    cross-validated ``by`` on the calibration split first; and the report's ``selection``."""
+    candidates, left_out = auto_candidates(k, len(cal[1]), folds)
+    chosen, table = select_calibrator(cal[0], cal[1], candidates, folds=folds, by=by, seed=seed, n_bins=n_bins,
+                                      options={name: odir for name in ODIR_CALIBRATORS})
+    log(f"calibrators by {folds}-fold cross-validated {by.upper()} on the calibration split (chosen: {chosen}; "
+        f"left out: {left_out or 'none'}):\n{fold_table_markdown(table)}")
+    return [chosen] + [name for name in candidates if name != chosen], dict(table, left_out=left_out)
 
 
 def _check_calibration_size(names: Sequence[str], cal_labels, num_classes: int) -> None:
@@ -271,23 +305,45 @@ def _check_calibration_size(names: Sequence[str], cal_labels, num_classes: int) 
 
 def _markdown(report: Dict[str, Any]) -> str:
     keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
+    boot = report.get("bootstrap")
+    shown = (f" Each number with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
+             f"{boot['resamples']} resamples of the test images (seed {boot['seed']})." if boot else "")
     lines = [f"# Calibration of {report['model']}", "",
              f"Data: {report['dataset']}, calibration split {report['calibration']['source']} "
              f"({report['calibration']['n']} images), test split {report['test']['source']} "
-             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy.", "",
+             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy." + shown, "",
              "| calibrator | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, row in [("uncalibrated", report["uncalibrated"]), *report["calibrators"].items()]:
-        lines.append(f"| {name} | " + " | ".join(f"{row['test'][k]:.4f}" for k in keys) + " |")
-    lines += ["", f"Conformal sets at alpha = {report['alpha']} (target coverage {1 - report['alpha']:.2f}):", "",
-              "| calibrator | method | coverage | mean set size | empty sets |", "|---|---|---|---|---|"]
+        intervals = (row.get("intervals") or {}).get("test", {})
+        lines.append(f"| {name} | " + " | ".join(_cell(row["test"][k], intervals.get(k), 4) for k in keys) + " |")
+    if report.get("selection"):
+        table = report["selection"]
+        lines += ["", f"Chosen by {table['folds']}-fold cross-validated {table['by'].upper()} on the calibration split "
+                  f"(stratified folds, seed {table['seed']}; left out: "
+                  + (", ".join(f"{k} ({v})" for k, v in table["left_out"].items()) or "none") + "):", "",
+                  fold_table_markdown(table)]
+    lines += ["", f"Conformal sets at alpha = {report['alpha']} (target coverage {1 - report['alpha']:.2f}); "
+              f"`{OWN_TEMPERATURE}`: the sets' own temperature T, fitted for set size on half of the calibration "
+              "split, the quantile on the other half:", "",
+              "| calibrator | method | T | coverage | mean set size | empty sets |", "|---|---|---|---|---|---|"]
     for base, methods in report["conformal"].items():
         for method, r in methods.items():
-            lines.append(f"| {base} | {method} | {r['coverage']:.4f} | {r['mean_set_size']:.3f} | "
-                         f"{r['empty_sets']:.4f} |")
+            iv = r.get("intervals") or {}
+            t = "-" if r.get("temperature") is None else f"{r['temperature']:g}"
+            lines.append(f"| {base} | {method} | {t} | {_cell(r['coverage'], iv.get('coverage'), 4)} | "
+                         f"{_cell(r['mean_set_size'], iv.get('mean_set_size'), 3)} | "
+                         f"{_cell(r['empty_sets'], iv.get('empty_sets'), 4)} |")
     lines += ["", f"Calibrated model: `{report['calibrated_model']['model']}` + "
               f"`{report['calibrated_model']['calibrator']}` ({report['calibrated_model']['kind']}), loaded by "
               "`timm_csm.training.load_trained_classifier(folder, calibrated=True)`."]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: float, interval: Optional[Dict[str, float]], digits: int) -> str:
+    """``value [low, high]`` (the value alone without an interval)."""
+    if interval is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
 
 
 RELIABILITY_KINDS = ("adaptive", "classwise")
@@ -362,21 +418,37 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), log: Callable[[str], None] = print) -> Dict[str, Any]:
+              reliability: Sequence[str] = (), select_by: str = "nll", folds: int = 5,
+              bootstrap: int = DEFAULT_RESAMPLES, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
     calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
     ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of ``dirichlet`` and ``matrix_scaling``
-    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``."""
+    (ODIR, Kull et al. 2019); ``reliability``: extra diagrams, ``adaptive`` and / or ``classwise``.
+    ``calibrators=["auto"]``: every registered calibrator that applies, the one with the lowest ``folds``-fold
+    cross-validated ``select_by`` (``"nll"`` or ``"ece"``) on the calibration split first, and exported
+    (:func:`timm_csm.calibration.select_calibrator`; the fold table is the report's ``selection``).
+    ``bootstrap``: resamples of the test (and calibration) samples behind the 95% interval of every number (0:
+    none)."""
     output = Path(output)
     if output.exists():
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
     calibrators = list(calibrators)
     if not calibrators:
         raise ValueError("give at least one calibrator (--calibrators NAME[,NAME...])")
-    for name in calibrators:
+    auto = calibrators == ["auto"]
+    if "auto" in calibrators and not auto:
+        raise ValueError("--calibrators auto chooses among every registered calibrator: give it alone")
+    if auto and (select_by not in SELECTION_METRICS or isinstance(folds, bool) or not isinstance(folds, int)
+                 or folds < 2):
+        raise ValueError(f"--calibrators auto needs --select-by in {SELECTION_METRICS} and --folds >= 2, got "
+                         f"{select_by!r} and {folds!r}")
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
+        raise ValueError(f"--bootstrap must be an integer >= 0, got {bootstrap!r}")
+    given = [] if auto else calibrators
+    for name in given:
         create_calibrator(name)  # unknown names list the registered ones
     odir = {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
-    for name in calibrators:
+    for name in given:
         create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))  # bad strengths: one line
     for kind in reliability:
         if kind not in RELIABILITY_KINDS:
@@ -411,7 +483,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         cal_source = f"{calibration_fraction:g} of {test_split!r} (seed {seed})"
         test_source = f"the rest of {test_split!r}"
     k = len(test_data.class_names)
-    _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
+    _check_calibration_size(given, torch.as_tensor(cal_data.labels), k)
     if len(test_data) == 0:
         raise ValueError(f"the test split {test_split!r} has no images")
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
@@ -419,7 +491,10 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     test = _predict(classifier, test_data, batch_size, device, workers)
     if cal[0].shape[1] != k:
         raise ValueError(f"the model has {cal[0].shape[1]} outputs, the data {k} classes")
-    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir)
+    selection = None
+    if auto:
+        calibrators, selection = _select(cal, k, folds, select_by, seed, n_bins, odir, log)
+    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir, bootstrap)
     report: Dict[str, Any] = {
         "model": classifier.description, "dataset": str(dataset), "class_names": list(test_data.class_names),
         "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
@@ -427,6 +502,12 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         "uncalibrated": {"test": _scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
+    if bootstrap:
+        report["uncalibrated"]["intervals"] = {"test": _intervals(test[0], test[1], n_bins, bootstrap, seed)}
+        report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": "percentile",
+                               "resampled": "the samples of the test (and calibration) split"}
+    if selection is not None:
+        report["selection"] = selection
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -465,7 +546,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--test-split", required=True, help="the split the report scores (a flat <class>/* folder is "
                                                        "split 'train')")
     p.add_argument("--calibrators", default="temperature_scaling",
-                   help="comma-separated registry names; the first is exported as the calibrated model")
+                   help="comma-separated registry names; the first is exported as the calibrated model; 'auto': "
+                        "every one that applies, chosen by cross-validation on the calibration split (--select-by, "
+                        "--folds)")
+    p.add_argument("--select-by", default="nll", choices=SELECTION_METRICS,
+                   help="--calibrators auto: the held-out metric of the cross-validation")
+    p.add_argument("--folds", type=int, default=5, help="--calibrators auto: folds of the calibration split")
+    p.add_argument("--bootstrap", type=int, default=DEFAULT_RESAMPLES,
+                   help="bootstrap resamples behind the 95%% interval of every number of the report (0: none)")
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
@@ -506,7 +594,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
                   data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,
-                  reliability=[r for r in args.reliability.split(",") if r],
+                  reliability=[r for r in args.reliability.split(",") if r], select_by=args.select_by,
+                  folds=args.folds, bootstrap=args.bootstrap,
                   class_names=args.class_names.split(",") if args.class_names else None,
                   log=lambda m: print(m, file=sys.stderr))
     except (ValueError, FileNotFoundError) as e:
