@@ -123,6 +123,11 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
     low, high = (res["intervals"]["test"]["pre_ts"]["ece"][k] * 100 for k in ("low", "high"))
     assert f"| ECE (%) | {res['test']['pre_ts']['ece'] * 100:.2f} [{low:.2f}, {high:.2f}] |" in \
         (out / "results.md").read_text()
+    from timm_csm.training.reporting import comparison_markdown
+
+    acc = res["intervals"]["test"]["pre_ts"]["accuracy"]
+    assert f"| CE | before | {res['test']['pre_ts']['accuracy'] * 100:.2f} [{acc['low'] * 100:.2f}, " \
+        f"{acc['high'] * 100:.2f}] |" in comparison_markdown({"ce": res})
     lr_log = [row["lr"] for row in res["history"]]
     assert lr_log == pytest.approx([0.05, 0.005])  # milestone at epoch 1, decay 0.1
 

@@ -76,15 +76,18 @@ _COMPARISON = (("accuracy", "acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 1
 
 def comparison_markdown(results: Dict[str, Dict[str, Any]]) -> str:
     """Runs side by side: one row per method (the keys of ``results``, each a run's ``results.json``) and phase
-    (before / after temperature scaling), with the fitted temperature T (1.0 before)."""
+    (before / after temperature scaling), with the fitted temperature T (1.0 before); each value with its bootstrap
+    interval ``[low, high]`` where the run holds one."""
     rows = ["| method | TS | " + " | ".join(h for _, h, _ in _COMPARISON) + " | T |",
             "|" + "---|" * (len(_COMPARISON) + 3)]
     for method, res in results.items():
+        split = "test" if res["test"] else "val"
         for phase in ("pre_ts", "post_ts"):
-            m = (res["test"] or res["val"]).get(phase)
+            m = res[split].get(phase)
             if not m:
                 continue
-            vals = " | ".join(_fmt(m[k], scale) for k, _, scale in _COMPARISON)
+            intervals = ((res.get("intervals") or {}).get(split) or {}).get(phase) or {}
+            vals = " | ".join(_with_interval(m[k], intervals.get(k), scale) for k, _, scale in _COMPARISON)
             t = f"{res['temperature']:.1f}" if phase == "post_ts" and res.get("temperature") else "1.0"
             rows.append(f"| {method.upper()} | {'after' if phase == 'post_ts' else 'before'} | {vals} | {t} |")
     return "\n".join(rows)
