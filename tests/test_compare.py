@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from test_intervals import committed_pairs
-from timm_csm.commands.compare import main
+from timm_csm.commands.compare import main, metric_values
 from timm_csm.metrics import holm, paired_t_interval
 from timm_csm.training import TrainConfig, config_record
 
@@ -35,6 +35,14 @@ def test_compare_reproduces_the_benchmarks_paired_intervals_from_its_cells(tmp_p
     assert [p["holm_p"] for p in result["pairs"]] == pytest.approx(holm(p_values)[0])
     assert [p["decision"] for p in result["pairs"]] == [f"{csm} lower", "no difference shown"]
     assert f"| {csm} minus {ce} | -3.54 [-3.86, -3.22] (n=5) |" in printed
+    # the per-seed values read from the cells are the per-seed rows of benchmarks/calibration.json
+    rows = {r["method"]: r["per_seed"] for r in json.loads((CELLS.parent / "calibration.json").read_text())
+            if r["recipe"] == "matched"}
+    for method, cell in (("csm", "csm-matched"), ("ce", "ce"), ("regmixup", "regmixup")):
+        for row in rows[method]:
+            values = metric_values(json.loads((CELLS / f"{cell}-s{row['seed']}" / "results.json").read_text()))
+            assert (values["ece_pre_ts"], values["accuracy_post_ts"]) == pytest.approx(
+                (row["ece_pre_ts"], row["acc_post_ts"]), rel=1e-12)
 
 
 def printed_cell(interval, digits):
@@ -98,7 +106,7 @@ def test_compare_end_to_end_on_run_folders(tmp_path, capsys):
     ("seeds", r"the methods have different seeds \(ce: \[0, 1, 2, 3\]; ce \(mixup=0.4\): \[0, 1, 2\]\)"),
     ("twice", r"ce: seed 1 twice"),
     ("one method", r"runs of one method only \(ce\)"),
-    ("not a run", r"holds no results.json"),
+    ("not a run", r"holds no results.json"), ("unreadable", r"ce-0: a file does not read \(JSONDecodeError"),
     ("primary", r"primary metric 'piece_pre_ts' is not reported by every run"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, match):
@@ -119,6 +127,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, match)
     elif case == "not a run":
         (root / "empty").mkdir()
         extra = [str(root / "empty")]
+    elif case == "unreadable":
+        (root / "ce-0" / "results.json").write_text("{")
     elif case == "primary":
         extra = ["--primary", "piece_pre_ts"]
     out = tmp_path / "c.json"

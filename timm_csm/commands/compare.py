@@ -32,7 +32,7 @@ from timm_csm.training.config import CONFIG_MARKER, TrainConfig
 from timm_csm.training.reporting import REPORT_ROWS
 from timm_csm.training.run_dir import config_record
 
-__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "comparison_markdown", "interval_text",
+__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "paired_markdown", "interval_text",
            "main"]
 
 PHASES = {"pre_ts": "before TS", "post_ts": "after TS"}
@@ -49,15 +49,18 @@ def read_run(folder) -> Dict[str, Any]:
     folder = Path(folder)
     if not (folder / "results.json").is_file():
         raise ValueError(f"{folder} holds no results.json: not a finished timm-csm-train run")
-    if (folder / "args.yaml").is_file():
-        config = yaml.safe_load((folder / "args.yaml").read_text()) or {}
-    elif (folder / "cell.json").is_file():
-        config = json.loads((folder / "cell.json").read_text()).get("config") or {}
-    else:
+    if not (folder / "args.yaml").is_file() and not (folder / "cell.json").is_file():
         raise ValueError(f"{folder} has no args.yaml: the run's seed and configuration are unknown")
-    if not isinstance(config.get("seed"), int):
+    try:
+        if (folder / "args.yaml").is_file():
+            config = yaml.safe_load((folder / "args.yaml").read_text())
+        else:
+            config = json.loads((folder / "cell.json").read_text()).get("config")
+        results = json.loads((folder / "results.json").read_text())
+    except (yaml.YAMLError, ValueError) as e:
+        raise ValueError(f"{folder}: a file does not read ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("seed"), int):
         raise ValueError(f"{folder} records no integer seed in its configuration")
-    results = json.loads((folder / "results.json").read_text())
     split = "test" if results.get("test") else "val"
     data = (str(results.get("dataset")), split, results.get(f"n_{split}"))
     return {"folder": folder, "seed": config["seed"], "config": config, "results": results, "data": data}
@@ -189,7 +192,7 @@ def _text(interval: Mapping[str, Any], digits: int) -> str:
     return interval_text((interval["n"], interval["mean"], interval["low"], interval["high"]), digits)
 
 
-def comparison_markdown(comparison: Mapping[str, Any], seeds: Sequence[int], data: Tuple[str, str, Any]) -> str:
+def paired_markdown(comparison: Mapping[str, Any], seeds: Sequence[int], data: Tuple[str, str, Any]) -> str:
     """The comparison as markdown: the primary family with Holm, then every metric's unadjusted interval."""
     pairs = comparison["pairs"]
     primary, digits = _metric_label(comparison["primary"])
@@ -232,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     seeds = sorted(next(iter(groups.values())))
     first = next(iter(next(iter(groups.values())).values()))
-    text = comparison_markdown(comparison, seeds, first["data"])
+    text = paired_markdown(comparison, seeds, first["data"])
     comparison.update(seeds=seeds, dataset=first["data"][0], split=first["data"][1], images=first["data"][2],
                       runs={name: {s: str(r["folder"]) for s, r in runs.items()} for name, runs in groups.items()})
     if args.json:
