@@ -7,10 +7,10 @@ resamples of the evaluated samples, without a loop over the resamples.
 Resamples: ``B`` draws of ``N`` indices with replacement from ``torch.Generator().manual_seed(seed)``, drawn in
 blocks of about a million indices (:func:`resample_indices` returns them all; the blocks draw the same indices as
 one call would), so that the same ``(N, B, seed)`` gives the same resamples in any report. A block's arrays (8 MB
-each) stay in the processor's cache across the dozen passes over them, which made it twice as fast as blocks of
-4 million. Intervals are percentile intervals (Efron & Tibshirani
-1993, ch. 13): the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the B resampled values, linearly
-interpolated as ``numpy.quantile``. For a well calibrated model a binned ECE is biased upwards (the resampled bins'
+each) stay in the processor's cache across the dozen passes over them: about twice as fast as blocks of 4 million
+(``benchmarks/bootstrap_bench.py``). Intervals are percentile intervals (Efron & Tibshirani 1993, ch. 13): the
+``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the B resampled values, linearly interpolated as
+``numpy.quantile``. For a well calibrated model a binned ECE is biased upwards (the resampled bins'
 noise adds to the gap), and its percentile interval can lie above the point value: read it as the spread, not as
 a correction of the bias.
 
