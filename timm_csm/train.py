@@ -117,9 +117,10 @@ def _prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
     elif config.auto_resume and not config.resume and (_experiment_dir(config) / CHECKPOINT_LAST).exists():
         config.resume = str(_experiment_dir(config) / CHECKPOINT_LAST)
     resume_state = load_resumed(config) if config.resume and not config.eval_only else None
-    for name, value in (("batch_size", config.batch_size), ("epochs", config.epochs), ("n_bins", config.n_bins)):
-        if value is None or value < (0 if name == "epochs" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name, least in (("batch_size", 1), ("epochs", 0), ("n_bins", 1), ("bootstrap", 0)):
+        value = getattr(config, name)
+        if value is None or value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     check_training_options(config)
     return resume_state
 
@@ -333,7 +334,8 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
                 if loader is not None else None)
 
     test, val = predictions(test_loader), predictions(val_loader)
-    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece)
+    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece,
+                                  bootstrap=config.bootstrap)
     results: Dict[str, Any] = {
         "dataset": str(config.dataset), "model": config.model, "loss": config.loss, "n_train": len(data.train),
         "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": config.n_bins,
