@@ -1311,17 +1311,12 @@ def per_seed_row(seed: int, cell: Dict[str, Any]) -> Dict[str, Any]:
 def paired_interval(a: Dict[int, float], b: Dict[int, float], level: float = 0.95
                     ) -> Optional[Tuple[int, float, float, float]]:
     """``(n, mean, low, high)`` of the per-seed differences ``a[s] - b[s]`` over their common seeds: the mean and its
-    two-sided t-interval (mean ± t(1 - (1 - level) / 2, n - 1) sd / sqrt(n)); None below 2 common seeds."""
-    from scipy.stats import t as student_t
+    two-sided t-interval, :func:`timm_csm.metrics.paired_t_interval` (what ``timm-csm-compare`` reports); None
+    below 2 common seeds."""
+    from timm_csm.metrics import paired_t_interval
 
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return None
-    d = [a[s] - b[s] for s in seeds]
-    n = len(d)
-    mean, sd = _mean_std(d)
-    half = float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return n, mean, mean - half, mean + half
+    interval = paired_t_interval(a, b, level)
+    return None if interval is None else tuple(interval[:4])
 
 
 def _by_seed(rows: Sequence[Dict[str, Any]], key: str) -> Dict[int, float]:
@@ -1393,11 +1388,10 @@ def _statement(outcomes: Sequence[Optional[str]]) -> str:
 
 
 def _interval_text(interval: Optional[Tuple[int, float, float, float]], digits: int = 2) -> str:
-    """``mean [low, high] (n=...)`` of a paired interval, ``-`` when there is none."""
-    if interval is None:
-        return "-"
-    n, mean, lo, hi = interval
-    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] (n={n})"
+    """``mean [low, high] (n=...)`` of a paired interval, ``-`` when there is none (``timm-csm-compare``'s text)."""
+    from timm_csm.commands.compare import interval_text
+
+    return interval_text(interval, digits)
 
 
 def _mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:

@@ -64,8 +64,8 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
     assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
     # the model to take away: one module, the model then the calibrator of the lowest cross-validated NLL
-    chosen = report["calibrated_model"]
-    assert chosen["kind"] == min(chosen["cross_validation"], key=lambda n: chosen["cross_validation"][n]["nll"])
+    chosen, selection = report["calibrated_model"], report["selection"]
+    assert chosen["kind"] == selection["chosen"] == min(selection["mean"], key=selection["mean"].get)
     model, transform, meta = load_trained_classifier(out, calibrated=True)
     assert isinstance(model, CalibratedClassifier) and meta["calibrator"].endswith("calibrator.safetensors")
     assert meta["class_names"] == CLASS_NAMES
@@ -154,6 +154,48 @@ def test_bad_input_is_one_line_and_leaves_no_folder(user_files, tmp_path, case, 
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
 
 
+def test_auto_chooses_by_cross_validation_and_every_number_has_an_interval(user_files, tmp_path):
+    from safetensors.torch import load_file
+
+    from timm_csm.metrics import bootstrap_metrics
+
+    out = tmp_path / "auto"
+    data, weights = user_files
+    assert main(["--model", "small_cnn", "--checkpoint", str(weights), "--num-classes", "3", "--in-chans", "1",
+                 "--mean", str(MEAN[0]), "--std", str(STD[0]), "--dataset", str(data), "--calibration-split", "val",
+                 "--test-split", "test", "--calibrators", "auto", "--folds", "3", "--select-by", "ece",
+                 "--bootstrap", "200", "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    selection = report["selection"]
+    assert selection["by"] == "ece" and selection["folds"] == 3 and sum(selection["fold_sizes"]) == 90
+    chosen = min(selection["mean"], key=selection["mean"].get)
+    assert selection["chosen"] == chosen == report["calibrated_model"]["kind"]
+    assert "the lowest 3-fold cross-validated ECE" in report["calibrated_model"]["chosen_by"]
+    assert set(selection["left_out"]) == {"platt", "beta"} and len(report["calibrators"]) == 7
+    assert load_calibrator(out / "calibrator.safetensors").kind == load_calibrator(
+        out / "calibrators" / f"{chosen}.safetensors").kind
+    text = (out / "report.md").read_text()
+    assert f"| {chosen} (chosen) |" in text and "interval [low, high]: percentile bootstrap, 200 resamples" in text
+    assert "not tried: beta (two-class models only), platt (two-class models only)" in text
+    own_row = next(line for line in text.splitlines() if line.startswith("| set_size_temperature | aps |"))
+    assert own_row.count("[") == 3  # coverage, mean set size and empty sets with their intervals
+    # every number has its interval; the uncalibrated ones are the bootstrap of the saved predictions
+    saved = load_file(str(out / "test_predictions.safetensors"))
+    assert report["uncalibrated"]["intervals"]["test"] == json.loads(json.dumps(
+        bootstrap_metrics(saved["logits"], saved["targets"], resamples=200, seed=0, selective=True)))
+    assert set(report["uncalibrated"]["intervals"]["test"]) == set(report["uncalibrated"]["test"])
+    for row in report["calibrators"].values():
+        for split in ("test", "calibration_split"):
+            assert set(row["intervals"][split]) == set(row[split])
+            for key, iv in row["intervals"][split].items():
+                assert iv["low"] <= iv["high"], key
+    assert set(report["conformal"]) == {"none", *report["calibrators"], "set_size_temperature"}
+    own = report["conformal"]["set_size_temperature"]["aps"]
+    assert own["temperature"] > 0 and set(own["intervals"]) == {"coverage", "mean_set_size", "median_set_size",
+                                                                "empty_sets"}
+    assert report["conformal"][chosen]["aps"]["temperature"] is None  # on top of the calibrator: its logits
+
+
 def test_command_line_prints_one_line_and_exits_2(user_files, tmp_path, capsys):
     data, _ = user_files
     rc = main(["--model", "test_resnet", "--checkpoint", str(tmp_path / "none.safetensors"), "--num-classes", "3",
@@ -209,7 +251,7 @@ def test_odir_strengths_and_extra_reliability_diagrams_from_the_command_line(use
     assert (out / "reliability_adaptive.png").is_file() and (out / "reliability_classwise.png").is_file()
     report = json.loads((out / "report.json").read_text())
     assert report["odir"] == {"reg_lambda": 0.01, "reg_mu": 0.02}
-    assert report["calibrated_model"]["kind"] == "dirichlet" and "cross_validation" not in report["calibrated_model"]
+    assert report["calibrated_model"]["kind"] == "dirichlet" and "selection" not in report
     dirichlet = load_calibrator(out / "calibrators" / "dirichlet.safetensors")
     assert (dirichlet.reg_lambda, dirichlet.reg_mu) == (0.01, 0.02)
     from safetensors.torch import load_file

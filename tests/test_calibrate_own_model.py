@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from calibrate_fixtures import FOLDER_NAMES, MEAN, STD, digits_28, normalise, save_weights, train_classifier, \
     write_digit_folder
 from timm_csm.calibrate import calibrate, load_classifier, main
-from timm_csm.calibration import create_calibrator, cross_validated_scores, load_calibrator
+from timm_csm.calibration import create_calibrator, load_calibrator, select_calibrator
+from timm_csm.calibration.selection import fold_assignment
 
 
 @pytest.fixture(scope="module")
@@ -148,38 +149,40 @@ def test_the_exported_calibrator_is_chosen_on_the_calibration_split(digits, tmp_
     out = tmp_path / "out"
     report = calibrate("small_cnn", folder, output=out, checkpoint=weights, num_classes=10,
                        data_config={"input_size": (1, 28, 28), "mean": MEAN, "std": STD}, calibrators=names,
-                       calibration_split="val", test_split="test", conformal=[], cv_folds=3, log=lambda m: None)
-    record = report["calibrated_model"]
+                       calibration_split="val", test_split="test", conformal=[], folds=3, log=lambda m: None)
+    record, selection = report["calibrated_model"], report["selection"]
     cal_logits, cal_labels = own_logits(model, folder, "val")
-    scores = cross_validated_scores(names, cal_logits, cal_labels, folds=3, seed=0)
+    best, table = select_calibrator(cal_logits, cal_labels, names, folds=3, seed=0)
     for name in names:
-        assert record["cross_validation"][name] == pytest.approx(scores[name], abs=1e-4)
-    best = min(scores, key=lambda n: scores[n]["nll"])
-    assert record["kind"] == best != names[0] and "cross-validated NLL on the calibration split" in record["chosen_by"]
+        assert selection["scores"][name] == pytest.approx(table["scores"][name], abs=1e-4)
+    assert selection["folds"] == 3 and selection["by"] == "nll" and selection["left_out"] == {}
+    assert record["kind"] == selection["chosen"] == best != names[0]
+    assert "cross-validated NLL on the calibration split" in record["chosen_by"]
     exported = load_calibrator(out / "calibrator.safetensors")
     assert torch.equal(exported.transform(cal_logits), load_calibrator(out / "calibrators" / f"{best}.safetensors")
                        .transform(cal_logits))
-    assert f"({best}: the lowest 3-fold" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert f"({best}: the lowest 3-fold" in text and f"| {best} (chosen) |" in text
     forced = calibrate("small_cnn", folder, output=tmp_path / "forced", checkpoint=weights, num_classes=10,
                        data_config={"mean": MEAN, "std": STD}, calibrators=names, export="histogram_binning",
                        calibration_split="val", test_split="test", conformal=[], log=lambda m: None)
-    assert forced["calibrated_model"]["kind"] == "histogram_binning"
+    assert forced["calibrated_model"]["kind"] == "histogram_binning" and "selection" not in forced
 
 
 def test_cross_validation_fits_on_folds_the_held_out_part_never_sees():
     g = torch.Generator().manual_seed(0)
     logits = 4 * torch.randn(300, 5, generator=g, dtype=torch.float64)
     labels = torch.multinomial(torch.softmax(logits / 4, 1), 1, generator=g).squeeze(1)  # over-confident by 4
-    scores = cross_validated_scores(["temperature_scaling_nll"], logits, labels, folds=3, seed=1)
-    order = torch.randperm(300, generator=torch.Generator().manual_seed(1))
-    held_out = torch.empty_like(logits)
+    _, table = select_calibrator(logits, labels, ["temperature_scaling_nll"], folds=3, seed=1)
+    folds = fold_assignment(labels, 3, seed=1)
+    nll = []
     for k in range(3):
-        fit, test = order[torch.arange(300) % 3 != k], order[torch.arange(300) % 3 == k]
-        held_out[test] = create_calibrator("temperature_scaling_nll").fit(logits[fit], labels[fit]).transform(
-            logits[test]).double()
-    nll = torch.nn.functional.cross_entropy(held_out, labels).item()
-    assert scores["temperature_scaling_nll"]["nll"] == pytest.approx(nll, abs=1e-9)
-    assert nll < torch.nn.functional.cross_entropy(logits, labels).item()
+        fit, test = folds != k, folds == k
+        held_out = create_calibrator("temperature_scaling_nll").fit(logits[fit], labels[fit]).transform(logits[test])
+        nll.append(torch.nn.functional.cross_entropy(held_out.double(), labels[test]).item())
+    assert table["scores"]["temperature_scaling_nll"] == pytest.approx(nll, abs=1e-9)
+    assert table["mean"]["temperature_scaling_nll"] == pytest.approx(sum(nll) / 3, abs=1e-9)
+    assert sum(nll) / 3 < torch.nn.functional.cross_entropy(logits, labels).item()
 
 
 def test_weights_of_another_architecture_are_one_short_line(digits, tmp_path):
@@ -199,6 +202,9 @@ def test_weights_of_another_architecture_are_one_short_line(digits, tmp_path):
     ({"alpha": 0}, "--alpha must lie in"), ({"export": "dirichlet"}, "--export 'dirichlet' is not one of"),
     ({"data_config": {"input_size": (1, 28, 32)}}, "square"), ({"data_config": {"mean": (0.5,)}}, "together"),
     ({"data_config": {"crop_pct": 1.5}}, "crop-pct"), ({"batch_size": 0}, "--batch-size must be at least 1"),
+    ({"calibrators": ["auto", "isotonic"]}, "give it alone"), ({"folds": 1}, "--folds must be at least 2"),
+    ({"folds": 2.5}, "--folds must be at least 2, a whole number"), ({"select_by": "brier"}, "--select-by must be"),
+    ({"bootstrap": -1}, "--bootstrap must be at least 0"), ({"calibrators": ["auto"], "export": "nope"}, "unknown"),
 ])
 def test_arguments_are_refused_before_anything_loads(tmp_path, options, match):
     """The data folder and the weights do not exist: the argument is refused before either is looked at."""

@@ -16,7 +16,8 @@ from build_hooks import console_scripts as _console_scripts  # noqa: E402  setup
 
 COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
-                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate", "timm_csm.hf_metrics")
+                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate", "timm_csm.hf_metrics",
+                   "timm_csm.commands.compare")
 
 
 def _main(target: str):
@@ -30,7 +31,7 @@ def test_console_scripts_are_the_commands_main_functions():
     scripts = _console_scripts()
     for name in ("timm-csm-train", "timm-csm-generate", "timm-csm-annotate", "timm-csm-publish", "timm-csm-pipeline",
                  "timm-csm-install-metrics", "timm-csm-calibrate", "timm-csm-train-generator",
-                 "timm-csm-evaluate-generator"):
+                 "timm-csm-evaluate-generator", "timm-csm-compare"):
         assert name in scripts, name
     assert {target.split(":")[0] for target in scripts.values()} >= set(COMMAND_MODULES) - {"timm_csm.recipes.run"}
     for name, target in scripts.items():
@@ -132,6 +133,22 @@ def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path,
     line = _one_error_line(capsys, "timm-csm-calibrate", "calibration")
     assert "isotonic calibration needs scipy>=1.12 (the [calibration] extra)" in line
     assert not (tmp_path / "calibrated").exists()
+
+
+def test_without_scipy_compare_names_its_extra_and_auto_leaves_isotonic_out(tmp_path, capsys, monkeypatch):
+    """``timm-csm-compare``'s t-intervals need SciPy: one line naming the extra, before any run is read;
+    ``--calibrators auto`` tries every calibrator but the one that cannot fit, and says why."""
+    from timm_csm.calibration import auto_candidates
+    from timm_csm.commands.compare import main
+
+    _without(monkeypatch, "scipy")
+    assert main([str(tmp_path / "no-run-a"), str(tmp_path / "no-run-b"), "--json", str(tmp_path / "c.json")]) == 1
+    line = _one_error_line(capsys, "timm-csm-compare", "calibration")
+    assert "timm-csm-compare needs scipy>=1.12 (the [calibration] extra)" in line
+    assert not (tmp_path / "c.json").exists()
+    names, left_out = auto_candidates(num_classes=3, n_samples=300)
+    assert "isotonic" not in names and "temperature_scaling" in names
+    assert "isotonic calibration needs scipy>=1.12" in left_out["isotonic"]
 
 
 def test_a_training_run_without_matplotlib_skips_its_diagrams_naming_the_plots_extra(tmp_path, monkeypatch):

@@ -29,10 +29,11 @@ ALLOWED = {
                  "progress", "trainer", "extras"},
     "train": {"training", "data", "losses", "io", "timm_csm", "cli"},
     "calibrate": {"calibrate_report", "training", "data", "calibration", "metrics", "io", "cli", "extras"},
-    "calibrate_report": {"metrics", "extras"},
+    "calibrate_report": {"calibration", "metrics", "extras"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
     "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
-    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "io", "timm_csm", "cli"},
+    "commands": {"steps", "train", "training", "annotation", "generation", "hub", "data", "metrics", "io",
+                 "timm_csm", "cli"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

@@ -108,6 +108,26 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
 
     assert post["nll"] == pytest.approx(calibration_metrics(logits / t, labels)["nll"], abs=1e-5)
     assert "| digits | small_cnn | ce |" in (out / "results.md").read_text()
+    # every number has its bootstrap interval: those of the test split are the bootstrap of the saved predictions
+    from safetensors.torch import load_file
+
+    from timm_csm.metrics import bootstrap_metrics
+
+    saved = load_file(str(out / "test_predictions.safetensors"))
+    assert res["intervals"]["test"]["pre_ts"] == bootstrap_metrics(saved["logits"], saved["targets"], resamples=1000)
+    assert res["bootstrap"] == {"resamples": 1000, "seed": 0, "level": 0.95, "interval": "percentile",
+                                "resampled": "the samples of each split"}
+    for split in ("test", "val"):
+        for phase in ("pre_ts", "post_ts"):
+            assert set(res["intervals"][split][phase]) == set(res[split][phase]), (split, phase)
+    low, high = (res["intervals"]["test"]["pre_ts"]["ece"][k] * 100 for k in ("low", "high"))
+    assert f"| ECE (%) | {res['test']['pre_ts']['ece'] * 100:.2f} [{low:.2f}, {high:.2f}] |" in \
+        (out / "results.md").read_text()
+    from timm_csm.training.reporting import comparison_markdown
+
+    acc = res["intervals"]["test"]["pre_ts"]["accuracy"]
+    assert f"| CE | before | {res['test']['pre_ts']['accuracy'] * 100:.2f} [{acc['low'] * 100:.2f}, " \
+        f"{acc['high'] * 100:.2f}] |" in comparison_markdown({"ce": res})
     lr_log = [row["lr"] for row in res["history"]]
     assert lr_log == pytest.approx([0.05, 0.005])  # milestone at epoch 1, decay 0.1
 
@@ -155,6 +175,9 @@ def test_eval_only_reproduces_and_reports_piece(tmp_path):
     for stage in ("pre_ts", "post_ts"):
         assert res["test"][stage]["piece"] >= res["test"][stage]["ece"] - 1e-9  # PIECE >= ECE
     assert (tmp_path / "eval" / "results.md").read_text().count("PIECE") == 1
+    for stage in ("pre_ts", "post_ts"):
+        piece_interval = res["intervals"]["test"][stage]["piece"]
+        assert piece_interval["low"] <= piece_interval["high"]
     # the full training state works too (one epoch: the last checkpoint is the best)
     from_last = run(dict(eval_only=True, checkpoint=str(tmp_path / "base" / "last.safetensors"), progress=False,
                          output=str(tmp_path), experiment="eval_last"))

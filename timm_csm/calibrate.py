@@ -34,19 +34,24 @@ than reported as calibrated. Nothing of the training run's data options (its sam
 Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind;
 folders with the umask's mode, 0755 usually): ``report.json`` (every number: the metrics of
 :func:`timm_csm.metrics.calibration_metrics`, classwise and adaptive ECE included, AURC / E-AURC / AUGRC, the
-reliability tables and risk-coverage curves, conformal coverage with its expected range and set sizes, the
-preprocessing), ``report.md``, ``reliability.png`` (before and after each calibrator, four panels a row;
-``reliability_adaptive.png`` / ``reliability_classwise.png`` on request), ``risk_coverage.png``,
-``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the calibrated model to take away:
-``model.safetensors`` (weights and metadata), ``calibrator.safetensors`` and ``calibrated_model.json``, loaded back
-as one module by ``load_trained_classifier(output, calibrated=True)``. The exported calibrator is ``export`` when
-given, else the one with the lowest cross-validated NLL on the calibration split
-(:func:`timm_csm.calibration.select_calibrator`): the test split takes no part in the choice.
+reliability tables and risk-coverage curves, conformal coverage with its expected range and set sizes, also with
+the sets' own temperature fitted for set size, the preprocessing; each number's 95% bootstrap interval under
+``intervals``; the fold table of the calibrator's choice under ``selection``), ``report.md``, ``reliability.png``
+(before and after each calibrator, four panels a row; ``reliability_adaptive.png`` / ``reliability_classwise.png``
+on request), ``risk_coverage.png``, ``calibrators/<name>.safetensors``, ``test_predictions.safetensors``, and the
+calibrated model to take away: ``model.safetensors`` (weights and metadata), ``calibrator.safetensors`` and
+``calibrated_model.json``, loaded back as one module by ``load_trained_classifier(output, calibrated=True)``.
+
+The exported calibrator is ``export`` when given, else the one of the listed calibrators (``auto``: every
+registered one that applies) with the lowest k-fold cross-validated NLL or ECE on the calibration split
+(``select_by``, ``folds``; :func:`timm_csm.calibration.select_calibrator`): the test split takes no part in the
+choice.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -55,17 +60,18 @@ import numpy as np
 import torch
 
 from .calibrate_report import RELIABILITY_KINDS, report_markdown, write_plots
-from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, ConformalClassifier, create_calibrator,
-                          cross_validated_scores, select_calibrator)
+from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, SELECTION_METRICS, ConformalClassifier,
+                          auto_candidates, create_calibrator, fold_table_markdown, select_calibrator)
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .cli import console_command
 from .metrics import reliability_table
+from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .metrics.selective import risk_coverage_from_points
 from .training.args import HelpFormatter
 from .training.classifier import (CROP_MODES, INTERPOLATIONS, Classifier, load_classifier, merge_data_config,
                                   require_safetensors)
 from .training.model import CALIBRATED_MODEL_FILE
-from .training.shift import ShiftEvaluation, prediction_scores
+from .training.shift import ShiftEvaluation, prediction_intervals, prediction_scores
 from .training.shift_report import shift_figure, shift_markdown
 
 __all__ = ["calibrate", "load_classifier", "Classifier", "main", "require_safetensors"]
@@ -156,25 +162,36 @@ def _create(name: str, odir: Dict[str, float]):
     return create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))
 
 
+#: the conformal sets with their own temperature, fitted for set size (a key of the report's "conformal")
+OWN_TEMPERATURE = "set_size_temperature"
+
+
 def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conformal: Sequence[str], seed: int,
-             log, odir: Dict[str, float]) -> Dict[str, Any]:
+             log, odir: Dict[str, float], bootstrap: int) -> Dict[str, Any]:
     """Fit each calibrator on ``cal`` (``odir``: the penalty strengths of :data:`ODIR_CALIBRATORS`), score it on
-    ``test``; conformal sets on top of each (and of none)."""
+    ``test`` and ``cal`` (with ``bootstrap`` resamples: the interval of every number); conformal sets on top of
+    each (and of none), and with their own temperature fitted for set size (:data:`OWN_TEMPERATURE`)."""
     fitted, rows = {}, {}
     for name in names:
         calibrator = _create(name, odir).fit(*cal)
         out = calibrator.transform(test[0])
         fitted[name] = (calibrator, out)
+        scored = {"test": (out, test[1]), "calibration_split": (calibrator.transform(cal[0]), cal[1])}
         rows[name] = {"test": prediction_scores(out, test[1], n_bins), "curves": _curves(out, test[1], n_bins),
-                      "calibration_split": prediction_scores(calibrator.transform(cal[0]), cal[1], n_bins)}
+                      "calibration_split": prediction_scores(*scored["calibration_split"], n_bins)}
+        if bootstrap:
+            rows[name]["intervals"] = {split: prediction_intervals(*pair, n_bins, bootstrap, seed)
+                                       for split, pair in scored.items()}
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets: Dict[str, Dict[str, Any]] = {}
-    for base in ["none", *names]:
-        calibrator = fitted[base][0] if base != "none" else None
+    for base in ["none", *names, OWN_TEMPERATURE]:
+        calibrator = fitted[base][0] if base in fitted else None
+        temperature = "set_size" if base == OWN_TEMPERATURE else None
         for method in conformal:
-            cp = ConformalClassifier(method, alpha=alpha, calibrator=calibrator, seed=seed).fit(*cal)
-            sets.setdefault(base, {})[method] = cp.evaluate(*test)
+            cp = ConformalClassifier(method, alpha=alpha, calibrator=calibrator, seed=seed,
+                                     temperature=temperature).fit(*cal)
+            sets.setdefault(base, {})[method] = cp.evaluate(*test, bootstrap=bootstrap, seed=seed)
     return {"fitted": fitted, "rows": rows, "conformal": sets}
 
 
@@ -228,25 +245,38 @@ def _refuse_chance(cal, classifier: Classifier) -> None:
                      f"calibrate, nothing written. Check the preprocessing ({how}), the class order and the weights")
 
 
-def _choose_export(names: List[str], export: Optional[str], cal, folds: int, seed: int, n_bins: int,
-                   odir: Dict[str, float], log) -> Dict[str, Any]:
-    """The calibrator to export and why: ``export`` when given, else the lowest cross-validated NLL on the
-    calibration split (:func:`~timm_csm.calibration.select_calibrator`); never a test-split number."""
+def _candidates(calibrators: List[str], export: Optional[str], k: int, n_cal: int, folds: int):
+    """(the calibrators to fit, ``{name: why not}``): the listed ones, or for ``auto`` the registered ones that
+    apply to ``k`` classes and ``n_cal`` calibration samples in ``folds`` folds (``export`` must be one)."""
+    if calibrators != ["auto"]:
+        return calibrators, {}
+    names, left_out = auto_candidates(k, n_cal, folds)
+    if export is not None and export not in names:
+        raise ValueError(f"--export {export!r} does not apply here: {left_out[export]}")
+    return names, left_out
+
+
+def _choose_export(names: List[str], export: Optional[str], cal, folds: int, by: str, seed: int, n_bins: int,
+                   odir: Dict[str, float], left_out: Dict[str, str], log) -> Tuple[Dict[str, Any], Optional[dict]]:
+    """(the calibrator to export and why, the fold table of the choice or None): ``export`` when given, the only
+    one listed, else the lowest ``folds``-fold cross-validated ``by`` on the calibration split
+    (:func:`~timm_csm.calibration.select_calibrator`; ``left_out``: the registered ones ``auto`` did not try);
+    never a test-split number."""
     if export is not None:
-        return {"kind": export, "chosen_by": "named by --export"}
+        return {"kind": export, "chosen_by": "named by --export"}, None
     if len(names) == 1:
-        return {"kind": names[0], "chosen_by": "the only calibrator listed"}
+        return {"kind": names[0], "chosen_by": "the only calibrator listed"}, None
     folds = min(folds, len(cal[1]))
-    log(f"choosing the calibrator to export by {folds}-fold cross-validated NLL on the calibration split")
-    scores = cross_validated_scores(names, *cal, folds=folds, seed=seed, n_bins=n_bins,
-                                    make=lambda name: _create(name, odir))
-    best = select_calibrator(scores)
-    return {"kind": best, "chosen_by": f"the lowest {folds}-fold cross-validated NLL on the calibration split",
-            "cross_validation": scores}
+    chosen, table = select_calibrator(*cal, names, folds=folds, by=by, seed=seed, n_bins=n_bins,
+                                      options={name: odir for name in ODIR_CALIBRATORS})
+    log(f"calibrators by {folds}-fold cross-validated {by.upper()} on the calibration split (chosen: {chosen}; "
+        f"left out: {left_out or 'none'}):\n{fold_table_markdown(table)}")
+    return ({"kind": chosen, "chosen_by": f"the lowest {folds}-fold cross-validated {by.upper()} on the calibration "
+             "split"}, dict(table, left_out=left_out))
 
 
-def _check_arguments(model, output: Path, calibrators: List[str], export, conformal, alpha, reliability, odir,
-                     calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
+def _check_arguments(model, output: Path, calibrators: List[str], export, select_by, conformal, alpha, reliability,
+                     odir, calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
                      least: Dict[str, Tuple[int, int]]) -> None:
     """Every check that needs nothing loaded, in one place, before anything is: one line for the first problem
     (``least``: {flag: (value, its least value)})."""
@@ -254,10 +284,17 @@ def _check_arguments(model, output: Path, calibrators: List[str], export, confor
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
     if not calibrators:
         raise ValueError("give at least one calibrator (--calibrators NAME[,NAME...])")
-    for name in calibrators:
+    auto = calibrators == ["auto"]
+    if "auto" in calibrators and not auto:
+        raise ValueError("--calibrators auto chooses among every registered calibrator: give it alone")
+    for name in [] if auto else calibrators:
         _create(name, odir)  # unknown names list the registered ones; bad ODIR strengths: one line
-    if export is not None and export not in calibrators:
-        raise ValueError(f"--export {export!r} is not one of --calibrators {','.join(calibrators)}")
+    if export is not None:
+        _create(export, odir)
+        if not auto and export not in calibrators:
+            raise ValueError(f"--export {export!r} is not one of --calibrators {','.join(calibrators)}")
+    if select_by not in SELECTION_METRICS:
+        raise ValueError(f"--select-by must be one of {', '.join(SELECTION_METRICS)}, got {select_by!r}")
     for kind in reliability:
         if kind not in RELIABILITY_KINDS:
             raise ValueError(f"unknown reliability diagram {kind!r}; known: {', '.join(RELIABILITY_KINDS)}")
@@ -275,8 +312,8 @@ def _check_arguments(model, output: Path, calibrators: List[str], export, confor
     if calibration_fraction is not None and not 0.0 < float(calibration_fraction) < 1.0:
         raise ValueError(f"--calibration-fraction must lie in (0, 1), got {calibration_fraction}")
     for flag, (value, smallest) in least.items():
-        if int(value) < smallest:
-            raise ValueError(f"{flag} must be at least {smallest}, got {value}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < smallest:
+            raise ValueError(f"{flag} must be at least {smallest}, a whole number; got {value!r}")
     if isinstance(model, (str, Path)) and not Path(model).exists():  # a timm name: its weights are files here
         for path, flag in ((checkpoint, "--checkpoint"), (pretrained_path, "--pretrained-path")):
             if path:
@@ -308,7 +345,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), cv_folds: int = 5, shift=None,
+              reliability: Sequence[str] = (), select_by: str = "nll", folds: int = 5,
+              bootstrap: int = DEFAULT_RESAMPLES, shift=None,
               shift_severities: Sequence[int] = (1, 2, 3, 4, 5), ood: Optional[str] = None,
               ood_split: Optional[str] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
@@ -316,18 +354,20 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     ``data_config``: timm's data config keys (``input_size``, ``img_size``, ``in_chans``, ``mean``, ``std``,
     ``crop_pct``, ``crop_mode``, ``interpolation``; ``in_chans`` / ``img_size`` may also be given alone);
     ``transform``: for a module, any callable of one PIL image (converted to ``in_chans`` channels, RGB by
-    default); ``export``: the calibrator to export (default: chosen by ``cv_folds``-fold cross-validated NLL on
-    the calibration split); ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept penalties of
-    ``dirichlet`` and ``matrix_scaling`` (ODIR, Kull et al. 2019); ``reliability``: extra diagrams,
+    default); ``calibrators``: registry names, or ``["auto"]``: every registered one that applies; ``export``:
+    the calibrator to export (default: the lowest ``folds``-fold cross-validated ``select_by``, ``"nll"`` or
+    ``"ece"``, on the calibration split); ``bootstrap``: resamples of the test (and calibration) samples behind
+    the 95% interval of every number (0: none); ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept
+    penalties of ``dirichlet`` and ``matrix_scaling`` (ODIR, Kull et al. 2019); ``reliability``: extra diagrams,
     ``adaptive`` and / or ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
     ``ood`` (an image source of none of the model's classes, its ``ood_split``):
     :class:`~timm_csm.training.shift.ShiftEvaluation`."""
     output, calibrators, odir = Path(output), list(calibrators), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
     given = merge_data_config(data_config, in_chans, img_size)
-    _check_arguments(model, output, calibrators, export, conformal, alpha, reliability, odir, calibration_split,
-                     calibration_fraction, test_split, checkpoint, pretrained_path,
-                     {"--n-bins": (n_bins, 1), "--batch-size": (batch_size, 1), "cv_folds": (cv_folds, 2),
-                      "--workers": (workers, 0)})
+    _check_arguments(model, output, calibrators, export, select_by, conformal, alpha, reliability, odir,
+                     calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
+                     {"--n-bins": (n_bins, 1), "--batch-size": (batch_size, 1), "--folds": (folds, 2),
+                      "--bootstrap": (bootstrap, 0), "--workers": (workers, 0)})
     from .data import image_geometry
 
     cal_data, test_data, cal_source, test_source = _splits(dataset, test_split, calibration_split,
@@ -343,6 +383,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     shift_eval = ShiftEvaluation.create(shift, shift_severities, ood, ood_split, seed=seed, in_dataset=dataset,
                                         class_names=list(test_data.class_names), data_dir=data_dir)
     k = len(test_data.class_names)
+    calibrators, left_out = _candidates(calibrators, export, k, len(cal_data), folds)
     _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
     cal = _predict(classifier, cal_data, batch_size, device, workers)
@@ -350,8 +391,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         raise ValueError(f"the model has {cal[0].shape[1]} outputs, the data {k} classes")
     _refuse_chance(cal, classifier)
     test = _predict(classifier, test_data, batch_size, device, workers)
-    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir)
-    chosen = _choose_export(calibrators, export, cal, cv_folds, seed, n_bins, odir, log)
+    chosen, selection = _choose_export(calibrators, export, cal, folds, select_by, seed, n_bins, odir, left_out, log)
+    results = _fit_all(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir, bootstrap)
     log(f"exported: {chosen['kind']} ({chosen['chosen_by']})")
     pre = classifier.preprocessing
     report: Dict[str, Any] = {
@@ -362,6 +403,12 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
         "uncalibrated": {"test": prediction_scores(test[0], test[1], n_bins), "curves": _curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
+    if bootstrap:
+        report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, n_bins, bootstrap, seed)}
+        report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": "percentile",
+                               "resampled": "the samples of the test (and calibration) split"}
+    if selection is not None:
+        report["selection"] = selection
     if shift_eval is not None:
         report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
                                      test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
@@ -399,9 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold out this seeded fraction of the test split for fitting instead")
     p.add_argument("--test-split", required=True, help="the split the report scores (a flat <class>/* folder is "
                                                        "split 'train')")
-    p.add_argument("--calibrators", default="temperature_scaling", help="comma-separated registry names")
+    p.add_argument("--calibrators", default="temperature_scaling",
+                   help="comma-separated registry names, or 'auto': every registered one that applies")
     p.add_argument("--export", default=None, help="the calibrator exported with the model (default: the lowest "
-                                                  "cross-validated NLL on the calibration split)")
+                                                  "cross-validated --select-by on the calibration split)")
+    p.add_argument("--select-by", default="nll", choices=SELECTION_METRICS,
+                   help="the held-out metric that chooses the exported calibrator among several")
+    p.add_argument("--folds", type=int, default=5, help="folds of the calibration split in that cross-validation")
+    p.add_argument("--bootstrap", type=int, default=DEFAULT_RESAMPLES,
+                   help="bootstrap resamples behind the 95%% interval of every number of the report (0: none)")
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
@@ -464,7 +517,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   n_bins=args.n_bins, batch_size=args.batch_size, seed=args.seed, device=args.device,
                   workers=args.workers, image_column=args.image_column, label_column=args.label_column,
                   data_dir=args.data_dir, reg_lambda=args.reg_lambda, reg_mu=args.reg_mu,
-                  reliability=[r for r in args.reliability.split(",") if r], shift=args.shift,
+                  reliability=[r for r in args.reliability.split(",") if r], select_by=args.select_by,
+                  folds=args.folds, bootstrap=args.bootstrap, shift=args.shift,
                   shift_severities=args.shift_severities, ood=args.ood, ood_split=args.ood_split,
                   class_names=args.class_names.split(",") if args.class_names else None,
                   log=lambda m: print(m, file=sys.stderr))

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .calibration import fold_table_markdown
 from .extras import missing_extra
 from .metrics.selective import risk_coverage_from_points
 
@@ -15,31 +16,44 @@ __all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
 
 
 def report_markdown(report: Dict[str, Any]) -> str:
-    """``report.md``: the metrics of each calibrator, the exported one and why, the conformal sets."""
+    """``report.md``: the metrics of each calibrator (each with its bootstrap interval when the report holds
+    them), the exported one and why (the fold table of the choice), the conformal sets."""
     keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
-    pre = report.get("preprocessing")
+    pre, boot = report.get("preprocessing"), report.get("bootstrap")
+    shown = (f" Each number with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
+             f"{boot['resamples']} resamples of the test images (seed {boot['seed']})." if boot else "")
     lines = [f"# Calibration of {report['model']}", "",
              f"Data: {report['dataset']}, calibration split {report['calibration']['source']} "
              f"({report['calibration']['n']} images), test split {report['test']['source']} "
-             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy.", ""]
+             f"({report['test']['n']} images), {report['n_bins']} bins. Lower is better except accuracy." + shown,
+             ""]
     if pre:
         lines += [f"Preprocessing: {pre['description']}" + (f" (guessed: {'; '.join(pre['guessed'])})"
                                                              if pre["guessed"] else "") + ".", ""]
     lines += ["| calibrator | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, row in [("uncalibrated", report["uncalibrated"]), *report["calibrators"].items()]:
-        lines.append(f"| {name} | " + " | ".join(f"{row['test'][k]:.4f}" for k in keys) + " |")
-    lines += ["", *_export_lines(report["calibrated_model"]), *_conformal_lines(report)]
+        intervals = row.get("intervals", {}).get("test", {})
+        lines.append(f"| {name} | " + " | ".join(_cell(row["test"][k], intervals.get(k), 4) for k in keys) + " |")
+    lines += ["", *_export_lines(report["calibrated_model"], report.get("selection")), *_conformal_lines(report)]
     return "\n".join(lines) + "\n"
 
 
-def _export_lines(record: Dict[str, Any]) -> List[str]:
+def _cell(value: float, interval: Optional[Dict[str, float]], digits: int) -> str:
+    """``value [low, high]`` (the value alone without an interval)."""
+    if interval is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _export_lines(record: Dict[str, Any], selection: Optional[Dict[str, Any]]) -> List[str]:
     lines = [f"Calibrated model: `{record['model']}` + `{record['calibrator']}` ({record['kind']}: "
              f"{record['chosen_by']}; the test split took no part in the choice), loaded by "
              "`timm_csm.training.load_trained_classifier(folder, calibrated=True)`.", ""]
-    if "cross_validation" in record:
-        lines += ["| calibrator | cross-validated NLL | cross-validated ECE |", "|---|---|---|"]
-        lines += [f"| {name} | {r['nll']:.4f} | {r['ece']:.4f} |" for name, r in record["cross_validation"].items()]
-        lines.append("")
+    if selection:
+        left_out = ", ".join(f"{name} ({why})" for name, why in selection["left_out"].items()) or "none"
+        lines += [f"Each calibrator fitted on all folds of the calibration split but one and scored by "
+                  f"{selection['by'].upper()} on the one left out ({selection['folds']} folds stratified by class, "
+                  f"seed {selection['seed']}; not tried: {left_out}):", "", fold_table_markdown(selection), ""]
     return lines
 
 
@@ -50,14 +64,19 @@ def _conformal_lines(report: Dict[str, Any]) -> List[str]:
     lines = [f"Conformal sets at alpha = {alpha} (target coverage {1 - alpha:.2f}). The coverage of one split "
              "varies about the target: given n calibration points it follows Beta(n + 1 - l, l), l = floor((n + 1) "
              "alpha), and the test split adds its binomial noise; the expected range is its 5-95% interval, so a "
-             "coverage inside it is what a correct conformal procedure gives.", "",
-             "| calibrator | method | coverage | expected range | mean set size | empty sets |",
-             "|---|---|---|---|---|---|"]
+             "coverage inside it is what a correct conformal procedure gives. `set_size_temperature`: the sets' "
+             "own temperature T, fitted for set size on a tuning part of the calibration split, the quantile on "
+             "the rest.", "",
+             "| calibrator | method | T | coverage | expected range | mean set size | empty sets |",
+             "|---|---|---|---|---|---|---|"]
     for base, methods in report["conformal"].items():
         for method, r in methods.items():
             lo, hi = r["coverage_range"]
-            lines.append(f"| {base} | {method} | {r['coverage']:.4f} | {lo:.3f}-{hi:.3f} | "
-                         f"{r['mean_set_size']:.3f} | {r['empty_sets']:.4f} |")
+            iv = r.get("intervals", {})
+            t = "-" if r["temperature"] is None else f"{r['temperature']:g}"
+            lines.append(f"| {base} | {method} | {t} | {_cell(r['coverage'], iv.get('coverage'), 4)} | "
+                         f"{lo:.3f}-{hi:.3f} | {_cell(r['mean_set_size'], iv.get('mean_set_size'), 3)} | "
+                         f"{_cell(r['empty_sets'], iv.get('empty_sets'), 4)} |")
     raps = report["conformal"]["none"].get("raps")
     if raps is not None and raps["n_tuning"]:
         lines += ["", f"RAPS (uncalibrated): k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on "

@@ -120,9 +120,10 @@ def _prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
     elif config.auto_resume and not config.resume and (_experiment_dir(config) / CHECKPOINT_LAST).exists():
         config.resume = str(_experiment_dir(config) / CHECKPOINT_LAST)
     resume_state = load_resumed(config) if config.resume and not config.eval_only else None
-    for name, value in (("batch_size", config.batch_size), ("epochs", config.epochs), ("n_bins", config.n_bins)):
-        if value is None or value < (0 if name == "epochs" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name, least in (("batch_size", 1), ("epochs", 0), ("n_bins", 1), ("bootstrap", 0)):
+        value = getattr(config, name)
+        if value is None or value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     check_training_options(config)
     return resume_state
 
@@ -340,7 +341,7 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
     if config.eval_only and val is None:
         fitted = saved_temperature(config.checkpoint)
     scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece,
-                                  fitted=fitted[0] if fitted else None)
+                                  fitted=fitted[0] if fitted else None, bootstrap=config.bootstrap)
     if config.eval_only:  # the checkpoint's own epoch, not a selection of this run
         best = dict(best, epoch=(read_model_meta(config.checkpoint) or {}).get("epoch"))
     results: Dict[str, Any] = {

@@ -7,8 +7,9 @@
 Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
 interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
 histogram binning, and (two-class models) Platt scaling and beta calibration. Split-conformal prediction sets
-(LAC, APS, RAPS) on top of any of them: :class:`ConformalClassifier`. One of several calibrators chosen on the
-calibration split alone, by cross-validated NLL: :func:`select_calibrator`.
+(LAC, APS, RAPS) on top of any of them, or with their own temperature fitted for set size:
+:class:`ConformalClassifier`. One of several calibrators chosen on the calibration split alone, by k-fold
+cross-validated NLL or ECE: :func:`select_calibrator`.
 """
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
@@ -16,7 +17,7 @@ from .conformal import CONFORMAL_METHODS, ConformalClassifier
 from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
-from .selection import cross_validated_scores, select_calibrator
+from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
 from .temperature import TemperatureScaling, temperature_grid
 from .vector import VectorScaling
 
@@ -24,5 +25,5 @@ __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
     "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS", "ConformalClassifier",
-    "CONFORMAL_METHODS", "cross_validated_scores", "select_calibrator",
+    "CONFORMAL_METHODS", "select_calibrator", "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

@@ -11,10 +11,10 @@ split / inductive form). With p = softmax of the (optionally calibrated) logits 
   s(x, y) = (mass of the classes ranked above y) + u p_y;
 * ``"raps"`` (regularised APS, Angelopoulos et al., ICLR 2021): the APS score + ``penalty`` max(0, o(x, y) -
   ``k_reg``), o the 1-based rank of y, which discourages large sets. Unless both are given, ``k_reg`` and
-  ``penalty`` are tuned as in the paper (its Appendix E, "optimise for size"): on a seeded ``tune_fraction`` (30%)
-  of the calibration split, ``k_reg`` is the (1 - alpha) quantile of the true class's rank and ``penalty`` the
-  value of (0.001, 0.01, 0.1, 0.2, 0.5) with the smallest mean set size there; the quantile q is then fitted on the
-  other 70%. With ``penalty`` 0 (or ``k_reg`` at the number of classes) RAPS is APS.
+  ``penalty`` are tuned as in the paper (its Appendix E, "optimise for size"): on the tuning part of the
+  calibration split (below), ``k_reg`` is the (1 - alpha) quantile of the true class's rank and ``penalty`` the
+  value of (0.001, 0.01, 0.1, 0.2, 0.5) with the smallest mean set size there. With ``penalty`` 0 (or ``k_reg`` at
+  the number of classes) RAPS is APS.
 
 u ~ U(0, 1) per sample (``randomized=True``, the exact-coverage form of APS / RAPS; seeded by ``seed``), or u = 1
 (conservative). Fit: q = the ceil((n + 1)(1 - alpha))-th smallest of the n calibration scores (+inf when that
@@ -27,16 +27,28 @@ samples) follows Beta(n + 1 - l, l), l = floor((n + 1) alpha) (Vovk, 2012; Angel
 C.1), and the coverage measured on n_test test samples the beta-binomial law of n_test draws on top of it:
 :func:`coverage_range` gives its central interval, the spread a correct procedure shows from split to split
 (exact for continuous scores; ties, as LAC's on saturated probabilities, can only raise coverage).
+
+Temperature: the scores read softmax(logits / T). A calibrator's temperature, fitted for NLL or ECE, tends to widen
+APS / RAPS sets (Dabah & Tirer 2024, arXiv:2402.05806; MAPIE #483), so ``temperature="set_size"`` fits the sets'
+own T instead: the T of :func:`temperature_grid` whose sets (with their quantile on the tuning part) are smallest
+on average there (with RAPS's tuning, T and ``penalty`` are chosen together; ``k_reg`` does not depend on T).
+
+Tuning part: whatever is tuned (RAPS's ``k_reg`` and ``penalty``, the sets' own T) is fitted on one seeded
+``tune_fraction`` (30%) of the calibration split, with one draw of u for every candidate; the quantile q is then
+computed on the other 70%, which the tuning never saw, so the guarantee and :func:`coverage_range` hold with that
+part's size as n.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
+from ..metrics import bootstrap_columns
 from ._checks import as_logits, as_targets
 from .base import PostHocCalibrator
+from .temperature import temperature_grid
 
 __all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile", "coverage_range",
            "RAPS_PENALTY_GRID"]
@@ -99,7 +111,8 @@ def _true_ranks(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class ConformalClassifier:
     """Split-conformal prediction sets (see :mod:`timm_csm.calibration.conformal`) on the logits of ``calibrator``
-    (fitted, applied first; None: the raw logits).
+    (fitted, applied first; None: the raw logits) or divided by ``temperature`` (a number, or ``"set_size"``: the
+    sets' own, fitted for set size).
 
     ``fit(logits, targets)`` on the calibration split, then ``predict_sets(logits)`` -> bool (N, C) and
     ``evaluate(logits, targets)`` -> ``{"coverage", "coverage_range", "mean_set_size", ...}``. RAPS's ``penalty``
@@ -108,7 +121,7 @@ class ConformalClassifier:
 
     def __init__(self, method: str = "aps", alpha: float = 0.1, calibrator: Optional[PostHocCalibrator] = None,
                  randomized: bool = True, penalty: Optional[float] = None, k_reg: Optional[int] = None,
-                 seed: int = 0, tune_fraction: float = 0.3):
+                 seed: int = 0, tune_fraction: float = 0.3, temperature: Union[None, float, str] = None):
         if method not in CONFORMAL_METHODS:
             raise ValueError(f"method must be one of {CONFORMAL_METHODS}, got {method!r}")
         if not 0.0 < float(alpha) < 1.0:
@@ -119,10 +132,18 @@ class ConformalClassifier:
             raise ValueError(f"penalty and k_reg must be >= 0, got {penalty}, {k_reg}")
         if not 0.0 < float(tune_fraction) < 1.0:
             raise ValueError(f"tune_fraction must lie in (0, 1), got {tune_fraction}")
+        if temperature is not None and calibrator is not None:
+            raise ValueError("give a calibrator or the sets' own temperature, not both")
+        if temperature not in (None, "set_size") and (isinstance(temperature, str) or not float(temperature) > 0):
+            raise ValueError(f"temperature must be None, a positive number or 'set_size', got {temperature!r}")
         self.method, self.alpha, self.calibrator = method, float(alpha), calibrator
         self.randomized, self.seed, self.tune_fraction = bool(randomized), seed, float(tune_fraction)
+        self.tunes_raps = method == "raps" and penalty is None
         self.penalty = float(penalty) if penalty is not None else None
         self.k_reg = int(k_reg) if k_reg is not None else None
+        self.fits_temperature = temperature == "set_size"
+        #: the temperature the scores divide the logits by (None: 1, or the calibrator's logits)
+        self.temperature: Optional[float] = None if temperature in (None, "set_size") else float(temperature)
         self.quantile: Optional[float] = None
         self.n_calibration = self.n_tuning = 0
         self._calls = 0
@@ -134,45 +155,57 @@ class ConformalClassifier:
         self._calls += 1
         return torch.rand(n, generator=g, dtype=torch.float64).to(device)
 
-    def _probs(self, logits) -> torch.Tensor:
+    def _probs(self, logits, temperature: Optional[float] = None) -> torch.Tensor:
         logits = as_logits(logits)
         if self.calibrator is not None:
             logits = self.calibrator.transform(logits)
-        return torch.softmax(logits.double(), dim=1)
+        return torch.softmax(logits.double() / (temperature or self.temperature or 1.0), dim=1)
 
-    def _scores(self, probs: torch.Tensor, penalty=None, k_reg=None) -> torch.Tensor:
+    def _scores(self, probs: torch.Tensor) -> torch.Tensor:
         u = self._uniform(len(probs), probs.device)
-        return conformal_scores(probs, self.method, u, self.penalty if penalty is None else penalty,
-                                self.k_reg if k_reg is None else k_reg)
+        return conformal_scores(probs, self.method, u, self.penalty, self.k_reg)
 
-    def _tune_raps(self, probs: torch.Tensor, targets: torch.Tensor) -> None:
-        """``k_reg`` and ``penalty`` chosen on ``probs`` (the tuning part), as the module docstring says."""
-        ranks = _true_ranks(probs, targets).sort().values
-        k_reg = int(ranks[math.ceil((len(ranks) - 1) * (1.0 - self.alpha) - 1e-12)])  # numpy's "higher" quantile
-        sizes = []
-        for penalty in RAPS_PENALTY_GRID:
-            scores = self._scores(probs, penalty, k_reg)
-            q = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
-            sizes.append(float((scores <= q).sum(dim=1).double().mean()))
-        self.k_reg, self.penalty = k_reg, RAPS_PENALTY_GRID[sizes.index(min(sizes))]
+    def _tune(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """The sets' own temperature and / or RAPS's ``k_reg`` and ``penalty``, chosen together on ``(logits,
+        targets)`` (the tuning part) for the smallest mean set size, each candidate with its own quantile there
+        (one draw of u for all; ties to the lowest T, then the first penalty)."""
+        temperatures = temperature_grid() if self.fits_temperature else (self.temperature,)
+        penalties, k_reg = (self.penalty,), self.k_reg
+        if self.tunes_raps:  # the true class's rank is the same at every temperature
+            ranks = _true_ranks(self._probs(logits), targets).sort().values
+            k_reg = int(ranks[math.ceil((len(ranks) - 1) * (1.0 - self.alpha) - 1e-12)])  # numpy's "higher"
+            penalties = RAPS_PENALTY_GRID
+        u = self._uniform(len(targets), targets.device)
+        best, best_size = (temperatures[0], penalties[0]), math.inf
+        for t in temperatures:
+            probs = self._probs(logits, t)
+            for penalty in penalties:
+                scores = conformal_scores(probs, self.method, u, penalty, k_reg)
+                q = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
+                size = float((scores <= q).sum(dim=1).double().mean())
+                if size < best_size:
+                    best, best_size = (t, penalty), size
+        self.temperature, self.penalty, self.k_reg = best[0], best[1], k_reg
 
     def fit(self, logits, targets) -> "ConformalClassifier":
-        probs = self._probs(logits)
-        targets = as_targets(targets, probs.shape[0], probs.shape[1]).to(probs.device)
-        if probs.shape[0] < 1:
+        logits = as_logits(logits)
+        targets = as_targets(targets, logits.shape[0], logits.shape[1]).to(logits.device)
+        if logits.shape[0] < 1:
             raise ValueError("ConformalClassifier: the calibration split is empty")
-        self._calls = 0
-        if self.method == "raps" and self.penalty is None:
-            n_tune = round(self.tune_fraction * len(probs))
-            if not 0 < n_tune < len(probs):
-                raise ValueError(f"RAPS tunes k_reg and penalty on {self.tune_fraction:g} of the calibration split "
-                                 f"and {len(probs)} samples do not divide so; give penalty and k_reg")
-            order = torch.randperm(len(probs), generator=torch.Generator().manual_seed(self.seed)).to(probs.device)
-            self._tune_raps(probs[order[:n_tune]], targets[order[:n_tune]])
-            probs, targets, self.n_tuning = probs[order[n_tune:]], targets[order[n_tune:]], n_tune
-        scores = self._scores(probs)
+        self._calls, self.n_tuning = 0, 0
+        if self.tunes_raps or self.fits_temperature:
+            n_tune = round(self.tune_fraction * len(targets))
+            if not 0 < n_tune < len(targets):
+                tuned = "the sets' own temperature" if self.fits_temperature else "RAPS's k_reg and penalty"
+                raise ValueError(f"{len(targets)} calibration samples do not divide into a tuning part of "
+                                 f"{self.tune_fraction:g} ({tuned}) and the rest for the quantile")
+            order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(self.seed))
+            order = order.to(logits.device)
+            self._tune(logits[order[:n_tune]], targets[order[:n_tune]])
+            logits, targets, self.n_tuning = logits[order[n_tune:]], targets[order[n_tune:]], n_tune
+        scores = self._scores(self._probs(logits))
         self.quantile = conformal_quantile(scores.gather(1, targets[:, None]).squeeze(1), self.alpha)
-        self.n_calibration = len(probs)
+        self.n_calibration = len(targets)
         return self
 
     def predict_sets(self, logits) -> torch.Tensor:
@@ -181,23 +214,31 @@ class ConformalClassifier:
             raise ValueError("ConformalClassifier is not fitted: call fit(calibration_logits, targets) first")
         return self._scores(self._probs(logits)) <= self.quantile
 
-    def evaluate(self, logits, targets) -> dict:
+    def evaluate(self, logits, targets, bootstrap: int = 0, seed: int = 0) -> dict:
         """Empirical coverage and its expected 5-95% range (:func:`coverage_range`), mean / median set size and
-        the share of empty sets on a test split; RAPS adds its ``penalty`` and ``k_reg``."""
+        the share of empty sets on a test split, the temperature of the scores; RAPS adds its ``penalty`` and
+        ``k_reg``. With ``bootstrap`` resamples of the test samples also their 95% percentile ``intervals``
+        (:func:`timm_csm.metrics.bootstrap_columns`, ``seed``)."""
         sets = self.predict_sets(logits)
         targets = as_targets(targets, sets.shape[0], sets.shape[1]).to(sets.device)
         sizes = sets.sum(dim=1).double()
+        covered = sets.gather(1, targets[:, None]).double().view(-1)
         quantile = self.quantile if math.isfinite(self.quantile) else None  # None: every class (JSON has no inf)
-        out = {"method": self.method, "alpha": self.alpha, "quantile": quantile,
-               "coverage": float(sets.gather(1, targets[:, None]).double().mean()),
+        out = {"method": self.method, "alpha": self.alpha, "quantile": quantile, "temperature": self.temperature,
+               "coverage": float(covered.mean()),
                "coverage_range": list(coverage_range(self.n_calibration, len(targets), self.alpha)),
-               "n_calibration": self.n_calibration,
+               "n_calibration": self.n_calibration, "n_tuning": self.n_tuning,
                "mean_set_size": float(sizes.mean()), "median_set_size": float(sizes.median()),
                "empty_sets": float((sizes == 0).double().mean())}
         if self.method == "raps":
-            out.update(penalty=self.penalty, k_reg=self.k_reg, n_tuning=self.n_tuning)
+            out.update(penalty=self.penalty, k_reg=self.k_reg)
+        if bootstrap:
+            columns = {"coverage": covered, "mean_set_size": sizes, "median_set_size": sizes,
+                       "empty_sets": (sizes == 0).double()}
+            out["intervals"] = bootstrap_columns(columns, medians=["median_set_size"], resamples=bootstrap, seed=seed)
         return out
 
     def __repr__(self) -> str:
         q = "unfitted" if self.quantile is None else f"q={self.quantile:.4g}"
-        return f"ConformalClassifier(method={self.method!r}, alpha={self.alpha:g}, {q})"
+        t = "" if self.temperature is None else f", T={self.temperature:g}"
+        return f"ConformalClassifier(method={self.method!r}, alpha={self.alpha:g}, {q}{t})"

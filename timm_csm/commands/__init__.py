@@ -12,6 +12,8 @@
 - ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): fit post-hoc calibrators to a model you already have and
   report before / after.
 - ``timm-csm-install-metrics`` (:mod:`timm_csm.hf_metrics`): make ``evaluate.load(name)`` find the metrics.
+- ``timm-csm-compare`` (:mod:`.compare`): paired differences between methods run at matching seeds, with
+  t-intervals and Holm-corrected decisions.
 
 Each module here is argparse plus library calls: ``build_parser()`` and ``main(argv=None)``, a
 :func:`timm_csm.cli.console_command` (exit status 0 on success, one-line errors). ``python -m

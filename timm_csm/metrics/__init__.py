@@ -7,10 +7,12 @@ proximity-informed ECE, from penultimate features via :func:`proximity`). Select
 :func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`;
 :func:`selective_metrics_from_points` from kept confidences). Out-of-distribution detection: :func:`ood_score`
 (max softmax, max logit, energy, entropy), :func:`ood_auroc`, :func:`ood_aupr`, :func:`fpr_at_tpr` and
-:func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Streaming: :class:`CalibrationAccumulator`. The input
-contract, which every function and the accumulator apply: :func:`prepare_inputs` (with :func:`infer_input_type` /
-:func:`infer_task` for callers that read the input type from the data, as the ``evaluate`` modules do). Plots:
-:mod:`timm_csm.metrics.plots` (needs matplotlib).
+:func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Intervals (:mod:`timm_csm.metrics.intervals`):
+:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples),
+:func:`paired_t_interval` over training seeds and :func:`holm`'s correction. Streaming: :class:`CalibrationAccumulator`.
+The input contract, which every function and the accumulator apply: :func:`prepare_inputs` (with
+:func:`infer_input_type` / :func:`infer_task` for callers that read the input type from the data, as the
+``evaluate`` modules do). Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
 
 Conventions (details in :mod:`timm_csm.metrics.functional` and :mod:`timm_csm.metrics.binning`): ``input_type`` is
 explicit (``"logits"``, ``"probs"``, ``"log_probs"``); targets are class indices or soft targets; bins are
@@ -21,6 +23,8 @@ from .binning import bin_edges, bin_index, check_n_bins
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
+from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics, holm,
+                        paired_t_interval, percentile_interval, resample_indices)
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
@@ -34,4 +38,6 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage",
            "selective_metrics_from_points", "SELECTIVE_KEYS", "check_n_bins", "as_tensor", "infer_input_type",
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
-           "ood_metrics", "OOD_SCORES", "OOD_KEYS"]
+           "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
+           "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
+           "holm"]

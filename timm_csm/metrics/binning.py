@@ -21,8 +21,9 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "bin_sums", "calibration_error_from_bins",
-           "overconfidence_from_bins", "underconfidence_from_bins", "classwise_error_from_bins", "check_n_bins"]
+__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
+           "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
+           "classwise_error_from_bins", "check_n_bins"]
 
 NORMS = ("l1", "l2", "max")
 
@@ -84,16 +85,25 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     if n == 0:
         raise ValueError("equal-mass edges of an empty set are undefined: pass at least one value")
     v = values.reshape(-1).to(torch.float64).sort().values
-    pos = torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64, device=v.device)
     if n == 1:
         return v.expand(n_bins + 1).clone()
+    lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)
+    return v[lo] * (1.0 - frac) + v[hi] * frac
+
+
+def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
+                         device=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the edges of :func:`equal_mass_edges` lie among ``n`` sorted values: ``(lo, hi, frac)``, each of
+    length ``n_bins + 1``, with ``edges = v[lo] (1 - frac) + v[hi] frac`` (the bootstrap evaluates the same rule on
+    resampled sequences without sorting them)."""
+    pos = torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64, device=device)
     lo = pos.floor().clamp(max=n - 1).long()
     hi = (lo + 1).clamp(max=n - 1)
     frac = (pos - lo.to(torch.float64)).clamp(0.0, 1.0)
     # positions beyond the last sample take the last value (np.interp clamps)
     frac = torch.where(pos >= n - 1, torch.zeros_like(frac), frac)
     lo = torch.where(pos >= n - 1, torch.full_like(lo, n - 1), lo)
-    return v[lo] * (1.0 - frac) + v[hi] * frac
+    return lo, hi, frac
 
 
 def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,

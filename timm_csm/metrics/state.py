@@ -27,14 +27,14 @@ totals.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
-__all__ = ["PROB_FLOOR", "CalibrationState", "accumulate"]
+__all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
 
 PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
@@ -300,8 +300,10 @@ def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible, logits: bool
     return top.to(_F64)
 
 
-def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: torch.Tensor,
-                  flags: dict, out: _PerSample, cw: Optional[_ClasswiseOthers], buf: torch.Tensor):
+def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: Optional[torch.Tensor],
+                  flags: dict, out: _PerSample, cw: Optional[_ClasswiseOthers], buf: torch.Tensor) -> torch.Tensor:
+    """Reduce one block into ``out`` (and the classwise sums ``cw``); returns the block's probabilities (valid when
+    ``flags`` keep them: Brier or classwise)."""
     n, C = p_raw.shape
     logits, soft = inputs.input_type == "logits", inputs.soft
     c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
@@ -335,6 +337,38 @@ def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, 
             out.brier.append(sq - 2.0 * x.gather(1, y).view(-1).to(_F64) + 1.0)
     if cw is not None:
         _classwise_block(x, t, soft, edges, cw)
+    return x
+
+
+class SampleValues(NamedTuple):
+    """Per-sample values of the metrics, exactly those the one pass sums (float64, ``(N,)``): ``confidence``,
+    ``accuracy``, ``nll``, ``brier``; ``probs`` ``(N, C)`` the probabilities the classwise bins read (the compute
+    precision); ``target`` the class indices ``(N,)`` or the soft targets ``(N, C)`` (float64)."""
+
+    confidence: torch.Tensor
+    accuracy: torch.Tensor
+    nll: torch.Tensor
+    brier: torch.Tensor
+    probs: torch.Tensor
+    target: torch.Tensor
+
+
+def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> SampleValues:
+    """The per-sample values of ``inputs`` (:class:`SampleValues`), computed block by block by the code of
+    :func:`accumulate`, so that a sum over any subset (a bootstrap resample) equals what the metrics of that subset
+    sum. Holds the ``(N, C)`` probabilities, which :func:`accumulate` never does."""
+    flags = dict(binned=False, classwise=False, nll=True, brier=True, points=True)
+    per_sample, probs, targets = _PerSample(), [], []
+    for p, t in inputs.chunks(max_elements):
+        if p.shape[0]:
+            buf = torch.empty(p.numel(), dtype=_compute_dtype(p.dtype), device=p.device)
+            probs.append(_reduce_block(p, t, inputs, None, flags, per_sample, None, buf).clone())
+            targets.append(t.to(_F64) if inputs.soft else t.reshape(-1))
+    if not probs:
+        raise ValueError("no samples: per-sample values of an empty set are undefined")
+    cat = torch.cat
+    return SampleValues(cat(per_sample.conf), cat(per_sample.acc), cat(per_sample.nll), cat(per_sample.brier),
+                        cat(probs), cat(targets))
 
 
 def _classwise_block(x, t, soft, edges, cw: _ClasswiseOthers):

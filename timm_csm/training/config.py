@@ -234,6 +234,8 @@ class TrainConfig:
         "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "
                                                  "features")
+    bootstrap: int = _calibration(1000, help="bootstrap resamples of the test and validation samples behind the "
+                                             "interval (level 0.95) of every reported metric (0: none)")
 
     # Shift and out-of-distribution
     eval_shift: Optional[str] = _shift(

@@ -12,9 +12,17 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from ..calibration import TemperatureScaling
-from ..metrics import calibration_metrics, piece, proximity
+from ..metrics import bootstrap_metrics, calibration_metrics, piece, proximity
+from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 __all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
+
+
+class _Scored(NamedTuple):
+    metrics: Dict[str, Any]
+    post_logits: Optional[torch.Tensor]
+    scaler: Optional[TemperatureScaling]
+    test_proximity: Optional[torch.Tensor]  # PIECE's proximities of the test samples
 
 
 class Evaluation(NamedTuple):
@@ -45,12 +53,17 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
                          n_bins: int = 15, ts_method: str = "grid_ece", with_piece: bool = False,
-                         fitted: Optional[TemperatureScaling] = None) -> Evaluation:
+                         fitted: Optional[TemperatureScaling] = None,
+                         bootstrap: int = DEFAULT_RESAMPLES) -> Evaluation:
     """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
     layout; None: no validation split, pre-TS metrics only).
 
     * ``metrics["test"]["pre_ts"]`` / ``["post_ts"]``: :func:`timm_csm.metrics.calibration_metrics` of the test
       logits and of the scaled ones; ``metrics["val"]`` the same on the validation split;
+    * ``metrics["intervals"]``: the 95% percentile intervals of every one of those numbers, ``{split: {phase:
+      {metric: {"low", "high"}}}}``, from ``bootstrap`` resamples of the split's samples
+      (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
+      by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
     * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
       paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
       warning;
@@ -62,6 +75,27 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
     * ``fitted``: without validation predictions, a temperature fitted before (the training run's, for an
       eval-only run on a folder of held-out images) is applied to the test logits as it is.
     """
+    scored = _evaluate(val, test, n_bins, ts_method, with_piece, fitted)
+    metrics = scored.metrics
+    if bootstrap:
+        val_post = scored.scaler.transform(val[0]) if scored.scaler is not None and val is not None else None
+        splits = {"test": (test, scored.post_logits, scored.test_proximity), "val": (val, val_post, None)}
+        metrics["intervals"] = {}
+        for split, (data, post, prox) in splits.items():
+            if metrics[split] is None:
+                continue
+            phases = {"pre_ts": data[0], "post_ts": post if metrics[split]["post_ts"] is not None else None}
+            metrics["intervals"][split] = {
+                phase: bootstrap_metrics(logits, data[1], n_bins, resamples=bootstrap, prox=prox)
+                for phase, logits in phases.items() if logits is not None}
+        metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
+                                "interval": "percentile", "resampled": "the samples of each split"}
+    return Evaluation(metrics, scored.post_logits, scored.scaler)
+
+
+def _evaluate(val, test, n_bins: int, ts_method: str, with_piece: bool,
+              fitted: Optional[TemperatureScaling] = None) -> "_Scored":
+    """The metrics of :func:`evaluate_calibration`, before their intervals."""
     if val is None and test is None:
         raise ValueError("nothing to evaluate: no validation and no test predictions")
     metrics: Dict[str, Any] = {"temperature": None, "test": None, "val": None}
@@ -72,11 +106,11 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
         with_piece = False
     if val is None:
         if fitted is None or test is None:
-            return Evaluation(metrics, None, None)
+            return _Scored(metrics, None, None, None)
         post_logits = fitted.transform(test[0])
         metrics["temperature"] = float(fitted.temperature)
         metrics["test"]["post_ts"] = _scores(post_logits, test[1], n_bins)
-        return Evaluation(metrics, post_logits, fitted)
+        return _Scored(metrics, post_logits, fitted, None)
     val_logits, val_y = val[0], val[1]
     metrics["val"] = {"pre_ts": _scores(val_logits, val_y, n_bins), "post_ts": None}
     scaler, prox = None, None
@@ -87,13 +121,13 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
     if with_piece:
         metrics["test"]["pre_ts"]["piece"], prox = _piece(test[0], test[1], test[2], val[2], n_bins)
     if scaler is None:
-        return Evaluation(metrics, None, None)
+        return _Scored(metrics, None, None, prox)
     metrics["temperature"] = float(scaler.temperature)
     metrics["val"]["post_ts"] = _scores(scaler.transform(val_logits), val_y, n_bins)
     if test is None:
-        return Evaluation(metrics, scaler.transform(val_logits), scaler)
+        return _Scored(metrics, scaler.transform(val_logits), scaler, None)
     post_logits = scaler.transform(test[0])
     metrics["test"]["post_ts"] = _scores(post_logits, test[1], n_bins)
     if with_piece:
         metrics["test"]["post_ts"]["piece"] = _piece(post_logits, test[1], test[2], val[2], n_bins, prox)[0]
-    return Evaluation(metrics, post_logits, scaler)
+    return _Scored(metrics, post_logits, scaler, prox)

@@ -15,16 +15,17 @@ from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
 from .shift_report import shift_figure, shift_markdown
 
-__all__ = ["results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE", "write_summary",
-           "write_results", "reliability_title"]
+__all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
+           "write_summary", "write_results", "reliability_title"]
 
 SUMMARY_FILE = "summary.csv"
 
 
-_REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
-                ("cece", "Classwise ECE (%)", 100), ("mce", "MCE (%)", 100), ("oe", "Over-confidence (%)", 100),
-                ("ue", "Under-confidence (%)", 100), ("nll", "NLL", 1), ("brier", "Brier", 1),
-                ("piece", "PIECE (%)", 100))
+#: (results key, label, scale) of every metric a report shows: accuracy and calibration errors in %
+REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
+               ("cece", "Classwise ECE (%)", 100), ("mce", "MCE (%)", 100), ("oe", "Over-confidence (%)", 100),
+               ("ue", "Under-confidence (%)", 100), ("nll", "NLL", 1), ("brier", "Brier", 1),
+               ("piece", "PIECE (%)", 100))
 
 
 def _fmt(v, scale):
@@ -45,10 +46,17 @@ def results_markdown(results: Dict[str, Any]) -> str:
               f"{'-' if t is None else f'{t:.2f}'} |", ""]
     lines += [f"{_scored_line(results)}; {_temperature_line(results)}; {results['n_bins']} bins; "
               f"{_checkpoint_line(results)}; run {results.get('run_id')}.", ""]
+    intervals = (results.get("intervals") or {}).get("test" if results["test"] else "val") or {}
+    if intervals:
+        boot = results["bootstrap"]
+        lines += [f"Each value with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
+                  f"{boot['resamples']} resamples of the scored images (seed {boot['seed']}).", ""]
     lines += ["| metric | before TS | after TS |", "|---|---|---|"]
-    for key, label, scale in _REPORT_ROWS:
+    for key, label, scale in REPORT_ROWS:
         if key in pre:
-            lines.append(f"| {label} | {_fmt(pre.get(key), scale)} | {_fmt(post.get(key) if post else None, scale)} |")
+            cells = [_with_interval(scores.get(key) if scores else None, intervals.get(phase, {}).get(key), scale)
+                     for phase, scores in (("pre_ts", pre), ("post_ts", post))]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n" + shift_markdown(results)
 
 
@@ -77,6 +85,13 @@ def _checkpoint_line(results: Dict[str, Any]) -> str:
     return f"checkpoint: epoch {epoch} selected by validation {results.get('select_by')}"
 
 
+def _with_interval(value, interval: Optional[Dict[str, float]], scale) -> str:
+    """``value [low, high]`` (the value alone without an interval)."""
+    if value is None or interval is None:
+        return _fmt(value, scale)
+    return f"{_fmt(value, scale)} [{_fmt(interval['low'], scale)}, {_fmt(interval['high'], scale)}]"
+
+
 # (results key, column, scale) of the side-by-side table: accuracy and calibration errors in %, NLL and Brier raw
 _COMPARISON = (("accuracy", "acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 100), ("cece", "CECE", 100),
                ("nll", "NLL", 1), ("brier", "Brier", 1))
@@ -84,15 +99,18 @@ _COMPARISON = (("accuracy", "acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 1
 
 def comparison_markdown(results: Dict[str, Dict[str, Any]]) -> str:
     """Runs side by side: one row per method (the keys of ``results``, each a run's ``results.json``) and phase
-    (before / after temperature scaling), with the fitted temperature T (1.0 before)."""
+    (before / after temperature scaling), with the fitted temperature T (1.0 before); each value with its bootstrap
+    interval ``[low, high]`` where the run holds one."""
     rows = ["| method | TS | " + " | ".join(h for _, h, _ in _COMPARISON) + " | T |",
             "|" + "---|" * (len(_COMPARISON) + 3)]
     for method, res in results.items():
+        split = "test" if res["test"] else "val"
         for phase in ("pre_ts", "post_ts"):
-            m = (res["test"] or res["val"]).get(phase)
+            m = res[split].get(phase)
             if not m:
                 continue
-            vals = " | ".join(_fmt(m[k], scale) for k, _, scale in _COMPARISON)
+            intervals = ((res.get("intervals") or {}).get(split) or {}).get(phase) or {}
+            vals = " | ".join(_with_interval(m[k], intervals.get(k), scale) for k, _, scale in _COMPARISON)
             t = f"{res['temperature']:.1f}" if phase == "post_ts" and res.get("temperature") else "1.0"
             rows.append(f"| {method.upper()} | {'after' if phase == 'post_ts' else 'before'} | {vals} | {t} |")
     return "\n".join(rows)

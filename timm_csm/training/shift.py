@@ -24,12 +24,12 @@ import torch
 
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
-from ..metrics import calibration_metrics
+from ..metrics import bootstrap_metrics, calibration_metrics
 from ..metrics.ood import OOD_SCORES, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
 
-__all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "resolve_corruptions", "check_severities",
-           "open_ood_split", "evaluate_ood"]
+__all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
+           "check_severities", "open_ood_split", "evaluate_ood"]
 
 #: the metrics of each cell of the shift table (besides conformal coverage and set size)
 SHIFT_METRICS = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
@@ -44,6 +44,14 @@ def prediction_scores(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -
     conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
     out.update(selective_metrics_from_points(conf, (pred == labels).double()))
     return out
+
+
+def prediction_intervals(logits: torch.Tensor, labels: torch.Tensor, n_bins: int, resamples: int,
+                         seed: int) -> Dict[str, Dict[str, float]]:
+    """``{metric: {"low", "high"}}``: the 95% percentile bootstrap interval of every number of
+    :func:`prediction_scores` (the same keys), over ``resamples`` seeded resamples of the samples
+    (:func:`~timm_csm.metrics.bootstrap_metrics`)."""
+    return bootstrap_metrics(logits, labels, n_bins, resamples=resamples, seed=seed, selective=True)
 
 
 def resolve_corruptions(spec: Union[str, Sequence[str], None]) -> List[str]:
