@@ -327,6 +327,20 @@ def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def _verify_lines() -> List[str]:
+    """The verify runs of committed cells (``calibration_bench.py --verify CELL``), as the protocol asks."""
+    runs = bench._read_json(bench.A2_VERIFY_LOG) if bench.A2_VERIFY_LOG.exists() else []
+    if not runs:
+        return ["No cell has been re-run with `--verify` yet.", ""]
+    lines = ["Verify runs (a committed cell re-run from its record at a commit):", ""]
+    for r in runs:
+        what = "reproduced exactly" if r["reproduced"] else f"{len(r['differences'])} difference(s)"
+        extra = f"; reported now, not compared: {', '.join(r['not_compared'])}" if r.get("not_compared") else ""
+        lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}: "
+                     f"{what}{extra}.")
+    return lines + [""]
+
+
 def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2,
                label_cache: Path = LABEL_CACHE) -> str:
     """Write the page (and stage 4's figure beside it, ``<page>_volume.png``) from the finished cells."""
@@ -350,6 +364,7 @@ def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committe
              f"Cells finished: {len(records)}; commits: {', '.join(commits) or '-'}; torch threads: "
              f"{', '.join(map(str, threads)) or '-'}. `python benchmarks/calibration_bench.py --verify CELL` re-runs "
              "one from its record.", "",
+             *_verify_lines(),
              "## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 15 seeds, "
              "Holm over the 4 primary comparisons)", "",
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm |",

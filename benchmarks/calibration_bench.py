@@ -215,6 +215,8 @@ A2_SEEDS = tuple(range(15))
 A2_TUNING_SEEDS = (0, 1, 2)
 #: finished amendment-2 cells, committed (with their record: commit, versions, threads, generated set)
 COMMITTED_A2 = Path("benchmarks/cells_a2")
+#: each --verify of an amendment-2 cell: the cell, the commit it ran at, whether it reproduced
+A2_VERIFY_LOG = Path("benchmarks/cells_a2_verify.json")
 #: each setting's annotator (reference encoder, prototypes, s rule), under SETTINGS_ROOT: stage 3's softmax labels
 A2_ANNOTATORS = {"matched": "matched", "annotated": "borrowed", "borrowed": "borrowed"}
 
@@ -535,10 +537,12 @@ def _differences(a: Any, b: Any, where: str = "") -> List[str]:
     return [] if a == b else [f"{where}: committed {a!r}, now {b!r}"]
 
 
-def verify_cell(name: str, roots: Sequence[Path] = (COMMITTED_A2, COMMITTED_CELLS), log=print) -> List[str]:
-    """Re-run the committed cell ``name`` from its recorded options on the current code (into a temporary folder)
-    and return every difference: of its ``results.json``, and of its record (commit, versions, threads, generated
-    set) where it has one."""
+def verify_cell(name: str, roots: Sequence[Path] = (COMMITTED_A2, COMMITTED_CELLS), log=print
+                ) -> Dict[str, List[str]]:
+    """Re-run the committed cell ``name`` from its recorded options on the current code (into a temporary folder).
+    Returns ``{"results": every difference of what it computed, "added": keys the current code reports that the
+    committed results.json lacks (not compared), "record": how its record differs (commit, versions, threads,
+    generated set), where it has one}``; the cell reproduces when ``results`` is empty."""
     import tempfile
 
     from timm_csm.train import run
@@ -550,12 +554,15 @@ def verify_cell(name: str, roots: Sequence[Path] = (COMMITTED_A2, COMMITTED_CELL
     cfg = dict(meta["config"])
     with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as tmp:
         log(f"[verify] re-running {name} in {tmp}")
-        results = run(dict(cfg, output=tmp, experiment=".", progress=False))
-    diffs = _differences(_read_json(home / RESULTS), json.loads(json.dumps(results)))
+        results = json.loads(json.dumps(run(dict(cfg, output=tmp, experiment=".", progress=False))))
+    committed = _read_json(home / RESULTS)
+    added = sorted(k for k in results if k not in committed)
+    out = {"results": _differences(committed, {k: v for k, v in results.items() if k not in added}),
+           "added": added, "record": []}
     if "record" in meta:
         now = cell_record(cfg, meta["record"]["amendment"])
-        diffs += [f"record.{d}" for d in _differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)]
-    return diffs
+        out["record"] = _differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)
+    return out
 
 
 def _derived_copy(source, folder, derivation: str, derive) -> Path:
@@ -1637,10 +1644,20 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
         torch.set_num_threads(threads)
     if args.verify:
-        diffs = verify_cell(args.verify)
+        found = verify_cell(args.verify)
+        diffs = found["results"]
         text = "\n".join([f"{args.verify}: reproduced exactly" if not diffs else
-                          f"{args.verify}: {len(diffs)} difference(s)", *diffs])
+                          f"{args.verify}: {len(diffs)} difference(s)", *diffs]
+                         + [f"reported now, not in the committed results (not compared): {', '.join(found['added'])}"]
+                         * bool(found["added"]) + [f"record: {d}" for d in found["record"]])
         print(text)
+        if (COMMITTED_A2 / args.verify).is_dir():  # the page lists every verify run of an amendment-2 cell
+            runs = _read_json(A2_VERIFY_LOG) if A2_VERIFY_LOG.exists() else []
+            write_json_atomic(A2_VERIFY_LOG, runs + [{"cell": args.verify, "commit": _git("rev-parse", "HEAD"),
+                                                      "clean": _git("status", "--porcelain",
+                                                                    "--untracked-files=no") == "",
+                                                      "reproduced": not diffs, "differences": diffs,
+                                                      "not_compared": found["added"]}], indent=1)
         if diffs:
             raise SystemExit(1)
         return text
