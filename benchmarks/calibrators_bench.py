@@ -434,7 +434,7 @@ RUN_CALIBRATORS = ("temperature_scaling", "vector_scaling", "dirichlet", "isoton
 # the phases of calibrate(): (label, file suffix, function names), cumulative profiler times
 PHASES = [("reading the data", "timm_csm/calibrate.py", ("_open", "_check_splits")),
           ("prediction (image transforms and forward passes)", "timm_csm/calibrate.py", ("_predict",)),
-          ("  of which the model's forward passes", "torch/nn/modules/module.py", ("_wrapped_call_impl",)),
+          ("(of which the model's forward passes)", "torch/nn/modules/module.py", ("_wrapped_call_impl",)),
           ("fitting the calibrators", "timm_csm/calibration/", ("fit",)),
           ("conformal prediction sets (fit and evaluate)", "timm_csm/calibration/conformal.py", ("fit", "evaluate")),
           ("metrics, reliability tables, risk-coverage curves", "timm_csm/calibrate.py", ("_scores", "_curves")),
@@ -485,16 +485,17 @@ def calibrate_run(calibrators=RUN_CALIBRATORS) -> str:
              "    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py --calibrate-run", "",
              f"`calibrate()` (what `timm-csm-calibrate` runs) on Fashion-MNIST's 10 000 test images, half held out "
              f"for fitting (`calibration_fraction=0.5`), the reference CNN ({parameters} parameters, random "
-             "weights) on the CPU, one thread, calibrators {', '.join(calibrators)}, the three "
+             f"weights) on the CPU, one thread, calibrators {', '.join(calibrators)}, the three "
              f"conformal methods on the raw and on every calibrated logits; under cProfile: {wall:.1f} s wall on the "
              "loaded machine. The shares are cumulative profiler times of the functions named in the "
-             "script's `PHASES`, over the whole run:", "", "| phase | seconds | share of the run |", "|---|---|---|"]
+             "script's `PHASES` (a library's import on first use counts in the phase that first needs it, e.g. "
+             "matplotlib in the plots), over the whole run:", "", "| phase | seconds | share of the run |", "|---|---|---|"]
     named = 0.0
     for label, suffix, names in PHASES:
         seconds = _phase_seconds(stats, suffix, names)
-        named += 0.0 if label.startswith("  ") else seconds
+        named += 0.0 if label.startswith("(") else seconds
         lines.append(f"| {label} | {seconds:.2f} | {100 * seconds / total:.1f} % |")
-    lines += [f"| the rest (writing the outputs, checks, imports on first use) | {total - named:.2f} | "
+    lines += [f"| the rest (writing the outputs, checks) | {total - named:.2f} | "
               f"{100 * (total - named) / total:.1f} % |", f"| the run | {total:.2f} | 100 % |", "", RUN_END]
     return "\n".join(lines)
 

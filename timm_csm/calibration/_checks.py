@@ -35,7 +35,7 @@ def as_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must have at least 2 classes, got {logits.shape[1]}")
     if not all_finite(logits):
         raise ValueError(f"{name} contain NaN or infinite values")
-    return logits.detach()
+    return logits.detach() if logits.requires_grad else logits
 
 
 def as_targets(targets, n: int, num_classes: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from ._checks import as_logits, compute_dtype
 __all__ = ["PostHocCalibrator", "load_calibrator", "check_finite_state"]
 
 _CALIBRATOR_CLASSES: Dict[str, type] = {}
+_COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
 class PostHocCalibrator:
@@ -59,12 +60,13 @@ class PostHocCalibrator:
         dtype."""
         self._require_fitted()
         logits = as_logits(logits)
-        return self._apply(logits.to(compute_dtype(logits.dtype))), logits.dtype
+        dtype = logits.dtype
+        return self._apply(logits if dtype in _COMPUTE_DTYPES else logits.to(compute_dtype(dtype))), dtype
 
     def transform(self, logits) -> torch.Tensor:
         """Calibrated logits (N, C), in the input's dtype and device."""
         out, dtype = self._calibrated(logits)
-        return out.to(dtype)
+        return out if out.dtype == dtype else out.to(dtype)
 
     __call__ = transform
 

@@ -117,9 +117,11 @@ class IsotonicCalibration(PostHocCalibrator):
         out = torch.empty_like(logits)
         table = [t.to(logits.device) for t in self._table()]
         for start, stop in row_blocks(logits.shape[0], c):
-            # (C, rows) float64: one search per class row, in the knots' precision
+            # (C, rows) float64 probabilities, one search per class row: a segment's slope can magnify float32
+            # rounding of its input past the reported digits, so these are computed in the knots' precision
             q = torch.empty(c, stop - start, dtype=torch.float64, device=logits.device)
-            q = _interpolate_rows(q.copy_(softmax_rows(logits[start:stop]).T), *table).clamp_min_(PROBABILITY_FLOOR)
+            q.copy_(softmax_rows(logits[start:stop].to(torch.float64)).T)
+            q = _interpolate_rows(q, *table).clamp_min_(PROBABILITY_FLOOR)
             log_total = q.sum(0).log_()
             out[start:stop] = q.log_().sub_(log_total).T
         return out
