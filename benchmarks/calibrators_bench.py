@@ -1,51 +1,95 @@
-"""Post-hoc calibrators side by side: timm_csm against netcal 1.4 and torch-uncertainty 0.13 (the same method in
-each library), fit and apply time and the calibration each reaches on held-out logits.
+"""Post-hoc calibrators side by side and against the limit: timm_csm, netcal, torch-uncertainty, scikit-learn and
+probmetrics (the same method in each library), fit and apply time as multiples of one fused pass over the logits,
+the optimisers' iterations, the objective each fit reaches and the calibration on held-out logits.
 
-    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py [--sizes 1e4x10 5e4x1000] [--repeats 3]
-                                                             [--output benchmarks/calibrators.md]
+    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py [--sizes 1e4x10 1e4x100 5e4x1000] [--repeats 3]
+                                                             [--budget 1800] [--output benchmarks/calibrators.md]
+    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py --calibrate-run [--output benchmarks/calibrators.md]
 
 Data (seeded, mis-calibrated in a known way): true logits ``u = randn(N, C)`` with +4 on a random class, labels
 drawn from ``softmax(u)`` (Gumbel-max), and observed logits ``2 u + b`` with a per-class bias ``b ~ N(0, 0.5)``:
-over-confident by a temperature of 2 and biased per class, so temperature scaling removes most of the error and
-vector scaling all of it. A fit set and a held-out set of N rows each are drawn from one generator; the binary
-calibrators (Platt, beta) run on N x 2 logits of the same construction. Reported: the best wall time of ``fit``
-and of ``apply`` over ``--repeats`` runs (one run where N x C > 1e6) in one process, one thread, every library on the same arrays, and the
-held-out top-label ECE (15 bins) and NLL of what each returns (``timm_csm.metrics.calibration_metrics``).
+over-confident by a temperature of 2 and biased per class. A fit set and a held-out set of N rows each are drawn
+from one generator; the two-class calibrators (Platt, beta) run on N x 2 logits of the same construction.
 
-What each library is given: timm_csm float32 logits (its calibrators compute in float64); torch-uncertainty float32
-logits through a one-batch ``DataLoader`` (``fit``) and its module's forward (``apply``); netcal float64
-probabilities (it takes no logits: the softmax is computed outside the timer). netcal's histogram binning returns
-one-vs-rest probabilities that do not sum to one: they are renormalised before scoring (not timed), as timm_csm
-and torch-uncertainty do inside their apply. A library that is not installed, or a method it lacks, is a row
-saying so. Matrix scaling and Dirichlet calibration fit C (C + 1) parameters: they run at C <= 100 only.
+The limit: one pass is the time of ``torch.logsumexp(logits, dim=1)`` over the fit logits, measured in the same
+process; every fit and apply is also given as a multiple of it. Times are process CPU times (one thread for every
+library: ``torch.set_num_threads(1)`` and threadpoolctl's limit for NumPy / SciPy), the best of ``--repeats`` runs
+for a fit and of ten times as many for an apply and the pass (one run of each where N x C > 1e6), every library on
+the same arrays, one library after the other for each method.
+
+What each library is given: timm_csm float32 logits (its fits accumulate in float64); torch-uncertainty float32
+logits through a one-batch ``DataLoader`` (``fit``) and its module's forward (``apply``); probmetrics float32
+logits as ``CategoricalLogits`` (``fit_torch`` / ``predict_proba_torch``); scikit-learn the logits as the
+``decision_function`` of a frozen identity classifier (``CalibratedClassifierCV``; isotonic: the probabilities as
+its ``predict_proba``), or as the features of ``LogisticRegression(C=inf)`` (matrix scaling on the logits, Platt on
+the log-odds); netcal float64 probabilities (it takes no logits). Softmaxes a library needs as input are computed
+outside the timer. netcal's and torch-uncertainty's one-vs-rest outputs are renormalised (not timed) before
+scoring, as timm_csm and scikit-learn do inside their apply. A library that is not installed, or lacks the method,
+is a row saying so; a fit that runs past ``--budget`` seconds is stopped and said so.
+
+The fit objective column is the mean NLL on the fit rows of what each library returns, computed here in float64
+(plus the ODIR penalty for Dirichlet calibration); it is the quantity every parametric fit minimises, so a lower
+value is a better fit of the same model (netcal's vector scaling scales log-probabilities, torch-uncertainty's
+has no bias: different models, shown for reference).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import platform
 import shlex
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-BINARY_SIZE_NOTE = "N x 2"
-# (our registry name, netcal class and kwargs, torch-uncertainty class and kwargs, the largest C it runs at)
-METHODS: List[Tuple[str, Optional[Tuple[str, dict]], Optional[Tuple[str, dict]], int]] = [
-    ("temperature_scaling_nll", ("scaling.TemperatureScaling", {}), ("TemperatureScaler", {}), 1000),
-    ("vector_scaling", ("scaling.LogisticCalibration", {"temperature_only": False}), ("VectorScaler", {"nc": 1}),
-     1000),
-    ("matrix_scaling", None, ("MatrixScaler", {"nc": 1}), 100),
-    ("dirichlet", None, ("DirichletScaler", {"nc": 1, "lambda_reg": 1e-3, "mu_reg": 1e-3}), 100),
-    ("isotonic", ("binning.IsotonicRegression", {}), ("IsotonicRegressionScaler", {}), 1000),
-    ("histogram_binning", ("binning.HistogramBinning", {"bins": 15}), ("HistogramBinningScaler", {"num_bins": 15}),
-     1000),
-    ("platt", ("scaling.LogisticCalibration", {}), None, 2),
-    ("beta", ("scaling.BetaCalibration", {}), None, 2),
-]
-OUR_KWARGS = {"dirichlet": {"reg_lambda": 1e-3, "reg_mu": 1e-3}}
+LIBRARIES = ("timm_csm", "netcal", "torch-uncertainty", "scikit-learn", "probmetrics")
+DIRICHLET_REG = {"reg_lambda": 1e-3, "reg_mu": 1e-3}
+OBJECTIVE_RTOL = 1e-6  # an objective "at least as good": ours <= peer + 1e-6 |peer|
+# per method: the peers' specs (None: the library has no such method) and whether it is a two-class method
+METHODS: Dict[str, Dict[str, object]] = {
+    "temperature_scaling_nll": {"netcal": ("scaling.TemperatureScaling", {}), "torch-uncertainty":
+                                ("TemperatureScaler", {}), "scikit-learn": "temperature", "probmetrics":
+                                "TemperatureScalingCalibrator"},
+    "vector_scaling": {"netcal": ("scaling.LogisticCalibration", {"temperature_only": False}),
+                       "torch-uncertainty": ("VectorScaler", {"num_classes": True}), "probmetrics":
+                       "VectorScalingCalibrator"},
+    "matrix_scaling": {"torch-uncertainty": ("MatrixScaler", {"num_classes": True}), "scikit-learn": "logistic",
+                       "probmetrics": "MatrixScalingCalibrator"},
+    "dirichlet": {"torch-uncertainty": ("DirichletScaler", {"num_classes": True, "lambda_reg": 1e-3,
+                                                            "mu_reg": 1e-3})},
+    "isotonic": {"netcal": ("binning.IsotonicRegression", {}), "torch-uncertainty": ("IsotonicRegressionScaler", {}),
+                 "scikit-learn": "isotonic"},
+    "histogram_binning": {"netcal": ("binning.HistogramBinning", {"bins": 15}),
+                          "torch-uncertainty": ("HistogramBinningScaler", {"num_bins": 15})},
+    "platt": {"netcal": ("scaling.LogisticCalibration", {}), "scikit-learn": "logistic"},
+    "beta": {"netcal": ("scaling.BetaCalibration", {})},
+}
+BINARY = ("platt", "beta")
+
+
+class OverBudget(Exception):
+    pass
+
+
+@contextmanager
+def budget(seconds: float):
+    """Raise ``OverBudget`` in the main thread after ``seconds`` of wall time (between two Python bytecodes)."""
+    def stop(*_):
+        raise OverBudget()
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def synthetic_logits(n: int, c: int, seed: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
@@ -63,12 +107,22 @@ def synthetic_logits(n: int, c: int, seed: int) -> Dict[str, Tuple[torch.Tensor,
 
 
 def best_time(fn: Callable[[], object], repeats: int):
+    """(best process CPU seconds over ``repeats`` calls, the last result)."""
     best, result = float("inf"), None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         result = fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best, result
+
+
+def apply_repeats(repeats: int) -> int:
+    """Applies take micro- to milliseconds where fits repeat: ten times the repeats (one where N x C > 1e6)."""
+    return repeats if repeats == 1 else 10 * repeats
+
+
+def one_pass(logits: torch.Tensor, repeats: int) -> float:
+    return best_time(lambda: torch.logsumexp(logits, dim=1), apply_repeats(repeats))[0]
 
 
 def scores(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
@@ -78,41 +132,49 @@ def scores(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     return {"ece": float(m["ece"]), "nll": float(m["nll"])}
 
 
-def probs_to_logits(p: np.ndarray, c: int) -> torch.Tensor:
-    """Logits of netcal's output: (N,) P(y = 1) for two classes, else (N, C) rows renormalised."""
-    p = np.asarray(p, dtype=np.float64)
-    if c == 2 and p.ndim == 1:
+def as_logits(p) -> torch.Tensor:
+    """Logits of a library's probabilities: (N,) P(y = 1) of two classes, else (N, C) rows renormalised."""
+    p = np.asarray(p.detach().cpu() if isinstance(p, torch.Tensor) else p, dtype=np.float64)
+    if p.ndim == 1:
         p = np.stack([1.0 - p, p], axis=1)
     p = np.clip(p, 1e-12, None)
     return torch.from_numpy(np.log(p / p.sum(axis=1, keepdims=True)))
 
 
-def run_ours(name, fit, held_out, repeats):
+def softmax64(logits: torch.Tensor) -> np.ndarray:
+    return torch.softmax(logits.double(), dim=1).numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one runner per library: (fit seconds, apply seconds, held-out logits, fit-set logits, iterations, penalty)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def run_ours(name, spec, fit, held_out, repeats):
     from timm_csm.calibration import create_calibrator
 
-    fit_s, calibrator = best_time(lambda: create_calibrator(name, **OUR_KWARGS.get(name, {})).fit(*fit), repeats)
-    apply_s, out = best_time(lambda: calibrator.transform(held_out[0]), repeats)
-    return fit_s, apply_s, out
+    kwargs = DIRICHLET_REG if name == "dirichlet" else {}
+    fit_s, cal = best_time(lambda: create_calibrator(name, **kwargs).fit(*fit), repeats)
+    apply_s, out = best_time(lambda: cal.transform(held_out[0]), apply_repeats(repeats))
+    info = getattr(cal, "fit_info", None) or {}
+    iterations = info.get("iterations")
+    if "warm_start_iterations" in info:
+        iterations = f"{info['iterations']} ({info['evaluations']} evaluations) + {info['warm_start_iterations']} TS"
+    penalty = float(cal.penalty(cal.weight, cal.bias)) if name == "dirichlet" else 0.0
+    return fit_s, apply_s, out, cal.transform(fit[0]), iterations, penalty
 
 
-def run_netcal(spec, fit, held_out, repeats):
-    import importlib
-
+def run_netcal(name, spec, fit, held_out, repeats):
     module, cls = spec[0].rsplit(".", 1)
     factory = getattr(importlib.import_module(f"netcal.{module}"), cls)
-    c = fit[0].shape[1]
-
-    def probabilities(logits):
-        p = torch.softmax(logits.double(), dim=1).numpy()
-        return p[:, 1].copy() if c == 2 else p
-
-    x_fit, x_test, y_fit = probabilities(fit[0]), probabilities(held_out[0]), fit[1].numpy()
-    fit_s, model = best_time(lambda: factory(**spec[1]).fit(x_fit, y_fit), repeats)
-    apply_s, out = best_time(lambda: model.transform(x_test), repeats)
-    return fit_s, apply_s, probs_to_logits(out, c)
+    two = fit[0].shape[1] == 2
+    x_fit, x_test = (softmax64(z)[:, 1].copy() if two else softmax64(z) for z in (fit[0], held_out[0]))
+    fit_s, model = best_time(lambda: factory(**spec[1]).fit(x_fit, fit[1].numpy()), repeats)
+    apply_s, out = best_time(lambda: model.transform(x_test), apply_repeats(repeats))
+    return fit_s, apply_s, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0
 
 
-def run_tu(spec, fit, held_out, repeats):
+def run_tu(name, spec, fit, held_out, repeats):
     import logging
 
     import torch_uncertainty.post_processing as tu
@@ -120,7 +182,7 @@ def run_tu(spec, fit, held_out, repeats):
 
     logging.getLogger().setLevel(logging.ERROR)  # its "model is None" warning on every fit
     kwargs = dict(spec[1])
-    if kwargs.pop("nc", None):
+    if kwargs.pop("num_classes", None):
         kwargs["num_classes"] = fit[0].shape[1]
     loader = DataLoader(TensorDataset(*fit), batch_size=len(fit[1]))
 
@@ -131,96 +193,350 @@ def run_tu(spec, fit, held_out, repeats):
 
     fit_s, scaler = best_time(fitted, repeats)
     with torch.no_grad():
-        apply_s, out = best_time(lambda: scaler(held_out[0]), repeats)
-    return fit_s, apply_s, out.detach()
+        apply_s, out = best_time(lambda: scaler(held_out[0]), apply_repeats(repeats))
+        on_fit = scaler(fit[0])
+    penalty = 0.0
+    if name == "dirichlet":
+        from timm_csm.calibration import DirichletCalibration
+
+        weight, bias = scaler.inv_temperature_weight.detach(), scaler.inv_temperature_bias.detach()
+        penalty = float(DirichletCalibration(**DIRICHLET_REG).penalty(weight.double(), bias.double()))
+    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, penalty
 
 
-def tu_installed() -> Optional[str]:
+class _Scores:
+    """A frozen identity classifier for scikit-learn: its ``decision_function`` (logits) or ``predict_proba`` is
+    the array it is given (two classes: the log-odds)."""
+
+    @staticmethod
+    def make(kind: str):
+        from sklearn.base import BaseEstimator, ClassifierMixin
+
+        class Identity(ClassifierMixin, BaseEstimator):
+            def fit(self, x, y):
+                self.classes_ = np.unique(y)
+                return self
+
+            def predict(self, x):
+                return self.classes_[np.argmax(x, axis=1)]
+
+        def predict_proba(self, x):
+            return x
+
+        def decision_function(self, x):
+            return x[:, 1] - x[:, 0] if x.shape[1] == 2 else x
+
+        if kind == "probabilities":
+            Identity.predict_proba = predict_proba
+        else:
+            Identity.decision_function = decision_function
+        return Identity
+
+
+def run_sklearn(name, spec, fit, held_out, repeats):
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.frozen import FrozenEstimator
+    from sklearn.linear_model import LogisticRegression
+
+    y = fit[1].numpy()
+    if spec == "logistic":  # matrix scaling: the logits as features; Platt: the log-odds
+        feature = (lambda z: (z[:, 1] - z[:, 0])[:, None].double().numpy()) if name == "platt" else \
+            (lambda z: z.double().numpy())
+        x_fit, x_test = feature(fit[0]), feature(held_out[0])
+        fit_s, model = best_time(lambda: LogisticRegression(C=np.inf).fit(x_fit, y), repeats)
+        iterations = int(np.max(model.n_iter_))
+    else:
+        kind = "probabilities" if spec == "isotonic" else "logits"
+        prepare = softmax64 if spec == "isotonic" else (lambda z: z.double().numpy())
+        x_fit, x_test = prepare(fit[0]), prepare(held_out[0])
+        base = _Scores.make(kind)().fit(x_fit, y)
+        fit_s, model = best_time(lambda: CalibratedClassifierCV(FrozenEstimator(base), method=spec)
+                                 .fit(x_fit, y), repeats)
+        iterations = None
+    apply_s, out = best_time(lambda: model.predict_proba(x_test), apply_repeats(repeats))
+    return fit_s, apply_s, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0
+
+
+def run_probmetrics(name, spec, fit, held_out, repeats):
+    import probmetrics.calibrators as pm
+    from probmetrics.distributions import CategoricalLogits
+
+    labels = fit[1]
+    fit_s, cal = best_time(lambda: getattr(pm, spec)().fit_torch(CategoricalLogits(fit[0]), labels), repeats)
+    apply_s, out = best_time(lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits(),
+                             apply_repeats(repeats))
+    on_fit = cal.predict_proba_torch(CategoricalLogits(fit[0])).get_logits()
+    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, 0.0
+
+
+RUNNERS = {"timm_csm": run_ours, "netcal": run_netcal, "torch-uncertainty": run_tu, "scikit-learn": run_sklearn,
+           "probmetrics": run_probmetrics}
+MODULES = {"netcal": "netcal", "torch-uncertainty": "torch_uncertainty.post_processing",
+           "scikit-learn": "sklearn.calibration", "probmetrics": "probmetrics.calibrators"}
+DISTRIBUTIONS = {"timm_csm": "timm-csm", "netcal": "netcal", "torch-uncertainty": "torch-uncertainty",
+                 "scikit-learn": "scikit-learn", "probmetrics": "probmetrics"}
+
+
+def installed() -> Dict[str, Optional[str]]:
+    """{library: version, or None where it (or a dependency of it) does not import}."""
+    from importlib.metadata import version
+
+    out = {"timm_csm": version("timm-csm")}
+    for lib, module in MODULES.items():
+        try:
+            importlib.import_module(module)
+            out[lib] = version(DISTRIBUTIONS[lib])
+        except Exception:  # absent, or a dependency of it absent
+            out[lib] = None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    n, c = (int(float(v)) for v in text.lower().split("x"))
+    return n, c
+
+
+def run_library(lib, name, spec, fit, held_out, runs, budget_s) -> object:
     try:
-        import torch_uncertainty.post_processing  # noqa: F401
-        from importlib.metadata import version
+        with budget(budget_s):
+            fit_s, apply_s, out, on_fit, iterations, penalty = RUNNERS[lib](name, spec, fit, held_out, runs)
+    except OverBudget:
+        return f"stopped after {budget_s:g} s"
+    objective = float(F.cross_entropy(on_fit.double(), fit[1])) + penalty
+    return {"fit_s": fit_s, "apply_s": apply_s, "iterations": iterations, "objective": objective,
+            **scores(out, held_out[1])}
 
-        return version("torch-uncertainty")
-    except Exception:  # absent, or a dependency of it absent
-        return None
 
-
-def bench(sizes: List[str], repeats: int, seed: int) -> List[dict]:
-    tu_version = tu_installed()
-    rows = []
+def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
+          versions: Optional[Dict[str, Optional[str]]] = None) -> List[dict]:
+    versions = versions if versions is not None else installed()
+    rows, binary_done = [], set()
     for size in sizes:
-        n, c = (int(float(v)) for v in size.lower().split("x"))
-        data = {c: synthetic_logits(n, c, seed), 2: synthetic_logits(n, 2, seed)}
-        for name, netcal_spec, tu_spec, max_c in METHODS:
-            classes = 2 if max_c == 2 else c
-            if classes > max_c or (max_c == 2 and size != sizes[0]):
-                continue
+        n, c = parse_size(size)
+        data, passes = {}, {}
+        for name, peers in METHODS.items():
+            classes = 2 if name in BINARY else c
+            if name in BINARY and n in binary_done:
+                continue  # the two-class methods run once per N
+            if classes not in data:
+                data[classes] = synthetic_logits(n, classes, seed)
+                passes[classes] = one_pass(data[classes]["fit"][0], repeats)
             fit, held_out = data[classes]["fit"], data[classes]["held_out"]
             runs = repeats if n * classes <= 1e6 else 1
-            row = {"method": name, "size": f"{n} x {classes}", "uncalibrated": scores(*held_out)}
-            for lib, spec, runner in (("timm_csm", name, run_ours), ("netcal", netcal_spec, run_netcal),
-                                      ("torch-uncertainty", tu_spec, run_tu)):
+            row = {"method": name, "size": f"{n} x {classes}", "pass_s": passes[classes],
+                   "uncalibrated": scores(*held_out)}
+            for lib in LIBRARIES:
+                spec = "ours" if lib == "timm_csm" else peers.get(lib)
                 if spec is None:
                     row[lib] = "no such method"
-                elif lib == "torch-uncertainty" and tu_version is None:
+                elif versions.get(lib) is None:
                     row[lib] = "not installed"
                 else:
-                    fit_s, apply_s, out = runner(spec, fit, held_out, runs)
-                    row[lib] = {"fit_s": fit_s, "apply_s": apply_s, **scores(out, held_out[1])}
+                    row[lib] = run_library(lib, name, spec, fit, held_out, runs, budget_s)
                 print(f"{row['size']:>12} {name:>24} {lib:>18}: {row[lib]}", file=sys.stderr, flush=True)
             rows.append(row)
+        binary_done.add(n)
     return rows
-
-
-def _cell(r) -> Tuple[str, str, str, str]:
-    if isinstance(r, str):
-        return (r, "", "", "")
-    return (f"{r['fit_s']:.3g}", f"{r['apply_s']:.3g}", f"{100 * r['ece']:.2f}", f"{r['nll']:.4f}")
 
 
 def _ratio(ours, peer, key) -> str:
     if isinstance(ours, str) or isinstance(peer, str):
         return "-"
-    return f"{peer[key] / max(ours[key], 1e-9):.2g}x"
+    return f"{peer[key] / max(ours[key], 1e-9):.3g}x"
 
 
-def markdown(rows: List[dict], command: str, repeats: int) -> str:
-    lines = ["# Post-hoc calibrators: timm_csm, netcal and torch-uncertainty side by side", "",
-             "    " + command, "",
-             f"Machine: {platform.machine()}, 2 CPU cores shared with other benchmark jobs, one torch thread, "
-             f"torch {torch.__version__}, Python {platform.python_version()}; best of {repeats} (one run where "
-             "N x C > 1e6) in one process, "
-             "every library on the same arrays in the same run, so the ratios hold while absolute times are "
-             "inflated by the load. Data and what each library is given: the script's docstring (logits 2 u + b, "
-             "over-confident by T = 2 with a per-class bias; held-out rows as many as the fit rows).", "",
-             "Times in seconds; ECE (15 bins) in %, NLL on the held-out rows. Speed-up columns: the peer's time "
-             "over ours (> 1: ours faster).", "",
-             "| method | N x C | uncalibrated ECE / NLL | library | fit s | apply s | ECE % | NLL | fit: peer / ours | "
-             "apply: peer / ours |", "|---|---|---|---|---|---|---|---|---|---|"]
+# the peers whose model is timm_csm's or contained in it: the ones whose fit objective is compared
+SAME_MODEL = {"temperature_scaling_nll": LIBRARIES[1:], "vector_scaling": ("torch-uncertainty", "probmetrics"),
+              "matrix_scaling": LIBRARIES[1:], "dirichlet": LIBRARIES[1:], "platt": LIBRARIES[1:],
+              "beta": LIBRARIES[1:]}
+
+
+def findings(rows: List[dict]) -> List[str]:
+    """Facts read off the table: peers faster than timm_csm, objectives worse than a peer's beyond the tolerance,
+    the passes of temperature scaling."""
+    slower, worse = [], []
     for row in rows:
-        base = f"{100 * row['uncalibrated']['ece']:.2f} / {row['uncalibrated']['nll']:.4f}"
-        for lib in ("timm_csm", "netcal", "torch-uncertainty"):
-            fit_s, apply_s, ece, nll = _cell(row[lib])
-            ratios = ("", "") if lib == "timm_csm" else (_ratio(row["timm_csm"], row[lib], "fit_s"),
-                                                         _ratio(row["timm_csm"], row[lib], "apply_s"))
-            lines.append(f"| {row['method']} | {row['size']} | {base} | {lib} | {fit_s} | {apply_s} | {ece} | "
-                         f"{nll} | {ratios[0]} | {ratios[1]} |")
-    return "\n".join(lines) + "\n"
+        ours = row["timm_csm"]
+        for lib in LIBRARIES[1:]:
+            peer = row[lib]
+            if isinstance(ours, str) or isinstance(peer, str):
+                continue
+            for key, what in (("fit_s", "fit"), ("apply_s", "apply")):
+                if peer[key] < ours[key]:
+                    slower.append(f"{row['method']} {what} at {row['size']}: {lib} {_ratio(ours, peer, key)}")
+            if lib in SAME_MODEL.get(row["method"], ()) and \
+                    ours["objective"] > peer["objective"] + OBJECTIVE_RTOL * abs(peer["objective"]):
+                worse.append(f"{row['method']} at {row['size']}: {ours['objective']:.7f} vs {lib} "
+                             f"{peer['objective']:.7f}")
+    ts = [r for r in rows if r["method"] == "temperature_scaling_nll" and not isinstance(r["timm_csm"], str)]
+    out = ["Read off the table above:", ""]
+    if ts:
+        fit = [r["timm_csm"]["fit_s"] / r["pass_s"] for r in ts]
+        apply = [r["timm_csm"]["apply_s"] / r["pass_s"] for r in ts]
+        out.append(f"* temperature scaling: fit {min(fit):.1f}-{max(fit):.1f} passes, apply {min(apply):.2f}-"
+                   f"{max(apply):.2f} passes over the sizes run (targets: 20 and 2).")
+    out.append("* a peer faster than timm_csm: " + ("; ".join(slower) if slower else "none, in fit or apply."))
+    out.append(f"* a fit objective above a same-model peer's by more than {OBJECTIVE_RTOL:g} of it: "
+               + ("; ".join(worse) if worse else "none."))
+    return out
+
+
+def _cells(r, pass_s) -> str:
+    if isinstance(r, str):
+        return f"{r} | | | | | | | |"
+    iterations = "" if r["iterations"] is None else str(r["iterations"])
+    return (f"{r['fit_s']:.3g} | {r['fit_s'] / pass_s:.3g} | {r['apply_s']:.3g} | {r['apply_s'] / pass_s:.3g} | "
+            f"{iterations} | {r['objective']:.7f} | {100 * r['ece']:.2f} | {r['nll']:.4f}")
+
+
+def markdown(rows: List[dict], command: str, repeats: int, versions: Dict[str, Optional[str]]) -> str:
+    libs = ", ".join(f"{lib} {versions.get(lib) or '(not installed)'}" for lib in LIBRARIES)
+    lines = ["# Post-hoc calibrators: timm_csm beside netcal, torch-uncertainty, scikit-learn and probmetrics, "
+             "and against one pass over the logits", "", "    " + command, "",
+             f"Machine: {platform.machine()}, 2 CPU cores shared with other benchmark jobs (a loaded machine: "
+             "absolute times are inflated, the ratios and pass multiples taken in one process hold), one thread "
+             f"per library, torch {torch.__version__}, Python {platform.python_version()}; {libs}. Times are "
+             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6). Data, what each library is "
+             "given and how the objective is computed: the script's docstring.", "",
+             "One pass: ``torch.logsumexp`` over the fit logits, timed in the same run; `passes` columns are "
+             "time / pass. Iterations: timm_csm's L-BFGS iterations (objective evaluations) plus the Newton "
+             "iterations of its temperature-scaling warm start; temperature scaling's Newton iterations (one "
+             "fused pass each); scikit-learn's `n_iter_`. Fit objective: mean NLL on the fit rows (+ the ODIR "
+             "penalty for Dirichlet), float64. Speed-up columns: the peer's time over timm_csm's (> 1: timm_csm "
+             "faster).", "",
+             "| method | N x C | pass ms | library | fit s | fit passes | apply s | apply passes | iterations | "
+             "fit objective | held-out ECE % | held-out NLL | fit: peer / ours | apply: peer / ours |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for lib in LIBRARIES:
+            ratios = "| |" if lib == "timm_csm" else (f"| {_ratio(row['timm_csm'], row[lib], 'fit_s')} | "
+                                                      f"{_ratio(row['timm_csm'], row[lib], 'apply_s')} |")
+            head = f"{1e3 * row['pass_s']:.3g}" if lib == "timm_csm" else ""
+            lines.append(f"| {row['method']} | {row['size']} | {head} | {lib} | {_cells(row[lib], row['pass_s'])} "
+                         + ratios)
+    lines += ["", "Uncalibrated held-out ECE % / NLL: " + "; ".join(
+        f"{r['size']} {100 * r['uncalibrated']['ece']:.2f} / {r['uncalibrated']['nll']:.4f}"
+        for r in rows if r["method"] in ("temperature_scaling_nll", "platt")), ""]
+    return "\n".join(lines + findings(rows)) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cost of a timm-csm-calibrate run
+# ---------------------------------------------------------------------------------------------------------------
+
+RUN_BEGIN, RUN_END = "<!-- calibrate-run -->", "<!-- /calibrate-run -->"
+RUN_CALIBRATORS = ("temperature_scaling", "vector_scaling", "dirichlet", "isotonic")
+# the phases of calibrate(): (label, file suffix, function names), cumulative profiler times
+PHASES = [("reading the data", "timm_csm/calibrate.py", ("_open", "_check_splits")),
+          ("prediction (image transforms and forward passes)", "timm_csm/calibrate.py", ("_predict",)),
+          ("(of which the model's forward passes)", "torch/nn/modules/module.py", ("_wrapped_call_impl",)),
+          ("fitting the calibrators", "timm_csm/calibration/", ("fit",)),
+          ("conformal prediction sets (fit and evaluate)", "timm_csm/calibration/conformal.py", ("fit", "evaluate")),
+          ("metrics, reliability tables, risk-coverage curves", "timm_csm/calibrate.py", ("_scores", "_curves")),
+          ("plots", "timm_csm/calibrate.py", ("_plots",))]
+
+
+def _phase_seconds(stats, suffix: str, names) -> float:
+    total = 0.0
+    for (path, _, function), (_, _, _, cumulative, _) in stats.items():
+        path = path.replace("\\", "/")
+        in_file = path.endswith(suffix) if suffix.endswith(".py") else suffix in path
+        if in_file and function in names and not (suffix == "timm_csm/calibration/" and path.endswith("conformal.py")):
+            total += cumulative
+    return total
+
+
+def calibrate_run(calibrators=RUN_CALIBRATORS) -> str:
+    """Profile ``timm-csm-calibrate`` on Fashion-MNIST's 10 000 test images (half held out for fitting) with the
+    reference CNN (random weights: the cost does not depend on them); the markdown section of the page."""
+    import cProfile
+    import pstats
+    import tempfile
+    from pathlib import Path
+
+    import timm
+    from safetensors.torch import save_file
+
+    import timm_csm  # noqa: F401  (registers reference_cnn)
+    from timm_csm.calibrate import calibrate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        model = timm.create_model("reference_cnn", num_classes=10, in_chans=1)
+        weights = Path(tmp) / "reference_cnn.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+        profiler = cProfile.Profile()
+        wall = time.perf_counter()
+        profiler.enable()
+        calibrate("reference_cnn", "fashion_mnist", checkpoint=weights, num_classes=10, in_chans=1, img_size=28,
+                  calibration_fraction=0.5, test_split="test", output=Path(tmp) / "out",
+                  calibrators=list(calibrators), log=lambda m: None)
+        profiler.disable()
+        wall = time.perf_counter() - wall
+    stats = pstats.Stats(profiler).stats
+    total = _phase_seconds(stats, "timm_csm/calibrate.py", ("calibrate",))
+    parameters = sum(p.numel() for p in model.parameters())
+    lines = [RUN_BEGIN, "## The cost of a calibrate run", "",
+             "    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py --calibrate-run", "",
+             f"`calibrate()` (what `timm-csm-calibrate` runs) on Fashion-MNIST's 10 000 test images, half held out "
+             f"for fitting (`calibration_fraction=0.5`), the reference CNN ({parameters} parameters, random "
+             f"weights) on the CPU, one thread, calibrators {', '.join(calibrators)}, the three "
+             f"conformal methods on the raw and on every calibrated logits; under cProfile: {wall:.1f} s wall on the "
+             "loaded machine. The shares are cumulative profiler times of the functions named in the "
+             "script's `PHASES` (a library's import on first use counts in the phase that first needs it, e.g. "
+             "matplotlib in the plots), over the whole run:", "", "| phase | seconds | share of the run |", "|---|---|---|"]
+    named = 0.0
+    for label, suffix, names in PHASES:
+        seconds = _phase_seconds(stats, suffix, names)
+        named += 0.0 if label.startswith("(") else seconds
+        lines.append(f"| {label} | {seconds:.2f} | {100 * seconds / total:.1f} % |")
+    lines += [f"| the rest (writing the outputs, checks) | {total - named:.2f} | "
+              f"{100 * (total - named) / total:.1f} % |", f"| the run | {total:.2f} | 100 % |", "", RUN_END]
+    return "\n".join(lines)
+
+
+def replace_section(page: str, section: str) -> str:
+    """``page`` with its calibrate-run section replaced by ``section`` (appended when it has none)."""
+    if RUN_BEGIN in page and RUN_END in page:
+        head, rest = page.split(RUN_BEGIN, 1)
+        return head + section + rest.split(RUN_END, 1)[1]
+    return page.rstrip("\n") + "\n\n" + section + "\n"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["1e4x10", "5e4x1000"], help="N x C of the multiclass runs; "
-                   "the binary calibrators run at the first size's N x 2")
+    p.add_argument("--sizes", nargs="+", default=["1e4x10", "1e4x100", "5e4x1000"],
+                   help="N x C of the multiclass runs; the two-class calibrators run at N x 2 for each N")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default=None, help="write the markdown page here (else print it)")
+    p.add_argument("--budget", type=float, default=1800.0, help="wall seconds a library's fit may take")
+    p.add_argument("--calibrate-run", action="store_true", help="profile a timm-csm-calibrate run instead")
+    p.add_argument("--output", default=None, help="write the markdown page here (else print it); the other "
+                   "mode's section of an existing page is kept")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = bench(args.sizes, args.repeats, args.seed)
-    command = "OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    page = markdown(rows, command.strip(), args.repeats)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        if args.calibrate_run:
+            section = calibrate_run()
+            page = open(args.output).read() if args.output and os.path.exists(args.output) else ""
+            page = replace_section(page, section)
+        else:
+            versions = installed()
+            rows = bench(args.sizes, args.repeats, args.seed, args.budget, versions)
+            command = "OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py " + " ".join(
+                shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+            page = markdown(rows, command.strip(), args.repeats, versions)
+            if args.output and os.path.exists(args.output):
+                old = open(args.output).read()
+                if RUN_BEGIN in old:
+                    page = replace_section(page, RUN_BEGIN + old.split(RUN_BEGIN, 1)[1].split(RUN_END, 1)[0] + RUN_END)
     if args.output:
         with open(args.output, "w") as f:
             f.write(page)

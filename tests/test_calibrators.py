@@ -230,3 +230,115 @@ def test_registry_lists_every_calibrator():
     assert isinstance(create_calibrator("dirichlet", reg_lambda=1e-3), PostHocCalibrator)
     with pytest.raises(ValueError, match="reg must be"):
         MatrixScaling(reg="l1")
+
+
+# ------------------------------------------------------------------ the fused float32 fits and applies
+
+FIT_RTOL = 1e-6  # an objective "at least as good" as the reference optimum: ours <= reference + 1e-6 |reference|
+
+
+def float32_logits(n=2000, c=6, seed=20):
+    z, y = noisy_logits(n=n, c=c, seed=seed, scale=2.5)
+    return z.float(), y
+
+
+def nll64(logits, y):
+    return F.cross_entropy(logits.double(), y).item()
+
+
+def test_temperature_newton_on_float32_reaches_the_float64_optimum():
+    z, y = float32_logits()
+    x = z.double().numpy()
+
+    def objective(log_t):
+        return nll64(torch.from_numpy(x / np.exp(log_t)), y)
+
+    best = optimize.minimize_scalar(objective, bounds=(-3, 3), method="bounded", options={"xatol": 1e-12})
+    ts = create_calibrator("temperature_scaling_nll").fit(z, y)
+    assert ts.fit_info["iterations"] <= 10  # Newton on one parameter, one fused pass per iteration
+    assert objective(np.log(ts.temperature)) <= best.fun * (1 + FIT_RTOL)
+    assert ts.temperature == pytest.approx(np.exp(best.x), rel=1e-4)
+
+
+def affine_reference(x, y, diagonal, penalty=None):
+    """SciPy's L-BFGS-B on the float64 objective mean NLL(W x + b) (+ penalty), from the identity."""
+    n, c = x.shape
+    xt = torch.from_numpy(x)
+
+    def objective(params):
+        p = torch.tensor(params, dtype=torch.float64, requires_grad=True)
+        w = p[:c] if diagonal else p[:c * c].view(c, c)
+        b = p[-c:]
+        z = xt * w + b if diagonal else xt @ w.T + b
+        value = F.cross_entropy(z, y) + (penalty(w, b) if penalty else 0.0)
+        value.backward()
+        return value.item(), p.grad.numpy()
+
+    start = np.r_[np.ones(c) if diagonal else np.eye(c).ravel(), np.zeros(c)]
+    return optimize.minimize(objective, start, jac=True, method="L-BFGS-B",
+                             options={"ftol": 1e-15, "gtol": 1e-11, "maxiter": 5000}).fun
+
+
+@pytest.mark.parametrize("name", ["vector_scaling", "matrix_scaling", "dirichlet"])
+def test_affine_fits_on_float32_blocks_reach_the_float64_optimum(name):
+    z, y = float32_logits()
+    kwargs = {"reg_lambda": 0.05, "reg_mu": 0.02} if name == "dirichlet" else {}
+    cal = create_calibrator(name, **kwargs).fit(z, y)
+    features = torch.log_softmax(z.double(), 1) if name == "dirichlet" else z.double()
+    penalty = cal.penalty if name == "dirichlet" else None
+    reference = affine_reference(features.numpy(), y, name == "vector_scaling", penalty)
+    ours = nll64(cal.transform(z).double(), y) if name != "dirichlet" else \
+        nll64(torch.addmm(cal.bias, features, cal.weight.T), y) + float(cal.penalty(cal.weight, cal.bias))
+    assert ours <= reference * (1 + FIT_RTOL)
+    info = cal.fit_info
+    assert info["warm_start_iterations"] <= 10 and 0 < info["iterations"] < cal.max_iter  # stopped on the objective
+    assert info["objective"] == pytest.approx(ours, rel=1e-6)  # float32 blocks, float64 sums
+
+
+@pytest.mark.parametrize("name", MULTICLASS)
+def test_float32_applies_equal_float64_to_the_reported_digits(name):
+    z, y = float32_logits(c=5, seed=21)
+    cal = create_calibrator(name).fit(z.double(), y)
+    test_z = float32_logits(n=700, c=5, seed=22)[0]
+    single, double = cal.predict_proba(test_z), cal.predict_proba(test_z.double())
+    assert single.dtype == torch.float32 and double.dtype == torch.float64
+    assert torch.allclose(single.double(), double, rtol=1e-5, atol=1e-6)
+
+
+def test_validation_once_per_call_catches_every_non_finite_value():
+    from timm_csm.calibration._checks import all_finite
+
+    z = torch.full((4, 3), 3e38)  # finite, though their sum overflows float32
+    assert all_finite(z)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        z2 = z.clone()
+        z2[2, 1] = bad
+        assert not all_finite(z2)
+    ts = create_calibrator("temperature_scaling_nll").fit(*float32_logits(n=200, c=3))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ts.transform(torch.tensor([[0.0, float("-inf"), 1.0]]))
+
+
+def test_the_apply_kernels_equal_their_plain_formulas():
+    from timm_csm.calibration._kernels import affine_rows, log_softmax_rows, row_tiling, scale_shift, softmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    for n, c in ((1001, 7), (60, 40), (3, 10)):
+        x, w, b, m = (torch.randn(n, c, generator=g), torch.randn(c, generator=g), torch.randn(c, generator=g),
+                      torch.randn(c, c, generator=g))
+        k = row_tiling(c)
+        assert torch.allclose(scale_shift(x, w.repeat(k), b.repeat(k)), x * w + b, atol=1e-6)
+        assert torch.allclose(scale_shift(x.T.contiguous().T, w.repeat(k), b.repeat(k)), x * w + b, atol=1e-6)
+        assert torch.allclose(affine_rows(x, m, b), x @ m.T + b, atol=1e-5) and affine_rows(x, m, b).is_contiguous()
+        assert torch.allclose(softmax_rows(x), torch.softmax(x, 1), atol=1e-7)
+        assert torch.allclose(log_softmax_rows(x), torch.log_softmax(x, 1), atol=1e-6)
+
+
+def test_histogram_binning_bins_float32_exactly_as_the_metrics_rule():
+    from timm_csm.metrics import bin_edges, bin_index
+
+    cal = HistogramBinning(n_bins=15)
+    edges = bin_edges(15)
+    probs = torch.cat([edges.float(), torch.nextafter(edges.float(), torch.tensor(2.0)),
+                       torch.nextafter(edges.float(), torch.tensor(-1.0)).clamp(min=0), torch.rand(1000)])
+    assert torch.equal(cal._bins(probs), bin_index(probs.double(), edges))

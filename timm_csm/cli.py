@@ -13,7 +13,7 @@ import functools
 import sys
 from typing import Callable, Optional, Sequence
 
-from .extras import missing_extra, require
+from .extras import missing_extra, require_installed
 
 __all__ = ["console_command", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT"]
 
@@ -31,8 +31,8 @@ def console_command(prog: str, build_parser: Callable, requires: Sequence[str] =
 
     * the decorated ``main`` returns an int, 0 on success, so that the console script's ``sys.exit`` reports success;
     * the optional dependencies in ``requires`` (names of :data:`~timm_csm.extras.OPTIONAL_DEPENDENCIES`) are
-      checked before anything runs, and any other one found missing on the way ends the command as well: one line
-      naming the extra that installs it, exit status 1;
+      checked (found, not imported, so that ``--help`` stays fast) before anything runs, and any other one found
+      missing on the way ends the command as well: one line naming the extra that installs it, exit status 1;
     * ``ValueError`` and ``FileNotFoundError`` (bad input) are one line, exit status 2;
     * ``main.prog`` is the command's name, ``main.build_parser()`` its argument parser and ``main.requires`` the
       optional dependencies it always needs.
@@ -42,7 +42,7 @@ def console_command(prog: str, build_parser: Callable, requires: Sequence[str] =
         def command(argv: Optional[Sequence[str]] = None) -> int:
             try:
                 for module in requires:
-                    require(module, prog)
+                    require_installed(module, prog)
                 status = main(argv)
             except ImportError as e:
                 message = missing_extra(e)

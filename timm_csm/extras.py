@@ -9,10 +9,11 @@ module into that message, which the console commands print as their one error li
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import NamedTuple, Optional
 
-__all__ = ["OptionalDependency", "OPTIONAL_DEPENDENCIES", "MissingExtra", "require", "missing_extra",
-           "install_hint"]
+__all__ = ["OptionalDependency", "OPTIONAL_DEPENDENCIES", "MissingExtra", "require", "require_installed",
+           "missing_extra", "install_hint"]
 
 
 class OptionalDependency(NamedTuple):
@@ -63,6 +64,14 @@ def require(module: str, needed_by: Optional[str] = None, attribute: Optional[st
     except AttributeError as e:
         version = getattr(importlib.import_module(module.split(".")[0]), "__version__", "?")
         raise MissingExtra(_message(module, needed_by, f"not version {version}")) from e
+
+
+
+def require_installed(module: str, needed_by: Optional[str] = None) -> None:
+    """:class:`MissingExtra` naming the extra when the optional dependency ``module`` is not installed, found without
+    importing it (a command checks its dependencies before its work and its ``--help`` stays fast)."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise MissingExtra(_message(module, needed_by, "which is not installed"))
 
 
 def missing_extra(error: BaseException) -> Optional[str]:

@@ -16,19 +16,20 @@ plus Kull et al.'s ODIR penalty (Off-Diagonal and Intercept Regularisation)::
 which leaves the diagonal free (each class keeps its own scale) and shrinks the class interactions and the biases;
 ``reg="l2"`` penalises every weight instead, ``reg_lambda / (C (C - 1)) Σ_{j,k} W_jk^2`` (the plain L2 variant of
 Kull et al.). Both default to no penalty (0, as Guo's matrix scaling); with many classes and few validation samples
-set them (Kull et al. pick them by cross-validation over 10^-7 .. 10^-1). Minimised with L-BFGS in float64
-(:func:`~timm_csm.calibration.optim.minimise_lbfgs`).
+set them (Kull et al. pick them by cross-validation over 10^-7 .. 10^-1). Minimised with L-BFGS from the
+temperature-scaling fit (:mod:`timm_csm.calibration.affine`: fused float32 passes for float32 logits, float64 sums
+and parameters); ``loss`` is the final objective and ``fit_info`` the iterations.
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import check_fit_inputs
+from ._kernels import affine_rows, log_softmax_rows
+from .affine import fit_affine
 from .base import PostHocCalibrator, check_finite_state
-from .optim import minimise_lbfgs
 
 __all__ = ["MatrixScaling", "DirichletCalibration"]
 
@@ -50,9 +51,10 @@ class _AffineCalibrator(PostHocCalibrator):
         self.weight: Optional[torch.Tensor] = None
         self.bias: Optional[torch.Tensor] = None
         self.loss: Optional[float] = None
+        self.fit_info: Optional[dict] = None
 
     def _features(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits, dim=1) if self.on_log_probs else logits
+        return log_softmax_rows(logits) if self.on_log_probs else logits
 
     def penalty(self, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """The regulariser of the objective (0 with the default zero strengths)."""
@@ -64,36 +66,19 @@ class _AffineCalibrator(PostHocCalibrator):
 
     def fit(self, logits, targets) -> "_AffineCalibrator":
         logits, targets = check_fit_inputs(logits, targets, type(self).__name__)
-        x = self._features(logits)
-        c = x.shape[1]
-        # L-BFGS runs on standardised features x~ = (x - m) / s, with W~ = W diag(s) and b~ = b + W m: the same
-        # objective (the penalty is taken on W and b), conditioned so that log-probabilities far below 0 do not
-        # couple the weights and the intercepts (5x fewer iterations to the optimum)
-        mean = x.mean(dim=0)
-        scale = x.std(dim=0)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        standard = (x - mean) / scale
-        weight_s = torch.diag(scale).requires_grad_(True)
-        bias_s = mean.clone().requires_grad_(True)
-
-        def unscaled():
-            weight = weight_s / scale
-            return weight, bias_s - weight @ mean
-
-        def objective():
-            return F.cross_entropy(torch.addmm(bias_s, standard, weight_s.T), targets) + self.penalty(*unscaled())
-
-        self.loss = minimise_lbfgs([weight_s, bias_s], objective, self.max_iter, type(self).__name__)
-        weight, bias = unscaled()
-        self.weight, self.bias = weight.detach().cpu(), bias.detach().cpu()
+        penalised = self.reg_lambda > 0 or self.reg_mu > 0
+        weight, bias, self.fit_info = fit_affine(logits, targets, self._features, False, self.max_iter,
+                                                 type(self).__name__, self.penalty if penalised else None)
+        self.loss = self.fit_info["objective"]
+        self.weight, self.bias = weight.cpu(), bias.cpu()
         return self
 
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.shape[1] != self.bias.numel():
             raise ValueError(f"{type(self).__name__} was fitted for {self.bias.numel()} classes, got "
                              f"{logits.shape[1]}")
-        weight, bias = self.weight.to(logits.device), self.bias.to(logits.device)
-        return torch.addmm(bias, self._features(logits), weight.T)
+        return affine_rows(self._features(logits), self._derived("weight", self.weight, logits),
+                           self._derived("bias", self.bias, logits))
 
     def config(self) -> dict:
         return {"reg_lambda": self.reg_lambda, "reg_mu": self.reg_mu, "reg": self.reg, "max_iter": self.max_iter}

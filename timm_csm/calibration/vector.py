@@ -4,19 +4,21 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import check_fit_inputs
+from ._kernels import row_tiling, scale_shift
+from .affine import fit_affine
 from .base import PostHocCalibrator, check_finite_state
-from .optim import minimise_lbfgs
 
 __all__ = ["VectorScaling"]
 
 
 class VectorScaling(PostHocCalibrator):
-    """``z' = w * z + b`` with w, b in R^C, minimising the validation NLL with L-BFGS (float64, strong Wolfe line
-    search) from w = 1, b = 0. Unlike temperature scaling it can change the predicted class. Fitting refuses fewer
-    samples than classes and a validation set with a single class.
+    """``z' = w * z + b`` with w, b in R^C, minimising the validation NLL with L-BFGS from the temperature-scaling
+    fit (w = 1 / T, b = 0) until an iteration lowers the objective by less than its float precision, at most
+    ``max_iter`` iterations (:mod:`timm_csm.calibration.affine`; ``fit_info`` holds the iterations). Unlike
+    temperature scaling it can change the predicted class. Fitting refuses fewer samples than classes and a
+    validation set with a single class.
     """
 
     kind = "vector_scaling"
@@ -25,21 +27,21 @@ class VectorScaling(PostHocCalibrator):
         self.max_iter = int(max_iter)
         self.weight: Optional[torch.Tensor] = None
         self.bias: Optional[torch.Tensor] = None
+        self.fit_info: Optional[dict] = None
 
     def fit(self, logits, targets) -> "VectorScaling":
         logits, targets = check_fit_inputs(logits, targets, type(self).__name__)
-        num_classes = logits.shape[1]
-        weight = torch.ones(num_classes, dtype=torch.float64, device=logits.device, requires_grad=True)
-        bias = torch.zeros(num_classes, dtype=torch.float64, device=logits.device, requires_grad=True)
-        minimise_lbfgs([weight, bias], lambda: F.cross_entropy(logits * weight + bias, targets), self.max_iter,
-                       type(self).__name__)
-        self.weight, self.bias = weight.detach().cpu(), bias.detach().cpu()
+        weight, bias, self.fit_info = fit_affine(logits, targets, lambda z: z, True, self.max_iter,
+                                                 type(self).__name__)
+        self.weight, self.bias = weight.cpu(), bias.cpu()
         return self
 
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.shape[1] != self.weight.numel():
             raise ValueError(f"VectorScaling was fitted for {self.weight.numel()} classes, got {logits.shape[1]}")
-        return logits * self.weight.to(logits.device) + self.bias.to(logits.device)
+        k = row_tiling(logits.shape[1])
+        return scale_shift(logits, self._derived("weight", self.weight, logits, lambda w: w.repeat(k)),
+                           self._derived("bias", self.bias, logits, lambda b: b.repeat(k)))
 
     def config(self) -> dict:
         return {"max_iter": self.max_iter}

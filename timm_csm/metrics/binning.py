@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 __all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
@@ -43,17 +44,20 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     """Bin of each value for right-closed bins ``(e[b], e[b+1]]``; values <= e[1] (0 included) go to bin 0 and
     values > e[-2] (1.0 included) to the last bin. ``values`` are compared in the dtype of ``edges`` (float64).
 
-    For the equal-width edges of :func:`bin_edges` the bin is computed arithmetically (``ceil(v B) - 1``) and then
-    corrected by exact comparisons with the edges (``v B`` can round across an edge), several times faster than a
-    binary search on large inputs; other edges (``equal_width=False``) use ``torch.bucketize``.
+    For the equal-width edges of :func:`bin_edges` the bin is ``ceil(v B) - 1``: exact unless ``v B`` lies within
+    rounding of an integer (the edges are within a few units in the last place of ``k / B``), and only those values
+    are placed by exact comparisons with the edges; several times faster than a binary search. Other edges
+    (``equal_width=False``) use ``torch.bucketize``.
     """
     v = values.to(edges.dtype)
     if not equal_width:
         return torch.bucketize(v, edges[1:-1], right=False)
     n_bins = edges.numel() - 1
-    idx = (v * n_bins).ceil_().sub_(1).clamp_(0, n_bins - 1).long()
-    idx -= ((v <= edges[idx]) & (idx > 0)).long()
-    idx += ((v > edges[idx + 1]) & (idx < n_bins - 1)).long()
+    scaled = v * n_bins
+    idx = scaled.ceil().sub_(1).clamp_(0, n_bins - 1).long()
+    near = (scaled - scaled.round()).abs_() <= 8 * torch.finfo(scaled.dtype).eps * n_bins
+    if bool(near.any()):
+        idx[near] = torch.bucketize(v[near], edges[1:-1], right=False)
     return idx
 
 
@@ -84,7 +88,9 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     n = values.numel()
     if n == 0:
         raise ValueError("equal-mass edges of an empty set are undefined: pass at least one value")
-    v = values.reshape(-1).to(torch.float64).sort().values
+    v = values.reshape(-1).to(torch.float64)
+    # NumPy's sort is several times faster than torch's on the CPU
+    v = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
     if n == 1:
         return v.expand(n_bins + 1).clone()
     lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)

@@ -57,33 +57,34 @@ class _SmoothECE:
 
     @staticmethod
     def _smooth(values: torch.Tensor, sigma: float) -> torch.Tensor:
-        """Convolve grid values with the reflected, grid-sampled Gaussian (same length out)."""
-        M = values.numel()
+        """Convolve each row of grid values (S, M) with the reflected, grid-sampled Gaussian (same length out): one
+        batched FFT for all rows, the kernel transformed once."""
+        M = values.shape[-1]
         t = torch.linspace(0.0, 1.0, M, dtype=_F64, device=values.device)
         kernel = torch.exp(-(t - 0.5) ** 2 / (2 * sigma * sigma)) / (math.sqrt(2 * math.pi) * sigma)
-        ext = torch.cat([values.flip(0)[:-1], values, values.flip(0)[1:]])  # mirror at both ends, 3M - 2
-        n_full = ext.numel() + M - 1
+        mirrored = values.flip(-1)
+        ext = torch.cat([mirrored[:, :-1], values, mirrored[:, 1:]], dim=-1)  # mirror at both ends, 3M - 2
+        n_full = ext.shape[-1] + M - 1
         n_fft = 1 << (n_full - 1).bit_length()
-        full = torch.fft.irfft(torch.fft.rfft(ext, n_fft) * torch.fft.rfft(kernel, n_fft), n_fft)[:n_full]
+        full = torch.fft.irfft(torch.fft.rfft(ext, n_fft) * torch.fft.rfft(kernel, n_fft), n_fft)[:, :n_full]
         start = (M - 1) + M // 2  # "valid" part starts at M - 1; the centred window starts M // 2 into it
-        return full[start:start + M]
+        return full[:, start:start + M]
 
     @staticmethod
     def _interpolate(grid_values: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        M = grid_values.numel()
+        M = grid_values.shape[-1]
         step = 1.0 / (M - 1)
         idx = (t * (M - 1)).long().clamp(0, M - 2)
         w = (t - idx.to(_F64) * step) / step
-        return grid_values[idx] * (1.0 - w) + grid_values[idx + 1] * w
+        return grid_values[:, idx] * (1.0 - w) + grid_values[:, idx + 1] * w
 
     def at(self, sigma: float) -> float:
         M = max(_MIN_GRID_POINTS, round(20 / sigma)) // 2 + 1
         E = max(round(10 / sigma), _MIN_EVAL_POINTS)
         res, den = self._splat(M)
         t = torch.linspace(0.0, 1.0, E, dtype=_F64, device=res.device)
-        r_s = self._interpolate(self._smooth(res, sigma), t)
-        d_s = self._interpolate(self._smooth(den, sigma), t) + _DENSITY_EPS
-        return float(r_s.abs().sum() / d_s.sum())
+        r_s, d_s = self._interpolate(self._smooth(torch.stack([res, den]), sigma), t)
+        return float(r_s.abs().sum() / (d_s + _DENSITY_EPS).sum())
 
 
 def smooth_calibration_error_sigma(confidences: torch.Tensor, accuracies: torch.Tensor, sigma: float) -> float:

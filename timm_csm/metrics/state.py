@@ -26,18 +26,16 @@ totals.
 """
 from __future__ import annotations
 
-import math
 from typing import List, NamedTuple, Optional
 
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
-from .inputs import ROW_SUM_ATOL, PreparedInputs
+from .blocks import PROB_FLOOR, compute_dtype, reduce_block
+from .inputs import PreparedInputs
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
 
-PROB_FLOOR = 1e-12
-_LOG_FLOOR = math.log(PROB_FLOOR)
 _F64 = torch.float64
 
 
@@ -127,9 +125,10 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
     per_sample = _PerSample()
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
-            if buf is None or buf.dtype != _compute_dtype(p.dtype) or buf.numel() < p.numel():
-                buf = torch.empty(max(max_elements, p.numel()), dtype=_compute_dtype(p.dtype), device=p.device)
-            _reduce_block(p, t, inputs, edges, local.flags, per_sample, cw_others, buf)
+            if buf is None or buf.dtype != compute_dtype(p.dtype) or buf.numel() < p.numel() + 64 * p.shape[1]:
+                size = max(max_elements, p.numel()) + 64 * p.shape[1]  # room for padded rows
+                buf = torch.empty(size, dtype=compute_dtype(p.dtype), device=p.device)
+            reduce_block(p, t, inputs, edges, local.flags, per_sample, cw_others, buf)
             if per_sample.count >= _FLUSH_SAMPLES:
                 per_sample.flush(local, edges)
     per_sample.flush(local, edges)
@@ -169,31 +168,6 @@ class _ClasswiseOthers:
         state.cw_label_sum.add_(label.clamp(min=0))
 
 
-def _check_soft_target(t):
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError("target contains NaN or inf")
-    if float(t.amin()) < 0 or float(t.amax()) > 1 + ROW_SUM_ATOL:
-        raise ValueError("soft target values must lie in [0, 1]")
-    dev = float((t.sum(1) - 1.0).abs().max())
-    if dev > ROW_SUM_ATOL:
-        raise ValueError(f"soft target rows do not sum to 1 (max deviation {dev:.3g})")
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Per-sample math runs in the input's precision (float64 stays float64, anything else becomes float32);
-    every sum over samples is float64."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _first_above(threshold: float, dtype: torch.dtype) -> float:
-    """Smallest value of ``dtype`` strictly above the float64 ``threshold``: ``x > threshold`` (exact float64
-    semantics) equals ``x >= _first_above(threshold, dtype)`` for ``x`` of that dtype."""
-    v = torch.tensor(threshold, dtype=dtype)
-    if float(v) <= threshold:
-        v = torch.nextafter(v, torch.tensor(float("inf"), dtype=dtype))
-    return float(v)
-
-
 _FLUSH_SAMPLES = 1 << 16
 
 
@@ -225,121 +199,6 @@ class _PerSample:
         self.count = 0
 
 
-def _logit_rows(c, x, t, y, soft: bool, want_nll: bool):
-    """Logits ``c`` into ``x = exp(z - max z)`` (in place); the row sums, confidences, per-sample NLL (or None),
-    the row maximum of ``x`` and where a tie for it is possible."""
-    m = c.amax(1)
-    # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
-    if not bool(torch.isfinite(m).all()):
-        raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
-    torch.sub(c, m.view(-1, 1), out=x)
-    x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
-    s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
-    nll_i = None
-    if want_nll:
-        lse = m.to(_F64) + s.log()
-        if soft:
-            tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
-            nll_i = lse * t.sum(1) - tz.sum(1)
-        else:
-            nll_i = lse - c.gather(1, y).view(-1).to(_F64)
-    return x, s, s.reciprocal(), nll_i, 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
-
-
-def _probability_rows(c, x, t, y, soft: bool, input_type: str, want_nll: bool):
-    """Probabilities or log-probabilities ``c`` as probabilities ``x`` (checked: finite, non-negative, rows summing
-    to 1); the same outputs as :func:`_logit_rows`."""
-    nll_i = None
-    if input_type == "log_probs":
-        m_log = c.amax(1)
-        if bool(torch.isnan(m_log).any()) or bool(torch.isposinf(m_log).any()):
-            raise ValueError("preds (log_probs) contain NaN or +inf")
-        if want_nll:
-            if soft:
-                nll_i = -(t * c.clamp(min=_LOG_FLOOR)).sum(1)
-            else:
-                nll_i = -c.gather(1, y).view(-1).clamp(min=_LOG_FLOOR).to(_F64)
-        torch.exp(c, out=x)
-    else:
-        x = c  # probabilities are only read
-    s = x.sum(1).to(_F64)
-    if not bool(torch.isfinite(s).all()):
-        raise ValueError(f"preds ({input_type}) contain NaN or inf")
-    if float(x.amin()) < 0:
-        raise ValueError("preds (probs) contain negative values; pass input_type='logits' for raw scores")
-    dev = float((s - 1.0).abs().max())
-    if dev > ROW_SUM_ATOL:
-        raise ValueError(f"preds ({input_type}) rows do not sum to 1 (max deviation {dev:.3g}); pass "
-                         "input_type='logits' for unnormalised scores")
-    m = x.amax(1)
-    conf = m.to(_F64)
-    if want_nll and input_type == "probs":
-        if soft:
-            nll_i = -(t * x.clamp(min=PROB_FLOOR).log()).sum(1)
-        else:
-            nll_i = -x.gather(1, y).view(-1).clamp(min=PROB_FLOOR).log().to(_F64)
-    return x, s, conf, nll_i, m.view(-1, 1), 2.0 * conf <= s + 1e-12
-
-
-def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible, logits: bool, keep_x: bool):
-    """Accuracy of the top-label prediction: argmax with ties (equal probabilities) to the lowest class index."""
-    if soft:
-        return t.gather(1, x.argmax(1).view(-1, 1)).view(-1)
-    top = (x.gather(1, y) == row_max).view(-1)
-    maybe_tie = top & tie_possible
-    if bool(maybe_tie.any()):
-        if logits:
-            # x = exp(z - max z) <= 1, so floor(x) is 1 exactly at the row maxima and 0 elsewhere; in place when
-            # the probabilities are not needed any more
-            marks = torch.floor(x) if keep_x else x.floor_()
-        else:
-            marks = (x == row_max).to(x.dtype)
-        rows = (maybe_tie & (marks.sum(1) >= 2)).nonzero().view(-1)
-        if rows.numel():  # argmax of the 0/1 marks is the first maximum
-            top[rows] = marks[rows].argmax(1) == y.view(-1)[rows]
-    return top.to(_F64)
-
-
-def _reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: Optional[torch.Tensor],
-                  flags: dict, out: _PerSample, cw: Optional[_ClasswiseOthers], buf: torch.Tensor) -> torch.Tensor:
-    """Reduce one block into ``out`` (and the classwise sums ``cw``); returns the block's probabilities (valid when
-    ``flags`` keep them: Brier or classwise)."""
-    n, C = p_raw.shape
-    logits, soft = inputs.input_type == "logits", inputs.soft
-    c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
-    x = buf[:n * C].view(n, C)  # working block
-    y = None
-    if soft:
-        t = t.to(_F64)
-        _check_soft_target(t)
-    else:
-        y = t.view(-1, 1)
-    if logits:
-        x, s, conf, nll_i, row_max, tie_possible = _logit_rows(c, x, t, y, soft, flags["nll"])
-    else:
-        x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
-                                                                     flags["nll"])
-    keep_x = flags["brier"] or flags["classwise"]
-    acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible, logits, keep_x)
-    if logits and keep_x:
-        x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
-
-    out.conf.append(conf)
-    out.acc.append(acc)
-    out.count += n
-    if nll_i is not None:
-        out.nll.append(nll_i)
-    if flags["brier"]:
-        if soft:
-            out.brier.append((x - t).pow_(2).sum(1))
-        else:
-            sq = torch.einsum("ij,ij->i", x, x).to(_F64)
-            out.brier.append(sq - 2.0 * x.gather(1, y).view(-1).to(_F64) + 1.0)
-    if cw is not None:
-        _classwise_block(x, t, soft, edges, cw)
-    return x
-
-
 class SampleValues(NamedTuple):
     """Per-sample values of the metrics, exactly those the one pass sums (float64, ``(N,)``): ``confidence``,
     ``accuracy``, ``nll``, ``brier``; ``probs`` ``(N, C)`` the probabilities the classwise bins read (the compute
@@ -361,8 +220,8 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> Sample
     per_sample, probs, targets = _PerSample(), [], []
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
-            buf = torch.empty(p.numel(), dtype=_compute_dtype(p.dtype), device=p.device)
-            probs.append(_reduce_block(p, t, inputs, None, flags, per_sample, None, buf).clone())
+            buf = torch.empty(p.numel() + 64 * p.shape[1], dtype=compute_dtype(p.dtype), device=p.device)
+            probs.append(reduce_block(p, t, inputs, None, flags, per_sample, None, buf).clone(memory_format=torch.contiguous_format))
             targets.append(t.to(_F64) if inputs.soft else t.reshape(-1))
     if not probs:
         raise ValueError("no samples: per-sample values of an empty set are undefined")
@@ -370,24 +229,3 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> Sample
     return SampleValues(cat(per_sample.conf), cat(per_sample.acc), cat(per_sample.nll), cat(per_sample.brier),
                         cat(probs), cat(targets))
 
-
-def _classwise_block(x, t, soft, edges, cw: _ClasswiseOthers):
-    B = cw.B
-    n = x.shape[0]
-    cw.n += n
-    cw.prob_total += x.sum(0, dtype=_F64)
-    if B > 1:
-        rows, cols = (x >= _first_above(float(edges[1]), x.dtype)).nonzero(as_tuple=True)
-        vals = x[rows, cols].to(_F64)
-        flat = cols * B + bin_index(vals, edges)
-        values = (vals, t[rows, cols]) if soft else (vals,)
-        bin_sums(flat, cw.C * B, *values, out=(cw.count, cw.prob, cw.label)[:1 + len(values)])
-    if soft:
-        cw.label_total += t.sum(0)
-    else:
-        y = t.view(-1)
-        p_y = x.gather(1, y.view(-1, 1)).view(-1)
-        flat_y = y * B + bin_index(p_y, edges)
-        if cw.hard_labels is None:
-            cw.hard_labels = torch.zeros(cw.C * B, dtype=_F64, device=x.device)
-        bin_sums(flat_y, cw.C * B, out=(cw.hard_labels,))
