@@ -6,7 +6,8 @@ reads the finished ones (``benchmarks/cells_a2/``, then the cell cache ``runs/pr
 * makes stage 1's choices on validation only: each baseline's grid point, CSM's coordinate-wise steps, the best
   other method before and after TS (:func:`stage1_choices`);
 * names the cells that can run next, so that each stage starts once the choices it needs are made (``--next``):
-  stage 1, then 2, then 3-5, a later stage of a setting once the setting its choices come from has finished stage 2;
+  stage 1, then 2 (a method's stage-2 seeds once its own choice is made), then 3-5, a later stage of a setting once
+  the setting its choices come from has finished stage 2;
 * writes ``benchmarks/calibration_a2.md``: the grids and choices, stage 2's paired intervals and Holm-corrected
   decisions, stage 3's label variants, stage 4's volume points (and their figure), stage 5's data seeds, and the
   cells' records (commit, threads) (``--report``).
@@ -140,11 +141,13 @@ def _stage12_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Tuple
     choices = stage1_choices(setting, rows)
     wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
     todo = [(m, s) for s in bench.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
-    if todo or choices["csm"] is None or None in choices["best_other"].values():
-        return todo, False
-    stage2 = dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(), choices["csm"]])
-    todo = [(m, s) for s in bench.A2_SEEDS for m in stage2 if (m, s) not in done]
-    return todo, not todo
+    # a stage-2 method runs its seeds 3-14 once its own choice is made: no choice reads stage 2's cells, so CE,
+    # RegMixup and the best other method need not wait for CSM's search (listed after stage 1's cells)
+    stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
+                                        choices["csm"]]) if m is not None]
+    todo += [(m, s) for s in bench.A2_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
+    finished = not todo and choices["csm"] is not None and None not in choices["best_other"].values()
+    return todo, finished
 
 
 def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]],

@@ -36,7 +36,11 @@ def test_holm_matches_a_hand_worked_example():
 
 def test_next_cells_follow_the_protocols_stages():
     rows = {}
-    first = a2.next_cells("matched", rows)
+    everything = a2.next_cells("matched", rows)
+    first = [(m, s) for m, s in everything if s <= 2]
+    assert everything[:len(first)] == first  # stage 1's cells before stage 2's
+    # stage 2's seeds only of the methods whose choice is made: CE (no choice to make) before any cell has run
+    assert {m for m, s in everything if s > 2} == {"ce"} and {s for m, s in everything if s > 2} == set(range(3, 15))
     names = {m for m, _ in first}
     assert {s for _, s in first} == {0, 1, 2} and "kd" not in {m.split("@")[0] for m in names}
     assert {"ce", "ls@smoothing=0.2", "regmixup@regmixup=2", "csm@s=1", "csm"} <= names
@@ -45,7 +49,11 @@ def test_next_cells_follow_the_protocols_stages():
     values = {m: (3.0, 0.4, 3.0) for m in names}
     values["csm@s=2.3"] = (1.0, 0.3, 1.0)
     nxt = a2.next_cells("matched", _rows(values))
-    assert sorted({m for m, _ in nxt}) == ["csm@s=2.3,weight=0.5", "csm@s=2.3,weight=2"]
+    assert sorted({m for m, s in nxt if s <= 2}) == ["csm@s=2.3,weight=0.5", "csm@s=2.3,weight=2"]
+    # the baselines' choices are made: their stage-2 seeds may run while CSM's search goes on
+    choices = a2.stage1_choices("matched", _rows(values))
+    assert choices["csm"] is None and choices["chosen"]["regmixup"] is not None
+    assert {m for m, s in nxt if s > 2} == {"ce", choices["chosen"]["regmixup"], *choices["best_other"].values()}
     assert "kd@alpha=0.5,temperature=2" in {m for m, _ in a2.next_cells("annotated", {})}
 
 
@@ -54,8 +62,8 @@ def test_stage2_runs_the_chosen_methods_to_15_seeds_and_decides_under_holm():
     for setting in ("matched", "annotated"):
         rows = {}
         while True:
-            todo = a2.next_cells(setting, rows)
-            if not todo or min(s for _, s in todo) > 2:
+            todo = [(m, s) for m, s in a2.next_cells(setting, rows) if s <= 2]
+            if not todo:
                 break
             for m, s in todo:  # stage 1: the unfiltered s = 4 at weight 2, n_aug 2 wins; RegMixup alpha 10 is best other
                 good = {"csm@s=4": 1.5, "csm@s=4,weight=2": 1.2, "csm@n_aug=2,s=4,weight=2": 1.0,
