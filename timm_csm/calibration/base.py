@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -18,9 +18,11 @@ _COMPUTE_DTYPES = (torch.float32, torch.float64)
 class PostHocCalibrator:
     """Fit on validation logits with ``fit(logits, targets) -> self``; ``transform(logits)`` returns calibrated
     logits (apply softmax for probabilities). ``state_dict()`` holds tensors; ``config()`` the constructor
-    arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator."""
+    arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator.
+    ``fit_info`` holds what an iterative fit reports (its iterations, its final objective), None otherwise."""
 
     kind: str = ""
+    fit_info: Optional[dict] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -56,8 +58,8 @@ class PostHocCalibrator:
 
     def _calibrated(self, logits) -> Tuple[torch.Tensor, torch.dtype]:
         """Validated logits through ``_apply`` in their compute precision (float64 stays float64, other types run
-        in float32: the applies' results agree with float64 arithmetic to about 1e-6 relative), and the input's
-        dtype."""
+        in float32: the applies' results agree with float64 arithmetic to about 1e-6 relative; isotonic regression
+        interpolates in float64), and the input's dtype."""
         self._require_fitted()
         logits = as_logits(logits)
         dtype = logits.dtype
