@@ -43,10 +43,10 @@ class PostHocCalibrator:
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _derived(self, tag: str, source: torch.Tensor, like: torch.Tensor, make=None) -> torch.Tensor:
-        """``make(source)`` (default: ``source``) in ``like``'s dtype and on its device, computed once per fitted
-        state (a new ``source`` tensor, from ``fit`` or ``load_state_dict``, replaces it): the applies convert
-        their parameters once, not on every call."""
+    def _derived(self, tag: str, source: torch.Tensor, like: torch.Tensor, make=None):
+        """``make(source)`` (default: ``source``) of ``source`` in ``like``'s dtype and on its device, computed once
+        per fitted state (a new ``source`` tensor, from ``fit`` or ``load_state_dict``, replaces it): the applies
+        convert their parameters, or build their tables, once, not on every call."""
         cache = self.__dict__.setdefault("_derived_cache", {})
         key = (tag, like.dtype, like.device)
         entry = cache.get(key)
