@@ -323,7 +323,7 @@ def main(argv=None):
     parser.add_argument("--sizes", nargs="*", default=SIZES, help="NxC sizes, e.g. 1e5x100")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=float, default=900, help="wall seconds a method's first call may take")
-    parser.add_argument("--output", help="write the results as a markdown page to this file")
+    parser.add_argument("--output", help="write the results as a markdown page to this file (and as .json beside it)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -353,9 +353,10 @@ def main(argv=None):
         table(results), "", findings(results), "", NOTES])
     print(text)
     if args.output:
-        from timm_csm.io import write_text_atomic
+        from timm_csm.io import write_json_atomic, write_text_atomic
 
         write_text_atomic(args.output, text)
+        write_json_atomic(os.path.splitext(args.output)[0] + ".json", {"command": command.strip(), "results": results})
     return 0
 
 
