@@ -7,9 +7,10 @@ probmetrics, scikit-learn and relplot, every time also a multiple of one fused p
 Each size runs in its own process with one thread: the process builds the inputs (``logits = 2 randn(N, C)``, +4
 on the true class, seed 0; float32) and every method's closure (imports and inputs a library needs, such as
 probabilities for the libraries that take them, prepared outside the timer), calls each once (its value), then
-times one pass (``torch.logsumexp(logits, dim=1)``) and every method in turn, ``--repeats`` rounds interleaved, so
-that a change of the machine's load falls on all of them alike. Reported: the value, the best CPU time and that time
-over the best pass. A method whose first call runs past ``--budget`` seconds is stopped and said so.
+times one pass (``torch.logsumexp(logits, dim=1)``) and every method in turn, ``--repeats`` rounds interleaved (ten
+times as many where N x C <= 1e6), so that a change of the machine's load falls on all of them alike. Reported:
+the value, the best CPU time and that time over the best pass. A method whose first call runs past ``--budget``
+seconds is stopped and said so.
 
 What each method computes:
 
@@ -238,7 +239,7 @@ def worker(spec):
             row["error"] = f"{type(e).__name__}: {e}"[:120]
         out.append(row)
     best = {key: float("inf") for key in [("pass", "pass"), *runs]}
-    for _ in range(repeats):
+    for _ in range(repeats if n * c > 1e6 else 10 * repeats):  # millisecond calls: more rounds
         for key in best:
             fn = (lambda: torch.logsumexp(logits, dim=1)) if key == ("pass", "pass") else runs[key]
             start = time.process_time()
@@ -323,7 +324,7 @@ def main(argv=None):
     parser.add_argument("--sizes", nargs="*", default=SIZES, help="NxC sizes, e.g. 1e5x100")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=float, default=900, help="wall seconds a method's first call may take")
-    parser.add_argument("--output", help="write the results as a markdown page to this file")
+    parser.add_argument("--output", help="write the results as a markdown page to this file (and as .json beside it)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -347,15 +348,17 @@ def main(argv=None):
         f"{os.cpu_count()} CPU cores ({platform.machine()}) shared with other benchmark jobs (a loaded machine: "
         f"absolute times are inflated; the pass multiples, taken in the same process, and the ratios hold), 1 "
         f"thread per method, torch {torch.__version__}; load average at the end {load}; {elapsed:.0f} s in all. "
-        f"Best CPU time of {args.repeats} interleaved rounds, all methods of a size in one process. One pass: "
+        f"Best CPU time of {args.repeats} interleaved rounds ({10 * args.repeats} where N x C <= 1e6), all methods of "
+        "a size in one process. One pass: "
         "`torch.logsumexp` over the logits, timed in the same rounds; `passes` is the method's time over it. "
         "What each method computes: the script's docstring.", "",
         table(results), "", findings(results), "", NOTES])
     print(text)
     if args.output:
-        from timm_csm.io import write_text_atomic
+        from timm_csm.io import write_json_atomic, write_text_atomic
 
         write_text_atomic(args.output, text)
+        write_json_atomic(os.path.splitext(args.output)[0] + ".json", {"command": command.strip(), "results": results})
     return 0
 
 

@@ -77,12 +77,12 @@ class AffineNLL:
                 z = torch.addmm(b_, w_, x) if self.columns else torch.addmm(b_, x, w_)
             top = z.amax(classes, keepdim=True)
             s = z.sub_(top).exp_().sum(classes, keepdim=True)
-            log_sum += s.log().add_(top).sum().to(_F64)
+            log_sum += s.log().add_(top).sum(dtype=_F64)
             p = z.div_(s)
-            grad_b += p.sum(1 - classes).to(_F64)
+            grad_b += p.sum(1 - classes, dtype=_F64)
             if self.diagonal:
-                grad_w += p.mul_(x).sum(1 - classes).to(_F64)
-            else:
+                grad_w += p.mul_(x).sum(1 - classes, dtype=_F64)
+            else:  # a float32 matrix product per block (its sums over the block's rows), added up in float64
                 grad_w += (p @ x.T if self.columns else p.T @ x).to(_F64)
         # the label terms, with the parameters as the blocks saw them (rounded to the blocks' precision)
         w64, b64 = w.to(_F64), b.to(_F64)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -18,9 +18,11 @@ _COMPUTE_DTYPES = (torch.float32, torch.float64)
 class PostHocCalibrator:
     """Fit on validation logits with ``fit(logits, targets) -> self``; ``transform(logits)`` returns calibrated
     logits (apply softmax for probabilities). ``state_dict()`` holds tensors; ``config()`` the constructor
-    arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator."""
+    arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator.
+    ``fit_info`` holds what an iterative fit reports (its iterations, its final objective), None otherwise."""
 
     kind: str = ""
+    fit_info: Optional[dict] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -46,10 +48,10 @@ class PostHocCalibrator:
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _derived(self, tag: str, source: torch.Tensor, like: torch.Tensor, make=None) -> torch.Tensor:
-        """``make(source)`` (default: ``source``) in ``like``'s dtype and on its device, computed once per fitted
-        state (a new ``source`` tensor, from ``fit`` or ``load_state_dict``, replaces it): the applies convert
-        their parameters once, not on every call."""
+    def _derived(self, tag: str, source: torch.Tensor, like: torch.Tensor, make=None):
+        """``make(source)`` (default: ``source``) of ``source`` in ``like``'s dtype and on its device, computed once
+        per fitted state (a new ``source`` tensor, from ``fit`` or ``load_state_dict``, replaces it): the applies
+        convert their parameters, or build their tables, once, not on every call."""
         cache = self.__dict__.setdefault("_derived_cache", {})
         key = (tag, like.dtype, like.device)
         entry = cache.get(key)
@@ -61,8 +63,8 @@ class PostHocCalibrator:
 
     def _calibrated(self, logits) -> Tuple[torch.Tensor, torch.dtype]:
         """Validated logits through ``_apply`` in their compute precision (float64 stays float64, other types run
-        in float32: the applies' results agree with float64 arithmetic to about 1e-6 relative), and the input's
-        dtype."""
+        in float32: the applies' results agree with float64 arithmetic to about 1e-6 relative; isotonic regression
+        interpolates in float64), and the input's dtype."""
         self._require_fitted()
         logits = as_logits(logits)
         dtype = logits.dtype

@@ -67,7 +67,7 @@ def _interpolation_table(x: torch.Tensor, y: torch.Tensor, num_knots: torch.Tens
     x = torch.cat([x, x[:, -1:].expand(-1, width - x.shape[1])], dim=1)
     y = torch.cat([y, y[:, -1:].expand(-1, width - y.shape[1])], dim=1)
     dx, dy = x.diff(dim=1), y.diff(dim=1)
-    real = (torch.arange(width - 1) < (num_knots - 1).unsqueeze(1)) & (dx > 0)
+    real = (torch.arange(width - 1, device=x.device) < (num_knots - 1).unsqueeze(1)) & (dx > 0)
     slopes = torch.where(real, dy / torch.where(real, dx, torch.ones_like(dx)), torch.zeros_like(dx))
     return x, y, torch.cat([slopes, torch.zeros_like(slopes[:, :1])], dim=1)
 
@@ -121,7 +121,9 @@ class IsotonicCalibration(PostHocCalibrator):
         if logits.shape[1] != c:
             raise ValueError(f"IsotonicCalibration was fitted for {c} classes, got {logits.shape[1]}")
         out = torch.empty_like(logits)
-        table = [t.to(logits.device) for t in self._table()]
+        like = torch.empty(0, dtype=torch.float64, device=logits.device)
+        table = self._derived("table", self.knots_x, like, lambda x: _interpolation_table(
+            x, self.knots_y.to(like.device), self.num_knots.to(like.device)))
         for start, stop in row_blocks(logits.shape[0], c):
             # (C, rows) float64 probabilities, one search per class row: a segment's slope can magnify float32
             # rounding of its input past the reported digits, so these are computed in the knots' precision
@@ -131,11 +133,6 @@ class IsotonicCalibration(PostHocCalibrator):
             log_total = q.sum(0).log_()
             out[start:stop] = q.log_().sub_(log_total).T
         return out
-
-    def _table(self):
-        if getattr(self, "_table_of", (None,))[0] is not self.knots_x:  # once per fitted or loaded state
-            self._table_of = (self.knots_x, _interpolation_table(self.knots_x, self.knots_y, self.num_knots))
-        return self._table_of[1]
 
     def config(self) -> dict:
         return {}

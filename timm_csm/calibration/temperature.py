@@ -6,7 +6,6 @@ from decimal import Decimal
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..metrics.binning import bin_edges, bin_index, bin_sums, calibration_error_from_bins
 from ._checks import check_fit_inputs

@@ -191,7 +191,8 @@ def _column_block(p_raw: torch.Tensor, y: torch.Tensor, edges: Optional[torch.Te
     top = x_y == 1.0
     maybe_tie = top & (s >= 2.0)  # a tie needs a second entry equal to the maximum
     if bool(maybe_tie.any()):
-        columns = (maybe_tie & ((x[:, :n] == 1.0).sum(0) >= 2)).nonzero().view(-1)
+        # floor(x) is 1 exactly at a sample's maxima (x <= 1): two of them are a tie
+        columns = (maybe_tie & (torch.floor(x).sum(0)[:n] >= 2)).nonzero().view(-1)
         if columns.numel():  # the first maximum wins, as torch.argmax
             top[columns] = torch.floor(x[:, columns]).argmax(0) == y[columns]
     out.conf.append(s.reciprocal())
