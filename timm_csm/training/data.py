@@ -23,14 +23,13 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..data import derive_seed
+from ..data import EMBEDDED_DATASETS, derive_seed
 from .config import TrainConfig
 from .model import fixed_input_size
 
 __all__ = ["DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",
            "eval_loader", "TIMM_TRANSFORM_FLAGS"]
 
-_EMBEDDED = ("fashion_mnist", "digits")
 _HUB_ALIASES = ("cifar10", "cifar100")
 
 
@@ -55,14 +54,14 @@ def _subset(arrays, n: Optional[int], seed: int, salt: int):
 def _from_source(config: TrainConfig, what: str, load):
     """``load()``, its failures turned into a ``ValueError`` that names the dataset and ``what`` was loaded."""
     name = config.dataset
-    known = name in _EMBEDDED or name in _HUB_ALIASES or os.path.isdir(name) or "/" in name
+    known = name in EMBEDDED_DATASETS or name in _HUB_ALIASES or os.path.isdir(name) or "/" in name
     try:
         return load()
     except ValueError:
         raise  # missing / undetectable column, bad images: already a clear message
     except Exception as e:  # not found locally, on the Hub, or offline
         if not known:
-            raise ValueError(f"unknown dataset {name!r}; available: {', '.join(_EMBEDDED)} (embedded), "
+            raise ValueError(f"unknown dataset {name!r}; available: {', '.join(EMBEDDED_DATASETS)} (embedded), "
                              f"{', '.join(_HUB_ALIASES)} (Hub or cache), or a Hugging Face dataset name or folder "
                              f"({type(e).__name__}: {e})") from e
         raise ValueError(f"dataset {name!r}, {what} could not be loaded: {type(e).__name__}: {e}") from e
