@@ -169,3 +169,23 @@ def test_paired_t_interval_gives_the_benchmarks_committed_numbers():
             cells.append(bench._interval_text(paired_t_interval(a, b), digits))
         assert cells == committed[label], method
     assert re.match(r"-3\.54 \[-3\.86, -3\.22\] \(n=5\)", committed["CE"][0])
+
+
+def test_the_detectable_difference_is_rejected_with_the_asked_power():
+    from scipy.stats import t as student_t
+
+    from timm_csm.metrics import detectable_difference
+
+    # the planning numbers of PROTOCOL.md amendment 2 (sd 0.56 and 0.73 ECE points, 15 and 5 seeds, alpha 0.05 and
+    # Holm's strictest 0.0125)
+    cases = ((0.56, 15, 0.05), (0.56, 5, 0.05), (0.73, 15, 0.05), (0.73, 15, 0.0125))
+    assert [round(detectable_difference(*c), 2) for c in cases] == [0.44, 0.94, 0.57, 0.71]
+    sd, n = 0.7, 15
+    delta = detectable_difference(sd, n)
+    assert detectable_difference(sd, n, power=0.9) > delta > detectable_difference(sd, n, power=0.5)
+    # simulated paired t-tests at that true difference reject at 80% (4 000 trials: +-0.02 at 3 sd)
+    d = np.random.default_rng(0).normal(delta, sd, size=(4000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(n))
+    assert abs(np.mean(np.abs(t) > student_t.ppf(0.975, n - 1)) - 0.8) < 0.02
+    with pytest.raises(ValueError, match="need n >= 2"):
+        detectable_difference(0.5, 1)

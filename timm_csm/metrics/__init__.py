@@ -23,8 +23,8 @@ from .binning import bin_edges, bin_index, check_n_bins
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
-from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics, holm,
-                        paired_t_interval, percentile_interval, resample_indices)
+from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics,
+                        detectable_difference, holm, paired_t_interval, percentile_interval, resample_indices)
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
@@ -40,4 +40,4 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
-           "holm"]
+           "holm", "detectable_difference"]

@@ -48,7 +48,7 @@ from .state import SampleValues, sample_values
 
 __all__ = ["DEFAULT_RESAMPLES", "DEFAULT_LEVEL", "resample_indices", "percentile_interval", "bootstrap_distribution",
            "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution", "PairedInterval",
-           "paired_t_interval", "holm"]
+           "paired_t_interval", "holm", "detectable_difference"]
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
@@ -363,3 +363,29 @@ def holm(p_values: Sequence[float], alpha: float = 0.05) -> Tuple[List[float], L
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running
     return adjusted, [v <= alpha for v in adjusted]
+
+
+def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference that the two-sided paired t-test over ``n`` seeds rejects at level
+    ``alpha`` with probability ``power``, for per-seed differences of standard deviation ``sd`` (exact: the
+    noncentral t distribution, not the normal approximation)."""
+    if n < 2 or not sd >= 0 or not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise ValueError(f"need n >= 2, sd >= 0 and alpha, power in (0, 1); got n={n}, sd={sd}, alpha={alpha}, "
+                         f"power={power}")
+    if sd == 0:
+        return 0.0
+    from ..extras import require
+
+    stats = require("scipy.stats", "power calculations")
+    optimize = require("scipy.optimize", "power calculations")
+    df, scale = n - 1, math.sqrt(n) / sd
+    crit = float(stats.t.ppf(1.0 - alpha / 2.0, df))
+
+    def shortfall(delta: float) -> float:  # rejection probability (both tails) at true difference delta, minus power
+        nc = delta * scale
+        far_tail = float(stats.nct.cdf(-crit, df, nc))  # negligible here; NaN in SciPy for a large nc
+        return float(stats.nct.sf(crit, df, nc)) + (far_tail if far_tail == far_tail else 0.0) - power
+
+    normal = (crit + float(stats.norm.ppf(power))) / scale  # the normal approximation, below the exact answer
+    return float(optimize.brentq(shortfall, 0.0, 3.0 * normal))
+
