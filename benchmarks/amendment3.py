@@ -1,0 +1,307 @@
+"""PROTOCOL.md amendment 3: amendment 2's decision rows under corruption and against out-of-distribution images.
+
+Each shift cell evaluates one finished amendment-2 cell's kept checkpoint (``<a2 output>/cells/<cell>/
+model_best.safetensors``) with ``timm-csm-train --eval-only``: the 23 corruptions at severities 1-5 and the
+``mnist5k`` OOD source on a seeded 2 000 of the test images, then the ``digits`` OOD source; it trains and chooses
+nothing. Its compact record, ``shift.json``, goes into the committed cell folder ``benchmarks/cells_a2/<cell>/``.
+
+    python benchmarks/amendment3.py --next                 # the shift cells that can run now
+    python benchmarks/amendment3.py --run ce-s0            # one shift cell (resumable; its two runs kept apart)
+    python benchmarks/amendment3.py --report               # benchmarks/shift_a3.md and its figure
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import amendment2 as a2  # noqa: E402  (a benchmark script beside this one)
+
+bench = a2.bench
+from timm_csm.io import write_json_atomic, write_text_atomic  # noqa: E402
+from timm_csm.metrics import detectable_difference, holm, paired_t_interval  # noqa: E402
+
+OUTPUT = Path("runs/protocol_a3")
+SHIFT_FILE = "shift.json"
+PAGE = Path("benchmarks/shift_a3.md")
+SEVERITIES = (1, 2, 3, 4, 5)
+#: the amendment-2 cells' data options, and each of a shift cell's two runs (PROTOCOL.md amendment 3)
+DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--val-size", "2000", "--data-seed", "0"]
+RUNS = {"shift": ["--max-test-samples", "2000", "--eval-shift", "all", "--ood", "mnist5k"],
+        "digits": ["--max-test-samples", "2000", "--ood", "digits"]}
+OOD_SOURCES = ("mnist5k", "digits")
+PHASES = {"uncalibrated": "before TS", "temperature_scaling": "after TS"}
+FAMILY_ALPHA = 0.05
+
+
+def decision_rows(choices: Dict[str, Any]) -> List[str]:
+    """Amendment 2's stage-2 rows of a setting whose choices are made: CE, the chosen RegMixup, the best other
+    method before and after TS, the CSM row."""
+    names = ["ce", choices["chosen"].get("regmixup"), *choices["best_other"].values(), choices["csm"]]
+    return [m for m in dict.fromkeys(names) if m is not None]
+
+
+def shift_cells(a2_output: Path = Path(bench.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
+    """``{setting: {method: {seed: committed cell folder}}}`` of the finished amendment-2 cells of the decision
+    rows whose checkpoint is kept in ``a2_output``."""
+    out: Dict[str, Dict[str, Dict[int, Path]]] = {}
+    for setting in a2.DECISION_SETTINGS:
+        cells = a2.a2_cells(setting, a2_output)
+        choices = a2.stage1_choices(setting, a2._rows(cells))
+        for method in decision_rows(choices):
+            for seed, cell in sorted(cells.get(method, {}).items()):
+                committed = bench.COMMITTED_A2 / cell["dir"].name
+                if committed.is_dir() and _checkpoint(a2_output, committed.name).exists():
+                    out.setdefault(setting, {}).setdefault(method, {})[seed] = committed
+    return out
+
+
+def _checkpoint(a2_output: Path, cell: str) -> Path:
+    return Path(a2_output) / "cells" / cell / "model_best.safetensors"
+
+
+def next_cells(a2_output: Path = Path(bench.A2_OUTPUT)) -> List[str]:
+    """The cells of :func:`shift_cells` without a ``shift.json``, seed by seed, each once."""
+    todo = [(seed, d.name) for rows in shift_cells(a2_output).values() for seeds in rows.values()
+            for seed, d in seeds.items() if not (d / SHIFT_FILE).exists()]
+    return list(dict.fromkeys(name for _, name in sorted(todo)))
+
+
+def _results(folder: Path) -> Dict[str, Any]:
+    found = sorted(folder.glob("*/results.json"))
+    if len(found) != 1:
+        raise SystemExit(f"{folder}: expected one run folder with results.json, found {len(found)}")
+    return bench._read_json(found[0])
+
+
+def run_cell(cell: str, a2_output: Path = Path(bench.A2_OUTPUT), output: Path = OUTPUT, log=print) -> Path:
+    """Run (or finish) the shift cell of amendment-2 cell ``cell``; write its ``shift.json`` beside the committed
+    cell record and return that path. Each run writes into ``<run>.partial`` and is renamed when it ends, so a kill
+    loses at most the run under way and the next call redoes only that one."""
+    committed = bench.COMMITTED_A2 / cell
+    checkpoint = _checkpoint(a2_output, cell)
+    if not (committed / bench.CELL_META).exists():
+        raise SystemExit(f"{cell}: no committed amendment-2 cell at {committed}")
+    if not checkpoint.exists():
+        raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the amendment-2 cell first")
+    commands, seconds = {}, {}
+    for tag, options in RUNS.items():
+        folder = Path(output) / cell / tag
+        cmd = [sys.executable, "train.py", "--eval-only", "--checkpoint", str(checkpoint), *DATA_OPTIONS, *options,
+               "--no-progress"]
+        commands[tag] = ["train.py", *cmd[2:]]
+        if (folder / "DONE.json").exists():
+            seconds[tag] = bench._read_json(folder / "DONE.json")["seconds"]
+            continue
+        partial = folder.with_name(tag + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        log(f"[{cell}] {tag}: {' '.join(commands[tag])}")
+        t0 = time.time()
+        subprocess.run(cmd + ["--output", str(partial)], check=True)
+        seconds[tag] = round(time.time() - t0, 1)
+        write_json_atomic(partial / "DONE.json", {"seconds": seconds[tag]}, indent=1)
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+    # the record names the checkpoint by its place under the default output and by its digest, not by this machine
+    commands = {tag: [str(Path(bench.A2_OUTPUT) / "cells" / cell / checkpoint.name) if a == str(checkpoint) else a
+                      for a in cmd] for tag, cmd in commands.items()}
+    record = dict(bench.cell_record({}, 3), commands=commands, seconds=seconds,
+                  checkpoint_digest=bench._file_digest(checkpoint))
+    shift = compact(_results(Path(output) / cell / "shift"), _results(Path(output) / cell / "digits"))
+    path = committed / SHIFT_FILE
+    write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)
+    log(f"[{cell}] wrote {path}")
+    return path
+
+
+def _r(v: Optional[float]) -> Optional[float]:
+    return None if v is None else float(f"{float(v):.6g}")
+
+
+def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, Any]:
+    """What the page reads from a shift cell's two ``results.json``: the clean numbers on the 2 000 images, each
+    severity's mean over corruptions and worst corruption, each corruption's accuracy and ECE, the OOD scores."""
+    sh = shift_run["shift"]
+    keep = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
+    out = {"n_test": sh["n"], "temperature": shift_run.get("temperature"), "corruptions": sh["corruptions"],
+           "clean": {m: {k: _r(v.get(k)) for k in keep} for m, v in sh["clean"].items()},
+           "severity": {str(k): {m: {"mean": {key: _r(v["mean"].get(key)) for key in keep},
+                                     "worst": {key: (_r(w) if key != "corruption" else w)
+                                               for key, w in v["worst"].items()}}
+                                 for m, v in by_method.items()} for k, by_method in sh["summary"].items()},
+           "table": {c: {str(k): {m: [_r(v["accuracy"]), _r(v["ece"])] for m, v in cells.items()}
+                         for k, cells in by_sev.items()} for c, by_sev in sh["table"].items()}}
+    out["ood"] = {}
+    for run in (shift_run, digits_run):
+        o = run["ood"]
+        out["ood"][o["source"]] = {"split": o["split"], "n_in": o["n_in"], "n_out": o["n_out"],
+                                   "methods": {m: {score: {k: _r(v) for k, v in vals.items()}
+                                                   for score, vals in scores.items()}
+                                               for m, scores in o["methods"].items()}}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the page
+
+
+def _values(cells: Dict[int, Path], getter) -> Dict[int, float]:
+    out = {}
+    for seed, d in cells.items():
+        if (d / SHIFT_FILE).exists():
+            value = getter(bench._read_json(d / SHIFT_FILE))
+            if value is not None:
+                out[seed] = float(value)
+    return out
+
+
+def shift_ece(severity: int, phase: str = "uncalibrated", key: str = "ece"):
+    return lambda s: s["severity"][str(severity)][phase]["mean"][key]
+
+
+def ood_auroc(source: str = "mnist5k", phase: str = "uncalibrated", score: str = "msp"):
+    return lambda s: s["ood"][source]["methods"][phase][score]["auroc"]
+
+
+def _label(name: Optional[str]) -> str:
+    return bench.get_method(name).label if name else "pending"
+
+
+def primary_tests(found, choices) -> List[Dict[str, Any]]:
+    """Both families of primary comparisons (PROTOCOL.md amendment 3), each test with its Holm decision; a
+    comparison short of 15 seeds of both rows is pending (and left out of its family until all are in)."""
+    families = {"shift": [], "ood": []}
+    for setting in a2.DECISION_SETTINGS:
+        ch = choices[setting]
+        csm, others = ch["csm"], ["ce", ch["best_other"]["pre_ts"]]
+        rows = found.get(setting, {})
+        for other in others:
+            for k in SEVERITIES:
+                families["shift"].append(_test(setting, f"severity {k}", csm, other, rows, shift_ece(k), -1))
+            families["ood"].append(_test(setting, "OOD (mnist5k, max-softmax AUROC)", csm, other, rows, ood_auroc(),
+                                         +1))
+    for family, tests in families.items():
+        ready = [t for t in tests if t["interval"] is not None and t["interval"].n == len(bench.A2_SEEDS)]
+        if ready and len(ready) == len(tests):
+            adjusted, reject = holm([t["interval"].p_value for t in ready], FAMILY_ALPHA)
+            for t, adj, rej in zip(ready, adjusted, reject):
+                t.update(holm_p=adj, better=rej and t["interval"].mean * t["sign"] > 0)
+    return families["shift"] + families["ood"]
+
+
+def _test(setting, what, csm, other, rows, getter, sign) -> Dict[str, Any]:
+    interval = None
+    if csm is not None and other is not None:
+        interval = paired_t_interval(_values(rows.get(csm, {}), getter), _values(rows.get(other, {}), getter))
+    return {"setting": setting, "what": what, "csm": csm, "other": other, "interval": interval, "sign": sign,
+            "holm_p": None, "better": None}
+
+
+def _fmt(v: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
+    return "-" if v is None else f"{v * scale:.{digits}f}"
+
+
+def _mean_sd(values: Dict[int, float], scale: float = 100.0) -> str:
+    if not values:
+        return "-"
+    vs = [v * scale for v in values.values()]
+    m = sum(vs) / len(vs)
+    sd = (sum((v - m) ** 2 for v in vs) / (len(vs) - 1)) ** 0.5 if len(vs) > 1 else 0.0
+    return f"{m:.2f} ± {sd:.2f} ({len(vs)})"
+
+
+def _test_line(t: Dict[str, Any], scale: float) -> str:
+    iv = t["interval"]
+    if iv is None:
+        return f"| {t['setting']} | {t['what']} | {_label(t['other'])} | pending | - | - | - |"
+    sd = (iv.high - iv.mean) / max(1e-12, _t975(iv.n)) * iv.n ** 0.5
+    power = (f"{detectable_difference(sd, iv.n) * scale:.2f} / "
+             f"{detectable_difference(sd, iv.n, FAMILY_ALPHA / (20 if 'severity' in t['what'] else 4)) * scale:.2f}"
+             if sd > 0 else "-")
+    verdict = ("pending" if t["better"] is None else "yes" if t["better"] else
+               "not shown" if iv.low <= 0 <= iv.high else "no (the other way)")
+    holm_p = "-" if t["holm_p"] is None else f"{t['holm_p']:.3g}"
+    return (f"| {t['setting']} | {t['what']} | {_label(t['other'])} | {iv.mean * scale:+.2f} [{iv.low * scale:+.2f}, "
+            f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {power} | {verdict} |")
+
+
+def _t975(n: int) -> float:
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, n - 1))
+
+
+def write_page(path: Path = PAGE, a2_output: Path = Path(bench.A2_OUTPUT)) -> Path:
+    found = shift_cells(a2_output)
+    choices = {s: a2.stage1_choices(s, a2._rows(a2.a2_cells(s, a2_output))) for s in a2.DECISION_SETTINGS}
+    done = sorted({d.name for rows in found.values() for seeds in rows.values() for d in seeds.values()
+                   if (d / SHIFT_FILE).exists()})
+    records = [bench._read_json(bench.COMMITTED_A2 / c / SHIFT_FILE)["record"] for c in done]
+    lines = ["# Calibration under shift and out of distribution (PROTOCOL.md amendment 3)", "",
+             "Amendment 2's decision rows, as trained (their kept checkpoints), on 2 000 Fashion-MNIST test images "
+             "under 23 corruptions at severities 1-5 and against two OOD sources; temperatures fitted on each "
+             "cell's clean validation images. Metrics in %, mean ± sd over seeds (number of seeds).", "",
+             "Commands: `python benchmarks/amendment3.py --run CELL` (one shift cell), `--next` (those that can "
+             "run), `--report` (this page).", "",
+             f"Shift cells finished: {len(done)}; commits: {', '.join(sorted({r['commit'][:7] for r in records})) or '-'}"
+             f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", ""]
+    tests = primary_tests(found, choices)
+    lines += ["## Decisions (the CSM row minus the other method; paired over 15 seeds; Holm within each family)", "",
+              "Shift: mean test ECE over the 23 corruptions before TS (lower is better; Holm over 20). OOD: "
+              "max-softmax AUROC before TS on mnist5k (higher is better; Holm over 4). Detectable: the smallest true "
+              "difference 15 seeds detect with 80% power at the observed sd, at alpha 0.05 / at Holm's strictest "
+              "level.", "",
+              "| setting | comparison | other method | difference [95% t-interval] | Holm-adjusted p | detectable | "
+              "CSM better |", "|---|---|---|---|---|---|---|"]
+    lines += [_test_line(t, 100.0) for t in tests] + [""]
+    for setting in a2.DECISION_SETTINGS:
+        rows = found.get(setting, {})
+        methods = decision_rows(choices[setting])
+        lines += [f"## `{setting}`", "",
+                  f"Rows: {', '.join(_label(m) for m in methods)}; the CSM row "
+                  f"{'is ' + _label(choices[setting]['csm']) if choices[setting]['csm'] else 'is pending (stage 1)'}.",
+                  "", "| method | phase | clean (2 000) | " + " | ".join(f"severity {k}" for k in SEVERITIES) +
+                  " | OOD AUROC mnist5k | OOD AUROC digits |", "|---|---|---|" + "---|" * (len(SEVERITIES) + 2)]
+        for m in methods:
+            for phase, label in PHASES.items():
+                clean = _mean_sd(_values(rows.get(m, {}), lambda s, p=phase: s["clean"][p]["ece"]))
+                sev = [_mean_sd(_values(rows.get(m, {}), shift_ece(k, phase))) for k in SEVERITIES]
+                ood = [_mean_sd(_values(rows.get(m, {}), ood_auroc(src, phase))) for src in OOD_SOURCES]
+                lines.append(f"| {_label(m)} | ECE {label} | {clean} | " + " | ".join(sev + ood) + " |")
+            acc = [_mean_sd(_values(rows.get(m, {}), shift_ece(k, key="accuracy"))) for k in SEVERITIES]
+            clean_acc = _mean_sd(_values(rows.get(m, {}), lambda s: s["clean"]["uncalibrated"]["accuracy"]))
+            lines.append(f"| {_label(m)} | accuracy | {clean_acc} | " + " | ".join(acc) + " | | |")
+        lines.append("")
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--next", action="store_true", help="print the shift cells that can run now, one per line")
+    g.add_argument("--run", metavar="CELL", help="run the shift cell of this amendment-2 cell")
+    g.add_argument("--report", action="store_true", help=f"write {PAGE}")
+    p.add_argument("--a2-output", default=bench.A2_OUTPUT, help="amendment 2's output folder (its kept checkpoints)")
+    p.add_argument("--output", default=str(OUTPUT), help="the shift cells' run folders")
+    return p
+
+
+def main(argv: Sequence[str] = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.next:
+        print("\n".join(next_cells(Path(args.a2_output))))
+    elif args.run:
+        path = run_cell(args.run, Path(args.a2_output), Path(args.output))
+        print(f"shift cell written: {path} (runs in {Path(args.output) / args.run}; the same command resumes)")
+    else:
+        print(f"wrote {write_page(PAGE, Path(args.a2_output))}")
+
+
+if __name__ == "__main__":
+    main()

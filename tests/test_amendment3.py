@@ -1,0 +1,81 @@
+"""Amendment 3's shift cells (benchmarks/amendment3.py): the compact record and the Holm-corrected decisions, on
+constructed per-seed records."""
+import json
+
+import numpy as np
+
+from benchmark_scripts import load_benchmark
+
+load_benchmark("calibration_bench")
+load_benchmark("amendment2")
+a3 = load_benchmark("amendment3")
+
+PHASES = ("uncalibrated", "temperature_scaling")
+
+
+def _metrics(ece, acc=0.8):
+    return {"accuracy": acc, "ece": ece, "aece": ece, "nll": 0.5, "brier": 0.3, "aurc": 0.1}
+
+
+def _run_results(ece_by_severity, auroc, source="mnist5k"):
+    """A ``results.json`` of ``train.py --eval-only --eval-shift --ood`` reduced to what :func:`compact` reads."""
+    corruptions = ["fog", "contrast"]
+    table = {c: {str(k): {p: dict(_metrics(e + 0.01 * i), conformal={}) for p in PHASES}
+                 for k, e in ece_by_severity.items()} for i, c in enumerate(corruptions)}
+    summary = {str(k): {p: {"mean": _metrics(e + 0.005), "worst": {"corruption": "contrast", "ece": e + 0.01,
+                                                                   "accuracy": 0.7}} for p in PHASES}
+               for k, e in ece_by_severity.items()}
+    ood = {"source": source, "split": "test", "n_in": 2000, "n_out": 1000,
+           "methods": {p: {"msp": {"auroc": auroc, "aupr_in": 0.9, "aupr_out": 0.5, "fpr95": 0.6}} for p in PHASES}}
+    return {"temperature": 1.3, "shift": {"n": 2000, "corruptions": corruptions, "clean": {p: _metrics(0.02)
+                                                                                          for p in PHASES},
+                                          "table": table, "summary": summary}, "ood": ood}
+
+
+def test_the_compact_record_keeps_what_the_page_reads():
+    out = a3.compact(_run_results({1: 0.05, 5: 0.3}, 0.7), _run_results({}, 0.9, source="digits"))
+    assert out["severity"]["5"]["uncalibrated"]["mean"]["ece"] == 0.305
+    assert out["severity"]["1"]["temperature_scaling"]["worst"]["corruption"] == "contrast"
+    assert out["table"]["contrast"]["5"]["uncalibrated"] == [0.8, 0.31]
+    assert set(out["ood"]) == {"mnist5k", "digits"} and out["ood"]["digits"]["methods"]["uncalibrated"]["msp"][
+        "auroc"] == 0.9
+    assert a3.shift_ece(5)(out) == 0.305 and a3.ood_auroc("digits")(out) == 0.9
+
+
+def _write_cells(root, method, seeds, ece_shift, auroc, rng):
+    cells = {}
+    for s in seeds:
+        d = root / f"{method}-s{s}"
+        d.mkdir(parents=True)
+        eces = {k: ece_shift + 0.02 * k + rng.normal(0, 0.003) for k in a3.SEVERITIES}
+        record = a3.compact(_run_results(eces, auroc + rng.normal(0, 0.01)),
+                            _run_results({}, 0.9, source="digits"))
+        (d / a3.SHIFT_FILE).write_text(json.dumps(record))
+        cells[s] = d
+    return cells
+
+
+def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
+    rng = np.random.default_rng(0)
+    choices = {s: {"csm": "csm", "best_other": {"pre_ts": "mixup@mixup=0.1", "post_ts": "regmixup"},
+                   "chosen": {"regmixup": "regmixup"}} for s in ("matched", "annotated")}
+    assert a3.decision_rows(choices["matched"]) == ["ce", "regmixup", "mixup@mixup=0.1", "csm"]
+    found = {}
+    for setting in choices:  # CSM 2 points lower under every severity and 0.05 higher AUROC than both others
+        root = tmp_path / setting
+        found[setting] = {"csm": _write_cells(root, "csm", range(15), 0.03, 0.75, rng),
+                          "ce": _write_cells(root, "ce", range(15), 0.05, 0.70, rng),
+                          "mixup@mixup=0.1": _write_cells(root, "mixup", range(15), 0.05, 0.70, rng)}
+    tests = a3.primary_tests(found, choices)
+    assert len(tests) == 2 * 2 * 5 + 2 * 2
+    assert all(t["better"] is True and t["holm_p"] < 0.05 for t in tests)
+    shift = [t for t in tests if t["what"].startswith("severity")]
+    assert all(-0.024 < t["interval"].mean < -0.016 for t in shift)
+    # a seed short in one row: its whole family is pending, the other family still decides
+    del found["annotated"]["ce"][14]
+    tests = a3.primary_tests(found, choices)
+    assert all(t["better"] is None for t in tests if t["what"].startswith("severity"))
+    assert all(t["better"] is None for t in tests if not t["what"].startswith("severity"))  # OOD uses ce too
+    # no CSM row yet: every comparison is pending, with no interval
+    choices["matched"]["csm"] = None
+    assert all(t["interval"] is None for t in a3.primary_tests(found, choices) if t["setting"] == "matched")
