@@ -57,3 +57,22 @@ def test_bad_input_is_one_line(call, match):
     with pytest.raises(ValueError, match=match) as e:
         call()
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("decimals", [1, 4])  # many ties, and almost none
+def test_each_bootstrap_resample_equals_the_metrics_of_the_resampled_scores(decimals):
+    from timm_csm.metrics import resample_indices
+    from timm_csm.metrics.ood import bootstrap_ood_distribution, bootstrap_ood_metrics
+
+    g = torch.Generator().manual_seed(decimals)
+    s_in = (torch.randn(300, generator=g, dtype=torch.float64) + 1).round(decimals=decimals)
+    s_out = torch.randn(200, generator=g, dtype=torch.float64).round(decimals=decimals)
+    dist = bootstrap_ood_distribution(s_in, s_out, resamples=40, seed=3)
+    rows_in, rows_out = resample_indices(300, 40, 3), resample_indices(200, 40, 4)  # out: seed + 1
+    for r in range(40):
+        expected = ood_metrics(s_in[rows_in[r]], s_out[rows_out[r]])
+        assert {k: dist[k][r].item() for k in expected} == pytest.approx(expected, abs=1e-12)
+    iv = bootstrap_ood_metrics(s_in, s_out, resamples=40, seed=3)
+    assert iv["auroc"]["low"] == pytest.approx(float(np.quantile(dist["auroc"].numpy(), 0.025)), abs=1e-12)
+    with pytest.raises(ValueError, match="OOD scores must be finite"):
+        bootstrap_ood_distribution(torch.tensor([0.1, float("nan")]), s_out)

@@ -14,12 +14,12 @@ from csm_fixtures import write_image_folder
 from timm_csm.calibrate import calibrate, main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption
-from timm_csm.metrics import calibration_metrics
+from timm_csm.metrics import bootstrap_metrics, calibration_metrics
 from timm_csm.train import run
 from timm_csm.training.model import load_trained_classifier
 from timm_csm.training.shift import SHIFT_METRICS
 
-KEYS = set(SHIFT_METRICS) | {"conformal"}
+KEYS = set(SHIFT_METRICS) | {"conformal", "intervals"}  # the commands bootstrap 1 000 resamples by default
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _config(tmp_path, name, **overrides):
 
 def test_train_writes_the_shift_table_figure_and_ood_scores(tmp_path, shapes):
     res = run(_config(tmp_path, "run", eval_shift="rotate,gaussian_noise", shift_severities=[5, 1],
-                      ood=str(shapes)))
+                      ood=str(shapes), bootstrap=200))
     out = tmp_path / "run"
     assert json.loads((out / "results.json").read_text())["shift"] == json.loads(json.dumps(res["shift"]))
     shift = res["shift"]
@@ -64,7 +64,21 @@ def test_train_writes_the_shift_table_figure_and_ood_scores(tmp_path, shapes):
         logits = model(transform.apply(images))
     expected = calibration_metrics(logits, torch.from_numpy(test.labels[rows.numpy()]))
     assert shift["table"]["rotate"]["5"]["uncalibrated"]["ece"] == pytest.approx(expected["ece"], abs=1e-6)
+    # its intervals: the bootstrap of the cell's own predictions, with the command's seed and resamples
+    labels = torch.from_numpy(test.labels[rows.numpy()])
+    expected = bootstrap_metrics(logits, labels, 15, resamples=200, seed=0, selective=True)
+    cell = shift["table"]["rotate"]["5"]["uncalibrated"]["intervals"]
+    assert set(cell) == set(SHIFT_METRICS) and shift["bootstrap"]["resamples"] == 200
+    assert all(cell[k][end] == pytest.approx(expected[k][end], abs=1e-6) for k in cell for end in ("low", "high"))
+    for s in ("1", "5"):  # a severity's interval is that of the mean over corruptions: inside the cells' range
+        mean_iv = shift["summary"][s]["uncalibrated"]["intervals"]["ece"]
+        cells = [shift["table"][n][s]["uncalibrated"]["intervals"]["ece"] for n in ("rotate", "gaussian_noise")]
+        assert min(c["low"] for c in cells) <= mean_iv["low"] <= mean_iv["high"] <= max(c["high"] for c in cells)
     ood = res["ood"]
+    for method in ("uncalibrated", "temperature_scaling"):
+        for kind, iv in ood["intervals"][method].items():
+            assert all(0 <= iv[k]["low"] <= iv[k]["high"] <= 1 for k in iv), (method, kind)
+
     assert ood["n_out"] == 30 and ood["n_in"] == 120 and ood["split"] == "test"
     for method in ("uncalibrated", "temperature_scaling"):
         assert set(ood["methods"][method]) == {"msp", "max_logit", "energy", "entropy"}
@@ -72,6 +86,7 @@ def test_train_writes_the_shift_table_figure_and_ood_scores(tmp_path, shapes):
             assert set(m) == {"auroc", "aupr_in", "aupr_out", "fpr95"} and all(0 <= v <= 1 for v in m.values())
     text = (out / "results.md").read_text()
     assert "## Under corruption: 2 corruptions" in text and "| 5 | " in text and "## Out of distribution" in text
+    assert "Brackets: 95% bootstrap intervals" in text and " [" in text.split("## Out of distribution")[1]
     assert (out / "shift.png").stat().st_size > 10_000
 
 

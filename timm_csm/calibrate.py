@@ -412,7 +412,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     if shift_eval is not None:
         report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
                                      test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
-                                     n_bins=n_bins, conformal=conformal, alpha=alpha, log=log))
+                                     n_bins=n_bins, conformal=conformal, alpha=alpha, resamples=bootstrap,
+                                     log=log))
     with staging_folder(output) as staging:
         (staging / "calibrators").mkdir()
         for name, (calibrator, _) in results["fitted"].items():

@@ -359,7 +359,7 @@ def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, 
         calibrators = {"temperature_scaling": scores.scaler} if scores.scaler is not None else {}
         results.update(shift.run(predict_split, data.test if test is not None else data.val, shown[:2],
                                  val[:2] if val is not None else None, calibrators, n_bins=config.n_bins,
-                                 log=accelerator.print))
+                                 resamples=config.bootstrap, log=accelerator.print))
     if accelerator.is_main_process:
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
                                         split=config.test_split if test is not None else "validation"))

@@ -16,16 +16,25 @@ Metrics of in-distribution scores ``s_in`` against out-of-distribution scores ``
   scores negated) as positives;
 * :func:`fpr_at_tpr`: the share of out-of-distribution samples accepted at the highest threshold that accepts at
   least ``tpr`` of the in-distribution samples (FPR at 95 % TPR with ``tpr = 0.95``).
+
+Intervals: :func:`bootstrap_ood_distribution` resamples the in- and the out-of-distribution samples apart (each
+with replacement, as :func:`~timm_csm.metrics.resample_indices` draws them) and computes all four metrics of every
+resample without a loop over the resamples: the scores are sorted once, a resample is a weight per sample (how often
+it was drawn), and every curve is a cumulative sum of those weights read at the ends of the runs of tied scores.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Iterator
 
 import torch
 
 from .inputs import as_tensor
 
-__all__ = ["OOD_SCORES", "OOD_KEYS", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "ood_metrics"]
+__all__ = ["OOD_SCORES", "OOD_KEYS", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "ood_metrics",
+           "bootstrap_ood_distribution", "bootstrap_ood_metrics"]
+
+#: resampled weights per block of :func:`bootstrap_ood_distribution` (resamples per block: this over N)
+_BLOCK = 1 << 21
 
 OOD_SCORES = ("msp", "max_logit", "energy", "entropy")
 OOD_KEYS = ("auroc", "aupr_in", "aupr_out", "fpr95")
@@ -111,3 +120,68 @@ def ood_metrics(scores_in, scores_out) -> Dict[str, float]:
     """``{"auroc", "aupr_in", "aupr_out", "fpr95"}`` of in- against out-of-distribution scores."""
     return {"auroc": ood_auroc(scores_in, scores_out), "aupr_in": ood_aupr(scores_in, scores_out, "in"),
             "aupr_out": ood_aupr(scores_in, scores_out, "out"), "fpr95": fpr_at_tpr(scores_in, scores_out, 0.95)}
+
+
+def _sorted_weights(rank: torch.Tensor, n_total: int, resamples: int, seed: int) -> Iterator[torch.Tensor]:
+    """Blocks of (resamples, n_total) float32 counts of each sample in each resample of :func:`resample_indices`,
+    placed at the samples' ``rank`` in the common order (integer counts: exact in float32, as are their cumulative
+    sums below 2**24)."""
+    from .intervals import resample_indices
+
+    idx = rank[resample_indices(rank.numel(), resamples, seed)]
+    per_block = max(1, _BLOCK // n_total)
+    for start in range(0, resamples, per_block):
+        block = idx[start:start + per_block]
+        yield torch.zeros(block.shape[0], n_total).scatter_add_(1, block, torch.ones(block.shape))
+
+
+def _average_precision(tps: torch.Tensor, fps: torch.Tensor, n_pos: int) -> torch.Tensor:
+    """Average precision per row from the curves' counts at each threshold (a threshold adding no positive adds
+    nothing, whatever its precision)."""
+    steps = torch.diff(tps, dim=1, prepend=tps.new_zeros(tps.shape[0], 1))
+    return (steps * tps / (tps + fps).clamp_min(1.0)).sum(1) / n_pos
+
+
+def bootstrap_ood_distribution(scores_in, scores_out, *, resamples: int = 1000, seed: int = 0,
+                               tpr: float = 0.95) -> Dict[str, torch.Tensor]:
+    """``{"auroc", "aupr_in", "aupr_out", "fpr95"}``, each (resamples,) float64: the metrics of :func:`ood_metrics`
+    of each resample, the in-distribution samples drawn with ``seed`` and the out-of-distribution ones with
+    ``seed + 1``; each value equals :func:`ood_metrics` of the resampled scores up to float64 rounding."""
+    s_in, s_out = _pair(scores_in, scores_out)
+    n_in, n_out = s_in.numel(), s_out.numel()
+    scores = torch.cat([s_in, s_out])
+    order = torch.argsort(scores, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    ranked = scores[order]
+    last = torch.ones_like(ranked, dtype=torch.bool)
+    last[:-1] = ranked[1:] != ranked[:-1]  # the thresholds: the last sample of each run of tied scores
+    runs = None if bool(last.all()) else last
+    n = n_in + n_out
+    out: Dict[str, list] = {k: [] for k in OOD_KEYS}
+    for w_in, w_out in zip(_sorted_weights(rank[:n_in], n, resamples, seed),
+                           _sorted_weights(rank[n_in:], n, resamples, seed + 1)):
+        tps, fps = torch.cumsum(w_in, 1), torch.cumsum(w_out, 1)  # resampled samples at or above each threshold
+        if runs is not None:
+            tps, fps = tps[:, runs], fps[:, runs]
+        tps, fps = tps.double(), fps.double()
+        zero = tps.new_zeros(tps.shape[0], 1)
+        prev_tps, prev_fps = torch.cat([zero, tps[:, :-1]], 1), torch.cat([zero, fps[:, :-1]], 1)
+        out["auroc"].append(((fps - prev_fps) * (tps + prev_tps)).sum(1) / (2.0 * n_in * n_out))  # trapezoids
+        out["aupr_in"].append(_average_precision(tps, fps, n_in))
+        reached = tps >= (float(tpr) - 1e-12) * n_in  # the last threshold always reaches it (all samples accepted)
+        out["fpr95"].append(fps.gather(1, reached.to(torch.int8).argmax(1, keepdim=True)).squeeze(1) / n_out)
+        # the out-of-distribution samples as positives, scores negated: the same runs from the lowest up, each
+        # threshold accepting what the in-distribution curve had not yet accepted one run above it
+        out["aupr_out"].append(_average_precision((n_out - prev_fps).flip(1), (n_in - prev_tps).flip(1), n_out))
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def bootstrap_ood_metrics(scores_in, scores_out, *, resamples: int = 1000, seed: int = 0,
+                          level: float = 0.95) -> Dict[str, Dict[str, float]]:
+    """``{metric: {"low", "high"}}``: the percentile intervals at ``level`` of :func:`bootstrap_ood_distribution`."""
+    from .intervals import intervals_from_distribution
+
+    return intervals_from_distribution(bootstrap_ood_distribution(scores_in, scores_out, resamples=resamples,
+                                                                  seed=seed), level)
+

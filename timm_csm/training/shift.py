@@ -24,8 +24,9 @@ import torch
 
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
-from ..metrics import bootstrap_metrics, calibration_metrics
-from ..metrics.ood import OOD_SCORES, ood_metrics, ood_score
+from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
+from ..metrics.intervals import intervals_from_distribution
+from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
 
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
@@ -114,17 +115,29 @@ def _calibrated(logits: torch.Tensor, calibrators: Dict[str, Any]) -> Dict[str, 
     return {"uncalibrated": logits, **{name: c.transform(logits) for name, c in calibrators.items()}}
 
 
-def evaluate_ood(in_logits: torch.Tensor, out_logits: torch.Tensor, calibrators: Dict[str, Any]) -> Dict[str, Any]:
-    """``{method: {score: {"auroc", "aupr_in", "aupr_out", "fpr95"}}}`` of the in- against the out-of-distribution
-    logits, before and after each calibrator, for every score of :data:`~timm_csm.metrics.ood.OOD_SCORES`."""
+def evaluate_ood(in_logits: torch.Tensor, out_logits: torch.Tensor, calibrators: Dict[str, Any],
+                 resamples: int = 0, seed: int = 0) -> Dict[str, Any]:
+    """``{"methods": {method: {score: {"auroc", "aupr_in", "aupr_out", "fpr95"}}}}`` of the in- against the
+    out-of-distribution logits, before and after each calibrator, for every score of
+    :data:`~timm_csm.metrics.ood.OOD_SCORES`; with ``resamples``, ``"intervals"`` holds the same nesting down to
+    each metric's 95% percentile bootstrap ``{"low", "high"}`` (:func:`~timm_csm.metrics.ood.bootstrap_ood_metrics`,
+    the in- and out-of-distribution images resampled apart)."""
     ins, outs = _calibrated(in_logits, calibrators), _calibrated(out_logits, calibrators)
-    return {method: {kind: ood_metrics(ood_score(ins[method], kind), ood_score(outs[method], kind))
-                     for kind in OOD_SCORES} for method in ins}
+    scores = {method: {kind: (ood_score(ins[method], kind), ood_score(outs[method], kind)) for kind in OOD_SCORES}
+              for method in ins}
+    out = {"methods": {m: {kind: ood_metrics(*pair) for kind, pair in by_kind.items()} for m, by_kind in scores.items()}}
+    if resamples:
+        out["intervals"] = {m: {kind: bootstrap_ood_metrics(*pair, resamples=resamples, seed=seed)
+                                for kind, pair in by_kind.items()} for m, by_kind in scores.items()}
+    return out
 
 
-def _cell(logits, labels, calibrators, sets: Dict[str, Dict[str, ConformalClassifier]], n_bins) -> Dict[str, Any]:
-    """The shift metrics of one set of predictions, per method, with conformal coverage and set size."""
-    cell = {}
+def _cell(logits, labels, calibrators, sets: Dict[str, Dict[str, ConformalClassifier]], n_bins, resamples: int = 0,
+          seed: int = 0) -> Tuple[Dict[str, Any], Dict[str, Dict[str, torch.Tensor]]]:
+    """The shift metrics of one set of predictions, per method, with conformal coverage and set size, and with
+    ``resamples`` each metric's 95% bootstrap interval (``"intervals"``); also the resampled values
+    ``{method: {metric: (resamples,)}}`` that the severity means' intervals average (empty without resamples)."""
+    cell, resampled = {}, {}
     for method, z in _calibrated(logits, calibrators).items():
         scores = prediction_scores(z, labels, n_bins)
         row: Dict[str, Any] = {k: scores[k] for k in SHIFT_METRICS}
@@ -132,12 +145,20 @@ def _cell(logits, labels, calibrators, sets: Dict[str, Dict[str, ConformalClassi
         for name, cp in sets.get(method, {}).items():
             r = cp.evaluate(logits, labels)  # the classifier applies its calibrator itself
             row["conformal"][name] = {"coverage": r["coverage"], "mean_set_size": r["mean_set_size"]}
+        if resamples:
+            dist = bootstrap_distribution(z, labels, n_bins, resamples=resamples, seed=seed, selective=True)
+            resampled[method] = {k: dist[k] for k in SHIFT_METRICS}
+            row["intervals"] = intervals_from_distribution(resampled[method])
         cell[method] = row
-    return cell
+    return cell, resampled
 
 
-def _summary(table: Dict[str, Dict[str, Dict[str, Any]]], severities, methods) -> Dict[str, Any]:
-    """Per severity and method: the mean of every metric over the corruptions and the corruption of highest ECE."""
+def _summary(table: Dict[str, Dict[str, Dict[str, Any]]], severities, methods,
+             resampled: Optional[Dict[str, Dict[str, Dict[str, Dict[str, torch.Tensor]]]]] = None) -> Dict[str, Any]:
+    """Per severity and method: the mean of every metric over the corruptions and the corruption of highest ECE;
+    with the cells' ``resampled`` values (``[corruption][severity][method][metric]``), the mean's 95% interval:
+    every corruption corrupts the same images and is resampled with the same indices, so the mean of the cells'
+    resampled values is the resampled mean."""
     out: Dict[str, Any] = {}
     for s in severities:
         out[str(s)] = {}
@@ -150,6 +171,9 @@ def _summary(table: Dict[str, Dict[str, Dict[str, Any]]], severities, methods) -
             worst = max(rows, key=lambda name: rows[name]["ece"])
             out[str(s)][m] = {"mean": mean, "worst": {"corruption": worst, "ece": rows[worst]["ece"],
                                                       "accuracy": rows[worst]["accuracy"]}}
+            if resampled:
+                out[str(s)][m]["intervals"] = intervals_from_distribution(
+                    {k: sum(resampled[name][str(s)][m][k] for name in rows) / len(rows) for k in SHIFT_METRICS})
     return out
 
 
@@ -181,43 +205,48 @@ class ShiftEvaluation:
 
     def run(self, predict_split: Callable[[Any], Predictions], test_split, test: Predictions,
             calibration: Optional[Predictions], calibrators: Dict[str, Any], n_bins: int = 15,
-            conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1,
+            conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1, resamples: int = 0,
             log: Callable[[str], None] = print) -> Dict[str, Any]:
         """``{"shift": ..., "ood": ...}`` (the keys asked for): ``predict_split(split)`` -> (logits, labels) is the
         command's prediction loop, ``test`` the clean test predictions, ``calibration`` the clean calibration
-        predictions the ``calibrators`` were fitted on (the conformal sets are fitted there too; None: no sets)."""
+        predictions the ``calibrators`` were fitted on (the conformal sets are fitted there too; None: no sets);
+        ``resamples``: bootstrap resamples behind the 95% interval of every number (0: none)."""
         out: Dict[str, Any] = {}
         if self.corruptions:
             out["shift"] = self._shift(predict_split, test_split, test, calibration, calibrators, n_bins, conformal,
-                                       alpha, log)
+                                       alpha, resamples, log)
         if self.ood is not None:
             logits, _ = predict_split(self.ood)
             out["ood"] = {"source": str(self.ood_source), "split": self.ood_split, "n_in": len(test[1]),
                           "n_out": len(logits), "scores": list(OOD_SCORES),
-                          "methods": evaluate_ood(test[0], logits, calibrators)}
+                          **evaluate_ood(test[0], logits, calibrators, resamples, self.seed)}
             best = max(out["ood"]["methods"]["uncalibrated"].items(), key=lambda kv: kv[1]["auroc"])
             log(f"OOD {self.ood_source}: {len(logits)} images, best AUROC {best[1]['auroc']:.4f} ({best[0]}, "
                 "uncalibrated)")
         return out
 
-    def _shift(self, predict_split, test_split, test, calibration, calibrators, n_bins, conformal, alpha, log):
+    def _shift(self, predict_split, test_split, test, calibration, calibrators, n_bins, conformal, alpha, resamples,
+               log):
         sets: Dict[str, Dict[str, ConformalClassifier]] = {}
         if calibration is not None:
             for method in ["uncalibrated", *calibrators]:
                 base = calibrators.get(method)
                 sets[method] = {c: ConformalClassifier(c, alpha=alpha, calibrator=base, seed=self.seed)
                                 .fit(*calibration) for c in conformal}
-        clean = _cell(test[0], test[1], calibrators, sets, n_bins)
+        clean = _cell(test[0], test[1], calibrators, sets, n_bins, resamples, self.seed)[0]
         table: Dict[str, Dict[str, Any]] = {}
+        resampled: Dict[str, Dict[str, Any]] = {}
         for name in self.corruptions:
-            table[name] = {}
+            table[name], resampled[name] = {}, {}
             for s in self.severities:
                 logits, labels = predict_split(corrupt_split(test_split, create_corruption(name, s, seed=self.seed)))
-                table[name][str(s)] = _cell(logits, labels, calibrators, sets, n_bins)
+                table[name][str(s)], resampled[name][str(s)] = _cell(logits, labels, calibrators, sets, n_bins,
+                                                                     resamples, self.seed)
             shown = ", ".join(f"{table[name][str(s)]['uncalibrated']['accuracy']:.3f}" for s in self.severities)
             log(f"shift: {name}: accuracy {shown} at severities {self.severities}")
         methods = list(clean)
         return {"corruptions": self.corruptions, "severities": self.severities, "seed": self.seed,
                 "methods": methods, "metrics": list(SHIFT_METRICS), "conformal_methods": list(conformal),
                 "alpha": alpha, "n": len(test[1]), "clean": clean, "table": table,
-                "summary": _summary(table, self.severities, methods)}
+                "summary": _summary(table, self.severities, methods, resampled if resamples else None),
+                **({"bootstrap": {"resamples": resamples, "seed": self.seed, "level": 0.95}} if resamples else {})}

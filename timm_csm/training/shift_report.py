@@ -16,6 +16,11 @@ def _pct(v: float) -> str:
     return f"{100 * v:.2f}"
 
 
+def _with(value: str, interval: Dict[str, float] = None, fmt=_pct) -> str:
+    """``value`` and, when there is one, its 95% interval ``[low, high]`` in the same format."""
+    return value if not interval else f"{value} [{fmt(interval['low'])}, {fmt(interval['high'])}]"
+
+
 def shift_markdown(results: Dict[str, Any]) -> str:
     """The sections of ``results["shift"]`` and ``results["ood"]`` (empty when neither is there)."""
     text = ""
@@ -36,19 +41,29 @@ def _shift_lines(shift: Dict[str, Any]) -> List[str]:
              f"The {shift['n']} test images under each corruption (seed {shift['seed']}), the calibrators fitted on "
              "the clean calibration split; each row the mean over the corruptions, and the corruption with the "
              f"highest ECE. Every cell per corruption is in the JSON report (`shift.table`); figure: "
-             f"`{SHIFT_FIGURE}`.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"`{SHIFT_FIGURE}`." + (f" Brackets: 95% bootstrap intervals ({shift['bootstrap']['resamples']} "
+                                      "resamples of the images, the same for every corruption, so a severity's "
+                                      "interval is that of the mean over corruptions)." if shift.get("bootstrap")
+                                      else ""),
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-    def row(label: str, cells: Dict[str, Dict[str, Any]], worst: str) -> str:
-        vals = [_pct(cells[methods[0]]["accuracy"])] + [_pct(cells[m]["ece"]) for m in methods]
-        vals += [f"{cells[m]['nll']:.4f}" for m in methods]
+    def row(label: str, cells: Dict[str, Dict[str, Any]], intervals: Dict[str, Dict[str, Any]], worst: str) -> str:
+        def iv(m, k):
+            return intervals.get(m, {}).get(k)
+
+        vals = [_with(_pct(cells[methods[0]]["accuracy"]), iv(methods[0], "accuracy"))]
+        vals += [_with(_pct(cells[m]["ece"]), iv(m, "ece")) for m in methods]
+        vals += [_with(f"{cells[m]['nll']:.4f}", iv(m, "nll"), lambda v: f"{v:.4f}") for m in methods]
         vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" for m in methods] if cover else []
         return f"| {label} | " + " | ".join(vals + [worst]) + " |"
 
-    lines.append(row("clean", shift["clean"], "-"))
+    clean = shift["clean"]
+    lines.append(row("clean", clean, {m: clean[m].get("intervals", {}) for m in methods}, "-"))
     for s in sevs:
         summary = shift["summary"][str(s)]
         worst = summary[methods[-1]]["worst"]
         lines.append(row(str(s), {m: summary[m]["mean"] for m in methods},
+                         {m: summary[m].get("intervals", {}) for m in methods},
                          f"{worst['corruption']} ({_pct(worst['ece'])})"))
     return lines
 
@@ -58,12 +73,16 @@ def ood_markdown(ood: Dict[str, Any]) -> str:
     score."""
     lines = [f"## Out of distribution: {ood['source']} ({ood['split']}, {ood['n_out']} images) against the "
              f"{ood['n_in']} test images", "",
-             "Higher AUROC / AUPR and lower FPR at 95 % TPR detect the unknown images better.", "",
+             "Higher AUROC / AUPR and lower FPR at 95 % TPR detect the unknown images better."
+             + (" Brackets: 95% bootstrap intervals (the test and the OOD images resampled apart)."
+                if ood.get("intervals") else ""), "",
              "| method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |", "|---|---|---|---|---|---|"]
+    four = lambda v: f"{v:.4f}"  # noqa: E731
     for method, scores in ood["methods"].items():
         for kind, m in scores.items():
-            lines.append(f"| {method} | {_OOD_LABELS.get(kind, kind)} | {m['auroc']:.4f} | {m['aupr_in']:.4f} | "
-                         f"{m['aupr_out']:.4f} | {m['fpr95']:.4f} |")
+            iv = ood.get("intervals", {}).get(method, {}).get(kind, {})
+            cells = [_with(four(m[k]), iv.get(k), four) for k in ("auroc", "aupr_in", "aupr_out", "fpr95")]
+            lines.append(f"| {method} | {_OOD_LABELS.get(kind, kind)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
