@@ -11,6 +11,7 @@ from ..metrics.binning import bin_edges, bin_index, bin_sums, calibration_error_
 from ._checks import check_fit_inputs
 from ._kernels import NARROW_CLASSES, row_blocks
 from .base import PostHocCalibrator
+from .registry import register_calibrator
 
 __all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature"]
 
@@ -112,6 +113,9 @@ def fit_inverse_temperature(logits: torch.Tensor, targets: torch.Tensor, beta: f
     return beta, {"iterations": iterations, "objective": value}
 
 
+@register_calibrator("temperature_scaling", default=True,
+                     summary="one temperature, chosen on the grid 0.1 ... 10.0 by validation ECE (the CSM paper's "
+                             "protocol)")
 class TemperatureScaling(PostHocCalibrator):
     """Divide logits by one scalar T > 0 fitted on validation logits; accuracy is unchanged.
 
@@ -126,8 +130,6 @@ class TemperatureScaling(PostHocCalibrator):
 
     Fitting refuses fewer samples than classes and a validation set with a single class (``ValueError``).
     """
-
-    kind = "temperature_scaling"
 
     def __init__(self, method: str = "grid_ece", n_bins: int = 15, grid: Sequence[float] = (0.1, 10.0, 0.1),
                  init: float = 1.5, max_iter: int = 50):
@@ -214,3 +216,7 @@ class TemperatureScaling(PostHocCalibrator):
     def __repr__(self) -> str:
         t = "unfitted" if self._temperature is None else f"T={self._temperature:g}"
         return f"TemperatureScaling(method={self.method!r}, n_bins={self.n_bins}, {t})"
+
+
+register_calibrator("temperature_scaling_nll", preset={"method": "nll"},
+                    summary="one temperature by validation NLL (Guo et al., 2017)")(TemperatureScaling)
