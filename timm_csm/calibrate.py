@@ -65,7 +65,7 @@ from .calibration import (CONFORMAL_METHODS, SELECTION_METRICS, ConformalClassif
                           list_calibrators, select_calibrator)
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .cli import console_command
-from .metrics import reliability_table
+from .metrics import DEFAULT_N_BINS, reliability_table
 from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .metrics.selective import risk_coverage_from_points
 from .training.args import HelpFormatter
@@ -324,7 +324,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
               checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
               in_chans: Optional[int] = None, img_size: Optional[int] = None,
               data_config: Optional[Dict[str, Any]] = None, class_names: Optional[Sequence[str]] = None,
-              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = 15,
+              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = DEFAULT_N_BINS,
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
@@ -474,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--interpolation", default=None, choices=INTERPOLATIONS, help="resize interpolation")
     p.add_argument("--allow-training-split", action="store_true",
                    help="score the split the model was trained on (refused otherwise)")
-    p.add_argument("--n-bins", type=int, default=15, help="confidence bins of ECE-type metrics")
+    p.add_argument("--n-bins", type=int, default=DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
     p.add_argument("--batch-size", type=int, default=128, help="images per prediction batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration split and of the calibrators")
     p.add_argument("--device", default="cpu", help="torch device of the model")

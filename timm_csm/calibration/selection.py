@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..extras import MissingExtra
-from ..metrics import ece, nll
+from ..metrics import DEFAULT_N_BINS, ece, nll
 from ._checks import as_logits, as_targets
 from .registry import calibrator_spec, create_calibrator, list_calibrators
 
@@ -62,7 +62,7 @@ def _score(by: str, logits: torch.Tensor, targets: torch.Tensor, n_bins: int) ->
 
 
 def select_calibrator(logits, targets, names: Sequence[str], folds: int = 5, by: str = "nll", seed: int = 0,
-                      n_bins: int = 15, options: Optional[Mapping[str, Mapping[str, Any]]] = None
+                      n_bins: int = DEFAULT_N_BINS, options: Optional[Mapping[str, Mapping[str, Any]]] = None
                       ) -> Tuple[str, Dict[str, Any]]:
     """``(name, fold table)``: the calibrator of ``names`` with the lowest mean ``by`` (``"nll"`` or ``"ece"``
     with ``n_bins`` bins) over the ``folds`` held-out folds of ``(logits, targets)``; ``options``: keyword
