@@ -342,7 +342,7 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     cross-validated ``select_by``, ``"nll"`` or ``"ece"``, on the calibration split); ``bootstrap``: resamples of
     the test (and calibration) samples behind the 95% interval of every number (0: none); ``reg_lambda`` /
     ``reg_mu``: the off-diagonal and intercept penalties (ODIR, Kull et al. 2019) of the calibrators registered
-    with them (``dirichlet``, ``matrix_scaling``); ``reliability``: extra diagrams, ``adaptive`` and / or
+    with them (``list_calibrators(penalty="reg_lambda")``); ``reliability``: extra diagrams, ``adaptive`` and / or
     ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
     ``ood`` (an image source of none of the model's classes, its ``ood_split``):
     :class:`~timm_csm.training.shift.ShiftEvaluation`."""
