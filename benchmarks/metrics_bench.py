@@ -23,7 +23,7 @@ What each method computes:
   same set (``CalibrationError`` l1 and max, ``AdaptiveCalibrationError``, ``ClasswiseCalibrationError``,
   ``CategoricalNLL``, ``BrierScore``, torchmetrics' accuracy); probmetrics ``accuracy, logloss, brier, ece-15,
   mce-15``; scikit-learn ``accuracy_score, log_loss, brier_score_loss`` (the subset it has).
-* ``cwece`` (classwise ECE): timm_csm ``classwise_ece``; torch-uncertainty ``ClasswiseCalibrationError``; run where
+* ``cece`` (classwise ECE): timm_csm ``classwise_ece``; torch-uncertainty ``ClasswiseCalibrationError``; run where
   N x C <= 5e7.
 * ``smece`` (smooth ECE, C = 100 only): timm_csm ``smooth_ece`` from logits; relplot ``smECE`` and probmetrics
   ``smece`` from the (confidence, accuracy) pairs / probabilities.
@@ -45,7 +45,7 @@ METHODS = {
     "ece": ["timm_csm", "timm_csm_batched", "torchmetrics", "torchmetrics_batched", "torch-uncertainty", "probmetrics",
             "netcal"],
     "all": ["timm_csm", "torch-uncertainty", "probmetrics", "scikit-learn"],
-    "cwece": ["timm_csm", "torch-uncertainty"],
+    "cece": ["timm_csm", "torch-uncertainty"],
     "smece": ["timm_csm", "relplot", "probmetrics"],
     "evaluate_ece": ["array_route"],
 }
@@ -61,8 +61,8 @@ LABELS = {
     ("all", "torch-uncertainty"): "torch-uncertainty ECE, MCE, aECE, cwECE, NLL, Brier, accuracy",
     ("all", "probmetrics"): "probmetrics accuracy, logloss, brier, ece-15, mce-15 (logits)",
     ("all", "scikit-learn"): "scikit-learn accuracy, log loss, Brier (probabilities)",
-    ("cwece", "timm_csm"): "timm_csm `classwise_ece`",
-    ("cwece", "torch-uncertainty"): "torch-uncertainty `ClasswiseCalibrationError`",
+    ("cece", "timm_csm"): "timm_csm `classwise_ece`",
+    ("cece", "torch-uncertainty"): "torch-uncertainty `ClasswiseCalibrationError`",
     ("smece", "timm_csm"): "timm_csm `smooth_ece` (logits)",
     ("smece", "relplot"): "relplot `smECE` (confidence, accuracy)",
     ("smece", "probmetrics"): "probmetrics `smece` (logits)",
@@ -134,7 +134,7 @@ def build(metric, method, z, y):
         from timm_csm import metrics as tm
 
         run = {"ece": lambda: tm.ece(z, y, 15), "all": lambda: tm.calibration_metrics(z, y, 15)["ece"],
-               "cwece": lambda: tm.classwise_ece(z, y, 15), "smece": lambda: tm.smooth_ece(z, y)}[metric]
+               "cece": lambda: tm.classwise_ece(z, y, 15), "smece": lambda: tm.smooth_ece(z, y)}[metric]
         return run
     if method == "timm_csm_batched":
         from timm_csm.metrics import CalibrationAccumulator
@@ -259,7 +259,7 @@ def worker(spec):
 def jobs_for(size):
     n, c = parse_size(size)
     return [(metric, method) for metric, methods in METHODS.items() for method in methods
-            if not ((metric == "cwece" and n * c > 5e7) or (metric == "smece" and c != 100))]
+            if not ((metric == "cece" and n * c > 5e7) or (metric == "smece" and c != 100))]
 
 
 def run_size(size, repeats, budget):

@@ -8,7 +8,8 @@
   ``build_parser`` of each console script's ``main``, :func:`timm_csm.cli.console_command`): one table per group of
   ``--help``, each option with its default and help.
 * :func:`on_page_markdown` also writes the table of the registered corruptions where a page holds
-  :data:`CORRUPTIONS_MARKER`, from the registry itself.
+  :data:`CORRUPTIONS_MARKER`, that of the registered calibrators at :data:`CALIBRATORS_MARKER` and the metric
+  table at :data:`METRICS_MARKER`, from the registries themselves.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
   (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
 """
@@ -26,6 +27,8 @@ from griffe import Extension
 PACKAGE = Path(__file__).resolve().parents[1] / "timm_csm"
 FLAGS_MARKER = re.compile(r"<!-- the flags of (timm-csm-[a-z-]+) -->")
 CORRUPTIONS_MARKER = "<!-- the registered corruptions -->"
+CALIBRATORS_MARKER = "<!-- the registered calibrators -->"
+METRICS_MARKER = "<!-- the metric table -->"
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
 
 
@@ -141,8 +144,44 @@ def corruption_table() -> str:
     return "\n".join(out) + "\n"
 
 
+def calibrator_table() -> str:
+    """The registered calibrators as Markdown: name, what it fits, and the capabilities it was registered with."""
+    from timm_csm.calibration import calibrator_spec, list_calibrators
+
+    out = ["| name (`create_calibrator`) | what it fits | models | penalties | fewest samples (C classes) |",
+           "|---|---|---|---|---|"]
+    for name in list_calibrators():
+        spec = calibrator_spec(name)
+        shown = f"`{name}`" + (" (default)" if spec.default else "")
+        penalties = ", ".join(f"`{k}`" for k in spec.penalties) or "-"
+        fewest = "C" if spec.min_samples is None else f"{spec.min_samples(10)} for C = 10"
+        out.append(f"| {shown} | {_cell(spec.summary)} | {'two classes' if spec.binary_only else 'any'} | "
+                   f"{penalties} | {fewest} |")
+    return "\n".join(out) + "\n"
+
+
+def metric_table() -> str:
+    """The metric table as Markdown: what each metric is, its one name (result key and ``evaluate`` module), its
+    function, how reports show it and its direction."""
+    from timm_csm.metrics import list_metrics, metric_spec
+
+    out = ["| metric | name | function | `evaluate` module | report | better |", "|---|---|---|---|---|---|"]
+    for name in list_metrics():
+        spec = metric_spec(name)
+        function = f"`{spec.function.__name__}`" if spec.function is not None else "-"
+        shown = f"{spec.label} ({spec.unit})" if spec.unit else spec.label
+        better = {True: "higher", False: "lower", None: "-"}[spec.higher_is_better]
+        out.append(f"| {_cell(spec.description)} | `{name}` | {function} | {'yes' if spec.evaluate else '-'} | "
+                   f"{_cell(shown)} | {better} |")
+    return "\n".join(out) + "\n"
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
     markdown = FLAGS_MARKER.sub(lambda match: flag_tables(match.group(1)), markdown)
     if CORRUPTIONS_MARKER in markdown:
         markdown = markdown.replace(CORRUPTIONS_MARKER, corruption_table())
+    if METRICS_MARKER in markdown:
+        markdown = markdown.replace(METRICS_MARKER, metric_table())
+    if CALIBRATORS_MARKER in markdown:
+        markdown = markdown.replace(CALIBRATORS_MARKER, calibrator_table())
     return markdown

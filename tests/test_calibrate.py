@@ -116,7 +116,8 @@ def test_the_training_split_is_refused_as_test_split(user_files, tmp_path):
 
 @pytest.mark.parametrize("case,match", [
     ("pickle", "not a safetensors file"), ("json", "not a safetensors file"), ("missing", "does not exist"),
-    ("names", "class names differ"), ("count", "outputs|does not fit"), ("small", "parameters and the calibration"),
+    ("names", "class names differ"), ("count", "outputs|does not fit"),
+    ("small", "needs at least 12 samples for 3 classes"),
     ("binary", "two-class"), ("same_split", "never fitted on the test split"), ("unknown", "unknown calibrator"),
     ("not_a_folder", "is a file, not a folder"),
 ])

@@ -53,6 +53,18 @@ def test_the_shift_page_tabulates_every_registered_corruption(site):
         assert f"<code>{name}</code>" in text and corruption_spec(name).family in text, name
 
 
+def test_the_metrics_page_tabulates_every_metric_and_every_registered_calibrator(site):
+    from timm_csm.calibration import list_calibrators
+    from timm_csm.metrics import list_metrics, metric_spec
+
+    text = (site / "metrics.html").read_text()
+    for name in list_calibrators() + list_metrics():
+        assert f"<code>{name}</code>" in text, name
+    for name in list_metrics():
+        assert metric_spec(name).heading in text, name
+    assert "<code>reg_lambda</code>" in text and "(default)" in text
+
+
 def test_docstring_roles_become_inline_code():
     text = "see :func:`~timm_csm.train.run`, :mod:`timm_csm.metrics` and :class:`the task <timm.task.Task>`"
     assert build_hooks._ROLE.sub(build_hooks._inline_code, text) == \

@@ -22,7 +22,7 @@ from timm_csm.metrics import (adaptive_ece, augrc, aurc, brier_score, classwise_
 REFERENCE = {
     "ece": lambda p, y, **kw: ece(p, y, **kw),
     "aece": lambda p, y, **kw: adaptive_ece(p, y, **kw),
-    "cwece": lambda p, y, **kw: classwise_ece(p, y, **kw),
+    "cece": lambda p, y, **kw: classwise_ece(p, y, **kw),
     "mce": lambda p, y, **kw: mce(p, y, **kw),
     "nll": lambda p, y, n_bins=15, **kw: nll(p, y, **kw),
     "brier": lambda p, y, n_bins=15, **kw: brier_score(p, y, **kw),
@@ -76,7 +76,7 @@ def test_the_modules_use_the_public_metrics_api_and_one_description(modules):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("timm_csm.metrics"):
             assert node.module == "timm_csm.metrics", node.module
             assert {a.name for a in node.names} <= set(metrics.__all__)
-    functions = {"ece": ece, "aece": adaptive_ece, "cwece": classwise_ece, "mce": mce, "nll": nll,
+    functions = {"ece": ece, "aece": adaptive_ece, "cece": classwise_ece, "mce": mce, "nll": nll,
                  "brier": brier_score, "smece": smooth_ece, "aurc": aurc, "eaurc": eaurc, "augrc": augrc}
     for name, module in modules.items():
         assert module.description.startswith(inspect.cleandoc(functions[name].__doc__))
@@ -104,7 +104,7 @@ def test_soft_references_and_dense_arrays(modules):
     z, _ = make_data(seed=2)
     rng = np.random.RandomState(2)
     t = rng.dirichlet(np.ones(6), size=len(z)).astype(np.float32)
-    for name in ("ece", "nll", "brier", "cwece"):
+    for name in ("ece", "nll", "brier", "cece"):
         want = REFERENCE[name](z, t)
         assert modules[name].compute(predictions=z, references=t)[name] == pytest.approx(want, abs=1e-12)
         assert modules[name].compute(predictions=z.tolist(), references=t.tolist())[name] == pytest.approx(
@@ -181,10 +181,23 @@ def test_install_writes_the_cache_layout_atomically(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
     # a changed copy is replaced
     written[0].write_text("broken")
-    install_evaluate_modules(["ece", "aece", "cwece", "mce", "nll", "brier", "smece"], cache_dir=tmp_path)
+    install_evaluate_modules(["ece", "aece", "cece", "mce", "nll", "brier", "smece"], cache_dir=tmp_path)
     assert written[0].read_bytes() == Path(metric_path(written[0].stem)).read_bytes()
     with pytest.raises(ValueError, match="unknown metric"):
         install_evaluate_modules(["f1"], cache_dir=tmp_path)
+
+
+def test_a_classwise_module_cached_by_an_earlier_release_under_its_earlier_name_still_computes(tmp_path):
+    import evaluate
+
+    script = tmp_path / "cwece" / "cwece.py"  # the script an earlier release installed into evaluate's cache
+    script.parent.mkdir()
+    script.write_text("from timm_csm.hf_metrics import _base\n\n\nclass CWECE(_base.CalibrationMetric):\n"
+                      "    metric_name = \"cwece\"\n")
+    z, y = make_data(seed=4)
+    assert evaluate.load(str(script)).compute(predictions=z, references=y) == {
+        "cwece": pytest.approx(classwise_ece(z, y), abs=1e-12)}
+    assert "cwece" not in METRIC_NAMES and "cece" in METRIC_NAMES
 
 
 def stale_copy(cache: Path, name: str, ahead_s: float) -> Path:

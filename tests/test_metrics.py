@@ -73,7 +73,7 @@ def ref_aece(conf, acc, n_bins=15):
     return sum(w * abs(a - c) for w, c, a in rows)
 
 
-def ref_cwece(p, t, n_bins=15):
+def ref_cece(p, t, n_bins=15):
     return np.mean([ref_ece(p[:, k], t[:, k], n_bins) for k in range(p.shape[1])])
 
 
@@ -89,7 +89,7 @@ def ref_all(p, t, n_bins=15):
     conf, acc = ref_top(p, t)
     oe, ue = ref_oe_ue(conf, acc, n_bins)
     return {"accuracy": acc.mean(), "confidence": conf.mean(), "ece": ref_ece(conf, acc, n_bins),
-            "aece": ref_aece(conf, acc, n_bins), "cece": ref_cwece(p, t, n_bins),
+            "aece": ref_aece(conf, acc, n_bins), "cece": ref_cece(p, t, n_bins),
             "mce": ref_ece(conf, acc, n_bins, "max"), "oe": oe, "ue": ue, "nll": ref_nll(p, t),
             "brier": ref_brier(p, t)}
 
@@ -260,7 +260,7 @@ def test_absent_classes_count_in_classwise_mean():
     z, _ = make_logits(400, 6, seed=8)
     y = torch.randint(0, 3, (400,), generator=torch.Generator().manual_seed(8))  # classes 3..5 never occur
     p = ref_softmax(z.numpy())
-    assert classwise_ece(z, y, num_classes=6) == pytest.approx(ref_cwece(p, ref_onehot(y, 6)), abs=1e-12)
+    assert classwise_ece(z, y, num_classes=6) == pytest.approx(ref_cece(p, ref_onehot(y, 6)), abs=1e-12)
 
 
 def test_two_label_slice_of_multiclass_data_stays_multiclass():

@@ -60,11 +60,12 @@ import numpy as np
 import torch
 
 from .calibrate_report import RELIABILITY_KINDS, report_markdown, write_plots
-from .calibration import (BINARY_CALIBRATORS, CONFORMAL_METHODS, SELECTION_METRICS, ConformalClassifier,
-                          auto_candidates, create_calibrator, fold_table_markdown, select_calibrator)
+from .calibration import (CONFORMAL_METHODS, SELECTION_METRICS, ConformalClassifier, auto_candidates,
+                          calibrator_spec, check_calibration_samples, create_calibrator, fold_table_markdown,
+                          list_calibrators, select_calibrator)
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .cli import console_command
-from .metrics import reliability_table
+from .metrics import DEFAULT_N_BINS, reliability_table
 from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .metrics.selective import risk_coverage_from_points
 from .training.args import HelpFormatter
@@ -154,12 +155,9 @@ def _curves(logits, labels, n_bins: int) -> Dict[str, Any]:
             "risk_coverage": risk_coverage_from_points(conf, (pred == labels).double()).to_dict()}
 
 
-#: the calibrators with the off-diagonal / intercept (ODIR) penalty of Kull et al. (2019)
-ODIR_CALIBRATORS = ("dirichlet", "matrix_scaling")
-
-
-def _create(name: str, odir: Dict[str, float]):
-    return create_calibrator(name, **(odir if name in ODIR_CALIBRATORS else {}))
+def _create(name: str, penalties: Dict[str, float]):
+    """The calibrator ``name`` with the strengths of ``penalties`` it takes (its registered ``penalties``)."""
+    return create_calibrator(name, **calibrator_spec(name).penalty_options(penalties))
 
 
 #: the conformal sets with their own temperature, fitted for set size (a key of the report's "conformal")
@@ -168,7 +166,7 @@ OWN_TEMPERATURE = "set_size_temperature"
 
 def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conformal: Sequence[str], seed: int,
              log, odir: Dict[str, float], bootstrap: int) -> Dict[str, Any]:
-    """Fit each calibrator on ``cal`` (``odir``: the penalty strengths of :data:`ODIR_CALIBRATORS`), score it on
+    """Fit each calibrator on ``cal`` (``odir``: the ODIR penalty strengths, for those that take them), score it on
     ``test`` and ``cal`` (with ``bootstrap`` resamples: the interval of every number); conformal sets on top of
     each (and of none), and with their own temperature fitted for set size (:data:`OWN_TEMPERATURE`)."""
     fitted, rows = {}, {}
@@ -193,21 +191,6 @@ def _fit_all(names: Sequence[str], cal, test, n_bins: int, alpha: float, conform
                                      temperature=temperature).fit(*cal)
             sets.setdefault(base, {})[method] = cp.evaluate(*test, bootstrap=bootstrap, seed=seed)
     return {"fitted": fitted, "rows": rows, "conformal": sets}
-
-
-def _check_calibration_size(names: Sequence[str], cal_labels, num_classes: int) -> None:
-    n = len(cal_labels)
-    for name in names:
-        if name in BINARY_CALIBRATORS and num_classes != 2:
-            raise ValueError(f"calibrator {name!r} is for two-class models; this one has {num_classes} classes")
-    if n < num_classes or len(torch.unique(cal_labels)) < 2:
-        raise ValueError(f"the calibration split has {n} samples of {len(torch.unique(cal_labels))} classes; "
-                         f"the calibrators need at least {num_classes} samples (one per class) of several classes")
-    if "matrix_scaling" in names or "dirichlet" in names:
-        if n < num_classes * (num_classes + 1):
-            raise ValueError(f"matrix_scaling / dirichlet fit {num_classes * (num_classes + 1)} parameters and "
-                             f"the calibration split has {n} samples; use more samples, or temperature_scaling / "
-                             "vector_scaling")
 
 
 def _export(folder: Path, classifier: Classifier, name: str, calibrator, data_names: List[str]) -> Dict[str, Any]:
@@ -268,7 +251,7 @@ def _choose_export(names: List[str], export: Optional[str], cal, folds: int, by:
         return {"kind": names[0], "chosen_by": "the only calibrator listed"}, None
     folds = min(folds, len(cal[1]))
     chosen, table = select_calibrator(*cal, names, folds=folds, by=by, seed=seed, n_bins=n_bins,
-                                      options={name: odir for name in ODIR_CALIBRATORS})
+                                      options={name: calibrator_spec(name).penalty_options(odir) for name in names})
     log(f"calibrators by {folds}-fold cross-validated {by.upper()} on the calibration split (chosen: {chosen}; "
         f"left out: {left_out or 'none'}):\n{fold_table_markdown(table)}")
     return ({"kind": chosen, "chosen_by": f"the lowest {folds}-fold cross-validated {by.upper()} on the calibration "
@@ -336,12 +319,12 @@ def _splits(dataset, test_split, calibration_split, calibration_fraction, seed, 
 
 
 def calibrate(model, dataset, *, output, test_split: str, calibration_split: Optional[str] = None,
-              calibration_fraction: Optional[float] = None, calibrators: Sequence[str] = ("temperature_scaling",),
+              calibration_fraction: Optional[float] = None, calibrators: Optional[Sequence[str]] = None,
               export: Optional[str] = None, conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1,
               checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
               in_chans: Optional[int] = None, img_size: Optional[int] = None,
               data_config: Optional[Dict[str, Any]] = None, class_names: Optional[Sequence[str]] = None,
-              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = 15,
+              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = DEFAULT_N_BINS,
               batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
               image_column: Optional[str] = None, label_column: Optional[str] = None,
               data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
@@ -354,15 +337,17 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     ``data_config``: timm's data config keys (``input_size``, ``img_size``, ``in_chans``, ``mean``, ``std``,
     ``crop_pct``, ``crop_mode``, ``interpolation``; ``in_chans`` / ``img_size`` may also be given alone);
     ``transform``: for a module, any callable of one PIL image (converted to ``in_chans`` channels, RGB by
-    default); ``calibrators``: registry names, or ``["auto"]``: every registered one that applies; ``export``:
-    the calibrator to export (default: the lowest ``folds``-fold cross-validated ``select_by``, ``"nll"`` or
-    ``"ece"``, on the calibration split); ``bootstrap``: resamples of the test (and calibration) samples behind
-    the 95% interval of every number (0: none); ``reg_lambda`` / ``reg_mu``: the off-diagonal and intercept
-    penalties of ``dirichlet`` and ``matrix_scaling`` (ODIR, Kull et al. 2019); ``reliability``: extra diagrams,
-    ``adaptive`` and / or ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
+    default); ``calibrators``: registry names (default: those registered as default), or ``["auto"]``: every
+    registered one that applies; ``export``: the calibrator to export (default: the lowest ``folds``-fold
+    cross-validated ``select_by``, ``"nll"`` or ``"ece"``, on the calibration split); ``bootstrap``: resamples of
+    the test (and calibration) samples behind the 95% interval of every number (0: none); ``reg_lambda`` /
+    ``reg_mu``: the off-diagonal and intercept penalties (ODIR, Kull et al. 2019) of the calibrators registered
+    with them (``list_calibrators(penalty="reg_lambda")``); ``reliability``: extra diagrams, ``adaptive`` and / or
+    ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
     ``ood`` (an image source of none of the model's classes, its ``ood_split``):
     :class:`~timm_csm.training.shift.ShiftEvaluation`."""
-    output, calibrators, odir = Path(output), list(calibrators), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
+    calibrators = list_calibrators(default=True) if calibrators is None else list(calibrators)
+    output, odir = Path(output), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
     given = merge_data_config(data_config, in_chans, img_size)
     _check_arguments(model, output, calibrators, export, select_by, conformal, alpha, reliability, odir,
                      calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
@@ -384,7 +369,8 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
                                         class_names=list(test_data.class_names), data_dir=data_dir)
     k = len(test_data.class_names)
     calibrators, left_out = _candidates(calibrators, export, k, len(cal_data), folds)
-    _check_calibration_size(calibrators, torch.as_tensor(cal_data.labels), k)
+    cal_labels = torch.as_tensor(cal_data.labels)
+    check_calibration_samples(calibrators, len(cal_labels), len(torch.unique(cal_labels)), k)
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
     cal = _predict(classifier, cal_data, batch_size, device, workers)
     if cal[0].shape[1] != k:
@@ -447,8 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold out this seeded fraction of the test split for fitting instead")
     p.add_argument("--test-split", required=True, help="the split the report scores (a flat <class>/* folder is "
                                                        "split 'train')")
-    p.add_argument("--calibrators", default="temperature_scaling",
-                   help="comma-separated registry names, or 'auto': every registered one that applies")
+    p.add_argument("--calibrators", default=",".join(list_calibrators(default=True)),
+                   help="comma-separated registry names (timm_csm.calibration.list_calibrators()), or 'auto': every "
+                        "registered one that applies")
     p.add_argument("--export", default=None, help="the calibrator exported with the model (default: the lowest "
                                                   "cross-validated --select-by on the calibration split)")
     p.add_argument("--select-by", default="nll", choices=SELECTION_METRICS,
@@ -459,9 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conformal", default=",".join(CONFORMAL_METHODS), help="conformal methods ('' for none)")
     p.add_argument("--alpha", type=float, default=0.1, help="conformal miscoverage level")
     p.add_argument("--output", required=True, help="a new folder for the report and the calibrated model")
-    p.add_argument("--reg-lambda", type=float, default=0.0, help="dirichlet / matrix_scaling: the off-diagonal "
-                   "weight penalty (ODIR, Kull et al. 2019)")
-    p.add_argument("--reg-mu", type=float, default=0.0, help="dirichlet / matrix_scaling: the intercept penalty")
+    p.add_argument("--reg-lambda", type=float, default=0.0,
+                   help=f"{' / '.join(list_calibrators(penalty='reg_lambda'))}: the off-diagonal weight penalty (ODIR, "
+                        "Kull et al. 2019)")
+    p.add_argument("--reg-mu", type=float, default=0.0,
+                   help=f"{' / '.join(list_calibrators(penalty='reg_mu'))}: the intercept penalty")
     p.add_argument("--shift", nargs="?", const="all", default=None, metavar="NAMES",
                    help="also score the test split under corruptions, before and after each calibrator: 'all' (the "
                         "flag alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
@@ -486,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--interpolation", default=None, choices=INTERPOLATIONS, help="resize interpolation")
     p.add_argument("--allow-training-split", action="store_true",
                    help="score the split the model was trained on (refused otherwise)")
-    p.add_argument("--n-bins", type=int, default=15, help="confidence bins of ECE-type metrics")
+    p.add_argument("--n-bins", type=int, default=DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
     p.add_argument("--batch-size", type=int, default=128, help="images per prediction batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration split and of the calibrators")
     p.add_argument("--device", default="cpu", help="torch device of the model")

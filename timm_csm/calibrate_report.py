@@ -10,15 +10,17 @@ import torch
 
 from .calibration import fold_table_markdown
 from .extras import missing_extra
+from .metrics import list_metrics
 from .metrics.selective import risk_coverage_from_points
 
 __all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
 
 
 def report_markdown(report: Dict[str, Any]) -> str:
-    """``report.md``: the metrics of each calibrator (each with its bootstrap interval when the report holds
-    them), the exported one and why (the fold table of the choice), the conformal sets."""
-    keys = ("accuracy", "ece", "aece", "cece", "mce", "nll", "brier", "aurc", "eaurc", "augrc")
+    """``report.md``: the headline metrics of each calibrator (the metric table's calibration and selective
+    ones; each with its bootstrap interval when the report holds them), the exported one and why (the fold table of
+    the choice), the conformal sets."""
+    keys = list_metrics(("calibration", "selective"), headline=True)
     pre, boot = report.get("preprocessing"), report.get("bootstrap")
     shown = (f" Each number with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
              f"{boot['resamples']} resamples of the test images (seed {boot['seed']})." if boot else "")

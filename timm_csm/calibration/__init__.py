@@ -4,6 +4,10 @@
     test_probs = ts.predict_proba(test_logits); ts.temperature; ts.save("ts.safetensors")
     create_calibrator("dirichlet", reg_lambda=1e-3, reg_mu=1e-3).fit(val_logits, val_targets)
 
+The registry (:mod:`timm_csm.calibration.registry`): ``@register_calibrator(name, ...)`` declares a calibrator and
+its capabilities (two-class only, penalties, minimum samples, fitted by default) where it is defined;
+``create_calibrator``, ``list_calibrators`` and ``calibrator_spec`` read them.
+
 Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
 interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
 histogram binning, and (two-class models) Platt scaling and beta calibration. Split-conformal prediction sets
@@ -14,16 +18,19 @@ cross-validated NLL or ECE: :func:`select_calibrator`.
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
 from .conformal import CONFORMAL_METHODS, ConformalClassifier
-from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
+from .registry import (CalibratorSpec, calibrator_spec, check_calibration_samples, create_calibrator,
+                       list_calibrators, register_calibrator)
 from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
-from .temperature import TemperatureScaling, temperature_grid
+from .temperature import DEFAULT_TEMPERATURE_METHOD, TEMPERATURE_METHODS, TemperatureScaling, temperature_grid
 from .vector import VectorScaling
 
 __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
-    "create_calibrator", "list_calibrators", "load_calibrator", "BINARY_CALIBRATORS", "ConformalClassifier",
-    "CONFORMAL_METHODS", "select_calibrator", "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
+    "create_calibrator", "list_calibrators", "load_calibrator", "register_calibrator", "calibrator_spec",
+    "CalibratorSpec", "check_calibration_samples", "ConformalClassifier",
+    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "select_calibrator",
+    "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

@@ -8,10 +8,10 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ._checks import as_logits, compute_dtype
+from .registry import calibrator_class, list_calibrators
 
 __all__ = ["PostHocCalibrator", "load_calibrator", "check_finite_state"]
 
-_CALIBRATOR_CLASSES: Dict[str, type] = {}
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
@@ -21,13 +21,9 @@ class PostHocCalibrator:
     arguments; ``save(path)`` writes both to a safetensors file, ``load(path)`` restores a fitted calibrator.
     ``fit_info`` holds what an iterative fit reports (its iterations, its final objective), None otherwise."""
 
+    #: the registered name written into saved files (set by :func:`~timm_csm.calibration.register_calibrator`)
     kind: str = ""
     fit_info: Optional[dict] = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.kind:
-            _CALIBRATOR_CLASSES[cls.kind] = cls
 
     @property
     def is_fitted(self) -> bool:
@@ -118,12 +114,13 @@ def load_calibrator(path) -> PostHocCalibrator:
         metadata = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     kind = metadata.get("calibrator")
-    if kind not in _CALIBRATOR_CLASSES:
+    cls = calibrator_class(kind)
+    if cls is None:
         raise ValueError(f"{path} is not a saved calibrator (metadata 'calibrator'={kind!r}; known: "
-                         f"{sorted(_CALIBRATOR_CLASSES)})")
+                         f"{[n for n in list_calibrators() if calibrator_class(n) is not None]})")
     check_finite_state(tensors, path)
     config = json.loads(metadata.get("config", "{}"))
-    return _CALIBRATOR_CLASSES[kind](**config).load_state_dict(tensors)
+    return cls(**config).load_state_dict(tensors)
 
 
 def check_finite_state(tensors: Dict[str, torch.Tensor], source: str) -> None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ._checks import check_fit_inputs
 from .base import PostHocCalibrator, check_finite_state
+from .registry import register_calibrator
 
 __all__ = ["PlattScaling", "BetaCalibration", "binary_log_odds"]
 
@@ -108,11 +109,11 @@ class _BinaryCalibrator(PostHocCalibrator):
         return f"{type(self).__name__}({values})"
 
 
+@register_calibrator("platt", summary="Platt scaling of a two-class model", binary_only=True)
 class PlattScaling(_BinaryCalibrator):
     """Platt scaling of a two-class model: ``s' = a s + b`` on the log-odds s, by validation NLL (see
     :mod:`timm_csm.calibration.binary`). ``params`` = (a, b)."""
 
-    kind = "platt"
     state_names = ("a", "b")
 
     def fit(self, logits, targets) -> "PlattScaling":
@@ -133,11 +134,11 @@ def _beta_features(s: torch.Tensor) -> torch.Tensor:
     return torch.stack([-F.softplus(-s), F.softplus(s)], dim=1)
 
 
+@register_calibrator("beta", summary="beta calibration of a two-class model", binary_only=True)
 class BetaCalibration(_BinaryCalibrator):
     """Beta calibration of a two-class model: ``s' = a ln p - b ln(1 - p) + c`` with a, b >= 0, by validation NLL
     (see :mod:`timm_csm.calibration.binary`). ``params`` = (a, b, c)."""
 
-    kind = "beta"
     state_names = ("a", "b", "c")
 
     def fit(self, logits, targets) -> "BetaCalibration":

@@ -30,10 +30,18 @@ from ._checks import check_fit_inputs
 from ._kernels import affine_rows, log_softmax_rows
 from .affine import fit_affine
 from .base import PostHocCalibrator, check_finite_state
+from .registry import register_calibrator
 
 __all__ = ["MatrixScaling", "DirichletCalibration"]
 
 _REGS = ("odir", "l2")
+#: the penalty strengths of the ODIR regulariser: off-diagonal weights, intercepts
+ODIR_PENALTIES = ("reg_lambda", "reg_mu")
+
+
+def _one_per_parameter(num_classes: int) -> int:
+    """The parameters of W (C x C) and b (C): the fewest samples that identify them."""
+    return num_classes * (num_classes + 1)
 
 
 class _AffineCalibrator(PostHocCalibrator):
@@ -99,18 +107,19 @@ class _AffineCalibrator(PostHocCalibrator):
         return f"{type(self).__name__}(reg_lambda={self.reg_lambda:g}, reg_mu={self.reg_mu:g}, {fitted})"
 
 
+@register_calibrator("matrix_scaling", summary="a full linear map of the logits, by validation NLL",
+                     penalties=ODIR_PENALTIES, min_samples=_one_per_parameter)
 class MatrixScaling(_AffineCalibrator):
     """Matrix scaling (Guo et al., 2017): ``z' = W z + b`` on the logits, W (C x C) and b fitted by validation NLL
     with the optional ODIR penalty of Kull et al. (2019); see :mod:`timm_csm.calibration.linear`. It can change
     the predicted class."""
 
-    kind = "matrix_scaling"
 
-
+@register_calibrator("dirichlet", summary="Dirichlet calibration (Kull et al., 2019): a linear map of the "
+                     "log-probabilities", penalties=ODIR_PENALTIES, min_samples=_one_per_parameter)
 class DirichletCalibration(_AffineCalibrator):
     """Dirichlet calibration (Kull et al., NeurIPS 2019): ``z' = W log softmax(z) + b``, fitted by validation NLL
     with the ODIR penalty ``reg_lambda`` (off-diagonal weights) and ``reg_mu`` (intercepts); see
     :mod:`timm_csm.calibration.linear`. It can change the predicted class."""
 
-    kind = "dirichlet"
     on_log_probs = True

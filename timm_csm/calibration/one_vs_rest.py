@@ -29,6 +29,7 @@ from ..metrics.binning import bin_edges, bin_index, check_n_bins
 from ._checks import check_fit_inputs
 from ._kernels import row_blocks, softmax_rows
 from .base import PostHocCalibrator, check_finite_state
+from .registry import register_calibrator
 
 __all__ = ["IsotonicCalibration", "HistogramBinning", "PROBABILITY_FLOOR"]
 
@@ -90,11 +91,10 @@ def _interpolate_rows(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor, slopes:
     return (v - x.gather(1, lo)).mul_(slopes.gather(1, lo)).add_(y.gather(1, lo))
 
 
+@register_calibrator("isotonic", summary="one-vs-rest isotonic regression, renormalised")
 class IsotonicCalibration(PostHocCalibrator):
     """One-vs-rest isotonic regression, renormalised (see :mod:`timm_csm.calibration.one_vs_rest`). The state
     holds each class's knots, padded to one length: ``knots_x`` / ``knots_y`` (C, M) and ``num_knots`` (C,)."""
-
-    kind = "isotonic"
 
     def __init__(self):
         self.knots_x: Optional[torch.Tensor] = None
@@ -159,12 +159,11 @@ class IsotonicCalibration(PostHocCalibrator):
         return f"IsotonicCalibration({fitted})"
 
 
+@register_calibrator("histogram_binning", summary="one-vs-rest histogram binning, renormalised")
 class HistogramBinning(PostHocCalibrator):
     """One-vs-rest histogram binning with ``n_bins`` equal-width bins per class, renormalised (see
     :mod:`timm_csm.calibration.one_vs_rest`). ``bin_values`` (C, n_bins) holds each bin's calibrated probability,
     ``bin_counts`` its number of validation samples."""
-
-    kind = "histogram_binning"
 
     def __init__(self, n_bins: int = 15):
         self.n_bins = check_n_bins(int(n_bins))

@@ -16,28 +16,25 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..extras import MissingExtra
-from ..metrics import ece, nll
+from ..metrics import DEFAULT_N_BINS, ece, nll
 from ._checks import as_logits, as_targets
-from .factory import BINARY_CALIBRATORS, create_calibrator, list_calibrators
+from .registry import calibrator_spec, create_calibrator, list_calibrators
 
 __all__ = ["SELECTION_METRICS", "auto_candidates", "fold_assignment", "select_calibrator", "fold_table_markdown"]
 
 SELECTION_METRICS = ("nll", "ece")
-#: the calibrators that fit a C x (C + 1) matrix and need that many samples in each training fold
-_MATRIX_CALIBRATORS = ("matrix_scaling", "dirichlet")
 
 
 def auto_candidates(num_classes: int, n_samples: int, folds: int = 5) -> Tuple[List[str], Dict[str, str]]:
     """The registered calibrators that apply to ``num_classes`` classes and ``n_samples`` calibration samples
-    split into ``folds`` folds, and ``{name: why not}`` for the others."""
+    split into ``folds`` folds (their capabilities, :meth:`~timm_csm.calibration.CalibratorSpec.unmet`, on one
+    training fold), and ``{name: why not}`` for the others."""
     chosen, left_out = [], {}
     train_size = n_samples * (folds - 1) // folds
     for name in list_calibrators():
-        if name in BINARY_CALIBRATORS and num_classes != 2:
-            left_out[name] = "two-class models only"
-        elif name in _MATRIX_CALIBRATORS and train_size < num_classes * (num_classes + 1):
-            left_out[name] = (f"fits {num_classes * (num_classes + 1)} parameters on {train_size} samples per "
-                              "training fold")
+        why = calibrator_spec(name).unmet(num_classes, train_size, "each training fold")
+        if why is not None:
+            left_out[name] = why
         else:
             try:
                 create_calibrator(name)  # its fit's optional dependencies (isotonic: SciPy's isotonic_regression)
@@ -65,7 +62,7 @@ def _score(by: str, logits: torch.Tensor, targets: torch.Tensor, n_bins: int) ->
 
 
 def select_calibrator(logits, targets, names: Sequence[str], folds: int = 5, by: str = "nll", seed: int = 0,
-                      n_bins: int = 15, options: Optional[Mapping[str, Mapping[str, Any]]] = None
+                      n_bins: int = DEFAULT_N_BINS, options: Optional[Mapping[str, Mapping[str, Any]]] = None
                       ) -> Tuple[str, Dict[str, Any]]:
     """``(name, fold table)``: the calibrator of ``names`` with the lowest mean ``by`` (``"nll"`` or ``"ece"``
     with ``n_bins`` bins) over the ``folds`` held-out folds of ``(logits, targets)``; ``options``: keyword

@@ -7,14 +7,18 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..metrics.binning import bin_edges, bin_index, bin_sums, calibration_error_from_bins
+from ..metrics.binning import DEFAULT_N_BINS, bin_edges, bin_index, bin_sums, calibration_error_from_bins
 from ._checks import check_fit_inputs
 from ._kernels import NARROW_CLASSES, row_blocks
 from .base import PostHocCalibrator
+from .registry import register_calibrator
 
-__all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature"]
+__all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature", "TEMPERATURE_METHODS",
+           "DEFAULT_TEMPERATURE_METHOD"]
 
-_METHODS = ("grid_ece", "nll")
+#: the fitting rules of the temperature; the default is the protocol of the calibration-loss papers and CSM
+TEMPERATURE_METHODS = ("grid_ece", "nll")
+DEFAULT_TEMPERATURE_METHOD = "grid_ece"
 _T_BOUNDS = (1e-2, 1e2)  # NLL fits on (near-)separable data run off towards 0; keep T in a sane range
 
 
@@ -112,6 +116,9 @@ def fit_inverse_temperature(logits: torch.Tensor, targets: torch.Tensor, beta: f
     return beta, {"iterations": iterations, "objective": value}
 
 
+@register_calibrator("temperature_scaling", default=True,
+                     summary="one temperature, chosen on the grid 0.1 ... 10.0 by validation ECE (the CSM paper's "
+                             "protocol)")
 class TemperatureScaling(PostHocCalibrator):
     """Divide logits by one scalar T > 0 fitted on validation logits; accuracy is unchanged.
 
@@ -127,12 +134,10 @@ class TemperatureScaling(PostHocCalibrator):
     Fitting refuses fewer samples than classes and a validation set with a single class (``ValueError``).
     """
 
-    kind = "temperature_scaling"
-
-    def __init__(self, method: str = "grid_ece", n_bins: int = 15, grid: Sequence[float] = (0.1, 10.0, 0.1),
-                 init: float = 1.5, max_iter: int = 50):
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    def __init__(self, method: str = DEFAULT_TEMPERATURE_METHOD, n_bins: int = DEFAULT_N_BINS,
+                 grid: Sequence[float] = (0.1, 10.0, 0.1), init: float = 1.5, max_iter: int = 50):
+        if method not in TEMPERATURE_METHODS:
+            raise ValueError(f"method must be one of {TEMPERATURE_METHODS}, got {method!r}")
         if int(n_bins) < 1:
             raise ValueError(f"n_bins must be >= 1, got {n_bins}")
         if not (math.isfinite(float(init)) and float(init) > 0):
@@ -214,3 +219,7 @@ class TemperatureScaling(PostHocCalibrator):
     def __repr__(self) -> str:
         t = "unfitted" if self._temperature is None else f"T={self._temperature:g}"
         return f"TemperatureScaling(method={self.method!r}, n_bins={self.n_bins}, {t})"
+
+
+register_calibrator("temperature_scaling_nll", preset={"method": "nll"},
+                    summary="one temperature by validation NLL (Guo et al., 2017)")(TemperatureScaling)

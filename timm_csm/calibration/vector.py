@@ -9,10 +9,12 @@ from ._checks import check_fit_inputs
 from ._kernels import row_tiling, scale_shift
 from .affine import fit_affine
 from .base import PostHocCalibrator, check_finite_state
+from .registry import register_calibrator
 
 __all__ = ["VectorScaling"]
 
 
+@register_calibrator("vector_scaling", summary="one scale and bias per class, by validation NLL")
 class VectorScaling(PostHocCalibrator):
     """``z' = w * z + b`` with w, b in R^C, minimising the validation NLL with L-BFGS from the temperature-scaling
     fit (w = 1 / T, b = 0) until an iteration lowers the objective by less than its float precision, at most
@@ -20,8 +22,6 @@ class VectorScaling(PostHocCalibrator):
     temperature scaling it can change the predicted class. Fitting refuses fewer samples than classes and a
     validation set with a single class.
     """
-
-    kind = "vector_scaling"
 
     def __init__(self, max_iter: int = 200):
         self.max_iter = int(max_iter)

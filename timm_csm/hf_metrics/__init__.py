@@ -1,8 +1,9 @@
 """Hugging Face ``evaluate`` modules for the calibration metrics, shipped as package data.
 
-One folder per module (``ece``, ``aece``, ``cwece``, ``mce``, ``nll``, ``brier``, ``smece`` and the
-selective-prediction ``aurc``, ``eaurc``, ``augrc``), each holding
-``<name>/<name>.py``, a thin :class:`evaluate.Metric` over :mod:`timm_csm.metrics`.
+One folder per module (``ece``, ``aece``, ``cece``, ``mce``, ``nll``, ``brier``, ``smece`` and the
+selective-prediction ``aurc``, ``eaurc``, ``augrc``: the metrics of the table :mod:`timm_csm.metrics.table`
+registered with ``evaluate=True``), each holding ``<name>/<name>.py``, a thin :class:`evaluate.Metric` over
+:mod:`timm_csm.metrics`.
 
 * :func:`load_metric` loads a module by its file path: works offline, from any directory, with no warning.
 * :func:`install_evaluate_modules` copies the scripts into evaluate's module cache, where ``evaluate.load(name)``
@@ -24,11 +25,13 @@ from typing import Iterable, List, Optional, Sequence
 
 from ..cli import console_command
 from ..io import write_bytes_atomic
+from ..metrics.table import list_metrics
 
 __all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
            "evaluate_modules_cache", "build_parser", "main"]
 
-METRIC_NAMES = ("ece", "aece", "cwece", "mce", "nll", "brier", "smece", "aurc", "eaurc", "augrc")
+#: the modules of the built-in metrics (``list_metrics(evaluate=True)`` also lists those registered later)
+METRIC_NAMES = tuple(list_metrics(evaluate=True))
 # evaluate's cache folder prefixes: "evaluate-metric--ece" serves evaluate.load("ece"), "timm-csm--ece" serves
 # evaluate.load("timm-csm/ece")
 NAMESPACE = "timm-csm"
@@ -37,8 +40,8 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _check_name(name: str) -> str:
-    if name not in METRIC_NAMES:
-        raise ValueError(f"unknown metric {name!r}; available: {', '.join(METRIC_NAMES)}")
+    if name not in list_metrics(evaluate=True):
+        raise ValueError(f"unknown metric {name!r}; available: {', '.join(list_metrics(evaluate=True))}")
     return name
 
 
@@ -93,7 +96,7 @@ def install_evaluate_modules(names: Optional[Iterable[str]] = None, cache_dir: O
     writable.
     """
     root = Path(cache_dir) if cache_dir is not None else evaluate_modules_cache()
-    selected = METRIC_NAMES if names is None else tuple(_check_name(n) for n in names)
+    selected = list_metrics(evaluate=True) if names is None else tuple(_check_name(n) for n in names)
     metrics_dir = root / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
     _touch_init(root)

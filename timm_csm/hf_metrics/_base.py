@@ -24,66 +24,21 @@ batch by batch must all read the same way; the Arrow route decides once, over al
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 import datasets
 import evaluate
 import numpy as np
 import torch
 
-from timm_csm import metrics
-from timm_csm.metrics import (INPUT_TYPES, ROW_SUM_ATOL, SELECTIVE_KEYS, TASKS, CalibrationAccumulator, as_tensor,
-                              check_n_bins, infer_input_type, infer_task, prepare_inputs,
-                              selective_metrics_from_points)
+from timm_csm.metrics import (DEFAULT_N_BINS, INPUT_TYPES, LEGACY_NAMES, ROW_SUM_ATOL, TASKS, CalibrationAccumulator,
+                              MetricSpec, as_tensor, check_n_bins, infer_input_type, infer_task, metric_spec,
+                              prepare_inputs, selective_metrics_from_points)
 
-__all__ = ["CalibrationMetric", "OPTION_NAMES", "AUTO", "MODULES", "ModuleSpec", "describe"]
+__all__ = ["CalibrationMetric", "OPTION_NAMES", "AUTO", "module_spec", "describe"]
 
 OPTION_NAMES = ("n_bins", "input_type", "task", "num_classes", "ignore_index")
 AUTO = "auto"
-
-_CITATION_GUO = """\
-@inproceedings{guo2017calibration,
-  title={On Calibration of Modern Neural Networks},
-  author={Guo, Chuan and Pleiss, Geoff and Sun, Yu and Weinberger, Kilian Q.},
-  booktitle={ICML}, year={2017}
-}
-"""
-
-_CITATION_SELECTIVE = """\
-@inproceedings{geifman2019bias,
-  title={Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers},
-  author={Geifman, Yonatan and Uziel, Guy and El-Yaniv, Ran},
-  booktitle={ICLR}, year={2019}
-}
-"""
-
-
-class ModuleSpec(NamedTuple):
-    """What an ``evaluate`` module computes: ``function``, the function of :mod:`timm_csm.metrics` (its docstring
-    opens the module's description); ``key``, the value's key in
-    :meth:`~timm_csm.metrics.CalibrationAccumulator.compute` or :func:`~timm_csm.metrics.selective_metrics_from_points`;
-    ``needs``, the statistics the accumulator keeps for it; ``citation``."""
-
-    function: Callable
-    key: str
-    needs: Dict[str, bool]
-    citation: str
-
-
-_POINTS = {"keep_confidences": True}
-#: module name -> what it computes
-MODULES = {
-    "ece": ModuleSpec(metrics.ece, "ece", {}, _CITATION_GUO),
-    "aece": ModuleSpec(metrics.adaptive_ece, "aece", _POINTS, _CITATION_GUO),
-    "cwece": ModuleSpec(metrics.classwise_ece, "cece", {"classwise": True}, _CITATION_GUO),
-    "mce": ModuleSpec(metrics.mce, "mce", {}, _CITATION_GUO),
-    "nll": ModuleSpec(metrics.nll, "nll", {"nll": True}, _CITATION_GUO),
-    "brier": ModuleSpec(metrics.brier_score, "brier", {"brier": True}, _CITATION_GUO),
-    "smece": ModuleSpec(metrics.smooth_ece, "smece", _POINTS, _CITATION_GUO),
-    "aurc": ModuleSpec(metrics.aurc, "aurc", _POINTS, _CITATION_SELECTIVE),
-    "eaurc": ModuleSpec(metrics.eaurc, "eaurc", _POINTS, _CITATION_SELECTIVE),
-    "augrc": ModuleSpec(metrics.augrc, "augrc", _POINTS, _CITATION_SELECTIVE),
-}
 
 _USAGE = f"""
 A Hugging Face `evaluate` module over timm_csm.metrics. Load it with ``timm_csm.load_metric("<name>")`` or, after
@@ -98,10 +53,16 @@ out-of-range labels, NaN, empty input and mismatched shapes raise ``ValueError``
 """
 
 
+def module_spec(name: str) -> MetricSpec:
+    """The metric table's entry of module ``name`` (a script cached by an earlier release may carry an earlier name,
+    :data:`~timm_csm.metrics.table.LEGACY_NAMES`)."""
+    return metric_spec(LEGACY_NAMES.get(name, name))
+
+
 def describe(name: str) -> str:
     """The description of module ``name``: the docstring of the function of :mod:`timm_csm.metrics` it computes,
     then how the module is loaded and reads its inputs."""
-    function = MODULES[name].function
+    function = module_spec(name).function
     return f"{inspect.cleandoc(function.__doc__)}\n{_USAGE.replace('<name>', name)}"
 
 
@@ -147,11 +108,12 @@ def _predictions(x, name: str = "predictions") -> torch.Tensor:
 
 
 class CalibrationMetric(evaluate.Metric):
-    """Base class; a subclass sets ``metric_name``, a key of :data:`MODULES`, which gives the rest."""
+    """Base class; a subclass sets ``metric_name``, a name of the metric table (:func:`module_spec`), which gives
+    the rest."""
 
     metric_name = ""
 
-    def __init__(self, n_bins: int = 15, input_type: str = AUTO, task: str = AUTO,
+    def __init__(self, n_bins: int = DEFAULT_N_BINS, input_type: str = AUTO, task: str = AUTO,
                  num_classes: Optional[int] = None, ignore_index: Optional[int] = None, **kwargs):
         self.options = self._check_options(dict(n_bins=n_bins, input_type=input_type, task=task,
                                                 num_classes=num_classes, ignore_index=ignore_index))
@@ -161,7 +123,8 @@ class CalibrationMetric(evaluate.Metric):
 
     # --- evaluate API -----------------------------------------------------------------------------------------
     def _info(self):
-        return evaluate.MetricInfo(description=describe(self.metric_name), citation=MODULES[self.metric_name].citation,
+        return evaluate.MetricInfo(description=describe(self.metric_name),
+                                   citation=module_spec(self.metric_name).citation,
                                    inputs_description=_INPUTS, features=list(_FEATURES.values()),
                                    reference_urls=["https://github.com/huggingface/evaluate"])
 
@@ -292,7 +255,7 @@ class CalibrationMetric(evaluate.Metric):
         return opts
 
     def _accumulator(self, opts) -> CalibrationAccumulator:
-        flags = {**_NO_STATISTICS, **MODULES[self.metric_name].needs}
+        flags = module_spec(self.metric_name).accumulator_flags
         return CalibrationAccumulator(opts["num_classes"], opts["n_bins"], input_type=opts["input_type"],
                                       task=opts["task"], ignore_index=opts["ignore_index"], **flags)
 
@@ -306,8 +269,8 @@ class CalibrationMetric(evaluate.Metric):
         confidences, the rest from :meth:`~timm_csm.metrics.CalibrationAccumulator.compute`, where the Brier score
         of a binary task is the binary score, half the two-class sum the accumulator holds (as
         :func:`~timm_csm.metrics.brier_score`)."""
-        key = MODULES[self.metric_name].key
-        if key in SELECTIVE_KEYS:
-            return selective_metrics_from_points(*acc.state.points())[key]
-        value = acc.compute(smooth=key == "smece")[key]
-        return value / 2.0 if key == "brier" and acc.task == "binary" else value
+        spec = module_spec(self.metric_name)
+        if spec.family == "selective":
+            return selective_metrics_from_points(*acc.state.points())[spec.name]
+        value = acc.compute(smooth=spec.family == "smooth")[spec.name]
+        return value / 2.0 if spec.name == "brier" and acc.task == "binary" else value

@@ -10,6 +10,9 @@ proximity-informed ECE, from penultimate features via :func:`proximity`). Select
 :func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Intervals (:mod:`timm_csm.metrics.intervals`):
 :func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples),
 :func:`paired_t_interval` over training seeds and :func:`holm`'s correction. Streaming: :class:`CalibrationAccumulator`.
+The metric table (:mod:`timm_csm.metrics.table`): each metric's one name (its result key, ``evaluate`` module and
+report column), label, scale, direction and the statistics it reads, for every consumer; :func:`register_metric`
+adds one, :func:`list_metrics` and :func:`metric_spec` read it.
 The input contract, which every function and the accumulator apply: :func:`prepare_inputs` (with
 :func:`infer_input_type` / :func:`infer_task` for callers that read the input type from the data, as the
 ``evaluate`` modules do). Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
@@ -19,18 +22,19 @@ explicit (``"logits"``, ``"probs"``, ``"log_probs"``); targets are class indices
 right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are float64; results are fractions.
 """
 from .accumulator import CalibrationAccumulator
-from .binning import bin_edges, bin_index, check_n_bins
-from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
-                         classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
-                         reliability_table_from_points, smooth_ece, underconfidence_error)
+from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins
+from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, ece, mce, nll,
+                         overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
+                         underconfidence_error)
 from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics,
                         detectable_difference, holm, paired_t_interval, percentile_interval, resample_indices)
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
 from .proximity import piece, proximity
-from .selective import (SELECTIVE_KEYS, RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve,
-                        selective_metrics_from_points)
+from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve, selective_metrics_from_points
+from .table import (LEGACY_NAMES, METRIC_KEYS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
+                    metric_spec, register_metric)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
            "brier_score", "smooth_ece", "reliability_table", "reliability_table_from_points", "calibration_metrics",
@@ -40,4 +44,5 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
-           "holm", "detectable_difference"]
+           "holm", "detectable_difference", "MetricSpec", "register_metric", "metric_spec", "list_metrics",
+           "DEFAULT_N_BINS", "LEGACY_NAMES"]

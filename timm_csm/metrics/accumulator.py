@@ -11,10 +11,11 @@ from typing import Dict, Optional
 
 import torch
 
-from .binning import check_n_bins
-from .functional import ReliabilityTable, _table, metrics_from_state
+from .binning import DEFAULT_N_BINS, check_n_bins
+from .functional import ReliabilityTable, _table
 from .inputs import INPUT_TYPES, TASKS, prepare_inputs
 from .state import CalibrationState, accumulate
+from .table import metrics_from_state
 
 __all__ = ["CalibrationAccumulator"]
 
@@ -41,7 +42,7 @@ class CalibrationAccumulator:
         metrics = acc.compute()        # {"accuracy", "confidence", "ece", "aece", "cece", "mce", ...}
     """
 
-    def __init__(self, num_classes: Optional[int] = None, n_bins: int = 15, *, input_type: str = "logits",
+    def __init__(self, num_classes: Optional[int] = None, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits",
                  task: str = "multiclass", ignore_index: Optional[int] = None, classwise: bool = True,
                  keep_confidences: bool = True, nll: bool = True, brier: bool = True):
         if input_type not in INPUT_TYPES:

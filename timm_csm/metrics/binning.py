@@ -22,10 +22,12 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
+__all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
            "classwise_error_from_bins", "check_n_bins"]
 
+#: the equal-width bins of ECE-type metrics and reliability tables unless told otherwise (15, as Guo et al. 2017)
+DEFAULT_N_BINS = 15
 NORMS = ("l1", "l2", "max")
 
 

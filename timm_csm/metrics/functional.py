@@ -24,7 +24,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .binning import (NORMS, bin_edges, bin_index, bin_sums, calibration_error_from_bins, check_n_bins,
+from .binning import (DEFAULT_N_BINS, NORMS, bin_edges, bin_index, bin_sums, calibration_error_from_bins, check_n_bins,
                       classwise_error_from_bins, equal_mass_edges, overconfidence_from_bins,
                       underconfidence_from_bins)
 from .inputs import prepare_inputs
@@ -32,10 +32,9 @@ from .smooth import smooth_calibration_error
 from .state import CalibrationState, accumulate
 
 __all__ = ["ece", "mce", "adaptive_ece", "classwise_ece", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "reliability_table", "calibration_metrics", "ReliabilityTable",
-           "adaptive_ece_from_points", "reliability_table_from_points", "metrics_from_state", "METRIC_KEYS"]
+           "brier_score", "smooth_ece", "reliability_table", "ReliabilityTable", "adaptive_ece_from_points",
+           "reliability_table_from_points", "DEFAULT_N_BINS"]
 
-METRIC_KEYS = ("accuracy", "confidence", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier")
 _NONE = dict(binned=False, classwise=False, nll=False, brier=False, points=False)
 
 
@@ -106,7 +105,7 @@ def _table(state: CalibrationState) -> ReliabilityTable:
                             state.conf_sum.clone(), state.acc_sum.clone())
 
 
-def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = 15,
+def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = DEFAULT_N_BINS,
                                   equal_mass: bool = False) -> ReliabilityTable:
     """The reliability table of ``(N,)`` (confidence, accuracy) pairs: equal-width bins, or with ``equal_mass``
     the adaptive ones (edges interpolate the sorted confidences at positions ``b N / n_bins``,
@@ -122,42 +121,13 @@ def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.T
     return ReliabilityTable(edges, *bin_sums(b, n_bins, conf, accuracies.to(torch.float64).reshape(-1)))
 
 
-def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor, n_bins: int = 15) -> float:
+def adaptive_ece_from_points(confidences: torch.Tensor, accuracies: torch.Tensor,
+                             n_bins: int = DEFAULT_N_BINS) -> float:
     """Equal-mass ECE from ``(N,)`` confidences and accuracies (:func:`reliability_table_from_points`)."""
     return reliability_table_from_points(confidences, accuracies, n_bins, equal_mass=True).ece
 
 
-def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:
-    """The :data:`METRIC_KEYS` dict (plus ``smece`` when ``smooth``) from an accumulated state.
-
-    Keys whose statistics the state does not track are left out.
-    """
-    if float(state.n) <= 0:
-        raise ValueError("no samples: calibration metrics of an empty set are undefined")
-    n = float(state.n)
-    out = {"accuracy": float(state.correct) / n, "confidence": float(state.confidence) / n}
-    if state.flags["binned"]:
-        out["ece"] = calibration_error_from_bins(state.count, state.conf_sum, state.acc_sum, "l1")
-    if state.flags["points"]:
-        conf, acc = state.points()
-        out["aece"] = adaptive_ece_from_points(conf, acc, state.n_bins)
-    if state.flags["classwise"]:
-        out["cece"] = classwise_error_from_bins(state.cw_count, state.cw_prob_sum, state.cw_label_sum, n)
-    if state.flags["binned"]:
-        out["mce"] = calibration_error_from_bins(state.count, state.conf_sum, state.acc_sum, "max")
-        out["oe"] = overconfidence_from_bins(state.count, state.conf_sum, state.acc_sum)
-        out["ue"] = underconfidence_from_bins(state.count, state.conf_sum, state.acc_sum)
-    if state.flags["nll"]:
-        out["nll"] = float(state.nll) / n
-    if state.flags["brier"]:
-        out["brier"] = float(state.brier) / n
-    if smooth:
-        conf, acc = state.points()
-        out["smece"] = smooth_calibration_error(conf, acc)
-    return out
-
-
-def ece(preds, target, n_bins: int = 15, *, input_type: str = "logits", norm: str = "l1",
+def ece(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", norm: str = "l1",
         task: str = "multiclass", num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
     """Top-label expected calibration error with equal-width bins (Guo et al., 2017).
 
@@ -177,14 +147,14 @@ def _from_bins(from_bins, what: str, preds, target, n_bins, input_type, task, nu
     return from_bins(st.count, st.conf_sum, st.acc_sum)
 
 
-def mce(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
+def mce(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", task: str = "multiclass",
         num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
     """Maximum calibration error: max over non-empty equal-width bins of |acc(B_b) - conf(B_b)|."""
     return ece(preds, target, n_bins, input_type=input_type, norm="max", task=task, num_classes=num_classes,
                ignore_index=ignore_index)
 
 
-def overconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = "logits",
+def overconfidence_error(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits",
                          task: str = "multiclass", num_classes: Optional[int] = None,
                          ignore_index: Optional[int] = None) -> float:
     """OE = Σ_b (|B_b| / N) conf_b max(conf_b - acc_b, 0) (Thulasidasan et al., 2019)."""
@@ -192,7 +162,7 @@ def overconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = "
                       ignore_index)
 
 
-def underconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = "logits",
+def underconfidence_error(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits",
                           task: str = "multiclass", num_classes: Optional[int] = None,
                           ignore_index: Optional[int] = None) -> float:
     """UE = Σ_b (|B_b| / N) conf_b max(acc_b - conf_b, 0), the mirror of OE as logged by the CSM evaluation."""
@@ -200,7 +170,7 @@ def underconfidence_error(preds, target, n_bins: int = 15, *, input_type: str = 
                       ignore_index)
 
 
-def adaptive_ece(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
+def adaptive_ece(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", task: str = "multiclass",
                  num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
     """Adaptive (equal-mass) ECE: the ECE formula over ``n_bins`` bins holding about N / n_bins samples each.
 
@@ -213,7 +183,7 @@ def adaptive_ece(preds, target, n_bins: int = 15, *, input_type: str = "logits",
     return adaptive_ece_from_points(conf, acc, n_bins)
 
 
-def classwise_ece(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
+def classwise_ece(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", task: str = "multiclass",
                   num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
     """Classwise ECE (Kull et al., 2019; the MbLS/focal-calibration ``ClasswiseECELoss``).
 
@@ -268,21 +238,10 @@ def smooth_ece(preds, target, *, input_type: str = "logits", task: str = "multic
     return smooth_calibration_error(conf, acc, return_sigma=return_sigma)
 
 
-def reliability_table(preds, target, n_bins: int = 15, *, input_type: str = "logits", task: str = "multiclass",
-                      num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> ReliabilityTable:
+def reliability_table(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits",
+                      task: str = "multiclass", num_classes: Optional[int] = None,
+                      ignore_index: Optional[int] = None) -> ReliabilityTable:
     """Per-bin edges, counts, mean confidence, accuracy and gap (see :class:`ReliabilityTable`)."""
     st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True)
     st.require("binned", "a reliability table")
     return _table(st)
-
-
-def calibration_metrics(preds, target, n_bins: int = 15, input_type: str = "logits", *, task: str = "multiclass",
-                        num_classes: Optional[int] = None, ignore_index: Optional[int] = None,
-                        smooth: bool = False) -> Dict[str, float]:
-    """All metrics in one pass: ``accuracy, confidence, ece, aece, cece, mce, oe, ue, nll, brier`` (+ ``smece``).
-
-    Values are fractions (multiply by 100 for the percent tables of the papers).
-    """
-    st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True, classwise=True,
-                nll=True, brier=True, points=True)
-    return metrics_from_state(st, smooth=smooth)

@@ -34,17 +34,17 @@ and decisions at a family-wise alpha).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from .binning import bin_edges, bin_index, check_n_bins, equal_mass_positions
-from .functional import METRIC_KEYS
-from .inputs import prepare_inputs
-from .selective import SELECTIVE_KEYS
-from .state import SampleValues, sample_values
+from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins, equal_mass_positions
+from .inputs import PreparedInputs, prepare_inputs
+from .state import SampleValues, accumulate, sample_values
+from .table import list_metrics, metric_spec
 
 __all__ = ["DEFAULT_RESAMPLES", "DEFAULT_LEVEL", "resample_indices", "percentile_interval", "bootstrap_distribution",
            "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution", "PairedInterval",
@@ -254,14 +254,17 @@ def _block(s: _Sorted, idx: torch.Tensor, selective: bool) -> Dict[str, torch.Te
     return out
 
 
-def bootstrap_distribution(preds, target, n_bins: int = 15, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                           input_type: str = "logits", selective: bool = False, prox=None,
+def bootstrap_distribution(preds, target, n_bins: int = DEFAULT_N_BINS, *, resamples: int = DEFAULT_RESAMPLES,
+                           seed: int = 0, input_type: str = "logits", selective: bool = False, prox=None,
                            n_prox_bins: int = 10) -> Dict[str, torch.Tensor]:
     """``{metric: (resamples,) float64}``: the metrics of :func:`calibration_metrics` (arguments as there) of each
     resample, plus AURC / E-AURC / AUGRC with ``selective`` and PIECE with the samples' proximities ``prox``
-    (:func:`timm_csm.metrics.proximity`, ``n_prox_bins`` quantile bins, as :func:`timm_csm.metrics.piece`)."""
+    (:func:`timm_csm.metrics.proximity`, ``n_prox_bins`` quantile bins, as :func:`timm_csm.metrics.piece`): the
+    names of the metric table's families; a metric registered without a vectorised form here is computed resample
+    by resample."""
     check_n_bins(n_bins)
-    values = sample_values(prepare_inputs(preds, target, input_type=input_type))
+    inputs = prepare_inputs(preds, target, input_type=input_type)
+    values = sample_values(inputs)
     n = values.confidence.numel()
     _check(n, resamples)
     if prox is not None:
@@ -271,11 +274,28 @@ def bootstrap_distribution(preds, target, n_bins: int = 15, *, resamples: int = 
             raise ValueError(f"prox must hold one finite proximity per sample ({n}), got shape {tuple(prox.shape)}")
     s = _Sorted(values, n_bins, prox, n_prox_bins)
     blocks = [_block(s, idx, selective) for idx in _index_blocks(n, resamples, seed)]
-    keys = list(METRIC_KEYS) + (list(SELECTIVE_KEYS) if selective else []) + (["piece"] if prox is not None else [])
-    return {k: torch.cat([b[k] for b in blocks]) for k in keys}
+    keys = list_metrics("calibration") + (list_metrics("selective") if selective else []) + (
+        list_metrics("proximity") if prox is not None else [])
+    out = {}
+    for k in keys:
+        out[k] = (torch.cat([b[k] for b in blocks]) if k in blocks[0] else
+                  _one_by_one(k, inputs, n, n_bins, resamples, seed))
+    return out
 
 
-def bootstrap_metrics(preds, target, n_bins: int = 15, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+def _one_by_one(name: str, inputs: PreparedInputs, n: int, n_bins: int, resamples: int, seed: int) -> torch.Tensor:
+    """``(resamples,)`` values of a metric registered without a vectorised form here: its ``from_state`` on each
+    resample of the same indices, one pass per resample (slower, the same numbers as the metric of the resample)."""
+    spec = metric_spec(name)
+    values = []
+    for idx in _index_blocks(n, resamples, seed):
+        for row in idx:
+            part = dataclasses.replace(inputs, preds=inputs.preds[row], target=inputs.target[row])
+            values.append(spec.from_state(accumulate(part, n_bins, **spec.state_flags)))
+    return torch.tensor(values, dtype=_F64)
+
+
+def bootstrap_metrics(preds, target, n_bins: int = DEFAULT_N_BINS, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                       level: float = DEFAULT_LEVEL, input_type: str = "logits", selective: bool = False, prox=None,
                       n_prox_bins: int = 10) -> Dict[str, Dict[str, float]]:
     """``{metric: {"low", "high"}}``: the percentile intervals at ``level`` of :func:`bootstrap_distribution`."""

@@ -11,6 +11,7 @@ import os
 from typing import Dict, Mapping, Optional, Tuple
 
 from ..extras import require
+from .binning import DEFAULT_N_BINS
 from .functional import ReliabilityTable, reliability_table
 
 __all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label",
@@ -84,7 +85,7 @@ def _save(fig, path) -> str:
     return os.fspath(path)
 
 
-def reliability_diagram(preds, target, path, n_bins: int = 15, title: Optional[str] = None,
+def reliability_diagram(preds, target, path, n_bins: int = DEFAULT_N_BINS, title: Optional[str] = None,
                         input_type: str = "logits", **kwargs) -> float:
     """Write a reliability diagram PNG to ``path`` (atomically); returns the ECE printed on it.
 
@@ -97,7 +98,7 @@ def reliability_diagram(preds, target, path, n_bins: int = 15, title: Optional[s
     return table.ece
 
 
-def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int = 15,
+def reliability_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int = DEFAULT_N_BINS,
                          title: Optional[str] = None, input_type: str = "logits", **kwargs) -> Dict[str, float]:
     """Reliability diagrams, one panel per ``{name: (preds, target)}`` (:data:`PANELS_PER_ROW` a row); returns
     ``{name: ece}``."""

@@ -25,9 +25,7 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 __all__ = ["RiskCoverage", "risk_coverage_from_points", "selective_metrics_from_points", "risk_coverage_curve",
-           "aurc", "eaurc", "augrc", "SELECTIVE_KEYS"]
-
-SELECTIVE_KEYS = ("aurc", "eaurc", "augrc")
+           "aurc", "eaurc", "augrc"]
 
 
 class RiskCoverage(NamedTuple):

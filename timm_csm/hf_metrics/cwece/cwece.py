@@ -1,7 +1,0 @@
-"""The `evaluate` module ``cwece``: :func:`timm_csm.metrics.classwise_ece` (its description is built in
-:mod:`timm_csm.hf_metrics._base`)."""
-from timm_csm.hf_metrics import _base
-
-
-class CWECE(_base.CalibrationMetric):
-    metric_name = "cwece"

@@ -1,0 +1,234 @@
+"""The metric table: each metric's one name and everything the package says about it, in one place.
+
+A metric's name is its key in every result (``calibration_metrics``, ``results.json``, ``report.json``, the
+bootstrap intervals), its ``evaluate`` module's name and its report column. Its :class:`MetricSpec` holds the
+functional form, the statistics of one pass it needs and how it reads them, the report's label and scale, its
+direction, and whether it ships as an ``evaluate`` module. Every consumer reads the table: the one-pass
+:func:`calibration_metrics` and :class:`~timm_csm.metrics.CalibrationAccumulator`, the bootstrap
+(:mod:`timm_csm.metrics.intervals`), the ``evaluate`` modules (:mod:`timm_csm.hf_metrics`) and the reports.
+
+    register_metric(MetricSpec("gap", "accuracy - confidence gap", scale=100, from_state=my_gap))
+    list_metrics()                      # every name, in report order
+    list_metrics(family="selective")    # ['aurc', 'eaurc', 'augrc']
+    metric_spec("cece").label           # 'Classwise ECE'
+
+Families: ``"calibration"`` (computed by :func:`calibration_metrics` from its one pass), ``"smooth"`` (the same
+pass, on request: ``smooth=True``), ``"selective"`` (from the kept confidences, beside the calibration metrics in
+the reports), ``"proximity"`` (from penultimate features).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .binning import (DEFAULT_N_BINS, calibration_error_from_bins, classwise_error_from_bins,
+                      overconfidence_from_bins, underconfidence_from_bins)
+from .functional import (_state, adaptive_ece, adaptive_ece_from_points, brier_score, classwise_ece,
+                         ece, mce, nll, overconfidence_error, smooth_ece, underconfidence_error)
+from .proximity import piece
+from .selective import augrc, aurc, eaurc, selective_metrics_from_points
+from .smooth import smooth_calibration_error
+from .state import CalibrationState
+
+__all__ = ["MetricSpec", "register_metric", "metric_spec", "list_metrics", "metrics_from_state",
+           "calibration_metrics", "METRIC_KEYS", "SELECTIVE_KEYS", "FAMILIES", "LEGACY_NAMES"]
+
+FAMILIES = ("calibration", "smooth", "selective", "proximity")
+#: the statistics of one pass (the flags of :func:`~timm_csm.metrics.state.accumulate`)
+_STATISTICS = ("binned", "classwise", "nll", "brier", "points")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric of the table.
+
+    * ``name``: its one name (result key, ``evaluate`` module, report column); ``label``: the report's words;
+      ``short``: a narrow column's header (default: ``label``).
+    * ``scale``: 100 for the fractions a report shows in percent, 1 for raw values; ``higher_is_better``: its
+      direction (True for accuracy, False for every error, None for the mean confidence, which has none).
+    * ``from_state``: its value from an accumulated :class:`~timm_csm.metrics.state.CalibrationState` holding the
+      statistics ``needs`` (names of :data:`_STATISTICS`); ``function``: its functional form (its docstring is the
+      ``evaluate`` module's description); ``family``: see the module docstring.
+    * ``evaluate``: shipped as the ``evaluate`` module ``name`` (``timm_csm/hf_metrics/<name>/<name>.py``), with
+      ``citation``; ``description``: what it is, for the documentation's table.
+    * ``headline``: a column of the reports' summary tables (``timm-csm-calibrate``'s ``report.md``); False for
+      the details kept in the results only (the mean confidence, over- and under-confidence).
+    """
+
+    name: str
+    label: str
+    short: str = ""
+    scale: float = 1.0
+    higher_is_better: Optional[bool] = False
+    from_state: Optional[Callable[[CalibrationState], float]] = None
+    needs: Tuple[str, ...] = ()
+    function: Optional[Callable] = None
+    family: str = "calibration"
+    evaluate: bool = False
+    citation: str = ""
+    description: str = field(default="", compare=False)
+    headline: bool = True
+
+    def __post_init__(self):
+        if not self.name or not self.name.isidentifier():
+            raise ValueError(f"a metric name is a Python identifier, got {self.name!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"metric {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
+        unknown = sorted(set(self.needs) - set(_STATISTICS))
+        if unknown:
+            raise ValueError(f"metric {self.name!r}: unknown statistics {unknown}; known: {_STATISTICS}")
+        if self.family in ("calibration", "smooth") and self.from_state is None:
+            raise ValueError(f"metric {self.name!r} of the one pass needs from_state")
+        if self.evaluate and self.function is None:
+            raise ValueError(f"metric {self.name!r}: an evaluate module needs the functional form (function=)")
+        if not self.short:
+            object.__setattr__(self, "short", self.label)
+
+    @property
+    def unit(self) -> str:
+        """``"%"`` for a metric shown in percent, else ``""``."""
+        return "%" if self.scale == 100 else ""
+
+    @property
+    def heading(self) -> str:
+        """The report's row or column title: the label and its unit (``"ECE (%)"``, ``"NLL"``)."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
+    def state_flags(self) -> Dict[str, bool]:
+        """The flags of :func:`~timm_csm.metrics.state.accumulate` that keep the statistics it needs, and no more."""
+        return {k: k in self.needs for k in _STATISTICS}
+
+    @property
+    def accumulator_flags(self) -> Dict[str, bool]:
+        """The same as :class:`~timm_csm.metrics.CalibrationAccumulator`'s options (it always bins)."""
+        flags = self.state_flags
+        return {"classwise": flags["classwise"], "nll": flags["nll"], "brier": flags["brier"],
+                "keep_confidences": flags["points"]}
+
+
+_TABLE: Dict[str, MetricSpec] = {}
+#: earlier names still read from saved files: an evaluate module cache written by an earlier release holds the
+#: classwise ECE as the script ``cwece``
+LEGACY_NAMES = {"cwece": "cece"}
+
+
+def register_metric(spec: MetricSpec) -> MetricSpec:
+    """Add ``spec`` to the table (after the metrics already there, in report order); a name registered twice
+    raises ``ValueError``."""
+    if not isinstance(spec, MetricSpec):
+        raise ValueError(f"register_metric: expected a MetricSpec, got {type(spec).__name__}")
+    if spec.name in _TABLE or spec.name in LEGACY_NAMES:
+        raise ValueError(f"a metric named {spec.name!r} is already registered")
+    _TABLE[spec.name] = spec
+    return spec
+
+
+def metric_spec(name: str) -> MetricSpec:
+    """The :class:`MetricSpec` of ``name``; unknown names raise ``ValueError`` listing the known ones."""
+    try:
+        return _TABLE[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown metric {name!r}; known metrics: {', '.join(_TABLE)}") from None
+
+
+def list_metrics(family: Union[str, Sequence[str], None] = None, *, evaluate: Optional[bool] = None,
+                 headline: Optional[bool] = None) -> List[str]:
+    """The registered names in report order, optionally of one ``family`` (or several), those with
+    (``evaluate=True``) or without an ``evaluate`` module, those of the summary tables (``headline=True``)."""
+    families = (family,) if isinstance(family, str) else family
+    return [name for name, spec in _TABLE.items() if (families is None or spec.family in families)
+            and (evaluate is None or spec.evaluate == evaluate) and (headline is None or spec.headline == headline)]
+
+
+def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:
+    """Every metric of the ``"calibration"`` family whose statistics the state tracks, in table order, and with
+    ``smooth`` those of the ``"smooth"`` family (their statistics are required)."""
+    if float(state.n) <= 0:
+        raise ValueError("no samples: calibration metrics of an empty set are undefined")
+    return {name: spec.from_state(state) for name, spec in _TABLE.items()
+            if (spec.family == "calibration" and all(state.flags[k] for k in spec.needs))
+            or (spec.family == "smooth" and smooth)}
+
+
+def calibration_metrics(preds, target, n_bins: int = DEFAULT_N_BINS, input_type: str = "logits", *,
+                        task: str = "multiclass", num_classes: Optional[int] = None,
+                        ignore_index: Optional[int] = None, smooth: bool = False) -> Dict[str, float]:
+    """All metrics of the table's ``"calibration"`` family in one pass: ``accuracy, confidence, ece, aece, cece,
+    mce, oe, ue, nll, brier`` and any registered since (+ ``smece`` with ``smooth``).
+
+    Values are fractions (multiply by 100 for the percent tables of the papers).
+    """
+    st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True, classwise=True,
+                nll=True, brier=True, points=True)
+    return metrics_from_state(st, smooth=smooth)
+
+
+def _bins(from_bins, *args) -> Callable[[CalibrationState], float]:
+    return lambda st: from_bins(st.count, st.conf_sum, st.acc_sum, *args)
+
+
+def _selective(key: str) -> Callable[[CalibrationState], float]:
+    return lambda st: selective_metrics_from_points(*st.points())[key]
+
+
+_GUO = """\
+@inproceedings{guo2017calibration,
+  title={On Calibration of Modern Neural Networks},
+  author={Guo, Chuan and Pleiss, Geoff and Sun, Yu and Weinberger, Kilian Q.},
+  booktitle={ICML}, year={2017}
+}
+"""
+_GEIFMAN = """\
+@inproceedings{geifman2019bias,
+  title={Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers},
+  author={Geifman, Yonatan and Uziel, Guy and El-Yaniv, Ran},
+  booktitle={ICLR}, year={2019}
+}
+"""
+_BINNED, _POINTS = ("binned",), ("points",)
+
+for _spec in (
+    MetricSpec("accuracy", "Accuracy", "acc", 100, True, lambda st: float(st.correct) / float(st.n),
+               description="top-1 accuracy (the target mass on the predicted class for soft targets)"),
+    MetricSpec("confidence", "Confidence", scale=100, higher_is_better=None, headline=False,
+               from_state=lambda st: float(st.confidence) / float(st.n), description="mean top-label confidence"),
+    MetricSpec("ece", "ECE", scale=100, from_state=_bins(calibration_error_from_bins, "l1"), needs=_BINNED,
+               function=ece, evaluate=True, citation=_GUO,
+               description="expected calibration error (equal-width bins; confidence 1.0 in the last bin)"),
+    MetricSpec("aece", "AECE", scale=100, needs=_POINTS, function=adaptive_ece, evaluate=True, citation=_GUO,
+               from_state=lambda st: adaptive_ece_from_points(*st.points(), st.n_bins),
+               description="adaptive (equal-mass) ECE"),
+    MetricSpec("cece", "Classwise ECE", "CECE", 100, needs=("classwise",), function=classwise_ece, evaluate=True,
+               citation=_GUO, from_state=lambda st: classwise_error_from_bins(st.cw_count, st.cw_prob_sum,
+                                                                              st.cw_label_sum, float(st.n)),
+               description="classwise ECE"),
+    MetricSpec("mce", "MCE", scale=100, from_state=_bins(calibration_error_from_bins, "max"), needs=_BINNED,
+               function=mce, evaluate=True, citation=_GUO, description="maximum calibration error"),
+    MetricSpec("oe", "Over-confidence", "OE", 100, from_state=_bins(overconfidence_from_bins), needs=_BINNED,
+               function=overconfidence_error, description="over-confidence error", headline=False),
+    MetricSpec("ue", "Under-confidence", "UE", 100, from_state=_bins(underconfidence_from_bins), needs=_BINNED,
+               function=underconfidence_error, description="under-confidence error", headline=False),
+    MetricSpec("nll", "NLL", from_state=lambda st: float(st.nll) / float(st.n), needs=("nll",), function=nll,
+               evaluate=True, citation=_GUO, description="negative log-likelihood"),
+    MetricSpec("brier", "Brier", from_state=lambda st: float(st.brier) / float(st.n), needs=("brier",),
+               function=brier_score, evaluate=True, citation=_GUO, description="Brier score"),
+    MetricSpec("smece", "smooth ECE", "smECE", 100, family="smooth", needs=_POINTS, function=smooth_ece,
+               evaluate=True, citation=_GUO, from_state=lambda st: smooth_calibration_error(*st.points()),
+               description="smooth ECE (relplot's)"),
+    MetricSpec("aurc", "AURC", family="selective", from_state=_selective("aurc"), needs=_POINTS, function=aurc,
+               evaluate=True, citation=_GEIFMAN, description="area under the risk-coverage curve"),
+    MetricSpec("eaurc", "E-AURC", family="selective", from_state=_selective("eaurc"), needs=_POINTS,
+               function=eaurc, evaluate=True, citation=_GEIFMAN, description="excess AURC (over the ideal ordering)"),
+    MetricSpec("augrc", "AUGRC", family="selective", from_state=_selective("augrc"), needs=_POINTS,
+               function=augrc, evaluate=True, citation=_GEIFMAN,
+               description="area under the generalised risk-coverage curve"),
+    MetricSpec("piece", "PIECE", scale=100, family="proximity", function=piece,
+               description="proximity-informed ECE, from penultimate features"),
+):
+    register_metric(_spec)
+
+#: the names of the built-in one-pass metrics and of the selective ones (:func:`list_metrics` also lists those
+#: registered later)
+METRIC_KEYS = tuple(list_metrics("calibration"))
+SELECTIVE_KEYS = tuple(list_metrics("selective"))
