@@ -8,8 +8,9 @@ proximity-informed ECE, from penultimate features via :func:`proximity`). Select
 :func:`selective_metrics_from_points` from kept confidences). Out-of-distribution detection: :func:`ood_score`
 (max softmax, max logit, energy, entropy), :func:`ood_auroc`, :func:`ood_aupr`, :func:`fpr_at_tpr` and
 :func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Intervals (:mod:`timm_csm.metrics.intervals`):
-:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples),
-:func:`paired_t_interval` over training seeds and :func:`holm`'s correction. Streaming: :class:`CalibrationAccumulator`.
+:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples). Over training
+seeds (:mod:`timm_csm.metrics.paired`): :func:`paired_t_interval`, :func:`holm`'s correction, :func:`mean_std`.
+Streaming: :class:`CalibrationAccumulator`.
 The input contract, which every function and the accumulator apply: :func:`prepare_inputs` (with
 :func:`infer_input_type` / :func:`infer_task` for callers that read the input type from the data, as the
 ``evaluate`` modules do). Plots: :mod:`timm_csm.metrics.plots` (needs matplotlib).
@@ -23,8 +24,9 @@ from .binning import bin_edges, bin_index, check_n_bins
 from .functional import (METRIC_KEYS, ReliabilityTable, adaptive_ece, brier_score, calibration_metrics,
                          classwise_ece, ece, mce, nll, overconfidence_error, reliability_table,
                          reliability_table_from_points, smooth_ece, underconfidence_error)
-from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics, holm,
-                        paired_t_interval, percentile_interval, resample_indices)
+from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, percentile_interval,
+                        resample_indices)
+from .paired import PairedInterval, holm, interval_text, mean_std, paired_outcome, paired_t_interval
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
@@ -40,4 +42,5 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
+           "paired_outcome", "interval_text", "mean_std",
            "holm"]
