@@ -77,8 +77,11 @@ class KeyedFolder:
         return "done" if recorded == _as_json(self.config) else "other"
 
     def differences(self) -> List[str]:
-        """The keys in which the recorded configuration differs from ``config`` (both dicts)."""
-        recorded, config = self.recorded() or {}, _as_json(self.config)
+        """The keys in which the recorded configuration differs from ``config``; the configuration's name
+        (``config_field``) as a whole where either is not a dict."""
+        recorded, config = self.recorded(), _as_json(self.config)
+        if not (isinstance(recorded, dict) and isinstance(config, dict)):
+            return [] if recorded == config else [self.config_field or "configuration"]
         return sorted(k for k in set(recorded) | set(config) if recorded.get(k) != config.get(k))
 
     def check(self) -> None:
