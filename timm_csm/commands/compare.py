@@ -33,8 +33,7 @@ from timm_csm.training.config import CONFIG_MARKER, TrainConfig
 from timm_csm.training.reporting import REPORT_ROWS
 from timm_csm.training.run_dir import config_record
 
-__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "paired_markdown", "interval_text",
-           "build_parser", "main"]
+__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "paired_markdown", "build_parser", "main"]
 
 PHASES = {"pre_ts": "before TS", "post_ts": "after TS"}
 #: options that say where and how a run was written, not what it trained: not part of a method
