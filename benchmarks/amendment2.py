@@ -22,12 +22,15 @@ Each line of ``--next SETTING [--data-seed N]`` runs with ``python benchmarks/ca
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import calibration_bench as bench
+import calibration_methods as method_table
+import calibration_pages as pages
+from timm_csm.hub import content_fingerprint, csm_dataset_problem
 from timm_csm.io import write_json_atomic, write_text_atomic
+from timm_csm.metrics import holm, interval_text, paired_t_interval
+from timm_csm.recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
            "primary_decisions", "label_confidence", "write_page", "main"]
@@ -51,7 +54,7 @@ IMAGES_PER_VOLUME = 27000
 LABEL_CACHE = Path("benchmarks/cells_a2_labels.json")
 
 
-def a2_cells(setting: str, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2,
+def a2_cells(setting: str, output: Path = Path(method_table.A2_OUTPUT), committed: Path = method_table.COMMITTED_A2,
              data_seed: int = 0) -> Dict[str, Dict[int, Dict[str, Any]]]:
     """``{method: {seed: {"results", "seconds", "dir", "record", "config"}}}`` of the finished amendment-2 cells of
     ``setting`` on the real subset of ``data_seed``: those shared by every setting and the setting's own; committed
@@ -59,21 +62,21 @@ def a2_cells(setting: str, output: Path = Path(bench.A2_OUTPUT), committed: Path
     found: Dict[str, Dict[int, Dict[str, Any]]] = {}
     for root in [r for r in (committed, Path(output) / "cells") if Path(r).is_dir()]:
         for d in sorted(Path(root).iterdir()):
-            if not ((d / bench.CELL_META).exists() and (d / bench.RESULTS).exists()):
+            if not ((d / CELL_META).exists() and (d / RESULTS).exists()):
                 continue
-            meta = bench._read_json(d / bench.CELL_META)
+            meta = read_json(d / CELL_META)
             if meta.get("record", {}).get("amendment") != 2 or meta.get("setting") not in (None, setting):
                 continue
             if (meta["config"].get("data_seed") or 0) != data_seed:
                 continue
             found.setdefault(meta["method"], {}).setdefault(int(meta["seed"]), {
-                "results": bench._read_json(d / bench.RESULTS), "seconds": meta.get("seconds"), "dir": d,
+                "results": read_json(d / RESULTS), "seconds": meta.get("seconds"), "dir": d,
                 "record": meta["record"], "config": meta["config"]})
     return found
 
 
 def _rows(cells) -> Dict[str, List[Dict[str, Any]]]:
-    return {m: [bench.per_seed_row(s, c) for s, c in sorted(runs.items())] for m, runs in cells.items()}
+    return {m: [per_seed_row(s, c) for s, c in sorted(runs.items())] for m, runs in cells.items()}
 
 
 def _mean(rows: List[Dict[str, Any]], key: str, seeds: Sequence[int]) -> Optional[float]:
@@ -82,7 +85,7 @@ def _mean(rows: List[Dict[str, Any]], key: str, seeds: Sequence[int]) -> Optiona
 
 
 def choose(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str], phase: str = "pre_ts",
-           seeds: Sequence[int] = bench.A2_TUNING_SEEDS) -> Optional[str]:
+           seeds: Sequence[int] = method_table.A2_TUNING_SEEDS) -> Optional[str]:
     """The candidate with the lowest mean validation ECE over ``seeds``; means within :data:`TIE` points are
     broken by the lower mean validation NLL. None while any candidate lacks one of the seeds."""
     ece = {m: _mean(rows.get(m, []), f"val_ece_{phase}", seeds) for m in candidates}
@@ -97,8 +100,8 @@ def _csm_search(rows, method: str = "csm") -> Tuple[Dict[str, Any], List[Tuple[s
     """CSM's coordinate-wise search: the values chosen so far and, per step, (axis, configurations, choice)."""
     chosen: Dict[str, Any] = {}
     steps = []
-    for i, (axis, _) in enumerate(bench.CSM_TUNING_STEPS):
-        names = bench.csm_step_methods(i, chosen, method)
+    for i, (axis, _) in enumerate(method_table.CSM_TUNING_STEPS):
+        names = method_table.csm_step_methods(i, chosen, method)
         pick = choose(rows, names)
         steps.append((axis, names, pick))
         if pick is None:
@@ -108,23 +111,23 @@ def _csm_search(rows, method: str = "csm") -> Tuple[Dict[str, Any], List[Tuple[s
 
 
 def axis_value(name: str, axis: str) -> Any:
-    """The value of ``axis`` in the configuration ``name`` (the inverse of :func:`calibration_bench.tuned_name`)."""
-    method = bench.get_method(name)
-    kind = bench.TUNING_AXES[axis]
+    """The value of ``axis`` in the configuration ``name`` (the inverse of :func:`calibration_methods.tuned_name`)."""
+    method = method_table.get_method(name)
+    kind = method_table.TUNING_AXES[axis]
     if kind == "data":
-        return dict(method.derive).get(axis, bench._AXIS_DEFAULTS[axis])
+        return dict(method.derive).get(axis, method_table.AXIS_DEFAULTS[axis])
     options = method.options.get("loss_kwargs", {}) if kind == "loss" else method.options
-    return options.get(axis, bench._AXIS_DEFAULTS.get(axis))
+    return options.get(axis, method_table.AXIS_DEFAULTS.get(axis))
 
 
 def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     """Stage 1's choices of ``setting``, each None while pending: every baseline's configuration, CSM's steps and
     row, and the best other method before and after TS."""
-    families = list(BASELINES) + (["kd"] if setting in bench.METHODS["kd"].recipes else [])
-    grids = {base: bench.grid_methods(base) for base in families}
+    families = list(BASELINES) + (["kd"] if setting in method_table.METHODS["kd"].recipes else [])
+    grids = {base: method_table.grid_methods(base) for base in families}
     chosen = {base: choose(rows, names) for base, names in grids.items()}
     values, steps = _csm_search(rows)
-    csm_row = steps[-1][2] if len(steps) == len(bench.CSM_TUNING_STEPS) else None
+    csm_row = steps[-1][2] if len(steps) == len(method_table.CSM_TUNING_STEPS) else None
     ready = [chosen[b] for b in families]
     best = {phase: (choose(rows, ready, phase) if all(ready) else None) for phase in ("pre_ts", "post_ts")}
     return {"grids": grids, "chosen": chosen, "csm_steps": steps, "csm": csm_row, "best_other": best}
@@ -140,12 +143,12 @@ def _stage12_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Tuple
     done = _done(rows)
     choices = stage1_choices(setting, rows)
     wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
-    todo = [(m, s) for s in bench.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
+    todo = [(m, s) for s in method_table.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
     # a stage-2 method runs its seeds 3-14 once its own choice is made: no choice reads stage 2's cells, so CE,
     # RegMixup and the best other method need not wait for CSM's search (listed after stage 1's cells)
     stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
                                         choices["csm"]]) if m is not None]
-    todo += [(m, s) for s in bench.A2_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
+    todo += [(m, s) for s in method_table.A2_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
     finished = not todo and choices["csm"] is not None and None not in choices["best_other"].values()
     return todo, finished
 
@@ -172,7 +175,7 @@ def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]],
 # stages 3-5: configurations made of stage 1's choices
 # ---------------------------------------------------------------------------------------------------------------
 def _csm_values(name: str) -> Dict[str, Any]:
-    return {axis: axis_value(name, axis) for axis, _ in bench.CSM_TUNING_STEPS}
+    return {axis: axis_value(name, axis) for axis, _ in method_table.CSM_TUNING_STEPS}
 
 
 def stage3_setting(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> Optional[str]:
@@ -182,7 +185,7 @@ def stage3_setting(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> Opti
     csm = {s: stage1_choices(s, r)["csm"] for s, r in rows.items()}
     if None in csm.values():
         return None
-    return min(DECISION_SETTINGS, key=lambda s: _mean(rows[s][csm[s]], "val_ece_pre_ts", bench.A2_TUNING_SEEDS))
+    return min(DECISION_SETTINGS, key=lambda s: _mean(rows[s][csm[s]], "val_ece_pre_ts", method_table.A2_TUNING_SEEDS))
 
 
 def stage3_variants(csm_row: str) -> List[Tuple[str, str]]:
@@ -191,9 +194,9 @@ def stage3_variants(csm_row: str) -> List[Tuple[str, str]]:
     values = _csm_values(csm_row)
     s = values["s"]
     variants = [(f"CSM row (s {s if isinstance(s, str) else format(s, 'g')})", csm_row)]
-    variants += [(f"s = {v:g}", bench.tuned_name("csm", **dict(values, s=v))) for v in (2.3, 4.0)]
-    variants += [(f"{label} labels", bench.tuned_name("csm", **dict(values, s="auto", label=label)))
-                 for label in bench.LABELS[1:]]
+    variants += [(f"s = {v:g}", method_table.tuned_name("csm", **dict(values, s=v))) for v in (2.3, 4.0)]
+    variants += [(f"{label} labels", method_table.tuned_name("csm", **dict(values, s="auto", label=label)))
+                 for label in method_table.LABELS[1:]]
     first: Dict[str, str] = {}
     for what, name in variants:
         first.setdefault(name, what)
@@ -202,7 +205,7 @@ def stage3_variants(csm_row: str) -> List[Tuple[str, str]]:
 
 def stage4_points(csm_row: str) -> List[Tuple[int, str]]:
     """``(volume, configuration)`` of stage 4: the CSM row on the setting's set and on its 2x and 4x sets."""
-    return [(v, bench.tuned_name("csm", **dict(_csm_values(csm_row), volume=v))) for v in bench.VOLUMES]
+    return [(v, method_table.tuned_name("csm", **dict(_csm_values(csm_row), volume=v))) for v in method_table.VOLUMES]
 
 
 def stage5_methods(choices: Dict[str, Any]) -> Optional[List[Tuple[str, str]]]:
@@ -227,8 +230,8 @@ def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
         out.setdefault((third, 0), []).extend((name, LATER_SEEDS) for _, name in stage3_variants(csm[third]))
     for setting in ["matched"] + (["annotated"] if third == "annotated" else []):
         if finished[setting]:
-            out.setdefault((setting, 0), []).extend((name, bench.A2_SEEDS) for v, name in stage4_points(csm[setting])
-                                                    if v != 1)
+            out.setdefault((setting, 0), []).extend((name, method_table.A2_SEEDS)
+                                                    for v, name in stage4_points(csm[setting]) if v != 1)
     fifth = stage5_methods(stage1_choices("annotated", all_rows.get("annotated", {})))
     if fifth is not None and finished["annotated"]:
         for data_seed in DATA_SEEDS:
@@ -238,26 +241,11 @@ def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
 
 def paired_test(a: Dict[int, float], b: Dict[int, float]) -> Optional[Dict[str, float]]:
     """Mean difference ``a - b`` over common seeds, its 95% t-interval and the two-sided paired t-test's p-value."""
-    from scipy.stats import t as student_t
-
-    interval = bench.paired_interval(a, b)
+    interval = paired_t_interval(a, b)
     if interval is None:
         return None
-    n, mean, lo, hi = interval
-    sd = (hi - mean) / float(student_t.ppf(0.975, n - 1)) * math.sqrt(n)
-    p = 0.0 if sd == 0 else float(2 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
-    return {"n": n, "mean": mean, "low": lo, "high": hi, "p": p}
-
-
-def holm(p_values: Sequence[float], alpha: float = FAMILY_ALPHA) -> List[Tuple[float, bool]]:
-    """Holm's step-down correction: (adjusted p-value, rejected at family-wise ``alpha``) for each p-value."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted = [0.0] * len(p_values)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return [(a, a <= alpha) for a in adjusted]
+    return {"n": interval.n, "mean": interval.mean, "low": interval.low, "high": interval.high,
+            "p": interval.p_value}
 
 
 def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -271,17 +259,17 @@ def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
         for other in ("ce", best):
             test = None
             if csm and other:
-                test = paired_test(bench._by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
-                                   bench._by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
+                test = paired_test(pages.by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
+                                   pages.by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
             keys.append((setting, other))
-            tests.append(test if test is not None and test["n"] >= len(bench.A2_SEEDS) else None)
+            tests.append(test if test is not None and test["n"] >= len(method_table.A2_SEEDS) else None)
     out: Dict[str, Any] = {"comparisons": [], "verdicts": {}}
     if any(t is None for t in tests):
         out["verdicts"] = dict.fromkeys(DECISION_SETTINGS, "pending")
         out["comparisons"] = [{"setting": s, "other": o, "test": t} for (s, o), t in zip(keys, tests)]
         return out
-    corrected = holm([t["p"] for t in tests])
-    for (setting, other), test, (p_adj, rejected) in zip(keys, tests, corrected):
+    adjusted, rejections = holm([t["p"] for t in tests], FAMILY_ALPHA)
+    for (setting, other), test, p_adj, rejected in zip(keys, tests, adjusted, rejections):
         out["comparisons"].append({"setting": setting, "other": other, "test": test, "p_holm": p_adj,
                                    "lower": rejected and test["mean"] < 0})
     for setting in DECISION_SETTINGS:
@@ -298,11 +286,11 @@ def _grid_lines(rows, names: Sequence[str], pick: Optional[str]) -> List[str]:
     lines = []
     for m in names:
         r = rows.get(m, [])
-        seeds = [x["seed"] for x in r if x["seed"] in bench.A2_TUNING_SEEDS]
+        seeds = [x["seed"] for x in r if x["seed"] in method_table.A2_TUNING_SEEDS]
         # the means over the seeds finished so far (a choice waits for all three)
         means = [_mean(r, k, seeds) if seeds else None for k in ("val_ece_pre_ts", "val_nll_pre_ts",
                                                                   "val_ece_post_ts", "ece_pre_ts", "ece_post_ts")]
-        label = bench.get_method(m).label + (" **(chosen)**" if m == pick else "")
+        label = method_table.get_method(m).label + (" **(chosen)**" if m == pick else "")
         lines.append(f"| {label} | {len(seeds)} | " + " | ".join(
             _fmt(v, 4 if i == 1 else 2) for i, v in enumerate(means)) + " |")
     return lines
@@ -324,7 +312,7 @@ def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
     lines += ["", "CSM's coordinate-wise search:", ""] + head
     for axis, names, pick in ch["csm_steps"]:
         lines += [f"| *step: {axis}* | | | | | | |"] + _grid_lines(rows, names, pick)
-    label = lambda m: bench.get_method(m).label if m else "pending"  # noqa: E731
+    label = lambda m: method_table.get_method(m).label if m else "pending"  # noqa: E731
     lines += ["", f"Choices: CSM row {label(ch['csm'])}; best other method before TS "
                   f"{label(ch['best_other']['pre_ts'])}, after TS {label(ch['best_other']['post_ts'])}.", ""]
     return lines
@@ -332,7 +320,7 @@ def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
 
 def _verify_lines() -> List[str]:
     """The verify runs of committed cells (``calibration_bench.py --verify CELL``), as the protocol asks."""
-    runs = bench._read_json(bench.A2_VERIFY_LOG) if bench.A2_VERIFY_LOG.exists() else []
+    runs = read_json(method_table.A2_VERIFY_LOG) if method_table.A2_VERIFY_LOG.exists() else []
     if not runs:
         return ["No cell has been re-run with `--verify` yet.", ""]
     lines = ["Verify runs (a committed cell re-run from its record at a commit):", ""]
@@ -344,12 +332,12 @@ def _verify_lines() -> List[str]:
     return lines + [""]
 
 
-def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committed: Path = bench.COMMITTED_A2,
-               label_cache: Path = LABEL_CACHE) -> str:
+def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
+               committed: Path = method_table.COMMITTED_A2, label_cache: Path = LABEL_CACHE) -> str:
     """Write the page (and stage 4's figure beside it, ``<page>_volume.png``) from the finished cells."""
-    cells = {(st, d): a2_cells(st, output, committed, d) for st in bench.A2_SETTINGS for d in DATA_SEEDS}
+    cells = {(st, d): a2_cells(st, output, committed, d) for st in method_table.A2_SETTINGS for d in DATA_SEEDS}
     summaries = {}
-    for setting in bench.A2_SETTINGS:
+    for setting in method_table.A2_SETTINGS:
         rows = _rows(cells[setting, 0])
         summaries[setting] = {"rows": rows, "choices": stage1_choices(setting, rows), "cells": cells[setting, 0]}
     records = list({c["dir"].name: c["record"] for found in cells.values()
@@ -373,11 +361,11 @@ def write_page(path: Path = PAGE, output: Path = Path(bench.A2_OUTPUT), committe
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm |",
              "|---|---|---|---|---|"]
     for c in decisions["comparisons"]:
-        other = bench.get_method(c["other"]).label if c["other"] else "pending"
+        other = method_table.get_method(c["other"]).label if c["other"] else "pending"
         lines.append(f"| {c['setting']} | {other} | {_test_text(c['test'])} | {_fmt(c.get('p_holm'), 4)} | "
                      f"{'-' if 'lower' not in c else 'yes' if c['lower'] else 'no'} |")
     lines += [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decisions["verdicts"].items()] + [""]
-    for setting in bench.A2_SETTINGS:
+    for setting in method_table.A2_SETTINGS:
         lines += setting_section(setting, summaries[setting])
     lines += stage3_section(summaries, label_cache)
     lines += stage4_section(summaries, Path(path).with_name(Path(path).stem + "_volume.png"))
@@ -404,10 +392,10 @@ def label_confidence(cells: Dict[int, Dict[str, Any]], cache: Path = LABEL_CACHE
     if cell is None:
         return None
     key = cell["record"]["generated_set"]
-    known = bench._read_json(cache) if Path(cache).exists() else {}
+    known = read_json(cache) if Path(cache).exists() else {}
     if key not in known:
         path = cell["config"].get("csm_dataset")
-        if not path or bench._check_csm_dataset(path) is not None or bench.dataset_fingerprint(path) != key:
+        if not path or csm_dataset_problem(path) is not None or content_fingerprint(path) != key:
             return None
         dd = load_csm_dataset(str(path))
         ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
@@ -421,18 +409,17 @@ def _seeds(rows: List[Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, A
 
 
 def _paired(rows, a: str, b: str, key: str, seeds: Sequence[int]):
-    """The paired interval of ``a`` minus ``b`` over ``seeds`` (``bench.paired_interval``), None where either is
+    """The paired interval of ``a`` minus ``b`` over ``seeds`` (``paired_t_interval``), None where either is
     missing."""
     if a not in rows or b not in rows:
         return None
-    return bench.paired_interval(bench._by_seed(_seeds(rows[a], seeds), key),
-                                 bench._by_seed(_seeds(rows[b], seeds), key))
+    return paired_t_interval(pages.by_seed(_seeds(rows[a], seeds), key), pages.by_seed(_seeds(rows[b], seeds), key))
 
 
 def _spread(rows: List[Dict[str, Any]], key: str):
     """The mean of ``key`` and its 95% t-interval over the rows (the one-sample case of a paired interval)."""
-    values = bench._by_seed(rows, key)
-    return bench.paired_interval(values, dict.fromkeys(values, 0.0))
+    values = pages.by_seed(rows, key)
+    return paired_t_interval(values, dict.fromkeys(values, 0.0))
 
 
 def stage3_section(summaries: Dict[str, Dict[str, Any]], cache: Path = LABEL_CACHE) -> List[str]:
@@ -451,10 +438,10 @@ def stage3_section(summaries: Dict[str, Dict[str, Any]], cache: Path = LABEL_CAC
     for what, name in stage3_variants(row):
         r = _seeds(rows.get(name, []), LATER_SEEDS)
         confidence = label_confidence(sm["cells"].get(name, {}), cache)
-        diffs = ["-" if name == row else bench._interval_text(_paired(rows, name, row, f"ece_{phase}", LATER_SEEDS))
+        diffs = ["-" if name == row else interval_text(_paired(rows, name, row, f"ece_{phase}", LATER_SEEDS))
                  for phase in ("pre_ts", "post_ts")]
         lines.append(f"| {what}: `{name}` | {len(r)} | {_fmt(confidence, 3)} | "
-                     f"{bench._mean_cell(r, 'ece_pre_ts', 2)} | {bench._mean_cell(r, 'ece_post_ts', 2)} | "
+                     f"{pages.mean_cell(r, 'ece_pre_ts', 2)} | {pages.mean_cell(r, 'ece_post_ts', 2)} | "
                      f"{diffs[0]} | {diffs[1]} |")
     return lines + [""]
 
@@ -480,10 +467,10 @@ def stage4_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
             r = rows.get(name, [])
             series[setting]["points"].append((IMAGES_PER_VOLUME * volume, {
                 ph: _spread(r, f"ece_{ph}") for ph in phases}))
-            diffs = [bench._interval_text(_paired(rows, name, other, f"ece_{ph}", bench.A2_SEEDS))
+            diffs = [interval_text(_paired(rows, name, other, f"ece_{ph}", method_table.A2_SEEDS))
                      if other != name else "-" for other in (regmixup, row) for ph in phases]
             table.append(f"| {setting} | {IMAGES_PER_VOLUME * volume:,} | {len(r)} | "
-                         f"{bench._mean_cell(r, 'ece_pre_ts', 2)} | {bench._mean_cell(r, 'ece_post_ts', 2)} | "
+                         f"{pages.mean_cell(r, 'ece_pre_ts', 2)} | {pages.mean_cell(r, 'ece_post_ts', 2)} | "
                          + " | ".join(diffs) + " |")
     if not series:
         return lines + [""]
@@ -551,12 +538,12 @@ def stage5_section(choices: Dict[str, Any], rows_by_data_seed: Dict[int, Dict[st
             key = f"ece_{phase}"
             per = {d: _paired(rows, csm, other, key, LATER_SEEDS) for d, rows in rows_by_data_seed.items()}
             pairs = [{(d, s): v for d, rows in rows_by_data_seed.items() if m in rows
-                      for s, v in bench._by_seed(_seeds(rows[m], LATER_SEEDS), key).items()} for m in (csm, other)]
+                      for s, v in pages.by_seed(_seeds(rows[m], LATER_SEEDS), key).items()} for m in (csm, other)]
             # a data seed's mean difference once all its seeds are paired
             means = {d: i[1] for d, i in per.items() if i is not None and i[0] == len(LATER_SEEDS)}
-            over_means = bench.paired_interval(means, dict.fromkeys(means, 0.0))
-            cells = [per[d] for d in DATA_SEEDS] + [bench.paired_interval(*pairs), over_means]
-            lines.append(f"| {what} (`{other}`) | {name} | " + " | ".join(map(bench._interval_text, cells)) + " |")
+            over_means = paired_t_interval(means, dict.fromkeys(means, 0.0))
+            cells = [per[d] for d in DATA_SEEDS] + [paired_t_interval(*pairs), over_means]
+            lines.append(f"| {what} (`{other}`) | {name} | " + " | ".join(map(interval_text, cells)) + " |")
     return lines + [""]
 
 
@@ -597,37 +584,38 @@ def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]
 def protocol_decision_entries(rows: Sequence[Dict[str, Any]]) -> List[Tuple[str, str, Optional[Dict[str, float]]]]:
     """The protocol's (amendment 0) decision comparisons from ``benchmarks/calibration.json``'s rows: the CSM row
     of each setting against CE and the best other method, before and after TS."""
-    by = {(r["recipe"], r["method"]): r for r in rows if r.get("per_seed") and r.get("recipe") in bench.PROTOCOL_RECIPES}
+    by = {(r["recipe"], r["method"]): r for r in rows
+          if r.get("per_seed") and r.get("recipe") in method_table.PROTOCOL_RECIPES}
     out = []
-    for setting in bench.PROTOCOL_RECIPES:
+    for setting in method_table.PROTOCOL_RECIPES:
         per = {m: r["per_seed"] for (st, m), r in by.items() if st == setting}
-        csm = bench._lowest_mean(per, bench.CSM_VARIANTS, "val_ece_pre_ts")
+        csm = pages.lowest_mean(per, method_table.CSM_VARIANTS, "val_ece_pre_ts")
         for phase, name in (("pre_ts", "before TS"), ("post_ts", "after TS")):
-            best = bench._lowest_mean(per, bench.NON_GENERATED, f"val_ece_{phase}")
+            best = pages.lowest_mean(per, method_table.NON_GENERATED, f"val_ece_{phase}")
             for other in ("ce", best):
-                test = paired_test(bench._by_seed(per[csm], f"ece_{phase}"), bench._by_seed(per[other], f"ece_{phase}"))
-                out.append((name, f"{setting}: vs {bench.METHODS[other].label.split(' (')[0]}", test))
+                test = paired_test(pages.by_seed(per[csm], f"ece_{phase}"), pages.by_seed(per[other], f"ece_{phase}"))
+                out.append((name, f"{setting}: vs {method_table.METHODS[other].label.split(' (')[0]}", test))
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", action="store_true", help=f"write {PAGE}")
-    p.add_argument("--next", choices=bench.A2_SETTINGS, default=None,
+    p.add_argument("--next", choices=method_table.A2_SETTINGS, default=None,
                    help="print the cells of this setting that can run now, one '<method> <seed>' per line")
     p.add_argument("--data-seed", type=int, default=0, choices=DATA_SEEDS,
                    help="with --next: the real subset (stage 5's data seeds 1 and 2; default 0)")
-    p.add_argument("--output", default=bench.A2_OUTPUT, help="the cell cache (default %(default)s)")
+    p.add_argument("--output", default=method_table.A2_OUTPUT, help="the cell cache (default %(default)s)")
     p.add_argument("--protocol-figure", default=None, metavar="PNG",
                    help="draw the protocol's (amendment 0) decision comparisons from benchmarks/calibration.json")
     args = p.parse_args(argv)
     if args.protocol_figure:
-        entries = protocol_decision_entries(bench._read_json(bench.DEFAULT_JSON))
+        entries = protocol_decision_entries(read_json(method_table.DEFAULT_JSON))
         decision_figure(entries, Path(args.protocol_figure), "Protocol (5 seeds): CSM row minus CE and minus the "
                         "best other method (validation), 95% paired t-intervals")
         print(f"wrote {args.protocol_figure}")
     if args.next:
-        all_rows = {st: _rows(a2_cells(st, Path(args.output))) for st in bench.A2_SETTINGS}
+        all_rows = {st: _rows(a2_cells(st, Path(args.output))) for st in method_table.A2_SETTINGS}
         rows = _rows(a2_cells(args.next, Path(args.output), data_seed=args.data_seed))
         for m, s in next_cells(args.next, rows, all_rows, args.data_seed):
             print(m, s)

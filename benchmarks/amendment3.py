@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import amendment2 as a2  # noqa: E402  (a benchmark script beside this one)
-
-bench = a2.bench
-from timm_csm.io import write_json_atomic, write_text_atomic  # noqa: E402
-from timm_csm.metrics import detectable_difference, holm, paired_t_interval  # noqa: E402
+import amendment2 as a2
+import calibration_methods as method_table
+from timm_csm.io import file_sha256, write_json_atomic, write_text_atomic
+from timm_csm.metrics import detectable_difference, holm, paired_t_interval
+from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
 OUTPUT = Path("runs/protocol_a3")
 SHIFT_FILE = "shift.json"
@@ -46,7 +45,7 @@ def decision_rows(choices: Dict[str, Any]) -> List[str]:
     return [m for m in dict.fromkeys(names) if m is not None]
 
 
-def shift_cells(a2_output: Path = Path(bench.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
+def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
     """``{setting: {method: {seed: committed cell folder}}}`` of the finished amendment-2 cells of the decision
     rows whose checkpoint is kept in ``a2_output``."""
     out: Dict[str, Dict[str, Dict[int, Path]]] = {}
@@ -55,7 +54,7 @@ def shift_cells(a2_output: Path = Path(bench.A2_OUTPUT)) -> Dict[str, Dict[str, 
         choices = a2.stage1_choices(setting, a2._rows(cells))
         for method in decision_rows(choices):
             for seed, cell in sorted(cells.get(method, {}).items()):
-                committed = bench.COMMITTED_A2 / cell["dir"].name
+                committed = method_table.COMMITTED_A2 / cell["dir"].name
                 if committed.is_dir() and _checkpoint(a2_output, committed.name).exists():
                     out.setdefault(setting, {}).setdefault(method, {})[seed] = committed
     return out
@@ -65,7 +64,7 @@ def _checkpoint(a2_output: Path, cell: str) -> Path:
     return Path(a2_output) / "cells" / cell / "model_best.safetensors"
 
 
-def next_cells(a2_output: Path = Path(bench.A2_OUTPUT)) -> List[str]:
+def next_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> List[str]:
     """The cells of :func:`shift_cells` without a ``shift.json``, seed by seed, each once."""
     todo = [(seed, d.name) for rows in shift_cells(a2_output).values() for seeds in rows.values()
             for seed, d in seeds.items() if not (d / SHIFT_FILE).exists()]
@@ -76,16 +75,16 @@ def _results(folder: Path) -> Dict[str, Any]:
     found = sorted(folder.glob("*/results.json"))
     if len(found) != 1:
         raise SystemExit(f"{folder}: expected one run folder with results.json, found {len(found)}")
-    return bench._read_json(found[0])
+    return read_json(found[0])
 
 
-def run_cell(cell: str, a2_output: Path = Path(bench.A2_OUTPUT), output: Path = OUTPUT, log=print) -> Path:
+def run_cell(cell: str, a2_output: Path = Path(method_table.A2_OUTPUT), output: Path = OUTPUT, log=print) -> Path:
     """Run (or finish) the shift cell of amendment-2 cell ``cell``; write its ``shift.json`` beside the committed
     cell record and return that path. Each run writes into ``<run>.partial`` and is renamed when it ends, so a kill
     loses at most the run under way and the next call redoes only that one."""
-    committed = bench.COMMITTED_A2 / cell
+    committed = method_table.COMMITTED_A2 / cell
     checkpoint = _checkpoint(a2_output, cell)
-    if not (committed / bench.CELL_META).exists():
+    if not (committed / CELL_META).exists():
         raise SystemExit(f"{cell}: no committed amendment-2 cell at {committed}")
     if not checkpoint.exists():
         raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the amendment-2 cell first")
@@ -96,7 +95,7 @@ def run_cell(cell: str, a2_output: Path = Path(bench.A2_OUTPUT), output: Path = 
                "--no-progress"]
         commands[tag] = ["train.py", *cmd[2:]]
         if (folder / "DONE.json").exists():
-            seconds[tag] = bench._read_json(folder / "DONE.json")["seconds"]
+            seconds[tag] = read_json(folder / "DONE.json")["seconds"]
             continue
         partial = folder.with_name(tag + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -108,10 +107,10 @@ def run_cell(cell: str, a2_output: Path = Path(bench.A2_OUTPUT), output: Path = 
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
     # the record names the checkpoint by its place under the default output and by its digest, not by this machine
-    commands = {tag: [str(Path(bench.A2_OUTPUT) / "cells" / cell / checkpoint.name) if a == str(checkpoint) else a
+    commands = {tag: [str(Path(method_table.A2_OUTPUT) / "cells" / cell / checkpoint.name) if a == str(checkpoint) else a
                       for a in cmd] for tag, cmd in commands.items()}
-    record = dict(bench.cell_record({}, 3), commands=commands, seconds=seconds,
-                  checkpoint_digest=bench._file_digest(checkpoint))
+    record = dict(cell_record({}, 3), commands=commands, seconds=seconds,
+                  checkpoint_digest=file_sha256(checkpoint))
     shift = compact(_results(Path(output) / cell / "shift"), _results(Path(output) / cell / "digits"))
     path = committed / SHIFT_FILE
     write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)
@@ -154,7 +153,7 @@ def _values(cells: Dict[int, Path], getter) -> Dict[int, float]:
     out = {}
     for seed, d in cells.items():
         if (d / SHIFT_FILE).exists():
-            value = getter(bench._read_json(d / SHIFT_FILE))
+            value = getter(read_json(d / SHIFT_FILE))
             if value is not None:
                 out[seed] = float(value)
     return out
@@ -169,7 +168,7 @@ def ood_auroc(source: str = "mnist5k", phase: str = "uncalibrated", score: str =
 
 
 def _label(name: Optional[str]) -> str:
-    return bench.get_method(name).label if name else "pending"
+    return method_table.get_method(name).label if name else "pending"
 
 
 def primary_tests(found, choices) -> List[Dict[str, Any]]:
@@ -186,7 +185,7 @@ def primary_tests(found, choices) -> List[Dict[str, Any]]:
             families["ood"].append(_test(setting, "OOD (mnist5k, max-softmax AUROC)", csm, other, rows, ood_auroc(),
                                          +1))
     for family, tests in families.items():
-        ready = [t for t in tests if t["interval"] is not None and t["interval"].n == len(bench.A2_SEEDS)]
+        ready = [t for t in tests if t["interval"] is not None and t["interval"].n == len(method_table.A2_SEEDS)]
         if ready and len(ready) == len(tests):
             adjusted, reject = holm([t["interval"].p_value for t in ready], FAMILY_ALPHA)
             for t, adj, rej in zip(ready, adjusted, reject):
@@ -236,12 +235,12 @@ def _t975(n: int) -> float:
     return float(student_t.ppf(0.975, n - 1))
 
 
-def write_page(path: Path = PAGE, a2_output: Path = Path(bench.A2_OUTPUT)) -> Path:
+def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)) -> Path:
     found = shift_cells(a2_output)
     choices = {s: a2.stage1_choices(s, a2._rows(a2.a2_cells(s, a2_output))) for s in a2.DECISION_SETTINGS}
     done = sorted({d.name for rows in found.values() for seeds in rows.values() for d in seeds.values()
                    if (d / SHIFT_FILE).exists()})
-    records = [bench._read_json(bench.COMMITTED_A2 / c / SHIFT_FILE)["record"] for c in done]
+    records = [read_json(method_table.COMMITTED_A2 / c / SHIFT_FILE)["record"] for c in done]
     lines = ["# Calibration under shift and out of distribution (PROTOCOL.md amendment 3)", "",
              "Amendment 2's decision rows, as trained (their kept checkpoints), on 2 000 Fashion-MNIST test images "
              "under 23 corruptions at severities 1-5 and against two OOD sources; temperatures fitted on each "
@@ -287,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--next", action="store_true", help="print the shift cells that can run now, one per line")
     g.add_argument("--run", metavar="CELL", help="run the shift cell of this amendment-2 cell")
     g.add_argument("--report", action="store_true", help=f"write {PAGE}")
-    p.add_argument("--a2-output", default=bench.A2_OUTPUT, help="amendment 2's output folder (its kept checkpoints)")
+    p.add_argument("--a2-output", default=method_table.A2_OUTPUT, help="amendment 2's output folder (its kept checkpoints)")
     p.add_argument("--output", default=str(OUTPUT), help="the shift cells' run folders")
     return p
 

@@ -394,10 +394,9 @@ def synthetic_csm_set(folder: Path, seeds_per_pair: int, seed: int = SEED) -> Pa
     label q_a = sigmoid(4 (lam - 1/2)), q_b = 1 - q_a."""
     import itertools
 
-    import datasets
     from PIL import Image
 
-    from timm_csm.data import FASHION_MNIST_CLASSES, csm_features, load_fashion_mnist
+    from timm_csm.data import FASHION_MNIST_CLASSES, csm_dataset_from_columns, load_fashion_mnist
     from timm_csm.hub import save_csm_dataset
 
     if (folder / "README.md").is_file():
@@ -405,8 +404,8 @@ def synthetic_csm_set(folder: Path, seeds_per_pair: int, seed: int = SEED) -> Pa
     real = load_fashion_mnist("train")
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(real.labels == c) for c in range(10)]
-    cols = {c: [] for c in ("image", "label", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat",
-                            "group_id", "seed")}
+    cols = {c: [] for c in ("image", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat", "group_id",
+                            "seed")}
     pairs = list(itertools.combinations(range(10), 2))
     for g, (s, (a, b)) in enumerate(itertools.product(range(seeds_per_pair), pairs)):
         xa, xb = (real.images[rng.choice(by_class[c]), 0].astype(np.float32) for c in (a, b))
@@ -415,13 +414,12 @@ def synthetic_csm_set(folder: Path, seeds_per_pair: int, seed: int = SEED) -> Pa
             q[a] = 1.0 / (1.0 + np.exp(-4.0 * (lam - 0.5)))
             q[b] = 1.0 - q[a]
             cols["image"].append(Image.fromarray(np.round(lam * xa + (1 - lam) * xb).astype(np.uint8)))
-            cols["label"].append(int(np.argmax(q)))
             cols["soft_label"].append(q.tolist())
             cols["lambda_gen"].append(float(lam))
             cols["lambda_hat"].append(float(lam))
             for key, v in (("class_a", a), ("class_b", b), ("group_id", g), ("seed", s)):
                 cols[key].append(v)
-    ds = datasets.Dataset.from_dict(cols, features=csm_features(FASHION_MNIST_CLASSES))
+    ds = csm_dataset_from_columns(cols, FASHION_MNIST_CLASSES)
     return save_csm_dataset(ds, folder, provenance={"generator": "synthetic blends of real images (benchmark)"})
 
 

@@ -29,7 +29,6 @@ the matched annotator; ``annotated-x2`` / ``-x4`` annotate the same images with 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from timm_csm.io import write_json_atomic
+from timm_csm.recipes.cache import MARKER, KeyedFolder
 
 __all__ = ["DATA_OPTIONS", "GENERATION", "SETTINGS", "stage_commands", "real_subset", "export_real", "main"]
 
@@ -71,12 +71,10 @@ def real_subset():
 
 
 def images_digest(arrays) -> str:
-    """sha256 of the uint8 pixels and labels of ``arrays``: names the exact images a model learned from."""
-    import numpy as np
+    """sha256 of the uint8 pixels and labels of ``arrays`` (no shape): names the exact images a model learned from."""
+    from timm_csm.data.arrays import images_labels_hash
 
-    h = hashlib.sha256(np.ascontiguousarray(arrays.images).tobytes())
-    h.update(np.asarray(arrays.labels, dtype=np.int64).tobytes())
-    return h.hexdigest()
+    return images_labels_hash(arrays.images, arrays.labels, with_shape=False).hexdigest()
 
 
 def export_real(folder: Path) -> Dict:
@@ -158,7 +156,15 @@ def _annotate_command(python: str, generated: Path, dataset: str, root: Path, an
 
 
 def _done(folder: Path) -> bool:
-    return (folder / "DONE.json").exists()
+    return (folder / MARKER).exists()
+
+
+def _stage_folder(folder: Path, command: List[str]) -> KeyedFolder:
+    """A stage's folder keyed by its command (less the interpreter): done once its marker records that command;
+    ValueError when it records another."""
+    keyed = KeyedFolder(folder, command[1:], config_field="command")
+    keyed.check()
+    return keyed
 
 
 def _prerequisite(setting: str) -> Optional[Tuple[str, str]]:
@@ -181,20 +187,21 @@ def run_setting(setting: str, output: Path, until: str = None, log=print) -> Non
                          f"{needed[0]} first")
     root = output / setting
     root.mkdir(parents=True, exist_ok=True)
-    if setting == "matched" and not _done(root / "real"):
+    real = KeyedFolder(root / "real", DATA_OPTIONS, config_field="data_options")
+    if setting == "matched" and real.state() != "done":
+        real.check()
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
-        info = export_real(root / "real")
-        write_json_atomic(root / "real" / "DONE.json", info, indent=1)
+        real.write(export_real(root / "real"), indent=1)
     for name, folder, cmd in stage_commands(setting, root):
-        if _done(folder):
+        stage = _stage_folder(folder, cmd)
+        if stage.state() == "done":
             log(f"[{name}] done: {folder}")
         else:
             log(f"[{name}] " + " ".join(cmd))
             folder.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
             subprocess.run(cmd, check=True)
-            write_json_atomic(folder / "DONE.json", {"command": cmd[1:], "seconds": round(time.time() - t0, 1)},
-                              indent=1)
+            stage.write(indent=1, seconds=round(time.time() - t0, 1))
         if name == until:
             return
 

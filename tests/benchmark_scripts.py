@@ -1,5 +1,6 @@
-"""The benchmark scripts (``benchmarks/*.py``, not a package) imported by path, for their tests."""
-import importlib.util
+"""The benchmark scripts (``benchmarks/*.py``, not a package) imported by name, for their tests: as when a script
+runs, ``benchmarks/`` is on the path, so a script and the helper modules it imports load once each."""
+import importlib
 import sys
 from pathlib import Path
 
@@ -7,9 +8,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_benchmark(name: str):
-    """The module ``benchmarks/<name>.py``, registered in ``sys.modules`` (its dataclasses need it there)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    """The module ``benchmarks/<name>.py`` (imported once, registered in ``sys.modules``)."""
+    folder = str(ROOT / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = importlib.import_module(name)
+    if Path(module.__file__).resolve() != ROOT / "benchmarks" / f"{name}.py":
+        raise ImportError(f"{name} resolves to {module.__file__}, not the benchmark script")
     return module

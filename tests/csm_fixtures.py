@@ -103,9 +103,7 @@ def raw_generated(num_groups: int = 4, seed: int = 0, edit=None):
 
 def annotated_by_hand(num_groups: int = 5, s: float = 4.0, seed: int = 0):
     """An annotated CSM dataset built directly from the formula (no encoder)."""
-    import datasets
-
-    from timm_csm.data.csm_format import csm_features
+    from timm_csm.data import csm_dataset_from_columns
 
     rng = np.random.default_rng(seed)
     rows = raw_generated_rows(num_groups, seed)
@@ -121,7 +119,7 @@ def annotated_by_hand(num_groups: int = 5, s: float = 4.0, seed: int = 0):
     data = {"image": rows["image"], "label": label, "soft_label": soft.tolist(), "class_a": rows["class_a"],
             "class_b": rows["class_b"], "lambda_gen": rows["lambda_gen"], "lambda_hat": lam_hat.tolist(),
             "group_id": rows["group_id"], "seed": rows["seed"]}
-    return datasets.Dataset.from_dict(data, features=csm_features(CLASS_NAMES))
+    return csm_dataset_from_columns(data, CLASS_NAMES)
 
 
 def tiny_timm_model(seed: int = 0):

@@ -21,16 +21,17 @@ def make_csm_dataset(class_names, prototypes=None, img_shape=(1, 8, 8), n_lambda
     group_id, seed. Group (seed, a, b) has ``n_lambdas`` images lam in linspace(0, 1); the image is
     lam * prototype_a + (1 - lam) * prototype_b (random prototypes when none are given). Rows are shuffled so that
     nothing relies on the stored order."""
-    import datasets
     from PIL import Image
+
+    from timm_csm.data import csm_dataset_from_columns
 
     k = len(class_names)
     rng = np.random.default_rng(shuffle_seed)
     if prototypes is None:
         prototypes = rng.integers(0, 256, size=(k, *img_shape)).astype(np.float32)
     pairs = list(itertools.combinations(range(k), 2)) if pairs is None else list(pairs)
-    cols = {c: [] for c in ("image", "label", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat",
-                            "group_id", "seed")}
+    cols = {c: [] for c in ("image", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat", "group_id",
+                            "seed")}
     gid = 0
     for seed in range(seeds_per_pair):
         for a, b in pairs:
@@ -40,7 +41,6 @@ def make_csm_dataset(class_names, prototypes=None, img_shape=(1, 8, 8), n_lambda
                 pil = Image.fromarray(img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0))
                 q = soft_label_row(k, a, b, lam)
                 cols["image"].append(pil)
-                cols["label"].append(int(np.argmax(q)))
                 cols["soft_label"].append(q.tolist())
                 cols["class_a"].append(a)
                 cols["class_b"].append(b)
@@ -50,15 +50,7 @@ def make_csm_dataset(class_names, prototypes=None, img_shape=(1, 8, 8), n_lambda
                 cols["seed"].append(seed)
             gid += 1
     order = rng.permutation(len(cols["image"]))
-    cols = {c: [v[i] for i in order] for c, v in cols.items()}
-    features = datasets.Features({
-        "image": datasets.Image(), "label": datasets.ClassLabel(names=list(class_names)),
-        "soft_label": datasets.Sequence(datasets.Value("float32")),
-        "class_a": datasets.ClassLabel(names=list(class_names)), "class_b": datasets.ClassLabel(names=list(class_names)),
-        "lambda_gen": datasets.Value("float32"), "lambda_hat": datasets.Value("float32"),
-        "group_id": datasets.Value("int64"), "seed": datasets.Value("int64"),
-    })
-    return datasets.Dataset.from_dict(cols, features=features)
+    return csm_dataset_from_columns({c: [v[i] for i in order] for c, v in cols.items()}, class_names)
 
 
 def write_parquet_folder(ds, folder):

@@ -2,10 +2,10 @@
 import pytest
 
 from benchmark_scripts import load_benchmark
+from timm_csm.hub import content_fingerprint
 
-load_benchmark("calibration_bench")
 a2 = load_benchmark("amendment2")
-bench = a2.bench
+table = a2.method_table
 
 
 def _rows(values, seeds=(0, 1, 2)):
@@ -25,13 +25,6 @@ def test_choice_is_the_lowest_validation_ece_with_nll_breaking_ties_and_waits_fo
     # the test split never decides: a configuration with a far better test ECE is not chosen
     assert a2.choose(_rows({"mixup": (3.0, 0.4, 0.0), "mixup@mixup=1": (2.0, 0.4, 9.0)}),
                      ["mixup", "mixup@mixup=1"]) == "mixup@mixup=1"
-
-
-def test_holm_matches_a_hand_worked_example():
-    # p = (0.01, 0.04, 0.03, 0.005), m = 4: sorted 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 -> 0.06
-    out = a2.holm([0.01, 0.04, 0.03, 0.005])
-    assert [round(p, 6) for p, _ in out] == [0.03, 0.06, 0.06, 0.02]
-    assert [r for _, r in out] == [True, False, False, True]
 
 
 def test_next_cells_follow_the_protocols_stages():
@@ -135,7 +128,7 @@ def test_later_stages_start_once_their_choices_are_made_and_stage_2_has_finished
     fifth = [ROW if m == "csm" else m for m in ("ce", "regmixup@regmixup=10", "kd@alpha=0.5,temperature=2", "csm")]
     assert a2.next_cells("borrowed", {}, rows, data_seed=2) == [(m, s) for s in range(5) for m in fifth]
     # on data seed 0 the shared cells that ran already are not proposed again
-    shared = {m: r for m, r in rows["annotated"].items() if not bench.get_method(m).per_setting}
+    shared = {m: r for m, r in rows["annotated"].items() if not table.get_method(m).per_setting}
     d0 = a2.next_cells("borrowed", shared, rows)
     assert ("ce", 0) not in d0 and (ROW, 4) in d0 and ("kd@alpha=0.5,temperature=2", 4) in d0
 
@@ -146,9 +139,9 @@ def _write_cells(root, setting, rows, data_seed=0, extra=None):
 
     for m, rs in rows.items():
         for r in rs:
-            d = root / bench.cell_name(m, r["seed"], setting, data_seed)
+            d = root / table.cell_name(m, r["seed"], setting, data_seed)
             d.mkdir(parents=True, exist_ok=True)
-            meta = {"method": m, "seed": r["seed"], "setting": setting if bench.get_method(m).per_setting else None,
+            meta = {"method": m, "seed": r["seed"], "setting": setting if table.get_method(m).per_setting else None,
                     "config": {"data_seed": data_seed}, "record": {"amendment": 2}}
             for key, value in (extra or {}).get(m, {}).items():
                 meta[key].update(value)
@@ -177,7 +170,7 @@ def test_page_reports_stages_3_to_5(tmp_path):
                               for r in rows["annotated"][ROW] if r["seed"] < 5]
     _add(rows["matched"], "csm@n_aug=2,s=4,volume=2,weight=2", list(range(15)), 1.0, test=0.8)
     labels = save_digits_csm_folder(tmp_path / "lambda-set")
-    extra = {lam: {"record": {"generated_set": bench.dataset_fingerprint(labels)}, "config": {"csm_dataset": labels}}}
+    extra = {lam: {"record": {"generated_set": content_fingerprint(labels)}, "config": {"csm_dataset": labels}}}
     root = tmp_path / "cells"
     for st in a2.DECISION_SETTINGS:
         _write_cells(root, st, rows[st], extra=extra)

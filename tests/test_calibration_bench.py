@@ -1,4 +1,5 @@
-"""The calibration benchmark at toy scale: cached and resumable cells, the mean ± std table, the hard-label copy."""
+"""The calibration benchmark at toy scale (benchmarks/calibration_bench.py, its method table and its pages):
+cached and resumable cells, the mean ± std table, the protocol's choices and verdicts, amendment 2's names."""
 import json
 import math
 from pathlib import Path
@@ -10,11 +11,13 @@ import torch
 from csm_testdata import save_digits_csm_folder
 
 from benchmark_scripts import load_benchmark
-
-
-
+from timm_csm.hub import content_fingerprint
+from timm_csm.recipes import derive
+from timm_csm.recipes.cells import CELL_META, RESULTS, verify_cell
 
 bench = load_benchmark("calibration_bench")
+table = load_benchmark("calibration_methods")
+pages = load_benchmark("calibration_pages")
 
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
 TOY = ["--recipe", "noaug", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
@@ -68,7 +71,7 @@ def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
     assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/results.json")} == stamps
 
     # the table is the mean ± sample std over the two seeds of each cell's results.json
-    for method, label in (("ce", "CE"), ("csm", "CSM"), ("csm_hard", bench.METHODS["csm_hard"].label)):
+    for method, label in (("ce", "CE"), ("csm", "CSM"), ("csm_hard", table.METHODS["csm_hard"].label)):
         res = [json.loads((out / "cells" / f"{method}-s{s}" / "results.json").read_text()) for s in (0, 1)]
         row = _row(text, label)
         assert row[1] == "2"
@@ -118,27 +121,6 @@ def test_cells_run_in_pieces_resume_and_fill_the_table(tmp_path, csm_folder):
     assert "No cell has finished yet." in text and "Left out (6" in text
 
 
-def test_hard_label_copy_is_the_one_hot_generation_class(tmp_path, csm_folder):
-    from timm_csm.hub import load_csm_dataset
-
-    folder = bench.derive_hard_label_dataset(csm_folder, tmp_path / "csm-hard")
-    soft = load_csm_dataset(csm_folder)["train"]
-    hard = load_csm_dataset(str(folder))["train"]
-    assert len(hard) == len(soft) and hard["group_id"] == soft["group_id"]
-    q = np.asarray(hard["soft_label"])
-    lam, a, b = np.asarray(soft["lambda_gen"]), np.asarray(soft["class_a"]), np.asarray(soft["class_b"])
-    expected = np.where(lam >= 0.5, a, b)
-    assert np.array_equal(q.argmax(1), expected) and np.array_equal(q.sum(1), np.ones(len(q)))
-    assert np.array_equal(np.asarray(hard["label"]), expected) and set(np.unique(q)) == {0.0, 1.0}
-    # the soft source really was soft, so the copy changed something
-    assert not np.array_equal(np.asarray(soft["soft_label"]), q)
-    # the images are the source's
-    assert hard[5]["image"].tobytes() == soft[5]["image"].tobytes()
-    stamp = (folder / "derived_from.json").stat().st_mtime_ns
-    assert bench.derive_hard_label_dataset(csm_folder, folder) == folder  # cached
-    assert (folder / "derived_from.json").stat().st_mtime_ns == stamp
-
-
 def test_missing_csm_dataset_skips_the_csm_rows_and_the_report_keeps_other_sections(tmp_path):
     out, report = tmp_path / "bench", tmp_path / "calibration.md"
     report.write_text("## Choosing the recipe\n\nkept above\n")
@@ -159,22 +141,22 @@ def test_recipes_are_the_profiles_classifier_recipes():
     from timm_csm.recipes import get_profile, training_options
 
     demo = get_profile("demo")
-    augmented = bench.base_recipe({"epochs": 3, "lr": None}, "augmented")
+    augmented = table.base_recipe({"epochs": 3, "lr": None}, "augmented")
     assert augmented == dict(training_options(demo), epochs=3)  # None overrides are ignored
     assert augmented["max_train_samples"] == 2500 and augmented["crop_pad"] == 2
     assert augmented["weight_decay"] == 5e-4 and augmented["decay_milestones"] == [30, 45]
     assert bench.build_parser().parse_args([]).recipe == "matched"
-    for setting in bench.PROTOCOL_RECIPES:  # the protocol's settings: the demo classifier on one data seed
-        assert bench.base_recipe({}, setting) == dict(training_options(demo), val_size=2000, data_seed=0)
+    for setting in table.PROTOCOL_RECIPES:  # the protocol's settings: the demo classifier on one data seed
+        assert table.base_recipe({}, setting) == dict(training_options(demo), val_size=2000, data_seed=0)
     with pytest.raises(ValueError, match="unknown recipe"):
-        bench.base_recipe({}, "paper")
-    noaug = bench.base_recipe({}, "noaug")
+        table.base_recipe({}, "paper")
+    noaug = table.base_recipe({}, "noaug")
     assert noaug["hflip"] == 0.0 and noaug["weight_decay"] == 0.0 and "decay_milestones" not in noaug
     assert noaug["model_kwargs"] == {"widths": [16, 32, 64, 128, 256]}
-    cfg = bench.cell_config(noaug, bench.METHODS["mixup"], 7, Path("x"))
+    cfg = table.cell_config(noaug, table.METHODS["mixup"], 7, Path("x"))
     assert cfg["mixup"] == 0.4 and cfg["seed"] == 7 and "n_aug" not in cfg and "csm_dataset" not in cfg
     with pytest.raises(ValueError, match="needs the soft-label CSM dataset"):
-        bench.cell_config(noaug, bench.METHODS["csm"], 0, Path("x"))
+        table.cell_config(noaug, table.METHODS["csm"], 0, Path("x"))
 
 
 def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
@@ -210,72 +192,23 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
 
 
 
-def test_filtered_copy_drops_exactly_the_flagged_groups(tmp_path):
-    from csm_testdata import make_csm_dataset, save_csm_folder
-
-    from timm_csm.hub import load_csm_dataset
-
-    ds = make_csm_dataset(["a", "b", "c", "d"], n_lambdas=4)  # 6 groups, lambda_hat = lambda_gen
-    # group 1 reads its lambda = 1 endpoint as class b; group 4 keeps its endpoints on their sides but runs
-    # backwards in between (Spearman 0.2): both are flagged
-    backwards = {0.0: 0.4, 1 / 3: 0.3, 2 / 3: 0.2, 1.0: 0.6}
-
-    def corrupt(row):
-        if row["group_id"] == 1 and row["lambda_gen"] == 1.0:
-            row["lambda_hat"] = 0.2
-        if row["group_id"] == 4:
-            row["lambda_hat"] = min(backwards.items(), key=lambda kv: abs(kv[0] - row["lambda_gen"]))[1]
-        return row
-
-    source = save_csm_folder(ds.map(corrupt), tmp_path / "csm-toy-aug")
-    folder = bench.derive_filtered_dataset(source, tmp_path / "csm-filtered")
-    soft = load_csm_dataset(source)["train"]
-    kept = load_csm_dataset(str(folder))["train"]
-    assert sorted(set(kept["group_id"])) == [0, 2, 3, 5]
-    assert len(kept) == 16
-    first = kept[0]
-    twin = soft[[i for i, (g, lam) in enumerate(zip(soft["group_id"], soft["lambda_gen"]))
-                 if g == first["group_id"] and lam == first["lambda_gen"]][0]]
-    assert first["image"].tobytes() == twin["image"].tobytes() and first["soft_label"] == twin["soft_label"]
-
-
-def test_group_subset_keeps_the_first_groups_of_every_class_pair(tmp_path):
-    from csm_testdata import make_csm_dataset, save_csm_folder
-
-    from timm_csm.hub import load_csm_dataset
-
-    # 3 classes, 3 pairs, 4 groups per pair (group ids 0-11, pair p holds p, p + 3, p + 6, p + 9)
-    source = save_csm_folder(make_csm_dataset(["a", "b", "c"], n_lambdas=4, seeds_per_pair=4), tmp_path / "csm-aug")
-    soft = load_csm_dataset(source)["train"]
-    half = load_csm_dataset(str(bench.derive_group_subset(source, tmp_path / "half", 0.5)))["train"]
-    assert sorted(set(half["group_id"])) == [0, 1, 2, 3, 4, 5] and len(half) == 24
-    quarter = load_csm_dataset(str(bench.derive_group_subset(source, tmp_path / "quarter", 0.25)))["train"]
-    assert sorted(set(quarter["group_id"])) == [0, 1, 2]
-    row = half[0]
-    twin = [i for i, (g, lam) in enumerate(zip(soft["group_id"], soft["lambda_gen"]))
-            if g == row["group_id"] and lam == row["lambda_gen"]][0]
-    assert row["image"].tobytes() == soft[twin]["image"].tobytes() and row["soft_label"] == soft[twin]["soft_label"]
-    with pytest.raises(ValueError, match="fraction"):
-        bench.derive_group_subset(source, tmp_path / "none", 0.0)
-
-
 def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm_folder, monkeypatch):
     import shutil
 
     out = tmp_path / "bench"
     monkeypatch.setattr(bench, "SETTINGS_ROOT", tmp_path / "settings")
-    recipe = bench.base_recipe(name="noaug")
+    recipe = table.base_recipe(name="noaug")
     runs = bench.run_cells(recipe, ["csm_groups50"], [0], out, csm_dataset=csm_folder, setting="matched",
                            committed=None, max_cells=0)
     assert "chosen once both have every seed" in runs["skipped"]["csm_groups50-matched-s0"]
     # both variants finished at every seed, the filtered one lower on validation: its set is the source
     cells = out / "cells"
     for m, val_ece in (("csm", 0.03), ("csm_filtered", 0.02)):
-        for s in bench.PROTOCOL_SEEDS:
-            d = cells / bench.cell_name(m, s, "matched")
+        for s in table.PROTOCOL_SEEDS:
+            d = cells / table.cell_name(m, s, "matched")
             d.mkdir(parents=True)
-            (d / bench.RESULTS).write_text(json.dumps(_cell(s, 0.02, val_ece)["results"]))
-            (d / bench.CELL_META).write_text(json.dumps({"method": m, "seed": s, "setting": "matched",
+            (d / RESULTS).write_text(json.dumps(_cell(s, 0.02, val_ece)["results"]))
+            (d / CELL_META).write_text(json.dumps({"method": m, "seed": s, "setting": "matched",
                                                          "config": {}, "seconds": 1.0}))
     runs = bench.run_cells(recipe, ["csm_groups50"], [0], out, csm_dataset=csm_folder, setting="matched",
                            committed=None, max_cells=0)
@@ -292,9 +225,9 @@ def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm
     assert runs["skipped"] == {}
     stamp = json.loads((out / "csm-filtered-matched-gen2000" / "derived_from.json").read_text())
     assert stamp["source"] == str(tmp_path / "settings" / "matched-gen2000" / "csm" / "csm-fmnist-aug")
-    summary = bench.protocol_summary(bench.protocol_cells(out, "matched", None), "matched")
+    summary = pages.protocol_summary(pages.protocol_cells(out, "matched", None), "matched")
     summary["rows"]["csm_groups50"] = summary["rows"]["csm"]
-    text = "\n".join(bench.boundary_section(summary))
+    text = "\n".join(pages.boundary_section(summary))
     assert "| 50% of the groups | 5 |" in text and "| all groups, 4 000 steps (decision row) | 5 |" in text
     assert "lies below 0 (5 seeds): none." in text
 
@@ -304,7 +237,7 @@ def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
                              "--methods", "csm_filtered", "--seeds", "0"])
     cell = json.loads((out / "cells" / "csm_filtered-s0" / "cell.json").read_text())
     assert cell["config"]["csm_dataset"] == str(out / "csm-filtered")
-    assert _row(text, bench.METHODS["csm_filtered"].label)[1] == "1"  # one finished seed, not "left out"
+    assert _row(text, table.METHODS["csm_filtered"].label)[1] == "1"  # one finished seed, not "left out"
     assert "Left out" not in text
 
 
@@ -313,34 +246,23 @@ def test_filtered_row_is_reported_from_its_derived_copy(tmp_path, csm_folder):
 
 
 def test_protocol_cells_are_shared_unless_they_use_the_setting():
-    assert bench.cell_name("ce", 3, "matched") == bench.cell_name("ce", 3, "borrowed") == "ce-s3"
-    assert bench.cell_name("real_copies", 0, "matched") == "real_copies-s0"  # real images only: one cell
-    assert bench.cell_name("csm", 0, "matched") == "csm-matched-s0"
-    assert bench.cell_name("kd", 1, "borrowed") == "kd-borrowed-s1"
-    assert set(bench.NON_GENERATED) | {"csm", "csm_hard", "csm_filtered"} == set(bench.PROTOCOL_METHODS)
+    assert table.cell_name("ce", 3, "matched") == table.cell_name("ce", 3, "borrowed") == "ce-s3"
+    assert table.cell_name("real_copies", 0, "matched") == "real_copies-s0"  # real images only: one cell
+    assert table.cell_name("csm", 0, "matched") == "csm-matched-s0"
+    assert table.cell_name("kd", 1, "borrowed") == "kd-borrowed-s1"
+    assert set(table.NON_GENERATED) | {"csm", "csm_hard", "csm_filtered"} == set(table.PROTOCOL_METHODS)
 
 
 def test_equal_images_controls_scale_epochs_and_milestones():
-    recipe = bench.base_recipe({}, "matched")
-    ce = bench.cell_config(recipe, bench.METHODS["ce_eq"], 0, Path("x"))
-    reg = bench.cell_config(recipe, bench.METHODS["regmixup_eq"], 0, Path("x"))
+    recipe = table.base_recipe({}, "matched")
+    ce = table.cell_config(recipe, table.METHODS["ce_eq"], 0, Path("x"))
+    reg = table.cell_config(recipe, table.METHODS["regmixup_eq"], 0, Path("x"))
     assert (ce["epochs"], ce["decay_milestones"]) == (180, [90, 135])
     assert (reg["epochs"], reg["decay_milestones"], reg["regmixup"]) == (90, [45, 68], 20.0)
-    kd = bench.cell_config(recipe, bench.METHODS["kd"], 0, Path("x"), {"teacher": "enc"})
+    kd = table.cell_config(recipe, table.METHODS["kd"], 0, Path("x"), {"teacher": "enc"})
     assert kd["teacher"] == "enc" and kd["loss"] == "kd"
     with pytest.raises(ValueError, match="needs a teacher"):
-        bench.cell_config(recipe, bench.METHODS["kd"], 0, Path("x"))
-
-
-def test_paired_interval_is_the_t_interval_of_the_differences():
-    a = {0: 1.0, 1: 2.0, 2: 4.0, 3: 3.0, 4: 0.5}
-    b = {0: 2.0, 1: 2.5, 2: 4.0, 3: 5.0, 4: 1.5, 9: 7.0}
-    n, mean, lo, hi = bench.paired_interval(a, b)
-    d = [-1.0, -0.5, 0.0, -2.0, -1.0]
-    sd = (sum((x - sum(d) / 5) ** 2 for x in d) / 4) ** 0.5
-    assert n == 5 and mean == pytest.approx(-0.9)
-    assert hi - mean == pytest.approx(2.7764451 * sd / 5 ** 0.5, rel=1e-6) and lo < mean < hi
-    assert bench.paired_interval({0: 1.0}, {0: 2.0}) is None
+        table.cell_config(recipe, table.METHODS["kd"], 0, Path("x"))
 
 
 def _cell(seed, ece, val_ece, acc=0.9, val_post=None):
@@ -361,17 +283,17 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
         # better on test, worse on validation: not the decision row
         "csm_filtered": {s: _cell(s, 0.005, 0.016) for s in seeds},
     }
-    summary = bench.protocol_summary(cells, "matched")
-    assert "kd" not in summary["candidates"] and "kd" in bench.protocol_summary(cells, "borrowed")["candidates"]
+    summary = pages.protocol_summary(cells, "matched")
+    assert "kd" not in summary["candidates"] and "kd" in pages.protocol_summary(cells, "borrowed")["candidates"]
     assert summary["csm"] == "csm" and summary["best_other"]["pre_ts"] == "brier"
-    n, mean, lo, hi = summary["pairs"]["ce"]["ece_pre_ts"]
+    n, mean, lo, hi, _ = summary["pairs"]["ce"]["ece_pre_ts"]  # with its p-value
     assert n == 5 and hi < 0 and mean == pytest.approx(100 * (0.013 - 0.047))
-    lines = "\n".join(bench.protocol_section("matched", summary, {}))
+    lines = "\n".join(pages.protocol_section("matched", summary, {}))
     assert "| CSM (decision row) | 5 |" in lines
     assert "ECE against CE, before TS (CE): -3.40" in lines
     # LS, MbLS ... have no seed yet, so the validation choices and every verdict wait for them
     assert "pending (the validation choices wait for every method's seeds)" in lines
-    assert "CSM lower (interval excludes 0)" in bench._verdict(summary["pairs"]["ce"]["ece_pre_ts"])
+    assert "CSM lower (interval excludes 0)" in pages.verdict(summary["pairs"]["ce"]["ece_pre_ts"])
     assert "against the best other method, before TS (Brier (control))" in lines
     row = summary["rows"]["csm"][0]
     assert row["ece_pre_ts"] == pytest.approx(1.2) and row["val_ece_pre_ts"] == pytest.approx(1.5)
@@ -379,122 +301,86 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
 
 
 def test_protocol_verdict_waits_for_every_seed():
-    assert "pending (3 of 5 seeds)" in bench._verdict((3, -1.0, -2.0, -0.5))
-    assert "no difference shown" in bench._verdict((5, -1.0, -2.0, 0.5))
-    assert "CSM higher" in bench._verdict((5, 1.0, 0.5, 1.5))
+    assert "pending (3 of 5 seeds)" in pages.verdict((3, -1.0, -2.0, -0.5))
+    assert "no difference shown" in pages.verdict((5, -1.0, -2.0, 0.5))
+    assert "CSM higher" in pages.verdict((5, 1.0, 0.5, 1.5))
 
 
 
 def test_protocol_statement_needs_both_before_ts_verdicts():
-    assert bench._statement(["lower", "lower"]) == "holds"
-    assert bench._statement(["lower", "none"]) == "does not hold"
-    assert bench._statement(["lower", None]) == "pending"
-    assert bench._outcome((5, -1.0, -2.0, -0.5)) == "lower" and bench._outcome((4, -1.0, -2.0, -0.5)) is None
+    assert pages.statement(["lower", "lower"]) == "holds"
+    assert pages.statement(["lower", "none"]) == "does not hold"
+    assert pages.statement(["lower", None]) == "pending"
+    assert pages.outcome((5, -1.0, -2.0, -0.5)) == "lower" and pages.outcome((4, -1.0, -2.0, -0.5)) is None
     seeds = range(5)
-    cells = {m: {s: _cell(s, 0.045, 0.040) for s in seeds} for m in bench.NON_GENERATED if m != "kd"}
+    cells = {m: {s: _cell(s, 0.045, 0.040) for s in seeds} for m in table.NON_GENERATED if m != "kd"}
     cells["csm"] = {s: _cell(s, 0.010 + 0.001 * s, 0.010) for s in seeds}
     cells["csm_filtered"] = {s: _cell(s, 0.010, 0.020) for s in seeds}
-    lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
+    lines = "\n".join(pages.protocol_section("matched", pages.protocol_summary(cells, "matched"), {}))
     statement = '**"CSM calibrates better" in `matched` (before TS, against CE and the best other method): holds.**'
     assert statement in lines
     # best on validation, as good as CSM on test
     cells["brier"] = {s: _cell(s, 0.010 + 0.001 * s + (0.002 if s % 2 else -0.002), 0.005) for s in seeds}
-    lines = "\n".join(bench.protocol_section("matched", bench.protocol_summary(cells, "matched"), {}))
+    lines = "\n".join(pages.protocol_section("matched", pages.protocol_summary(cells, "matched"), {}))
     assert "best other method): does not hold.**" in lines
-
-def test_committed_cell_is_done_and_checked_against_the_config(tmp_path):
-    cfg = {"loss": "ce", "seed": 0, "epochs": 60}
-    home = tmp_path / "committed" / "ce-s0"
-    home.mkdir(parents=True)
-    (home / bench.RESULTS).write_text("{}")
-    (home / bench.CELL_META).write_text(json.dumps({"method": "ce", "seed": 0, "config": bench._keyed(cfg)}))
-    assert bench.cell_state(tmp_path / "cells" / "ce-s0", cfg, home) == "done"
-    with pytest.raises(ValueError, match="differ in \\['epochs'\\]"):
-        bench.cell_state(tmp_path / "cells" / "ce-s0", dict(cfg, epochs=61), home)
-    assert bench.cell_state(tmp_path / "cells" / "ce-s0", cfg) == "new"
-
-
-def test_real_copies_are_real_training_images_of_the_dominant_class(tmp_path):
-    from timm_csm.generation.plan import plan_groups
-    from timm_csm.hub import load_csm_dataset
-    from timm_csm.training import load_data, parse_args
-
-    recipe = {"dataset": "digits", "max_train_samples": 300, "val_size": 200, "data_seed": 0}
-    folder = bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
-    ds = load_csm_dataset(str(folder))
-    ds = ds["train"] if "train" in ds else ds
-    real = load_data(parse_args(["--dataset", "digits", "--max-train-samples", "300", "--val-size", "200",
-                                 "--data-seed", "0"])).train
-    pixels = {bytes(x): int(y) for x, y in zip(np.asarray(real.images).reshape(len(real), -1), real.labels)}
-    groups = plan_groups(10, 12)
-    assert len(ds) == 48 and sorted(set(ds["group_id"])) == [g.group_id for g in groups]
-    for row in ds:
-        img = np.asarray(row["image"]).reshape(-1).astype(np.uint8)
-        dominant = row["class_a"] if row["lambda_gen"] >= 0.5 else row["class_b"]
-        assert pixels[bytes(img)] == dominant == row["label"]  # a real training image, of its one-hot class
-        assert row["soft_label"][dominant] == 1.0 and sum(row["soft_label"]) == 1.0
-    stamp = (folder / "derived_from.json").stat().st_mtime_ns
-    bench.derive_real_copies_dataset(recipe, tmp_path / "copies", num_groups=12, num_lambdas=4)
-    assert (folder / "derived_from.json").stat().st_mtime_ns == stamp  # written once
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # amendment 2: tuned methods by name, cell records, re-running a committed cell
 # ---------------------------------------------------------------------------------------------------------------
 def _toy_recipe():
-    return bench.base_recipe({"dataset": "digits", "model": "small_cnn", "model_kwargs": {"widths": [8, 16]},
+    return table.base_recipe({"dataset": "digits", "model": "small_cnn", "model_kwargs": {"widths": [8, 16]},
                               "epochs": 1, "batch_size": 32, "lr": 0.05, "max_train_samples": 320,
                               "max_test_samples": 200, "val_fraction": 0.25, "hflip": 0.0, "crop_pad": 1,
                               "progress": False}, "noaug")
 
 
 def test_tuned_names_are_canonical_and_set_the_option_they_name():
-    assert bench.tuned_name("csm", s=2.3, weight=1.0, n_aug=1, filtered=0) == "csm@s=2.3"
-    assert bench.tuned_name("ls", smoothing=0.05) == "ls"  # the method's own value: one name per configuration
-    ls = bench.get_method("ls@smoothing=0.2")
+    assert table.tuned_name("csm", s=2.3, weight=1.0, n_aug=1, filtered=0) == "csm@s=2.3"
+    assert table.tuned_name("ls", smoothing=0.05) == "ls"  # the method's own value: one name per configuration
+    ls = table.get_method("ls@smoothing=0.2")
     assert ls.options == {"loss": "ls", "loss_kwargs": {"smoothing": 0.2}} and ls.label == "Label smoothing (eps 0.2)"
-    assert bench.get_method("regmixup@regmixup=2").options == {"loss": "ce", "regmixup": 2.0}
-    kd = bench.get_method("kd@alpha=0.5,temperature=2")
+    assert table.get_method("regmixup@regmixup=2").options == {"loss": "ce", "regmixup": 2.0}
+    kd = table.get_method("kd@alpha=0.5,temperature=2")
     assert kd.options["loss_kwargs"] == {"temperature": 2.0, "alpha": 0.5} and kd.teacher
-    csm = bench.get_method("csm@filtered=1,n_aug=2,s=4,weight=0.5")
+    csm = table.get_method("csm@filtered=1,n_aug=2,s=4,weight=0.5")
     assert csm.data_key == "filtered@s=4" and csm.options["n_aug"] == 2
     assert csm.options["loss_kwargs"] == {"weight": 0.5}
-    assert bench.get_method("csm@s=auto").data_key == "soft"
-    assert len(bench.grid_methods("kd")) == 4 and bench.grid_methods("ce") == ["ce"]
-    assert bench.csm_step_methods(1, {"s": 2.3}) == ["csm@s=2.3,weight=0.5", "csm@s=2.3", "csm@s=2.3,weight=2"]
+    assert table.get_method("csm@s=auto").data_key == "soft"
+    assert len(table.grid_methods("kd")) == 4 and table.grid_methods("ce") == ["ce"]
+    assert table.csm_step_methods(1, {"s": 2.3}) == ["csm@s=2.3,weight=0.5", "csm@s=2.3", "csm@s=2.3,weight=2"]
     for bad, match in (("ls@margin=3", "has no option 'margin'"), ("ce@s=2", "applies to methods that read"),
                        ("csm@n_aug=1.5", "positive integer"), ("nope", "unknown method"),
                        ("ls@smoothing", "expected <axis>=<value>")):
         with pytest.raises(ValueError, match=match):
-            bench.get_method(bad)
+            table.get_method(bad)
 
 
 def test_amendment_cells_record_what_they_depend_on_and_reproduce(tmp_path, csm_folder):
     out, home = tmp_path / "a2", tmp_path / "committed"
     bench.run_cells(_toy_recipe(), ["ls@smoothing=0.1", "csm@s=2.3"], [0], out, csm_dataset=csm_folder,
                     setting="matched", committed=home, amendment=2)
-    ls = json.loads((home / "ls@smoothing=0.1-s0" / bench.CELL_META).read_text())
+    ls = json.loads((home / "ls@smoothing=0.1-s0" / CELL_META).read_text())
     assert ls["config"]["loss_kwargs"] == {"smoothing": 0.1}
     record = ls["record"]
     assert record["amendment"] == 2 and record["torch_threads"] == torch.get_num_threads()
     assert record["torch"] == torch.__version__ and len(record["commit"]) == 40 and "generated_set" not in record
-    csm = json.loads((home / "csm@s=2.3-matched-s0" / bench.CELL_META).read_text())
+    csm = json.loads((home / "csm@s=2.3-matched-s0" / CELL_META).read_text())
     relabelled = csm["config"]["csm_dataset"]
-    assert csm["record"]["generated_set"] == bench.dataset_fingerprint(relabelled)
-    assert csm["record"]["generated_set"] != bench.dataset_fingerprint(csm_folder)  # other soft labels, same images
+    assert csm["record"]["generated_set"] == content_fingerprint(relabelled)
+    assert csm["record"]["generated_set"] != content_fingerprint(csm_folder)  # other soft labels, same images
     from timm_csm.hub import load_csm_dataset
     q = np.asarray(load_csm_dataset(relabelled)["train"]["soft_label"])
     q_own = np.asarray(load_csm_dataset(csm_folder)["train"]["soft_label"])
     assert q.max(1).mean() < q_own.max(1).mean()  # s = 2.3 is softer than the set's own choice
 
-    found = bench.verify_cell("csm@s=2.3-matched-s0", roots=[home])
+    found = verify_cell("csm@s=2.3-matched-s0", roots=[home])
     assert found["results"] == [] and found["record"] == [] and found["added"] == []
-    results = json.loads((home / "ls@smoothing=0.1-s0" / bench.RESULTS).read_text())
+    results = json.loads((home / "ls@smoothing=0.1-s0" / RESULTS).read_text())
     results["test"]["pre_ts"]["ece"] += 0.01
-    (home / "ls@smoothing=0.1-s0" / bench.RESULTS).write_text(json.dumps(results))
+    (home / "ls@smoothing=0.1-s0" / RESULTS).write_text(json.dumps(results))
     del results["n_bins"]  # a key the committed results lack: named, not compared
-    (home / "ls@smoothing=0.1-s0" / bench.RESULTS).write_text(json.dumps(results))
-    found = bench.verify_cell("ls@smoothing=0.1-s0", roots=[home])
+    (home / "ls@smoothing=0.1-s0" / RESULTS).write_text(json.dumps(results))
+    found = verify_cell("ls@smoothing=0.1-s0", roots=[home])
     assert [d.split(":")[0] for d in found["results"]] == ["test.pre_ts.ece"] and found["added"] == ["n_bins"]
 
 
@@ -506,7 +392,7 @@ def test_existing_configurations_compute_what_they_computed(tmp_path, csm_folder
     (teacher / "model.safetensors").write_bytes(b"weights")
     names = ["csm@s=2.3", "ls@smoothing=0.1", "kd@alpha=0.5,temperature=2", "csm@filtered=1,n_aug=2,s=4,weight=0.5",
              "csm", "csm@filtered=1", "ce", "regmixup@regmixup=10"]
-    todo, skipped = bench.prepare_cells(bench.base_recipe({}, "matched"), names, [3], tmp_path / "out",
+    todo, skipped = bench.prepare_cells(table.base_recipe({}, "matched"), names, [3], tmp_path / "out",
                                         csm_dataset=csm_folder, setting="annotated", teacher=str(teacher))
     out = str(tmp_path / "out")
     recipe = {"dataset": "fashion_mnist", "model": "small_cnn", "epochs": 60, "batch_size": 128, "lr": 0.1,
@@ -540,41 +426,15 @@ def _q(folder):
     return load_csm_dataset(str(folder))["train"]
 
 
-def test_stage3_labels_follow_their_definitions(tmp_path, csm_folder):
-    from timm_csm.annotation import load_reference_encoder, train_reference_encoder
-    from timm_csm.data import load_digits
-
-    source = _q(csm_folder)
-    lam, a, b = (np.asarray(source[c]) for c in ("lambda_gen", "class_a", "class_b"))
-    rows = np.arange(len(lam))
-    # lambda: q_a = lambda_gen, q_b = 1 - lambda_gen, nothing elsewhere; no re-annotation
-    q = np.asarray(_q(bench.derive_label_dataset(csm_folder, tmp_path / "lam", "lambda"))["soft_label"])
-    assert np.allclose(q[rows, a], lam) and np.allclose(q[rows, b], 1 - lam) and np.allclose(q.sum(1), 1)
-    assert np.count_nonzero(q, axis=1).max() == 2
-    # hard: the existing hard-label copy
-    hard = bench.derive_label_dataset(csm_folder, tmp_path / "hard", "hard")
-    assert _q(hard)["soft_label"] == _q(bench.derive_hard_label_dataset(csm_folder, tmp_path / "hard2"))["soft_label"]
-    # softmax: the annotator's probabilities over all classes on each stored image
-    train_reference_encoder(load_digits("train"), tmp_path / "annotator", epochs=1, max_steps=3, progress=False,
-                            log=lambda m: None)
-    derived = _q(bench.derive_label_dataset(csm_folder, tmp_path / "softmax", "softmax", tmp_path / "annotator"))
-    images = torch.as_tensor(np.stack([np.asarray(im)[None] for im in derived["image"]]))
-    expected = load_reference_encoder(tmp_path / "annotator").classify(images).double().softmax(1).numpy()
-    q = np.asarray(derived["soft_label"])
-    assert np.allclose(q, expected, atol=1e-6) and np.array_equal(np.asarray(derived["label"]), q.argmax(1))
-    assert (np.count_nonzero(q, axis=1) > 2).all()  # every class, not the pair only
-    assert derived[3]["image"].tobytes() == source[3]["image"].tobytes()
-
-
 def test_stage3_names_read_the_derived_labels_once(tmp_path, csm_folder):
-    lam = bench.get_method("csm@label=lambda,n_aug=2")
+    lam = table.get_method("csm@label=lambda,n_aug=2")
     assert lam.data_key == "soft@label=lambda" and lam.options["n_aug"] == 2
-    assert bench.tuned_name("csm", label="projection", s="auto", n_aug=2) == "csm@n_aug=2"
-    assert bench.get_method("csm@filtered=1,label=softmax").data_key == "filtered@label=softmax"
+    assert table.tuned_name("csm", label="projection", s="auto", n_aug=2) == "csm@n_aug=2"
+    assert table.get_method("csm@filtered=1,label=softmax").data_key == "filtered@label=softmax"
     for bad, match in (("csm@label=hard,s=4", "label=hard replaces"), ("ls@label=hard", "applies to methods"),
                        ("csm_hard@label=lambda", "the setting's generated set"), ("csm@label=soft", "one of")):
         with pytest.raises(ValueError, match=match):
-            bench.get_method(bad)
+            table.get_method(bad)
     names = ["csm@label=lambda,n_aug=2", "csm@filtered=1,label=hard", "csm@label=softmax"]
     todo, skipped = bench.prepare_cells(_toy_recipe(), names, [0, 1], tmp_path / "out", csm_dataset=csm_folder,
                                         setting="matched")
@@ -594,12 +454,12 @@ def test_volume_axis_reads_the_larger_set_with_the_same_derivations(tmp_path, cs
     from csm_testdata import DIGIT_NAMES, make_csm_dataset, save_csm_folder
 
     larger = save_csm_folder(make_csm_dataset(DIGIT_NAMES, seeds_per_pair=2), tmp_path / "x2")
-    assert bench.tuned_name("csm", volume=2, s=2.3, weight=1.0) == "csm@s=2.3,volume=2"
-    assert bench.tuned_name("csm", volume=1) == "csm"
+    assert table.tuned_name("csm", volume=2, s=2.3, weight=1.0) == "csm@s=2.3,volume=2"
+    assert table.tuned_name("csm", volume=1) == "csm"
     with pytest.raises(ValueError, match="volume must be one of 1, 2, 4"):
-        bench.get_method("csm@volume=3")
+        table.get_method("csm@volume=3")
     names = ["csm@volume=2", "csm@s=2.3,volume=2", "csm@filtered=1,volume=2", "csm@volume=4", "csm"]
-    assert [bench.get_method(m).data_key for m in names] == [
+    assert [table.get_method(m).data_key for m in names] == [
         "soft@volume=2", "soft@volume=2@s=2.3", "filtered@volume=2", "soft@volume=4", "soft"]
     out = tmp_path / "out"
     todo, skipped = bench.prepare_cells(_toy_recipe(), names, [0], out, csm_dataset=csm_folder, setting="matched",
@@ -610,14 +470,14 @@ def test_volume_axis_reads_the_larger_set_with_the_same_derivations(tmp_path, cs
     assert list(skipped) == ["csm@volume=4-matched-s0"] and "4x generated set" in skipped["csm@volume=4-matched-s0"]
     rescaled = _q(paths["csm@s=2.3,volume=2"])
     assert len(rescaled) == len(_q(larger)) == 2 * len(_q(csm_folder))
-    assert rescaled["soft_label"] == _q(bench.derive_rescaled_dataset(larger, tmp_path / "ref", 2.3))["soft_label"]
+    assert rescaled["soft_label"] == _q(derive.derive_rescaled_dataset(larger, tmp_path / "ref", 2.3))["soft_label"]
 
 
 def test_data_seeds_name_their_cells_and_read_their_subset(tmp_path):
-    assert bench.cell_name("ce", 0, "borrowed", 1) == "ce-d1-s0"
-    assert bench.cell_name("ce", 0, "borrowed", 0) == bench.cell_name("ce", 0, "borrowed") == "ce-s0"
-    assert bench.cell_name("csm@s=4", 3, "borrowed", 2) == "csm@s=4-borrowed-d2-s3"
-    recipe = bench.base_recipe({"data_seed": 2}, "borrowed")
+    assert table.cell_name("ce", 0, "borrowed", 1) == "ce-d1-s0"
+    assert table.cell_name("ce", 0, "borrowed", 0) == table.cell_name("ce", 0, "borrowed") == "ce-s0"
+    assert table.cell_name("csm@s=4", 3, "borrowed", 2) == "csm@s=4-borrowed-d2-s3"
+    recipe = table.base_recipe({"data_seed": 2}, "borrowed")
     todo, _ = bench.prepare_cells(recipe, ["ce", "regmixup@regmixup=10"], [0], tmp_path)
     assert [(d.name, cfg["data_seed"]) for _, _, d, cfg, _ in todo] == [("ce-d2-s0", 2), ("regmixup@regmixup=10-d2-s0", 2)]
     with pytest.raises(SystemExit):

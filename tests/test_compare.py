@@ -46,7 +46,7 @@ def test_compare_reproduces_the_benchmarks_paired_intervals_from_its_cells(tmp_p
 
 
 def printed_cell(interval, digits):
-    from timm_csm.commands.compare import interval_text
+    from timm_csm.metrics import interval_text
 
     return interval_text((interval["n"], interval["mean"], interval["low"], interval["high"]), digits)
 

@@ -252,3 +252,15 @@ def test_annotate_generated_with_a_number_and_its_errors(tmp_path):
         annotate_generated(generated, _plan(4), real, encoder, "fit", **kw)
     with pytest.raises(ValueError, match=r"generation plan differ.*0: 'x' != 'circle'"):
         annotate_generated(generated, {**_plan(4), "class_names": ["x"] + CLASS_NAMES[1:]}, real, encoder, 4.0, **kw)
+
+
+def test_csm_rows_are_built_in_the_published_features_with_their_dominant_class():
+    from timm_csm.data import csm_dataset_from_columns
+
+    row = {"image": [np.zeros((4, 4), np.uint8)] * 2, "soft_label": [[0.2, 0.8, 0.0], [0.5, 0.5, 0.0]],
+           "class_a": [0, 0], "class_b": [1, 1], "lambda_gen": [0.0, 0.5], "lambda_hat": [0.1, 0.5],
+           "group_id": [3, 3], "seed": [7, 7]}
+    ds = csm_dataset_from_columns(row, ["a", "b", "c"])
+    assert ds.features == csm_features(["a", "b", "c"]) and ds["label"] == [1, 0]  # ties: the first maximum
+    with pytest.raises(ValueError, match=r"missing \['seed'\], unknown \['extra'\]"):
+        csm_dataset_from_columns(dict({k: v for k, v in row.items() if k != "seed"}, extra=[1, 2]), ["a", "b", "c"])

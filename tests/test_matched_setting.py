@@ -1,4 +1,5 @@
 """The benchmark's generated sets (benchmarks/matched_setting.py): which images, generator and encoder each uses."""
+import json
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,14 @@ def test_the_benchmarks_volume_sets_are_built_here():
             assert folder.parts[-3] in setting.SETTINGS
             annotate = _stages(folder.parts[-3], bench.SETTINGS_ROOT)["annotate"][1]
             assert folder == Path(_flag(annotate, "--output")) / _flag(annotate, "--name")
+
+
+def test_a_stage_folder_is_done_for_its_own_command_only(tmp_path):
+    cmd = ["py", "hub_scripts/generate.py", "--num-groups", "6750"]
+    stage = setting._stage_folder(tmp_path / "generate", cmd)
+    assert stage.state() == "new"
+    stage.write(indent=1, seconds=1.0)
+    assert json.loads((tmp_path / "generate" / "DONE.json").read_text()) == {"command": cmd[1:], "seconds": 1.0}
+    assert setting._stage_folder(tmp_path / "generate", ["python3", *cmd[1:]]).state() == "done"  # any interpreter
+    with pytest.raises(ValueError, match=r"differ in \['command'\]"):
+        setting._stage_folder(tmp_path / "generate", cmd[:-1] + ["13500"])

@@ -27,14 +27,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from timm_csm.cli import console_command
 from timm_csm.io import write_json_atomic, write_text_atomic
-from timm_csm.metrics import holm, paired_t_interval
+from timm_csm.metrics import holm, interval_text, paired_t_interval
 from timm_csm.training.args import HelpFormatter
 from timm_csm.training.config import CONFIG_MARKER, TrainConfig
 from timm_csm.training.reporting import REPORT_ROWS
 from timm_csm.training.run_dir import config_record
 
-__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "paired_markdown", "interval_text",
-           "build_parser", "main"]
+__all__ = ["read_run", "group_runs", "metric_values", "compare_methods", "paired_markdown", "build_parser", "main"]
 
 PHASES = {"pre_ts": "before TS", "post_ts": "after TS"}
 #: options that say where and how a run was written, not what it trained: not part of a method
@@ -172,14 +171,6 @@ def compare_methods(values: Mapping[str, Mapping[int, Mapping[str, float]]], pri
         p.update(holm_p=adj, reject=rej,
                  decision=(f"{p['a']} lower" if mean < 0 else f"{p['a']} higher") if rej else "no difference shown")
     return {"primary": primary, "level": level, "alpha": alpha, "metrics": metrics, "pairs": out}
-
-
-def interval_text(interval, digits: int = 2) -> str:
-    """``mean [low, high] (n=...)`` of a paired interval (``(n, mean, low, high, ...)``), ``-`` without one."""
-    if interval is None:
-        return "-"
-    n, mean, lo, hi = tuple(interval)[:4]
-    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] (n={n})"
 
 
 def _metric_label(metric: str) -> Tuple[str, int]:

@@ -4,7 +4,7 @@ from .collators import (CSMCollator, ImageCollator, MixupCollator, RankMixupColl
                         TimmMixupCollator, mix_soft_targets)
 from .csm import CSMCompanionSampler, CSMGroups
 from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, GroupCheck, check_class_names,
-                         check_groups, check_soft_labels, csm_features)
+                         check_groups, check_soft_labels, csm_dataset_from_columns, csm_features)
 from .embedded import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, load_mnist5k, read_idx
 from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
                    pil_mode, sampled_channel_stats, stack_images, take_images)
@@ -23,8 +23,8 @@ __all__ = [
     "BatchTransform", "convert_channels", "channel_stats", "create_transforms", "SampleTransform",
     "create_timm_transforms",
     "CSMGroups", "CSMCompanionSampler",
-    "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features", "check_class_names",
-    "check_soft_labels", "GroupCheck", "check_groups",
+    "CSM_COLUMNS", "RAW_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features", "csm_dataset_from_columns",
+    "check_class_names", "check_soft_labels", "GroupCheck", "check_groups",
     "ImageCollator", "CSMCollator", "MixupCollator", "RegMixupCollator", "RankMixupCollator", "TimmMixupCollator",
     "mix_soft_targets",
     "SampleRef", "IndexDataset", "GlobalBatchSampler", "derive_seed", "batch_generator",

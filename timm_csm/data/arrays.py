@@ -10,14 +10,16 @@ import numpy as np
 __all__ = ["ImageArrays", "LabelledSplit", "images_labels_hash"]
 
 
-def images_labels_hash(images, labels):
+def images_labels_hash(images, labels, with_shape: bool = True):
     """sha256 over the shape, bytes and int64 labels of uint8 images (N, C, H, W): the content key of a set of
-    images, shared by the prototype and encoder caches and the anchor pools of generation."""
+    images, shared by the prototype and encoder caches and the anchor pools of generation. ``with_shape=False``
+    hashes the bytes and labels only: the key under which the calibration benchmark recorded its real subsets."""
     import hashlib
 
     images = np.ascontiguousarray(images)
     h = hashlib.sha256()
-    h.update(str(images.shape).encode())
+    if with_shape:
+        h.update(str(images.shape).encode())
     h.update(images.data)
     h.update(np.ascontiguousarray(np.asarray(labels).astype(np.int64)).data)
     return h

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..metrics.inputs import ROW_SUM_ATOL
 
-__all__ = ["RAW_COLUMNS", "CSM_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features",
+__all__ = ["RAW_COLUMNS", "CSM_COLUMNS", "REQUIRED_CSM_COLUMNS", "csm_features", "csm_dataset_from_columns",
            "check_class_names", "check_soft_labels", "GroupCheck", "check_groups"]
 
 # raw generated shards carry at least these
@@ -52,6 +52,22 @@ def csm_features(class_names: Sequence[str]):
         "group_id": datasets.Value("int64"),
         "seed": datasets.Value("int64"),
     })
+
+
+def csm_dataset_from_columns(columns, class_names: Sequence[str]):
+    """A ``datasets.Dataset`` of :func:`csm_features` from Python columns, row order kept: every one of
+    :data:`CSM_COLUMNS` but ``label``, which defaults to each soft label's dominant class (its first maximum).
+    ``image`` takes what ``datasets.Image`` encodes: PIL images, uint8 arrays, ``{"bytes", "path"}`` dicts."""
+    import datasets
+
+    missing = [c for c in CSM_COLUMNS if c not in columns and c != "label"]
+    extra = sorted(set(columns) - set(CSM_COLUMNS))
+    if missing or extra:
+        raise ValueError(f"CSM columns are {list(CSM_COLUMNS)}; missing {missing}, unknown {extra}")
+    columns = dict(columns)
+    if "label" not in columns:
+        columns["label"] = [int(np.argmax(q)) for q in columns["soft_label"]]
+    return datasets.Dataset.from_dict({c: list(columns[c]) for c in CSM_COLUMNS}, features=csm_features(class_names))
 
 
 def check_class_names(names: Sequence[str], expected: Sequence[str], what: str = "generated data",

@@ -10,6 +10,7 @@ from ..data.csm_format import CSM_COLUMNS, csm_features
 from .build import build_csm_dataset, csm_dataset_name, dataset_short_name, validate_csm_dataset
 from .card import SOURCE_LICENSES, card_metadata, class_counts, provenance_from_plan, render_card_body
 from .install import install_dataset, is_installed, load_csm_dataset, load_folder
+from .content import content_fingerprint, csm_dataset_problem, train_split
 from .layout import data_files, folder_fingerprint, save_csm_dataset
 from .push import PushError, push_csm_dataset
 
@@ -18,5 +19,5 @@ __all__ = [
     "validate_csm_dataset",
     "class_counts", "card_metadata", "render_card_body", "provenance_from_plan", "SOURCE_LICENSES",
     "save_csm_dataset", "data_files", "folder_fingerprint", "install_dataset", "is_installed", "load_csm_dataset",
-    "load_folder", "push_csm_dataset", "PushError",
+    "load_folder", "push_csm_dataset", "PushError", "content_fingerprint", "csm_dataset_problem", "train_split",
 ]

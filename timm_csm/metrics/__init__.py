@@ -8,8 +8,9 @@ proximity-informed ECE, from penultimate features via :func:`proximity`). Select
 :func:`selective_metrics_from_points` from kept confidences). Out-of-distribution detection: :func:`ood_score`
 (max softmax, max logit, energy, entropy), :func:`ood_auroc`, :func:`ood_aupr`, :func:`fpr_at_tpr` and
 :func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Intervals (:mod:`timm_csm.metrics.intervals`):
-:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples),
-:func:`paired_t_interval` over training seeds and :func:`holm`'s correction. Streaming: :class:`CalibrationAccumulator`.
+:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples). Over training
+seeds (:mod:`timm_csm.metrics.paired`): :func:`paired_t_interval`, :func:`holm`'s correction, :func:`mean_std`.
+Streaming: :class:`CalibrationAccumulator`.
 The metric table (:mod:`timm_csm.metrics.table`): each metric's one name (its result key, ``evaluate`` module and
 report column), label, scale, direction and the statistics it reads, for every consumer; :func:`register_metric`
 adds one, :func:`list_metrics` and :func:`metric_spec` read it.
@@ -26,8 +27,10 @@ from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins
 from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, ece, mce, nll,
                          overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
                          underconfidence_error)
-from .intervals import (PairedInterval, bootstrap_columns, bootstrap_distribution, bootstrap_metrics,
-                        detectable_difference, holm, paired_t_interval, percentile_interval, resample_indices)
+from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, percentile_interval,
+                        resample_indices)
+from .paired import (PairedInterval, detectable_difference, holm, interval_text, mean_std, paired_outcome,
+                     paired_t_interval)
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
 from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor, infer_input_type, infer_task,
                      prepare_inputs)
@@ -44,5 +47,5 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
-           "holm", "detectable_difference", "MetricSpec", "register_metric", "metric_spec", "list_metrics",
-           "DEFAULT_N_BINS", "LEGACY_NAMES"]
+           "paired_outcome", "interval_text", "mean_std", "holm", "detectable_difference", "MetricSpec",
+           "register_metric", "metric_spec", "list_metrics", "DEFAULT_N_BINS", "LEGACY_NAMES"]

@@ -1,5 +1,5 @@
-"""Intervals on every reported number: a bootstrap of the calibration metrics over the evaluated samples, and the
-paired t-interval over training seeds with Holm's correction for a family of comparisons.
+"""Intervals on every reported number: a bootstrap of the calibration metrics over the evaluated samples (the
+statistics over training seeds are :mod:`timm_csm.metrics.paired`).
 
 Bootstrap: every metric of :func:`calibration_metrics`, the selective ones (AURC, E-AURC, AUGRC) and PIECE, over B
 resamples of the evaluated samples, without a loop over the resamples.
@@ -27,17 +27,12 @@ How one block of resamples is computed (a resample is a weight per sample: how o
   a dense product, as :func:`~timm_csm.metrics.state.accumulate` does;
 * the per-sample values are those of :func:`~timm_csm.metrics.state.sample_values`, the code of the metrics
   themselves, so each resample's value equals the metric of ``(preds[idx], target[idx])`` up to float64 rounding.
-
-Seeds: :func:`paired_t_interval` (the interval of a difference between two methods trained at the same seeds,
-which ``timm-csm-compare`` and the calibration benchmark report) and :func:`holm` (the family's adjusted p-values
-and decisions at a family-wise alpha).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
-from typing import Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,8 +42,7 @@ from .state import SampleValues, accumulate, sample_values
 from .table import list_metrics, metric_spec
 
 __all__ = ["DEFAULT_RESAMPLES", "DEFAULT_LEVEL", "resample_indices", "percentile_interval", "bootstrap_distribution",
-           "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution", "PairedInterval",
-           "paired_t_interval", "holm", "detectable_difference"]
+           "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution"]
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
@@ -328,84 +322,3 @@ def bootstrap_columns(columns: Mapping[str, torch.Tensor], *, medians: Sequence[
             else:
                 out[k].append(means[:, j])
     return intervals_from_distribution({k: torch.cat(v) for k, v in out.items()}, level)
-
-
-class PairedInterval(NamedTuple):
-    """Paired differences ``a[s] - b[s]`` over ``n`` common seeds: their ``mean``, its two-sided t-interval
-    ``[low, high]`` (mean ± t(1 - (1 - level) / 2, n - 1) sd / sqrt(n)) and the paired t-test's two-sided
-    ``p_value`` (H0: mean difference 0)."""
-
-    n: int
-    mean: float
-    low: float
-    high: float
-    p_value: float
-
-
-def _student_t():
-    from ..extras import require
-
-    return require("scipy.stats", "paired t-intervals").t  # SciPy: the [calibration] extra
-
-
-def paired_t_interval(a: Mapping[Hashable, float], b: Mapping[Hashable, float],
-                      level: float = DEFAULT_LEVEL) -> Optional[PairedInterval]:
-    """The :class:`PairedInterval` of ``a`` minus ``b`` (values by seed) over their common seeds; None below 2."""
-    _check(1, 1, level)
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return None
-    d = [float(a[s]) - float(b[s]) for s in seeds]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
-    student_t = _student_t()
-    half = float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    if sd > 0:
-        p_value = float(2.0 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
-    else:  # every seed gives the same difference
-        p_value = 0.0 if mean != 0 else 1.0
-    return PairedInterval(n, mean, mean - half, mean + half, p_value)
-
-
-def holm(p_values: Sequence[float], alpha: float = 0.05) -> Tuple[List[float], List[bool]]:
-    """Holm's step-down correction of a family of tests: ``(adjusted p-values, rejections at family-wise
-    alpha)``, in the order given. With the p-values sorted, p_(1) <= ... <= p_(m), the adjusted p_(j) is
-    max over i <= j of min(1, (m - i + 1) p_(i)), and H_(j) is rejected when it is at most ``alpha`` (the same as
-    stopping at the first p_(j) > alpha / (m - j + 1))."""
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    p = [float(v) for v in p_values]
-    if any(not 0.0 <= v <= 1.0 for v in p):
-        raise ValueError(f"p-values must lie in [0, 1], got {p}")
-    m, adjusted, running = len(p), [0.0] * len(p), 0.0
-    for rank, i in enumerate(sorted(range(m), key=p.__getitem__)):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted, [v <= alpha for v in adjusted]
-
-
-def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest true mean difference that the two-sided paired t-test over ``n`` seeds rejects at level
-    ``alpha`` with probability ``power``, for per-seed differences of standard deviation ``sd`` (exact: the
-    noncentral t distribution, not the normal approximation)."""
-    if n < 2 or not sd >= 0 or not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
-        raise ValueError(f"need n >= 2, sd >= 0 and alpha, power in (0, 1); got n={n}, sd={sd}, alpha={alpha}, "
-                         f"power={power}")
-    if sd == 0:
-        return 0.0
-    from ..extras import require
-
-    stats = require("scipy.stats", "power calculations")
-    optimize = require("scipy.optimize", "power calculations")
-    df, scale = n - 1, math.sqrt(n) / sd
-    crit = float(stats.t.ppf(1.0 - alpha / 2.0, df))
-
-    def shortfall(delta: float) -> float:  # rejection probability (both tails) at true difference delta, minus power
-        nc = delta * scale
-        far_tail = float(stats.nct.cdf(-crit, df, nc))  # negligible here; NaN in SciPy for a large nc
-        return float(stats.nct.sf(crit, df, nc)) + (far_tail if far_tail == far_tail else 0.0) - power
-
-    normal = (crit + float(stats.norm.ppf(power))) / scale  # the normal approximation, below the exact answer
-    return float(optimize.brentq(shortfall, 0.0, 3.0 * normal))
-

@@ -1,0 +1,237 @@
+"""Cells of a benchmark table: one :func:`timm_csm.train.run` per folder, cached by its options, resumable, with a
+record of what its numbers depend on, and re-run on demand to show that they reproduce.
+
+A cell's folder holds ``cell.json`` (a :class:`~timm_csm.recipes.cache.KeyedFolder` marker: the cell's fields and
+its options under ``config``, less those that do not change what it computes) and, once finished, the run's
+``results.json``. A folder whose ``cell.json`` records other options is refused; a killed cell resumes from its
+``last.safetensors``. A copy of ``results.json`` and ``cell.json`` in a folder of committed cells makes the cell
+done wherever it runs.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..io import file_sha256, write_json_atomic
+from .cache import KeyedFolder
+
+__all__ = ["RESULTS", "CELL_META", "PREDICTIONS", "read_json", "keyed_options", "cell_folder", "cell_state",
+           "run_cell", "git", "cell_record", "differences", "verify_cell", "verify_and_log", "collect_cells",
+           "per_seed_row"]
+
+RESULTS = "results.json"
+CELL_META = "cell.json"
+PREDICTIONS = "test_predictions.safetensors"
+#: options that do not change what a cell computes (where it writes, how it shows progress)
+NOT_KEYED = ("output", "experiment", "progress", "resume")
+#: results.json keys that say where and how fast a cell ran, not what it computed
+_WHERE = ("checkpoint", "output_dir", "run_id", "epoch_time", "seconds")
+#: per-seed row: test metrics shown in %, and the rest as they are
+_PCT = {"accuracy", "ece", "aece", "cece"}
+_ROW_METRICS = ("accuracy", "ece", "aece", "cece", "nll", "brier")
+
+
+def read_json(path: Path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def keyed_options(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """The options of ``cfg`` that key a cell, as its ``cell.json`` records them."""
+    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in NOT_KEYED}, sort_keys=True, default=str))
+
+
+def cell_folder(cell_dir: Path, cfg: Dict[str, Any]) -> KeyedFolder:
+    return KeyedFolder(Path(cell_dir), keyed_options(cfg), CELL_META)
+
+
+def _check_options(folder: KeyedFolder) -> None:
+    if folder.state() == "other":
+        raise ValueError(f"{folder.folder} holds a cell trained with other options (they differ in "
+                         f"{folder.differences()}); choose another --output for this recipe")
+
+
+def cell_state(cell_dir: Path, cfg: Dict[str, Any], committed: Optional[Path] = None) -> str:
+    """"done", "partial" (a ``last.safetensors`` to resume from) or "new"; ValueError when the folder holds a cell
+    trained with other options. ``committed``: the cell's folder among the committed cells (``results.json`` and
+    ``cell.json`` only), which makes it done."""
+    if committed is not None and (committed / CELL_META).exists() and (committed / RESULTS).exists():
+        _check_options(cell_folder(committed, cfg))
+        return "done"
+    cell_dir = Path(cell_dir)
+    if (cell_dir / CELL_META).exists():
+        _check_options(cell_folder(cell_dir, cfg))
+    elif (cell_dir / RESULTS).exists():
+        raise ValueError(f"{cell_dir} has a {RESULTS} but no {CELL_META}: it was not written by this benchmark")
+    if (cell_dir / RESULTS).exists():
+        return "done"
+    if (cell_dir / "last.safetensors").exists():
+        return "partial"
+    return "new"
+
+
+def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print, setting: Optional[str] = None,
+             committed: Optional[Path] = None, amendment: Optional[int] = None, repo: Optional[Path] = None
+             ) -> Dict[str, Any]:
+    """Train and evaluate one cell (resuming a killed one); returns its results. With ``committed``, its
+    ``results.json`` and ``cell.json`` are copied there once it has finished. With ``amendment``, ``cell.json``
+    holds the cell's record (:func:`cell_record`, the commit of ``repo``)."""
+    from ..io import load_state
+    from ..train import run
+
+    state = cell_state(cell_dir, cfg, committed)
+    if state == "done":
+        return read_json((committed if committed is not None and (committed / RESULTS).exists() else cell_dir)
+                         / RESULTS)
+    cell_dir = Path(cell_dir)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    earlier = 0.0
+    cfg = dict(cfg)
+    if state == "partial":
+        last = cell_dir / "last.safetensors"
+        earlier = sum(float(h.get("epoch_time", 0.0)) for h in load_state(last)["history"])
+        cfg["resume"] = str(last)
+        log(f"[{cell_dir.name}] resuming from {last}")
+    folder = cell_folder(cell_dir, cfg)
+    meta = {"method": method, "seed": seed, "setting": setting, "config": folder.config}
+    if amendment is not None:
+        meta["record"] = dict(cell_record(cfg, amendment, repo), **({"resumed": True} if state == "partial" else {}))
+    folder.write(dict(meta, finished=False))
+    t0 = time.time()
+    results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
+    meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
+    folder.write(meta)
+    if committed is not None:
+        write_json_atomic(committed / RESULTS, results, indent=1)
+        cell_folder(committed, cfg).write(meta, indent=1)
+    return results
+
+
+def git(*args: str, repo: Optional[Path] = None) -> Optional[str]:
+    """``git <args>`` run in ``repo`` (default: this package's folder), its output stripped; None without git."""
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(repo or Path(__file__).resolve().parent), capture_output=True,
+                             text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def cell_record(cfg: Dict[str, Any], amendment: int, repo: Optional[Path] = None) -> Dict[str, Any]:
+    """What a cell's numbers depend on besides its options: the amendment, the commit of ``repo`` and whether its
+    tracked files differ from it, the Python / torch / timm versions, the torch thread count, the fingerprint of
+    the generated set it reads and the digest of KD's teacher weights."""
+    import timm
+    import torch
+
+    from ..hub import content_fingerprint
+
+    status = git("status", "--porcelain", "--untracked-files=no", repo=repo)
+    record = {"amendment": int(amendment), "commit": git("rev-parse", "HEAD", repo=repo),
+              "clean": None if status is None else status == "", "python": platform.python_version(),
+              "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads()}
+    if cfg.get("csm_dataset"):
+        record["generated_set"] = content_fingerprint(cfg["csm_dataset"])
+    if cfg.get("teacher"):
+        record["teacher"] = file_sha256(Path(cfg["teacher"]) / "model.safetensors")
+    return record
+
+
+def differences(a: Any, b: Any, where: str = "") -> List[str]:
+    """Every leaf where ``a`` (committed) and ``b`` (now) differ, as ``"path: committed x, now y"``, the keys that
+    say where and how fast a cell ran left out."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) if k not in _WHERE
+                for d in differences(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: committed {a!r}, now {b!r}"]
+
+
+def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = print,
+                repo: Optional[Path] = None) -> Dict[str, List[str]]:
+    """Re-run the committed cell ``name`` (the first of ``roots`` that holds it) from its recorded options on the
+    current code, in a temporary folder. Returns ``{"results": every difference of what it computed, "added": keys
+    the current code reports that the committed results.json lacks (not compared), "record": how its record differs
+    (commit, versions, threads, generated set), where it has one}``; the cell reproduces when ``results`` is
+    empty."""
+    from ..train import run
+
+    home = next((Path(r) / name for r in roots if (Path(r) / name / CELL_META).exists()), None)
+    if home is None:
+        raise SystemExit(f"no committed cell {name!r} under {', '.join(str(r) for r in roots)}")
+    meta = read_json(home / CELL_META)
+    cfg = dict(meta["config"])
+    with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as tmp:
+        log(f"[verify] re-running {name} in {tmp}")
+        results = json.loads(json.dumps(run(dict(cfg, output=tmp, experiment=".", progress=False))))
+    committed = read_json(home / RESULTS)
+    added = sorted(k for k in results if k not in committed)
+    out = {"results": differences(committed, {k: v for k, v in results.items() if k not in added}),
+           "added": added, "record": []}
+    if "record" in meta:
+        now = cell_record(cfg, meta["record"]["amendment"], repo)
+        out["record"] = differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)
+    return out
+
+
+def collect_cells(output: Path) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``{method: {seed: {"results", "seconds", "dir", "config"}}}`` of every finished cell under
+    ``<output>/cells``."""
+    found: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    cells = Path(output) / "cells"
+    if not cells.is_dir():
+        return found
+    for d in sorted(cells.iterdir()):
+        meta_path, res_path = d / CELL_META, d / RESULTS
+        if not (meta_path.exists() and res_path.exists()):
+            continue
+        meta = read_json(meta_path)
+        found.setdefault(meta["method"], {})[int(meta["seed"])] = {
+            "results": read_json(res_path), "seconds": meta.get("seconds"), "dir": d, "config": meta["config"]}
+    return found
+
+
+def per_seed_row(seed: int, cell: Dict[str, Any]) -> Dict[str, Any]:
+    """One seed of a method: test metrics before / after TS (accuracy as ``acc``; it and the calibration errors in
+    %), T, the chosen checkpoint's epoch, the validation ECE (%) and NLL before / after TS, the cell's seconds."""
+    r = cell["results"]
+    row: Dict[str, Any] = {"seed": int(seed)}
+    for phase in ("pre_ts", "post_ts"):
+        scores = r["test"].get(phase) or {}
+        for key in _ROW_METRICS:
+            if key in scores:
+                scale = 100.0 if key in _PCT else 1.0
+                row[f"{'acc' if key == 'accuracy' else key}_{phase}"] = scores[key] * scale
+        val = (r.get("val") or {}).get(phase) or {}
+        if "ece" in val:
+            row[f"val_ece_{phase}"] = val["ece"] * 100.0
+        if "nll" in val:
+            row[f"val_nll_{phase}"] = val["nll"]
+    row["T"] = r.get("temperature")
+    row["epoch"] = r.get("checkpoint_epoch")
+    row["seconds"] = cell.get("seconds")
+    return row
+
+
+def verify_and_log(name: str, roots: Sequence[Path], log_path: Optional[Path] = None, repo: Optional[Path] = None,
+                   log: Callable[[str], None] = print) -> Tuple[str, bool]:
+    """:func:`verify_cell`, told in words: ``(text, reproduced)``. With ``log_path``, the run is appended to that
+    JSON list (the cell, the commit of ``repo`` and whether its tracked files were clean, the differences)."""
+    found = verify_cell(name, roots, log, repo)
+    diffs = found["results"]
+    text = "\n".join([f"{name}: reproduced exactly" if not diffs else f"{name}: {len(diffs)} difference(s)", *diffs]
+                     + [f"reported now, not in the committed results (not compared): {', '.join(found['added'])}"]
+                     * bool(found["added"]) + [f"record: {d}" for d in found["record"]])
+    if log_path is not None:
+        runs = read_json(log_path) if Path(log_path).exists() else []
+        write_json_atomic(Path(log_path), runs + [{
+            "cell": name, "commit": git("rev-parse", "HEAD", repo=repo),
+            "clean": git("status", "--porcelain", "--untracked-files=no", repo=repo) == "", "reproduced": not diffs,
+            "differences": diffs, "not_compared": found["added"]}], indent=1)
+    return text, not diffs
