@@ -228,11 +228,12 @@ def test_damaged_shards_are_named_and_generated_again(tmp_path):
 
 
 def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_generator, tmp_path):
+    from timm_csm.generation import MixingConfig
     from timm_csm.steps import generate_groups
 
     def generate(out, num_groups, **kw):
-        return generate_groups(tiny_generator, out, num_groups, 3, num_inference_steps=3, groups_per_shard=2,
-                               batch_groups=2, progress=False, log=lambda line: None, **kw)
+        mixing = MixingConfig(num_lambdas=3, steps=3, groups_per_shard=2, batch_groups=2)
+        return generate_groups(tiny_generator, out, num_groups, mixing, progress=False, log=lambda line: None, **kw)
 
     small = generate(tmp_path / "x1", 3)  # 3 groups: the last shard holds one of its two groups
     extended = generate(tmp_path / "x2", 6, extend_from=small)
@@ -252,7 +253,7 @@ def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_g
         "folder": str(small), "plan_hash": plan_small["plan_hash"], "groups": 3}
     # only the number of groups may differ, and only upwards
     with pytest.raises(ValueError, match=r"another generation plan \(differs in \['lambdas'\]\)"):
-        generate_groups(tiny_generator, tmp_path / "bad", 6, 4, num_inference_steps=3, groups_per_shard=2,
+        generate_groups(tiny_generator, tmp_path / "bad", 6, MixingConfig(num_lambdas=4, steps=3, groups_per_shard=2),
                         progress=False, extend_from=small)
     with pytest.raises(ValueError, match="holds 6 groups, more than the 3 asked for"):
         generate(tmp_path / "smaller", 3, extend_from=extended)

@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timm_csm.annotation.config import AnnotationConfig
 from timm_csm.cli import console_command
+from timm_csm.options import add_options, options_from_namespace
 from timm_csm.training.args import HelpFormatter
-
-#: the share of the real training split held out for ``--s auto`` and its seed (the defaults of ``--val-fraction`` and
-#: ``--seed``): the images the default reference encoder never sees
-HELD_OUT_FRACTION, HELD_OUT_SEED = 0.1, 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,33 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timm: input size fed to the model (default: its pretrained config)")
     p.add_argument("--reference-dir", default=None, help="reference encoder folder (default runs/reference-<name>)")
     p.add_argument("--reference-epochs", type=int, default=4, help="epochs of the reference encoder")
-    p.add_argument("--s", default=None,
-                   help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
-                        "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
-    p.add_argument("--val-fraction", type=float, default=HELD_OUT_FRACTION,
-                   help="held-out share of the training split for --s auto")
-    p.add_argument("--holdout-encoder", action="store_true",
-                   help="train the reference encoder without the held-out share even with a numeric --s, so that a "
-                        "run with a fixed s differs from the --s auto run only in s")
-    p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"),
-                   help="soft labels from the projection on the prototypes (the paper), zero-shot, or the generation "
-                        "lambda")
-    p.add_argument("--batch-size", type=int, default=256, help="images per encoder batch")
-    p.add_argument("--drop-incomplete", action="store_true",
-                   help="drop groups that lack members of the lambda grid (reported) instead of failing")
-    p.add_argument("--drop-flagged", action="store_true",
-                   help="drop groups whose lambda-hat is not monotone in lambda (Spearman < --min-spearman) or whose "
-                        "pure endpoints project nearer the other class; the annotation report counts them either way")
-    p.add_argument("--min-spearman", type=float, default=0.8, help="monotonicity threshold of --drop-flagged")
-    p.add_argument("--accept-poor-generator", action="store_true",
-                   help="build the dataset even when the checks find the generator poor (its pure-class images "
-                        "recognised near chance, or most groups flagged), with a warning; without it such a run stops "
-                        "before anything is saved")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
     p.add_argument("--device", default="cpu", help="torch device of the encoder")
-    p.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="seed of the held-out split")
-    return p
+    return add_options(p, AnnotationConfig)
 
 
 def parse_args(argv=None):
@@ -120,19 +95,15 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
 @console_command("timm-csm-annotate", build_parser)
 def main(argv=None):
     args = parse_args(argv)
-    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset, soft_label_scale
+    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
 
     dataset = args.dataset or generated_dataset(args.generated)
     name = args.name or csm_dataset_name(dataset)
-    s = soft_label_scale(args.s, dataset)
-    holdout = s == "auto" or args.holdout_encoder
+    annotation = options_from_namespace(AnnotationConfig, args).resolved(dataset)
     folder, _ = annotate_generated_folder(
-        args.generated, args.output, _encoder(args, dataset, name, holdout), dataset=dataset, name=name, s=s,
-        holdout=holdout, holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode,
-        batch_size=args.batch_size, drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged,
-        min_spearman=args.min_spearman, cache_dir=args.cache_dir, install=args.install,
-        image_column=args.image_column, label_column=args.label_column,
-        accept_poor_generator=args.accept_poor_generator)
+        args.generated, args.output, _encoder(args, dataset, name, annotation.holds_out(dataset)), annotation,
+        dataset=dataset, name=name, cache_dir=args.cache_dir, install=args.install, image_column=args.image_column,
+        label_column=args.label_column)
     print(f"next: timm-csm-train --dataset {dataset} --loss csm --csm-dataset {name if args.install else folder}")
 
 

@@ -46,15 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _classifier(args, real):
     """(classifier, the real images to measure it on, what they are). The default folder is the one annotation
     reuses: trained without the held-out share where annotation fits s on it (``--s auto``)."""
-    from timm_csm.annotation import holdout_rows, holdout_split, load_reference_encoder
+    from timm_csm.annotation import AnnotationConfig, holdout_rows, holdout_split, load_reference_encoder
     from timm_csm.annotation.cache import dataset_fingerprint
-    from timm_csm.commands.annotate import HELD_OUT_FRACTION, HELD_OUT_SEED, reference_dir, train_reference
+    from timm_csm.commands.annotate import reference_dir, train_reference
     from timm_csm.data import load_image_arrays
     from timm_csm.data.sources import dataset_split_names, detect_test_split
-    from timm_csm.steps import csm_dataset_name, soft_label_scale
+    from timm_csm.steps import csm_dataset_name
 
-    holdout = soft_label_scale(None, args.dataset) == "auto"
-    fit = holdout_split(real, HELD_OUT_FRACTION, HELD_OUT_SEED)[0] if holdout else real
+    annotation = AnnotationConfig()  # timm-csm-annotate's defaults: its reference encoder is the one reused
+    holdout = annotation.holds_out(args.dataset)
+    fit = holdout_split(real, annotation.holdout_fraction, annotation.seed)[0] if holdout else real
     folder = Path(args.classifier or reference_dir(csm_dataset_name(args.dataset), holdout))
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         classifier = load_reference_encoder(folder)
@@ -67,7 +68,7 @@ def _classifier(args, real):
         test = load_image_arrays(args.dataset, test_split, args.image_column, args.label_column)
         return classifier, test, f"the {test_split!r} split"
     if holdout and classifier.config.get("dataset") == dataset_fingerprint(fit):
-        held_out = real.subset(holdout_rows(len(real), HELD_OUT_FRACTION, HELD_OUT_SEED))
+        held_out = real.subset(holdout_rows(len(real), annotation.holdout_fraction, annotation.seed))
         return classifier, held_out, "the held-out tenth of the training split"
     return classifier, None, None
 

@@ -9,6 +9,7 @@ import importlib
 _LAZY = {
     **dict.fromkeys(["SoftClassEmbedding", "enable_soft_class_conditioning", "enable_soft_dit_conditioning",
                      "find_soft_class_table", "mix_prompt_embeddings", "mix_weights"], "conditioning"),
+    **dict.fromkeys(["MixingConfig"], "config"),
     **dict.fromkeys(["GENERATOR_PROFILES", "GeneratorConfig", "create_class_unet", "weights_digest"], "models"),
     **dict.fromkeys(["EDMSemanticMixingPipeline", "SemanticMixingPipeline", "SemanticMixingPipelineOutput",
                      "create_scheduler"], "pipeline"),

@@ -28,7 +28,7 @@ from diffusers.utils import BaseOutput
 from .conditioning import (enable_soft_class_conditioning, enable_soft_dit_conditioning, find_soft_class_table,
                            mix_weights)
 from .plan import Group, group_noise
-from .sampling import edm_heun_sample, sample_with_scheduler, to_uint8
+from .sampling import DEFAULT_INFERENCE_STEPS, edm_heun_sample, sample_with_scheduler, to_uint8
 
 __all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixingPipelineOutput", "SCHEDULERS",
            "create_scheduler", "expand_groups"]
@@ -154,7 +154,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
 
     def __init__(self, unet: ModelMixin, scheduler: SchedulerMixin, class_names: Optional[List[str]] = None,
                  recommended_guidance_scale: float = 1.0, metadata: Optional[Dict] = None,
-                 num_inference_steps: int = 50, guidance_scale: Optional[float] = None, anchors=None,
+                 num_inference_steps: int = DEFAULT_INFERENCE_STEPS, guidance_scale: Optional[float] = None, anchors=None,
                  strength: float = 1.0):
         super().__init__()
         rows = find_soft_class_table(_soft_conditioned(unet)).num_embeddings

@@ -17,7 +17,11 @@ import torch
 
 from .conditioning import find_soft_class_table
 
-__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "to_uint8"]
+__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "to_uint8", "DEFAULT_INFERENCE_STEPS"]
+
+#: the steps of a diffusers scheduler's sampling when none are given (a generator folder's default; an EDM network
+#: takes the paper's Heun steps)
+DEFAULT_INFERENCE_STEPS = 50
 
 
 def _null_weights(cond: torch.Tensor, num_embeddings: int) -> torch.Tensor:
@@ -32,7 +36,7 @@ def sample_with_scheduler(
     scheduler,
     class_weights: torch.Tensor,
     noise: torch.Tensor,
-    num_inference_steps: int = 50,
+    num_inference_steps: int = DEFAULT_INFERENCE_STEPS,
     guidance_scale: float = 1.0,
     eta: float = 0.0,
     init_images: Optional[torch.Tensor] = None,

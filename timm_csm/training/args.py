@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any, Dict, Optional, Sequence
 
 from ..io import read_model_meta
-from .config import (CONFIG_MARKER, PAPER_SEED, TrainConfig, option_names, option_types, read_yaml_options,
-                     upgrade_stored_config)
+from ..options import add_options
+from .config import CONFIG_MARKER, PAPER_SEED, TrainConfig, read_yaml_options, upgrade_stored_config
 from .timm_args import TIMM_TRAIN_KEYS
 
 __all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "HelpFormatter", "build_parser", "parse_args",
@@ -35,23 +35,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return f"{text} (default: {'none' if action.default in (None, '') else '%(default)s'})"
 
 
-def _add_option(parser, f: dataclasses.Field) -> None:
-    """The flag of :class:`~timm_csm.training.config.TrainConfig` field ``f``: its name with ``-``, its default,
-    and the argparse type and ``nargs`` its annotation implies (a bool: a switch; a list: ``nargs="+"``) unless its
-    metadata says otherwise."""
-    meta, (kind, many) = f.metadata, option_types()[f.name]
-    kwargs = dict(meta["argparse"])
-    kwargs["default"] = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    if kind is bool:
-        kwargs.setdefault("action", "store_true")
-    elif kind in (int, float):
-        kwargs.setdefault("type", kind)
-    if many:
-        kwargs.setdefault("nargs", "+")
-    flags = [meta["short"]] if meta["short"] else []
-    parser.add_argument(*flags, "--" + f.name.replace("_", "-"), help=meta["help"], **kwargs)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of :class:`~timm_csm.training.config.TrainConfig`'s fields, grouped as the fields are;
     flag names follow timm's train.py where they overlap."""
@@ -59,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate its calibration\n"
                     "before and after temperature scaling. Several processes: accelerate launch -m timm_csm.train ...")
-    groups: Dict[str, Any] = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in option_names():
-            group = f.metadata["group"]
-            if group is not None and group not in groups:
-                groups[group] = p.add_argument_group(group)
-            _add_option(groups.get(group, p), f)
+    add_options(p, TrainConfig)
     return p
 
 
