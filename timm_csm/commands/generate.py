@@ -93,7 +93,7 @@ def main(argv=None):
     from accelerate import Accelerator
 
     from timm_csm.steps import generate_groups
-    from timm_csm.train import end_process_group, exit_interrupted
+    from timm_csm.cli import end_process_group, exit_interrupted
 
     try:
         anchors = None
