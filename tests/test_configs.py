@@ -49,6 +49,21 @@ def test_the_command_and_the_recipe_read_the_same_defaults():
     assert (demo.mixing().num_lambdas, demo.mixing().steps, demo.annotation().drop_flagged) == (4, 8, True)
 
 
+def test_the_sampler_steps_have_one_owner_each():
+    from timm_csm.commands import evaluate_generator
+    from timm_csm.generation import SemanticMixingPipeline, sample_with_scheduler
+    from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
+    from timm_csm.generation.sampling import DEFAULT_INFERENCE_STEPS
+
+    # a quality measurement and the recipe's groups: the same sampler
+    assert evaluate_generator.build_parser().get_default("steps") == QUALITY_SAMPLER_STEPS == RecipeProfile(
+        ).sampler_steps
+    # a generation that names no steps: the generator's own (None), a folder's being the pipeline's default
+    assert MixingConfig().steps is None and generate.build_parser().get_default("steps") is None
+    assert _default(SemanticMixingPipeline.__init__, "num_inference_steps") == DEFAULT_INFERENCE_STEPS
+    assert _default(sample_with_scheduler, "num_inference_steps") == DEFAULT_INFERENCE_STEPS
+
+
 def _default(function, parameter):
     return inspect.signature(function).parameters[parameter].default
 

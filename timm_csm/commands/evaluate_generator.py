@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from timm_csm.cli import console_command
+from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
 from timm_csm.training.args import HelpFormatter
 
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-column", default=None, help="image column of --dataset (detected when omitted)")
     p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
     p.add_argument("--num-groups", type=int, default=200, help="groups sampled (two pure-class images each)")
-    p.add_argument("--steps", type=int, default=20, help="DDIM sampler steps")
+    p.add_argument("--steps", type=int, default=QUALITY_SAMPLER_STEPS, help="DDIM sampler steps")
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--device", default="cpu", help="torch device of the classifier's training")

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
+from ..generation.quality import QUALITY_SAMPLER_STEPS
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
            "resolve_dataset", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
@@ -49,8 +50,8 @@ class RecipeProfile:
     num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
     num_lambdas: int = _MIXING.num_lambdas
     scheduler: str = _MIXING.scheduler  # "ddim" (eta 0) or "dpm" (DPM-Solver++)
-    # the recipe's own sampler: 20 steps, cheaper on a CPU than a generator folder's own default (50)
-    sampler_steps: int = 20
+    # the sampler steps of generation and of its quality measurement (fewer than a generator folder's default, 50)
+    sampler_steps: int = QUALITY_SAMPLER_STEPS
     guidance_scale: Optional[float] = _MIXING.guidance_scale  # None: the generator's recommended scale
     # re-annotation
     encoder: str = "reference"  # "reference" or "open_clip:<model>:<pretrained tag or weights file>"

@@ -1,8 +1,9 @@
 """The configuration of a training run: :class:`TrainConfig`, one typed field per option of ``timm-csm-train``.
 
-Every field carries its flag's help and argparse settings in its metadata, and
-:func:`~timm_csm.training.args.build_parser` builds the command line from them (the shape of Hugging Face's
-``HfArgumentParser`` over ``TrainingArguments``): the options, their types and defaults are written once. A
+Every field carries its flag's help and argparse settings in its metadata (:func:`timm_csm.options.option`, the
+mechanism of every configuration of the package), and :func:`~timm_csm.training.args.build_parser` builds the command
+line from them (the shape of Hugging Face's ``HfArgumentParser`` over ``TrainingArguments``): the options, their
+types and defaults are written once. A
 configuration comes from the command line (:func:`~timm_csm.training.args.parse_args`), a dict
 (:meth:`TrainConfig.from_dict`), a YAML file (:meth:`TrainConfig.from_yaml`) or Python
 (``TrainConfig(dataset="digits", epochs=5)``); the functions of :mod:`timm_csm.training` take it.
@@ -22,7 +23,6 @@ import argparse
 import dataclasses
 import difflib
 import functools
-import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
