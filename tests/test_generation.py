@@ -153,6 +153,44 @@ def test_edm_heun_recovers_a_point_mass():
     assert images.eq(128).all()  # x0 = 0 maps to grey 128, as EDM's uint8 conversion
 
 
+def _heun_algorithm_1(denoiser, w, noise, num_steps, sigma_min=0.002, sigma_max=80.0, rho=7.0):
+    """Karras et al. (2022), Algorithm 1 with S_churn = 0, written out as the EDM reference code computes it."""
+    t = edm_sigmas(num_steps, sigma_min, sigma_max, rho)
+    x = noise.to(torch.float64) * t[0]
+    for i, (t_cur, t_next) in enumerate(zip(t[:-1], t[1:])):
+        d = (x - denoiser(x, t_cur, w).to(torch.float64)) / t_cur
+        x_next = x + (t_next - t_cur) * d
+        if i < num_steps - 1:
+            d_next = (x_next - denoiser(x_next, t_next, w).to(torch.float64)) / t_next
+            x_next = x + (t_next - t_cur) * (0.5 * d + 0.5 * d_next)
+        x = x_next
+    return x
+
+
+def test_the_edm_heun_scheduler_is_algorithm_1_to_the_bit():
+    from timm_csm.generation.scheduling_edm import EDMHeunScheduler
+
+    weights = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    levels = []
+
+    def denoiser(x, sigma, w):  # a float32 network, as the EDM pickles run
+        levels.append(float(sigma))
+        return torch.tanh(x.float() @ weights) * torch.sigmoid(sigma.float()) + w.sum()
+
+    noise = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    for steps, (lo, hi) in ((2, (0.002, 80.0)), (20, (0.002, 80.0)), (25, (0.01, 40.0))):
+        expected = _heun_algorithm_1(denoiser, torch.ones(2), noise, steps, lo, hi)
+        reference_levels, levels[:] = list(levels), []
+        assert torch.equal(edm_heun_sample(denoiser, torch.ones(2), noise, steps, lo, hi), expected)
+        assert levels == reference_levels and len(levels) == 2 * steps - 1
+        levels.clear()
+    scheduler = EDMHeunScheduler(sigma_min=0.002, sigma_max=80.0)
+    scheduler.set_timesteps(3)
+    assert scheduler.timesteps.tolist() == [scheduler.sigmas[0].item()] + [scheduler.sigmas[1].item()] * 2 + [
+        scheduler.sigmas[2].item()] * 2
+    assert EDMHeunScheduler.from_config(scheduler.config).config.sigma_max == 80.0  # a diffusers scheduler config
+
+
 def _generate_cmd(gen, out, extra=()):
     return [sys.executable, str(ROOT / "hub_scripts" / "generate.py"), "--generator", str(gen), "--num-groups", "12",
             "--output", str(out), "--steps", "3", "--num-lambdas", "3", "--groups-per-shard", "2",

@@ -21,7 +21,7 @@ from .annotation.config import AnnotationConfig, resolve_scale
 from .generation.config import MixingConfig
 from .hub import csm_dataset_name, dataset_short_name
 
-__all__ = ["default_device", "generator_name", "train_generator_folder", "is_edm_pickle", "shipped_generator",
+__all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
            "resolve_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
            "soft_label_scale", "PoorGeneratorError", "check_generator", "annotate_generated_folder",
            "csm_dataset_name"]
@@ -70,11 +70,6 @@ def train_generator_folder(real, output, profile: str = "fmnist", *, steps: Opti
                            accelerator=accelerator, checkpoint_minutes=minutes, log=log)
 
 
-def is_edm_pickle(generator) -> bool:
-    """An NVlabs EDM network pickle is named by its ``.pkl`` path; any other generator is a folder or a name."""
-    return Path(str(generator)).suffix.lower() == ".pkl"
-
-
 def shipped_generator(dataset: str) -> Optional[Path]:
     """The generator folder shipped in the package for ``dataset`` (``fashion_mnist`` or its short name ``fmnist``:
     ``timm_csm/assets/generator-fmnist``), or None."""
@@ -83,12 +78,14 @@ def shipped_generator(dataset: str) -> Optional[Path]:
 
 
 def resolve_generator(generator) -> Path:
-    """The path of ``generator``: an existing generator folder or EDM pickle, else the name of a shipped generator
-    (``fmnist``); FileNotFoundError naming both ways otherwise."""
+    """The path of ``generator``: an existing generator folder or file (an EDM pickle), else the name of a shipped
+    generator (``fmnist``); FileNotFoundError naming both ways otherwise."""
+    from .generation.registry import generator_kind
+
     path = Path(generator)
     if path.exists():
         return path
-    shipped = None if is_edm_pickle(path) else shipped_generator(str(generator))
+    shipped = None if generator_kind(path).is_file else shipped_generator(str(generator))
     if shipped is None:
         names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
         raise FileNotFoundError(f"generator {str(generator)!r} is neither a folder nor an EDM pickle (.pkl) that "
@@ -97,17 +94,12 @@ def resolve_generator(generator) -> Path:
 
 
 def check_mixing_options(generator, mixing: MixingConfig = MixingConfig()) -> None:
-    """ValueError when the sampling options of ``mixing`` do not apply to ``generator``: an EDM pickle is sampled
-    from pure noise with EDM's Heun sampler and no guidance (the paper)."""
-    if not is_edm_pickle(generator):
-        return
-    if mixing.strength < 1.0:
-        raise ValueError("an EDM pickle samples from pure noise only; a strength below 1 needs a generator folder")
-    default = MixingConfig()
-    if mixing.guidance_scale not in (None, 1.0) or mixing.scheduler != default.scheduler:
-        raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
-                         f"guidance_scale {mixing.guidance_scale} and scheduler {mixing.scheduler!r} do not apply; "
-                         f"leave them at None and {default.scheduler!r}")
+    """ValueError when the sampling options of ``mixing`` do not apply to ``generator``'s kind
+    (:func:`~timm_csm.generation.registry.generator_kind`): an EDM pickle is sampled from pure noise with EDM's Heun
+    sampler and no guidance (the paper)."""
+    from .generation.registry import generator_kind
+
+    generator_kind(generator).check(mixing)
 
 
 def default_device() -> str:
@@ -120,7 +112,7 @@ def default_device() -> str:
 def load_mixing_pipeline(generator, mixing: MixingConfig = MixingConfig(),
                          class_names: Optional[Sequence[str]] = None, anchors=None, device=None):
     """The semantic-mixing pipeline of ``generator`` (see :func:`resolve_generator`) with the sampler of ``mixing``,
-    on ``device`` (default: the GPU when there is one).
+    on ``device`` (default: the GPU when there is one): :func:`~timm_csm.generation.registry.create_generator`.
 
     * an EDM pickle: :meth:`~timm_csm.generation.EDMSemanticMixingPipeline.from_edm_pickle`, Heun with
       ``mixing.steps`` (default the paper's 20 / 25), ``class_names`` in label order (default CIFAR-10's
@@ -130,19 +122,9 @@ def load_mixing_pipeline(generator, mixing: MixingConfig = MixingConfig(),
       recommendation), and the real-anchored start (``anchors``, an
       :class:`~timm_csm.generation.anchors.AnchorPool`, at ``mixing.strength`` < 1); its own class names.
     """
-    from .generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
+    from .generation.registry import create_generator
 
-    path = resolve_generator(generator)
-    check_mixing_options(path, mixing)
-    device = device or default_device()
-    if is_edm_pickle(path):
-        names = list(class_names) if class_names is not None else None
-        return EDMSemanticMixingPipeline.from_edm_pickle(path, mixing.steps, device=device, class_names=names)
-    steps = {} if mixing.steps is None else {"num_inference_steps": mixing.steps}
-    pipe = SemanticMixingPipeline.from_pretrained(path, guidance_scale=mixing.guidance_scale, anchors=anchors,
-                                                  strength=mixing.strength, **steps)
-    pipe.scheduler = create_scheduler(mixing.scheduler, pipe.scheduler.config)
-    return pipe.to(device)
+    return create_generator(resolve_generator(generator), mixing, class_names, anchors, device or default_device())
 
 
 def generate_groups(generator, output, num_groups: int, mixing: MixingConfig = MixingConfig(), *,

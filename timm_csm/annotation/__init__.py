@@ -16,7 +16,7 @@ from .checks import annotation_report, drop_groups, flag_groups, group_spearman,
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, encode_images,
                        weights_fingerprint)
 from .config import LABEL_MODES, AnnotationConfig, resolve_scale
-from .factory import ENCODER_KINDS, create_encoder
+from .factory import create_encoder, list_encoders, parse_encoder_spec, register_encoder
 from .label_groups import annotate, decode_images, rescale_soft_labels
 from .pipeline import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
 from .preprocess import ImagePreprocessor
@@ -28,7 +28,7 @@ from .soft_labels import (DEFAULT_SCALES, default_scale, dominant_class, generat
 
 __all__ = [
     "AnnotationConfig", "resolve_scale", "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
-    "create_encoder", "ENCODER_KINDS", "encode_images", "weights_fingerprint", "ImagePreprocessor",
+    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec", "encode_images", "weights_fingerprint", "ImagePreprocessor",
     "DEFAULT_ZERO_SHOT_TEMPLATES", "train_reference_encoder", "load_reference_encoder",
     "ClassPrototypes", "HeldOutFeatures", "compute_prototypes", "load_or_compute_prototypes",
     "prototypes_and_held_out", "dataset_fingerprint", "load_cache",

@@ -31,9 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
     p.add_argument("--output", default="runs/hub", help="folder that receives csm-<dataset>-aug")
     p.add_argument("--name", default=None, help="dataset folder name (default csm-<dataset>-aug)")
-    p.add_argument("--encoder", default="reference", choices=("reference", "open_clip", "timm"),
-                   help="features to annotate with: a reference CNN trained here, open_clip (the paper) or a timm "
-                        "model")
+    p.add_argument("--encoder", default="reference",
+                   help="features to annotate with, an encoder spec as the recipe's: reference (a reference CNN "
+                        "trained here), reference:<folder> (one trained before), open_clip[:<model>[:<tag or weights "
+                        "file>]] (the paper) or timm[:<model>[:<checkpoint>]]; --model, --pretrained and --checkpoint "
+                        "give the fields a spec leaves out")
     p.add_argument("--model", default=None, help="open_clip config (default ViT-B-32) or timm model name")
     p.add_argument("--pretrained", default=None, help="open_clip tag, weights file, or omit for local-dir: models")
     p.add_argument("--force-quick-gelu", action="store_true", help="open_clip: QuickGELU (OpenAI weights)")
@@ -74,22 +76,26 @@ def train_reference(dataset: str, fit, folder, epochs: int = 4, device: str = "c
 
 
 def _encoder(args, dataset: str, name: str, holdout: bool):
-    """The encoder of ``--encoder``: a ready open_clip / timm encoder, or for the reference encoder a function
-    that trains it on the real images it may see (without the held-out share when ``holdout``)."""
-    from timm_csm.annotation import OpenClipEncoder, TimmEncoder
+    """The encoder of ``--encoder`` (:func:`~timm_csm.annotation.create_encoder` of its spec, with the flags that
+    give the fields it leaves out), or for the bare ``reference`` a function that trains the reference encoder on
+    the real images it may see (without the held-out share when ``holdout``)."""
+    from timm_csm.annotation import create_encoder, parse_encoder_spec
 
-    if args.encoder == "open_clip":
-        kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
-        return OpenClipEncoder(args.model or "ViT-B-32", args.pretrained, normalize=args.normalize,
-                               device=args.device, **kw)
-    if args.encoder == "timm":
-        if not args.model:
+    kind, fields = parse_encoder_spec(args.encoder)
+    if kind == "reference" and not fields:
+        ref_dir = args.reference_dir or reference_dir(name, holdout)
+        return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device,
+                                           args.image_column, args.label_column)
+    flags = {"open_clip": {"model_name": args.model, "pretrained": args.pretrained},
+             "timm": {"model": args.model, "checkpoint_path": args.checkpoint}}.get(kind, {})
+    kwargs = {k: v for k, v in flags.items() if v is not None and k not in fields}
+    if kind == "open_clip":
+        kwargs.update(normalize=args.normalize, **({"force_quick_gelu": True} if args.force_quick_gelu else {}))
+    elif kind == "timm":
+        if "model" not in fields and "model" not in kwargs:
             raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
-        return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
-                           input_size=args.input_size)
-    ref_dir = args.reference_dir or reference_dir(name, holdout)
-    return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device, args.image_column,
-                                       args.label_column)
+        kwargs["input_size"] = args.input_size
+    return create_encoder(args.encoder, device=args.device, **kwargs)
 
 
 @console_command("timm-csm-annotate", build_parser)

@@ -60,13 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    from timm_csm.steps import check_mixing_options, is_edm_pickle
+    from timm_csm.generation.registry import generator_kind
+    from timm_csm.steps import check_mixing_options
 
     try:
         check_mixing_options(args.generator, options_from_namespace(MixingConfig, args))
     except ValueError as e:
         p.error(str(e))
-    if args.class_names is not None and not is_edm_pickle(args.generator):
+    if args.class_names is not None and not generator_kind(args.generator).names_classes:
         p.error("--class-names is for EDM pickles; a generator folder names its classes in model_index.json")
     if args.strength < 1.0 and not args.anchor_dataset:
         p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")

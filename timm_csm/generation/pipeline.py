@@ -7,10 +7,9 @@ The model and its sampler are kept apart (diffusers' split). :class:`SemanticMix
 :class:`EDMSemanticMixingPipeline` runs an EDM-preconditioned denoiser through the EDM Heun sampler. Both are called
 as ``pipe(groups, lambdas)`` and return a :class:`SemanticMixingPipelineOutput` (``images``, ``members``).
 
-``DiffusionPipeline.from_pretrained`` resolves the ``_class_name`` of a ``model_index.json`` as an attribute of the
-``diffusers`` module (classes defined elsewhere load only as remote code, from a ``.py`` file in the folder and with
-``trust_remote_code=True``). Importing this module therefore sets :class:`SemanticMixingPipeline` there under its
-name: after ``import timm_csm.generation.pipeline``, ``DiffusionPipeline.from_pretrained(folder)`` returns one.
+A generator folder loads with ``SemanticMixingPipeline.from_pretrained(folder)`` (diffusers' generic
+``DiffusionPipeline.from_pretrained`` looks its ``_class_name`` up in the ``diffusers`` module, which this package
+leaves as it is), or through the generator registry (:func:`~timm_csm.generation.registry.create_generator`).
 """
 from __future__ import annotations
 
@@ -138,7 +137,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
     ``scheduler``, any diffusers scheduler (:func:`create_scheduler` swaps DDIM for DPM-Solver++).
 
     Configuration (``register_to_config``, kept in ``model_index.json`` and restored by
-    ``DiffusionPipeline.from_pretrained``): ``class_names`` (K names; the model's class table has K rows, or K + 1
+    ``from_pretrained``): ``class_names`` (K names; the model's class table has K rows, or K + 1
     with the null class of guidance last; default "0" .. "K-1" for a table of K + 1 rows),
     ``recommended_guidance_scale`` (measured with ``pure_class_accuracy`` when the generator was shipped) and
     ``metadata`` (name, dataset, training recipe, losses).
@@ -329,16 +328,3 @@ class EDMSemanticMixingPipeline:
                             sigma_min=self.sigma_min, sigma_max=self.sigma_max)
         return _output(to_uint8(x.float()).cpu(), members, output_type, return_dict)
 
-
-def _register_with_diffusers() -> None:
-    """Set :class:`SemanticMixingPipeline` on the ``diffusers`` module, where ``DiffusionPipeline.from_pretrained``
-    looks up a ``model_index.json`` ``_class_name``; a class of that name from elsewhere is left alone."""
-    import diffusers
-
-    name = SemanticMixingPipeline.__name__
-    current = getattr(diffusers, name, None)
-    if current is None or getattr(current, "__module__", None) == __name__:
-        setattr(diffusers, name, SemanticMixingPipeline)
-
-
-_register_with_diffusers()

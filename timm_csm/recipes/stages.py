@@ -56,16 +56,19 @@ def real_splits(profile: RecipeProfile, log: Callable[[str], None]):
 
 
 def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
-    """The generator: an EDM network pickle (``profile.generator`` ending in ``.pkl``, which must exist), the
-    shipped weights, or a generator folder trained on ``train_real`` with the generator-training profile
-    ``profile.generator`` (at the real images' size and channels)."""
-    if steps.is_edm_pickle(profile.generator):
+    """The generator: a generator file (an EDM network pickle, ``*.pkl``, which must exist), the shipped weights, or a
+    generator folder trained on ``train_real`` with the generator-training profile ``profile.generator`` (at the
+    real images' size and channels)."""
+    from ..generation.registry import generator_kind
+
+    kind = generator_kind(profile.generator)
+    if kind.is_file:
         path = Path(profile.generator)
         if not path.is_file():
-            raise FileNotFoundError(f"EDM network pickle {profile.generator} not found: download it (the full "
+            raise FileNotFoundError(f"generator file {profile.generator} not found: download it (the full "
                                     f"profile's CIFAR-100 network: {FULL_EDM_PICKLE_URL}) or give the path of your "
                                     "copy with --generator")
-        log(f"[generator] EDM network pickle: {path}")
+        log(f"[generator] {kind.name} generator file: {path}")
         return path
     if profile.generator == "shipped":
         shipped = steps.shipped_generator(profile.dataset)
@@ -91,13 +94,12 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
     (:meth:`RecipeProfile.mixing <timm_csm.recipes.RecipeProfile.mixing>`).
     ``class_names``: the real dataset's, which name the classes of an EDM pickle (a generator folder names its
     own); they are part of the key of the EDM route."""
-    from ..generation.models import file_digest, weights_digest
+    from ..generation.registry import generator_kind
 
-    edm = steps.is_edm_pickle(generator_path)
-    config = {"generator": file_digest(generator_path) if edm else weights_digest(generator_path),
-              "num_groups": profile.num_groups, "lambdas": profile.num_lambdas, "steps": profile.sampler_steps,
-              "guidance": profile.guidance_scale}
-    if edm:
+    kind = generator_kind(generator_path)
+    config = {"generator": kind.digest(generator_path), "num_groups": profile.num_groups,
+              "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
+    if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
     elif profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
         config["scheduler"] = profile.scheduler
@@ -140,23 +142,25 @@ def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
 
 
 def open_clip_spec(encoder_name: str) -> Tuple[str, str]:
-    """``(model, pretrained)`` of ``open_clip:<model>:<pretrained>``, ``pretrained`` an open_clip tag of the model
-    (``openai``: downloaded by open_clip when online) or a local weights file."""
-    kind, _, rest = encoder_name.partition(":")
-    model, _, pretrained = rest.partition(":")
-    if kind != "open_clip" or not model or not pretrained:
+    """``(model, pretrained)`` of the encoder spec ``open_clip:<model>:<pretrained>``
+    (:func:`~timm_csm.annotation.parse_encoder_spec`), ``pretrained`` an open_clip tag of the model (``openai``:
+    downloaded by open_clip when online) or a local weights file: the recipe's encoder besides ``reference``."""
+    from ..annotation import parse_encoder_spec
+
+    kind, fields = parse_encoder_spec(encoder_name)
+    if kind != "open_clip" or len(fields) != 2:
         raise ValueError(f"encoder {encoder_name!r}: give 'reference' or 'open_clip:<model>:<tag or weights file>' "
                          "(e.g. open_clip:ViT-B-32-quickgelu:openai, open_clip:ViT-B-32-quickgelu:/path/w.safetensors)")
-    return model, pretrained
+    return fields["model_name"], fields["pretrained"]
 
 
 def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
-    from ..annotation import create_encoder, load_reference_encoder
+    from ..annotation import create_encoder
 
     if profile.encoder == "reference":
-        return load_reference_encoder(encoder_dir)
-    model, pretrained = open_clip_spec(profile.encoder)
-    return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=steps.default_device())
+        return create_encoder("reference", path=encoder_dir)
+    open_clip_spec(profile.encoder)  # the recipe's form, checked
+    return create_encoder(profile.encoder, device=steps.default_device())
 
 
 def check_encoder(profile: RecipeProfile):
