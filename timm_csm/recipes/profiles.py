@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from ..annotation import default_scale
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
@@ -155,14 +156,16 @@ register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sample
 # the released gen_edm-mix/run_mix.sh samples seeds 0-19799 for CIFAR-100: 19 800 groups x 8 lambdas = 158 400
 # images; 159 840 (19 980 groups x 8) is the volume of its CIFAR-10 run. CLIP: open_clip's "openai" tag, which
 # open_clip downloads when online; OpenAI's weights run with QuickGELU, which the -quickgelu config builds (offline:
-# --encoder open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors).
+# --encoder open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors). s: the paper's CIFAR-100 value, pinned so that
+# a copy of CIFAR-100 under another name (--dataset a folder) keeps it.
 FULL_EDM_PICKLE_URL = ("https://huggingface.co/wzekai99/DM-Improves-AT/resolve/main/others/"
                        "edm-cifar100-cond-32x32-cond-vp.pkl")
 register_profile("full", RecipeProfile(dataset="cifar100", generator=FULL_EDM_PICKLE_URL.rsplit("/", 1)[1],
                                        num_groups=19800, sampler_steps=25,
                                        encoder="open_clip:ViT-B-32-quickgelu:openai",
-                                       model="resnet50_cifar", epochs=200, batch_size=128,
-                                       lr=0.1, weight_decay=5e-4, sched="multistep", max_train_samples=None,
+                                       soft_label_scale=default_scale("cifar100"), model="resnet50_cifar",
+                                       epochs=200, batch_size=128, lr=0.1, weight_decay=5e-4, sched="multistep",
+                                       max_train_samples=None,
                                        train_extra={"decay_milestones": [80, 120], "clip_grad": 2.0}))
 
 #: the sizes a rehearsal sets: 100 groups (every class of CIFAR-100 in at least one), 2 sampler steps, 1 epoch, 112
