@@ -19,7 +19,8 @@ from timm_csm.generation import (
     enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
     make_plan, mix_prompt_embeddings, mix_weights, plan_groups,
 )
-from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas
+from timm_csm.generation.pipeline import expand_groups
+from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas, to_uint8
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4  # classes of the tiny_generator fixture (conftest.py)
@@ -189,6 +190,15 @@ def test_the_edm_heun_scheduler_is_algorithm_1_to_the_bit():
     assert scheduler.timesteps.tolist() == [scheduler.sigmas[0].item()] + [scheduler.sigmas[1].item()] * 2 + [
         scheduler.sigmas[2].item()] * 2
     assert EDMHeunScheduler.from_config(scheduler.config).config.sigma_max == 80.0  # a diffusers scheduler config
+    # the EDM route: one diffusion pipeline of the denoiser and this scheduler
+    from diffusers import DiffusionPipeline
+
+    pipe = EDMSemanticMixingPipeline(denoiser, 2, (1, 4, 4), num_inference_steps=4, sigma_min=0.01, sigma_max=40.0)
+    assert isinstance(pipe, DiffusionPipeline) and isinstance(pipe.scheduler, EDMHeunScheduler)
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(plan_groups(2, 3), [0.0, 1.0], output_type="pt").images
+    w, noise, _ = expand_groups(plan_groups(2, 3), [0.0, 1.0], 2, (1, 4, 4))
+    assert torch.equal(images, to_uint8(_heun_algorithm_1(denoiser, w, noise, 4, 0.01, 40.0).float()))
 
 
 def _generate_cmd(gen, out, extra=()):

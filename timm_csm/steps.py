@@ -140,10 +140,10 @@ def generate_groups(generator, output, num_groups: int, mixing: MixingConfig = M
 
     device = accelerator.device if accelerator is not None else None
     pipe = load_mixing_pipeline(generator, mixing, class_names, anchors, device)
-    plan_anchors = None if anchors is None or mixing.strength >= 1.0 else {**anchors.describe(),
-                                                                            "strength": mixing.strength}
-    plan = make_plan(pipe.num_classes, num_groups, lambda_grid(mixing.num_lambdas), pipe.class_names, mixing.groups_per_shard,
-                     mixing.seed_offset, generator=pipe.provenance, anchors=plan_anchors)
+    anchored = anchors is not None and mixing.strength < 1.0
+    plan_anchors = {**anchors.describe(), "strength": mixing.strength} if anchored else None
+    plan = make_plan(pipe.num_classes, num_groups, lambda_grid(mixing.num_lambdas), pipe.class_names,
+                     mixing.groups_per_shard, mixing.seed_offset, generator=pipe.provenance, anchors=plan_anchors)
     return generate_to_folder(pipe, output, plan, mixing.batch_groups, accelerator, progress=progress, log=log,
                               extend_from=extend_from)
 

@@ -27,8 +27,10 @@ from .soft_labels import (DEFAULT_SCALES, default_scale, dominant_class, generat
                           pairwise_true_lambda, projection_coefficient, scale_nll, select_scale)
 
 __all__ = [
-    "AnnotationConfig", "resolve_scale", "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
-    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec", "encode_images", "weights_fingerprint", "ImagePreprocessor",
+    "AnnotationConfig", "resolve_scale",
+    "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
+    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec",
+    "encode_images", "weights_fingerprint", "ImagePreprocessor",
     "DEFAULT_ZERO_SHOT_TEMPLATES", "train_reference_encoder", "load_reference_encoder",
     "ClassPrototypes", "HeldOutFeatures", "compute_prototypes", "load_or_compute_prototypes",
     "prototypes_and_held_out", "dataset_fingerprint", "load_cache",

@@ -69,7 +69,8 @@ def group_spearman(group_id, lambda_gen, lambda_hat) -> Dict[int, float]:
     return out
 
 
-def flag_groups(group_id, lambda_gen, lambda_hat, min_spearman: float = DEFAULTS.min_spearman) -> Dict[str, np.ndarray]:
+def flag_groups(group_id, lambda_gen, lambda_hat,
+                min_spearman: float = DEFAULTS.min_spearman) -> Dict[str, np.ndarray]:
     """Group ids flagged as ``not_monotone`` (Spearman rho < ``min_spearman``, or undefined) and as
     ``endpoint_misread`` (the lambda = 1 member has lambda-hat < 1/2, or the lambda = 0 member > 1/2)."""
     rho = group_spearman(group_id, lambda_gen, lambda_hat)

@@ -56,8 +56,8 @@ class AnnotationConfig:
                              help="soft labels from the projection on the prototypes (the paper), zero-shot, or the "
                                   "generation lambda")
     batch_size: int = option(256, **_annotation, help="images per encoder batch")
-    drop_incomplete: bool = option(False, **_checks,
-                                   help="drop groups that lack members of the lambda grid (reported) instead of failing")
+    drop_incomplete: bool = option(
+        False, **_checks, help="drop groups that lack members of the lambda grid (reported) instead of failing")
     drop_flagged: bool = option(
         False, **_checks, help="drop groups whose lambda-hat is not monotone in lambda (Spearman < --min-spearman) or "
                                "whose pure endpoints project nearer the other class; the annotation report counts "

@@ -40,7 +40,8 @@ def holdout_rows(n: int, fraction: float = DEFAULTS.holdout_fraction, seed: int 
     return np.sort(order[:min(n - 1, max(1, int(round(fraction * n))))])
 
 
-def holdout_split(real: ImageArrays, fraction: float = DEFAULTS.holdout_fraction, seed: int = DEFAULTS.seed) -> Tuple[ImageArrays, ImageArrays]:
+def holdout_split(real: ImageArrays, fraction: float = DEFAULTS.holdout_fraction,
+                  seed: int = DEFAULTS.seed) -> Tuple[ImageArrays, ImageArrays]:
     """``(fit, held_out)``: the rows of :func:`holdout_rows` held out, both in the original order."""
     held = holdout_rows(len(real), fraction, seed)
     return real.subset(np.setdiff1d(np.arange(len(real)), held)), real.subset(held)

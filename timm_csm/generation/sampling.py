@@ -6,7 +6,8 @@
   ICLR 2022).
 * :func:`edm_heun_sample`: EDM's deterministic 2nd-order Heun sampler (Karras et al. 2022, Algorithm 1 with
   S_churn = 0; sigma 0.002..80, rho 7, float64; the diffusers scheduler
-  :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`), for EDM-preconditioned denoisers ``D(x, sigma, class_weights) -> x0``
+  :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`), for EDM-preconditioned denoisers
+  ``D(x, sigma, class_weights) -> x0``
   (the official CSM generation). NVlabs EDM pickles load into such denoisers through
   :mod:`timm_csm.generation.edm`; any callable of that signature works.
 """
@@ -19,7 +20,8 @@ import torch
 from .conditioning import find_soft_class_table
 from .scheduling_edm import EDMHeunScheduler, edm_sigmas
 
-__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "to_uint8", "DEFAULT_INFERENCE_STEPS"]
+__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "sample_with_edm_scheduler", "to_uint8",
+           "DEFAULT_INFERENCE_STEPS"]
 
 #: the steps of a diffusers scheduler's sampling when none are given (a generator folder's default; an EDM network
 #: takes the paper's Heun steps)
@@ -118,16 +120,27 @@ def edm_heun_sample(
     sigma_max: float = 80.0,
     rho: float = 7.0,
 ) -> torch.Tensor:
-    """EDM deterministic Heun sampling (NFE = 2N - 1) with :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`,
-    computed in float64 as the reference implementation.
+    """EDM deterministic Heun sampling (NFE = 2N - 1) with
+    :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`, computed in float64 as the reference
+    implementation.
 
     ``denoiser(x, sigma, class_weights)`` returns the denoised estimate x0; ``noise`` is standard normal and is
     scaled by the first noise level (``sigma_max``) here.
     """
     scheduler = EDMHeunScheduler(sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+    return sample_with_edm_scheduler(denoiser, scheduler, class_weights, noise, num_steps)
+
+
+@torch.no_grad()
+def sample_with_edm_scheduler(denoiser, scheduler: EDMHeunScheduler, class_weights: torch.Tensor,
+                              noise: torch.Tensor, num_steps: int,
+                              progress: Optional[Callable[[Iterable], Iterable]] = None) -> torch.Tensor:
+    """``num_steps`` of ``scheduler`` (an :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`) from
+    standard normal ``noise`` scaled to its first noise level, the denoiser evaluated at each of its ``timesteps``;
+    ``progress`` wraps them (a pipeline's ``progress_bar``)."""
     scheduler.set_timesteps(num_steps, noise.device)
     x = noise.to(torch.float64) * scheduler.init_noise_sigma
-    for sigma in scheduler.timesteps:
+    for sigma in progress(scheduler.timesteps) if progress is not None else scheduler.timesteps:
         x = scheduler.step(denoiser(x, sigma, class_weights), sigma, x).prev_sample
     return x
 

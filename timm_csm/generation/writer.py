@@ -46,7 +46,8 @@ def encode_png(image_chw: np.ndarray) -> bytes:
 
 
 def make_plan(num_classes: int, num_groups: int, lambdas: Sequence[float], class_names: Sequence[str],
-              groups_per_shard: int = DEFAULTS.groups_per_shard, seed_offset: int = DEFAULTS.seed_offset, generator: Optional[Dict] = None,
+              groups_per_shard: int = DEFAULTS.groups_per_shard,
+              seed_offset: int = DEFAULTS.seed_offset, generator: Optional[Dict] = None,
               anchors: Optional[Dict] = None) -> Dict:
     """Everything that determines the output; stored as ``plan.json`` and compared on restart.
 
