@@ -8,6 +8,9 @@
 * The lock is an exclusive ``flock`` on ``<folder>/.run.lock`` (POSIX). The kernel drops it when its process ends,
   so a killed run leaves no stale lock; the file names the holder (run id, pid, host) for the error message.
 * Taking a folder removes the temporary files a killed writer left in it (:func:`timm_csm.io.remove_temp_files`).
+* A run asks for :func:`experiment_dir` and takes its folder with :func:`take_run_dir` (the main process claims it,
+  every process learns which); Ctrl-C after that is :class:`RunInterrupted`, whose message names the command that
+  resumes the run (:func:`resume_command`).
 """
 from __future__ import annotations
 
