@@ -168,7 +168,7 @@ def test_no_documented_command_or_snippet_uses_a_path_that_exists_only_in_a_clon
 
 
 def test_the_shipped_generator_snippets_run_outside_a_clone(tmp_path):
-    """The documented ``DiffusionPipeline.from_pretrained`` blocks, run from a directory that is not the
+    """The documented ``SemanticMixingPipeline.from_pretrained`` blocks, run from a directory that is not the
     repository (they once named the generator by a path relative to a clone)."""
     blocks = [body for page in DOCUMENTED for lang, body in CODE_BLOCK.findall(page.read_text())
               if lang == "python" and "from_pretrained(" in body]

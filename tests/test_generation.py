@@ -19,7 +19,8 @@ from timm_csm.generation import (
     enable_soft_class_conditioning, enable_soft_dit_conditioning, generate_to_folder, lambda_grid, load_generated,
     make_plan, mix_prompt_embeddings, mix_weights, plan_groups,
 )
-from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas
+from timm_csm.generation.pipeline import expand_groups
+from timm_csm.generation.sampling import edm_heun_sample, edm_sigmas, to_uint8
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4  # classes of the tiny_generator fixture (conftest.py)
@@ -153,6 +154,53 @@ def test_edm_heun_recovers_a_point_mass():
     assert images.eq(128).all()  # x0 = 0 maps to grey 128, as EDM's uint8 conversion
 
 
+def _heun_algorithm_1(denoiser, w, noise, num_steps, sigma_min=0.002, sigma_max=80.0, rho=7.0):
+    """Karras et al. (2022), Algorithm 1 with S_churn = 0, written out as the EDM reference code computes it."""
+    t = edm_sigmas(num_steps, sigma_min, sigma_max, rho)
+    x = noise.to(torch.float64) * t[0]
+    for i, (t_cur, t_next) in enumerate(zip(t[:-1], t[1:])):
+        d = (x - denoiser(x, t_cur, w).to(torch.float64)) / t_cur
+        x_next = x + (t_next - t_cur) * d
+        if i < num_steps - 1:
+            d_next = (x_next - denoiser(x_next, t_next, w).to(torch.float64)) / t_next
+            x_next = x + (t_next - t_cur) * (0.5 * d + 0.5 * d_next)
+        x = x_next
+    return x
+
+
+def test_the_edm_heun_scheduler_is_algorithm_1_to_the_bit():
+    from timm_csm.generation.scheduling_edm import EDMHeunScheduler
+
+    weights = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    levels = []
+
+    def denoiser(x, sigma, w):  # a float32 network, as the EDM pickles run
+        levels.append(float(sigma))
+        return torch.tanh(x.float() @ weights) * torch.sigmoid(sigma.float()) + w.sum()
+
+    noise = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    for steps, (lo, hi) in ((2, (0.002, 80.0)), (20, (0.002, 80.0)), (25, (0.01, 40.0))):
+        expected = _heun_algorithm_1(denoiser, torch.ones(2), noise, steps, lo, hi)
+        reference_levels, levels[:] = list(levels), []
+        assert torch.equal(edm_heun_sample(denoiser, torch.ones(2), noise, steps, lo, hi), expected)
+        assert levels == reference_levels and len(levels) == 2 * steps - 1
+        levels.clear()
+    scheduler = EDMHeunScheduler(sigma_min=0.002, sigma_max=80.0)
+    scheduler.set_timesteps(3)
+    assert scheduler.timesteps.tolist() == [scheduler.sigmas[0].item()] + [scheduler.sigmas[1].item()] * 2 + [
+        scheduler.sigmas[2].item()] * 2
+    assert EDMHeunScheduler.from_config(scheduler.config).config.sigma_max == 80.0  # a diffusers scheduler config
+    # the EDM route: one diffusion pipeline of the denoiser and this scheduler
+    from diffusers import DiffusionPipeline
+
+    pipe = EDMSemanticMixingPipeline(denoiser, 2, (1, 4, 4), num_inference_steps=4, sigma_min=0.01, sigma_max=40.0)
+    assert isinstance(pipe, DiffusionPipeline) and isinstance(pipe.scheduler, EDMHeunScheduler)
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(plan_groups(2, 3), [0.0, 1.0], output_type="pt").images
+    w, noise, _ = expand_groups(plan_groups(2, 3), [0.0, 1.0], 2, (1, 4, 4))
+    assert torch.equal(images, to_uint8(_heun_algorithm_1(denoiser, w, noise, 4, 0.01, 40.0).float()))
+
+
 def _generate_cmd(gen, out, extra=()):
     return [sys.executable, str(ROOT / "hub_scripts" / "generate.py"), "--generator", str(gen), "--num-groups", "12",
             "--output", str(out), "--steps", "3", "--num-lambdas", "3", "--groups-per-shard", "2",
@@ -228,11 +276,12 @@ def test_damaged_shards_are_named_and_generated_again(tmp_path):
 
 
 def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_generator, tmp_path):
+    from timm_csm.generation import MixingConfig
     from timm_csm.steps import generate_groups
 
     def generate(out, num_groups, **kw):
-        return generate_groups(tiny_generator, out, num_groups, 3, num_inference_steps=3, groups_per_shard=2,
-                               batch_groups=2, progress=False, log=lambda line: None, **kw)
+        mixing = MixingConfig(num_lambdas=3, steps=3, groups_per_shard=2, batch_groups=2)
+        return generate_groups(tiny_generator, out, num_groups, mixing, progress=False, log=lambda line: None, **kw)
 
     small = generate(tmp_path / "x1", 3)  # 3 groups: the last shard holds one of its two groups
     extended = generate(tmp_path / "x2", 6, extend_from=small)
@@ -252,7 +301,7 @@ def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_g
         "folder": str(small), "plan_hash": plan_small["plan_hash"], "groups": 3}
     # only the number of groups may differ, and only upwards
     with pytest.raises(ValueError, match=r"another generation plan \(differs in \['lambdas'\]\)"):
-        generate_groups(tiny_generator, tmp_path / "bad", 6, 4, num_inference_steps=3, groups_per_shard=2,
+        generate_groups(tiny_generator, tmp_path / "bad", 6, MixingConfig(num_lambdas=4, steps=3, groups_per_shard=2),
                         progress=False, extend_from=small)
     with pytest.raises(ValueError, match="holds 6 groups, more than the 3 asked for"):
         generate(tmp_path / "smaller", 3, extend_from=extended)

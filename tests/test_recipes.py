@@ -163,6 +163,7 @@ def test_the_full_profile_samples_the_papers_cifar100_edm_network():
     assert (full.sampler_steps, full.guidance_scale, full.scheduler) == (25, None, "ddim")
     # the released CIFAR-100 run: seeds 0-19799, 8 lambdas each
     assert full.num_groups * full.num_lambdas == 19800 * 8 == 158400
+    # the paper's s of CIFAR-100, kept when --dataset names a copy of it by another name (a folder)
     assert (full.dataset, full.model, full.epochs, full.soft_label_scale) == ("cifar100", "resnet50_cifar", 200, 2.3)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from timm_csm import steps
+from timm_csm.generation.config import MixingConfig
 from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
 
 
@@ -104,8 +105,8 @@ def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tmp_path):
     with pytest.raises(FileNotFoundError, match="absent.pkl"):
         steps.resolve_generator(tmp_path / "absent.pkl")
     with pytest.raises(ValueError, match="pure noise only"):
-        steps.check_mixing_options("x.pkl", strength=0.5)
-    steps.check_mixing_options(tmp_path, guidance_scale=2.0, scheduler="dpm", strength=0.5)  # a folder takes all
+        steps.check_mixing_options("x.pkl", MixingConfig(strength=0.5))
+    steps.check_mixing_options(tmp_path, MixingConfig(guidance_scale=2.0, scheduler="dpm", strength=0.5))  # any
 
 
 def test_the_generated_folder_names_its_real_dataset(tmp_path):
@@ -123,7 +124,7 @@ def test_a_generator_trains_at_the_real_images_size(tmp_path):
                                  log=lambda line: None)
     unet = json.loads((tmp_path / "gen" / "unet" / "config.json").read_text())
     assert (unet["sample_size"], unet["in_channels"]) == (8, 1)
-    pipe = steps.load_mixing_pipeline(tmp_path / "gen", num_inference_steps=1, device="cpu")
+    pipe = steps.load_mixing_pipeline(tmp_path / "gen", MixingConfig(steps=1), device="cpu")
     assert pipe.class_names == digits.class_names and pipe.provenance["dataset"] == "digits"
 
 
@@ -134,4 +135,4 @@ def test_train_generator_exits_0_with_a_loadable_generator(tmp_path, capsys):
                                  "16", "--no-grid", "--output", str(tmp_path / "generator")]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith(f"generator saved in {tmp_path / 'generator'} (") and "; next, measure it: " in last
-    assert steps.load_mixing_pipeline(tmp_path / "generator", 1).unet.config.sample_size == 8
+    assert steps.load_mixing_pipeline(tmp_path / "generator", MixingConfig(steps=1)).unet.config.sample_size == 8

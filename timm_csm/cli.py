@@ -5,17 +5,19 @@ A console script runs ``sys.exit(main())``: ``None`` and ``0`` are success, any 
 anything else (a folder, a dict) is printed to stderr as the "error" of exit status 1. :func:`console_command` gives
 each command the same contract: exit status 0 on success, a missing optional dependency or bad input as one line
 ``<command>: error: ...`` (statuses 1 and 2) instead of a traceback, and its parser reachable for the documentation's
-flag tables.
+flag tables. A command stopped with Ctrl-C ends through :func:`exit_interrupted`, and every command that may have
+started a ``torch.distributed`` process group ends it with :func:`end_process_group`.
 """
 from __future__ import annotations
 
 import functools
+import os
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
 
 from .extras import missing_extra, require_installed
 
-__all__ = ["console_command", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT"]
+__all__ = ["console_command", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT", "exit_interrupted", "end_process_group"]
 
 EXIT_MISSING_EXTRA = 1
 EXIT_BAD_INPUT = 2  # as argparse's own errors
@@ -61,3 +63,24 @@ def console_command(prog: str, build_parser: Callable, requires: Sequence[str] =
         return command
 
     return decorate
+
+
+def exit_interrupted(message: str) -> NoReturn:
+    """End a command stopped with Ctrl-C: ``interrupted: <message>`` (where the work is, how to continue) as one
+    line on stderr from the main process, exit status 130 as a shell reports SIGINT, and no traceback."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"\ninterrupted: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(130)
+
+
+def end_process_group() -> None:
+    """Destroy the default ``torch.distributed`` process group if one is initialised (no-op otherwise).
+
+    A process that exits with a live gloo group can abort (SIGABRT): gloo's worker thread
+    (``ProcessGroupGloo::runLoop``) frees the last work object while the interpreter finalises. Entry points call
+    this before they exit, also on errors, as accelerate's ``Accelerator.end_training`` does.
+    """
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

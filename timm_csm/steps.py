@@ -1,31 +1,35 @@
 """The method's steps, one function each, with explicit parameters: a generator trained on the real images, the
 mixing pipeline of a generator, the generated groups, the annotated CSM dataset under its one name.
 
-    generate_groups("fmnist", "runs/gen", num_groups=900, num_lambdas=8)      # a shipped generator, a folder, a .pkl
+    generate_groups("fmnist", "runs/gen", num_groups=900, mixing=MixingConfig(num_lambdas=8))  # shipped, folder, .pkl
     folder, result = annotate_generated_folder("runs/gen", "runs/hub", encoder, dataset="fashion_mnist", install=True)
 
-The scripts (``hub_scripts/generate.py``, ``hub_scripts/annotate.py``: argparse plus the call) and the recipe
-(:mod:`timm_csm.recipes.stages`: a cache key around the call) are two front ends over these functions, so that the
-same inputs give the same bytes through either.
+The commands (``timm-csm-generate``, ``timm-csm-annotate``: the flags of a
+:class:`~timm_csm.generation.MixingConfig` or an :class:`~timm_csm.annotation.AnnotationConfig` plus the call) and
+the recipe (:mod:`timm_csm.recipes.stages`: a cache key around the call with the profile's configurations) are two
+front ends over these functions, so that the same inputs give the same bytes through either.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from . import __version__
+from .annotation.config import AnnotationConfig, resolve_scale
+from .generation.config import MixingConfig
 from .hub import csm_dataset_name, dataset_short_name
 
-__all__ = ["default_device", "generator_name", "train_generator_folder", "is_edm_pickle", "shipped_generator",
+__all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
            "resolve_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
            "soft_label_scale", "PoorGeneratorError", "check_generator", "annotate_generated_folder",
            "csm_dataset_name"]
 
 _ASSETS = Path(__file__).resolve().parent / "assets"
-#: steps of a generator folder's sampler when none are given (an EDM pickle takes the paper's, 20 or 25)
-DEFAULT_FOLDER_STEPS = 50
+#: the scale s of a dataset (None: the paper's value where it published one, else "auto"); see
+#: :func:`~timm_csm.annotation.resolve_scale`
+soft_label_scale = resolve_scale
 
 
 def generator_name(dataset: str) -> str:
@@ -66,11 +70,6 @@ def train_generator_folder(real, output, profile: str = "fmnist", *, steps: Opti
                            accelerator=accelerator, checkpoint_minutes=minutes, log=log)
 
 
-def is_edm_pickle(generator) -> bool:
-    """An NVlabs EDM network pickle is named by its ``.pkl`` path; any other generator is a folder or a name."""
-    return Path(str(generator)).suffix.lower() == ".pkl"
-
-
 def shipped_generator(dataset: str) -> Optional[Path]:
     """The generator folder shipped in the package for ``dataset`` (``fashion_mnist`` or its short name ``fmnist``:
     ``timm_csm/assets/generator-fmnist``), or None."""
@@ -79,12 +78,14 @@ def shipped_generator(dataset: str) -> Optional[Path]:
 
 
 def resolve_generator(generator) -> Path:
-    """The path of ``generator``: an existing generator folder or EDM pickle, else the name of a shipped generator
-    (``fmnist``); FileNotFoundError naming both ways otherwise."""
+    """The path of ``generator``: an existing generator folder or file (an EDM pickle), else the name of a shipped
+    generator (``fmnist``); FileNotFoundError naming both ways otherwise."""
+    from .generation.registry import generator_kind
+
     path = Path(generator)
     if path.exists():
         return path
-    shipped = None if is_edm_pickle(path) else shipped_generator(str(generator))
+    shipped = None if generator_kind(path).is_file else shipped_generator(str(generator))
     if shipped is None:
         names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
         raise FileNotFoundError(f"generator {str(generator)!r} is neither a folder nor an EDM pickle (.pkl) that "
@@ -92,18 +93,13 @@ def resolve_generator(generator) -> Path:
     return shipped
 
 
-def check_mixing_options(generator, guidance_scale: Optional[float] = None, scheduler: str = "ddim",
-                         strength: float = 1.0) -> None:
-    """ValueError when the sampling options do not apply to ``generator``: an EDM pickle is sampled from pure noise
-    with EDM's Heun sampler and no guidance (the paper)."""
-    if not is_edm_pickle(generator):
-        return
-    if strength < 1.0:
-        raise ValueError("an EDM pickle samples from pure noise only; a strength below 1 needs a generator folder")
-    if guidance_scale not in (None, 1.0) or scheduler != "ddim":
-        raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
-                         f"guidance_scale {guidance_scale} and scheduler {scheduler!r} do not apply; leave them at "
-                         "None and 'ddim'")
+def check_mixing_options(generator, mixing: MixingConfig = MixingConfig()) -> None:
+    """ValueError when the sampling options of ``mixing`` do not apply to ``generator``'s kind
+    (:func:`~timm_csm.generation.registry.generator_kind`): an EDM pickle is sampled from pure noise with EDM's Heun
+    sampler and no guidance (the paper)."""
+    from .generation.registry import generator_kind
+
+    generator_kind(generator).check(mixing)
 
 
 def default_device() -> str:
@@ -113,56 +109,42 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_mixing_pipeline(generator, num_inference_steps: Optional[int] = None, scheduler: str = "ddim",
-                         guidance_scale: Optional[float] = None, class_names: Optional[Sequence[str]] = None,
-                         anchors=None, strength: float = 1.0, device=None):
-    """The semantic-mixing pipeline of ``generator`` (see :func:`resolve_generator`), on ``device`` (default: the
-    GPU when there is one).
+def load_mixing_pipeline(generator, mixing: MixingConfig = MixingConfig(),
+                         class_names: Optional[Sequence[str]] = None, anchors=None, device=None):
+    """The semantic-mixing pipeline of ``generator`` (see :func:`resolve_generator`) with the sampler of ``mixing``,
+    on ``device`` (default: the GPU when there is one): :func:`~timm_csm.generation.registry.create_generator`.
 
     * an EDM pickle: :meth:`~timm_csm.generation.EDMSemanticMixingPipeline.from_edm_pickle`, Heun with
-      ``num_inference_steps`` (default the paper's 20 / 25), ``class_names`` in label order (default CIFAR-10's
+      ``mixing.steps`` (default the paper's 20 / 25), ``class_names`` in label order (default CIFAR-10's
       or CIFAR-100's by the label dimension);
-    * a generator folder: :class:`~timm_csm.generation.SemanticMixingPipeline` with ``scheduler`` (``ddim`` or
-      ``dpm``) and ``num_inference_steps`` (default 50), ``guidance_scale`` (default the generator's
+    * a generator folder: :class:`~timm_csm.generation.SemanticMixingPipeline` with ``mixing.scheduler`` and
+      ``mixing.steps`` (default the pipeline's, 50), ``mixing.guidance_scale`` (default the generator's
       recommendation), and the real-anchored start (``anchors``, an
-      :class:`~timm_csm.generation.anchors.AnchorPool`, at ``strength`` < 1); its own class names.
+      :class:`~timm_csm.generation.anchors.AnchorPool`, at ``mixing.strength`` < 1); its own class names.
     """
-    from .generation import EDMSemanticMixingPipeline, SemanticMixingPipeline, create_scheduler
+    from .generation.registry import create_generator
 
-    path = resolve_generator(generator)
-    check_mixing_options(path, guidance_scale, scheduler, strength)
-    device = device or default_device()
-    if is_edm_pickle(path):
-        names = list(class_names) if class_names is not None else None
-        return EDMSemanticMixingPipeline.from_edm_pickle(path, num_inference_steps, device=device, class_names=names)
-    steps = DEFAULT_FOLDER_STEPS if num_inference_steps is None else num_inference_steps
-    pipe = SemanticMixingPipeline.from_pretrained(path, num_inference_steps=steps, guidance_scale=guidance_scale,
-                                                  anchors=anchors, strength=strength)
-    pipe.scheduler = create_scheduler(scheduler, pipe.scheduler.config)
-    return pipe.to(device)
+    return create_generator(resolve_generator(generator), mixing, class_names, anchors, device or default_device())
 
 
-def generate_groups(generator, output, num_groups: int, num_lambdas: int = 8, *,
-                    num_inference_steps: Optional[int] = None, scheduler: str = "ddim",
-                    guidance_scale: Optional[float] = None, class_names: Optional[Sequence[str]] = None,
-                    anchors=None, strength: float = 1.0, groups_per_shard: int = 64, batch_groups: int = 16,
-                    seed_offset: int = 0, accelerator=None, progress: bool = True,
-                    log: Callable[[str], None] = print, extend_from=None) -> Path:
-    """Generate ``num_groups`` groups x ``num_lambdas`` ratios (``linspace(0, 1, num_lambdas)``) of ``generator``
-    into ``output``, sharded (``groups_per_shard``) and resumable: :func:`load_mixing_pipeline`, the group plan
-    (:func:`~timm_csm.generation.make_plan`, which records the generator's provenance and the anchors), then
-    :func:`~timm_csm.generation.generate_to_folder` (``batch_groups`` groups a forward pass; ``accelerator``
-    splits the shards across processes and sets the device). ``extend_from``: a finished output of the same command
-    with fewer groups, whose groups are copied rather than generated again."""
+def generate_groups(generator, output, num_groups: int, mixing: MixingConfig = MixingConfig(), *,
+                    class_names: Optional[Sequence[str]] = None, anchors=None, accelerator=None,
+                    progress: bool = True, log: Callable[[str], None] = print, extend_from=None) -> Path:
+    """Generate ``num_groups`` groups x ``mixing.num_lambdas`` ratios (``linspace(0, 1, num_lambdas)``) of
+    ``generator`` into ``output``, sharded (``mixing.groups_per_shard``) and resumable: :func:`load_mixing_pipeline`,
+    the group plan (:func:`~timm_csm.generation.make_plan`, which records the generator's provenance and the
+    anchors), then :func:`~timm_csm.generation.generate_to_folder` (``mixing.batch_groups`` groups a forward pass;
+    ``accelerator`` splits the shards across processes and sets the device). ``extend_from``: a finished output of
+    the same command with fewer groups, whose groups are copied rather than generated again."""
     from .generation import generate_to_folder, lambda_grid, make_plan
 
     device = accelerator.device if accelerator is not None else None
-    pipe = load_mixing_pipeline(generator, num_inference_steps, scheduler, guidance_scale, class_names, anchors,
-                                strength, device)
-    plan_anchors = None if anchors is None or strength >= 1.0 else {**anchors.describe(), "strength": strength}
-    plan = make_plan(pipe.num_classes, num_groups, lambda_grid(num_lambdas), pipe.class_names, groups_per_shard,
-                     seed_offset, generator=pipe.provenance, anchors=plan_anchors)
-    return generate_to_folder(pipe, output, plan, batch_groups, accelerator, progress=progress, log=log,
+    pipe = load_mixing_pipeline(generator, mixing, class_names, anchors, device)
+    anchored = anchors is not None and mixing.strength < 1.0
+    plan_anchors = {**anchors.describe(), "strength": mixing.strength} if anchored else None
+    plan = make_plan(pipe.num_classes, num_groups, lambda_grid(mixing.num_lambdas), pipe.class_names,
+                     mixing.groups_per_shard, mixing.seed_offset, generator=pipe.provenance, anchors=plan_anchors)
+    return generate_to_folder(pipe, output, plan, mixing.batch_groups, accelerator, progress=progress, log=log,
                               extend_from=extend_from)
 
 
@@ -173,20 +155,6 @@ def generated_dataset(generated) -> str:
 
     plan = json.loads((Path(generated) / PLAN_FILE).read_text())
     return (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
-
-
-def soft_label_scale(s: Union[None, str, float], dataset: str) -> Union[str, float]:
-    """The sigmoid scale s to annotate ``dataset`` with: a number as given, ``"auto"`` (chosen on held-out real
-    images) as given, and by default (None) the paper's value where it published one (CIFAR-10, CIFAR-100,
-    Tiny-ImageNet: :func:`~timm_csm.annotation.default_scale`), ``"auto"`` for any other dataset."""
-    from .annotation import default_scale
-
-    if s is None:
-        try:
-            return default_scale(dataset)
-        except ValueError:  # no published value for this dataset
-            return "auto"
-    return s if s == "auto" else float(s)
 
 
 class PoorGeneratorError(ValueError):
@@ -212,25 +180,23 @@ def check_generator(report: Dict, accept: bool = False, log: Callable[[str], Non
         f"cross-entropy alone.\n{banner}")
 
 
-def annotate_generated_folder(generated, output, encoder, *, dataset: Optional[str] = None, real=None,
-                              name: Optional[str] = None, s: Union[None, str, float] = None,
-                              holdout: Optional[bool] = None, holdout_fraction: float = 0.1, seed: int = 0,
-                              label_mode: str = "projection", batch_size: int = 256, drop_incomplete: bool = False,
-                              drop_flagged: bool = False, min_spearman: float = 0.8, cache_dir=None,
+def annotate_generated_folder(generated, output, encoder, annotation: AnnotationConfig = AnnotationConfig(), *,
+                              dataset: Optional[str] = None, real=None, name: Optional[str] = None, cache_dir=None,
                               install: bool = False, image_column: Optional[str] = None,
-                              label_column: Optional[str] = None, accept_poor_generator: bool = False,
-                              progress: bool = True,
+                              label_column: Optional[str] = None, progress: bool = True,
                               log: Callable[[str], None] = print) -> Tuple[Path, "AnnotatedSet"]:
-    """Annotate the generated folder ``generated`` and save it as the Hub-layout CSM dataset ``<output>/<name>``
-    (``name`` default :func:`csm_dataset_name` of ``dataset``), installed for bare-name ``load_dataset`` when
-    ``install``. Returns the folder and the :class:`~timm_csm.annotation.AnnotatedSet`.
+    """Annotate the generated folder ``generated`` as ``annotation`` says and save it as the Hub-layout CSM dataset
+    ``<output>/<name>`` (``name`` default :func:`csm_dataset_name` of ``dataset``), installed for bare-name
+    ``load_dataset`` when ``install``. Returns the folder and the :class:`~timm_csm.annotation.AnnotatedSet`.
 
     ``dataset``: the real dataset (default :func:`generated_dataset`); ``real``: its training split when loaded
-    already (default: read with ``image_column`` / ``label_column``). ``s``: see :func:`soft_label_scale`.
-    ``encoder``, ``holdout`` and the rest: :func:`~timm_csm.annotation.annotate_generated`. The dataset card
-    records the real dataset, the generation plan (generator, sampler, lambda grid), the annotation and the package.
-    Before anything is saved, :func:`check_generator` stops a poor generator (:class:`PoorGeneratorError`) unless
-    ``accept_poor_generator``.
+    already (default: read with ``image_column`` / ``label_column``). s: :meth:`AnnotationConfig.scale
+    <timm_csm.annotation.AnnotationConfig.scale>`; the reference encoder learns without the held-out share when
+    :meth:`~timm_csm.annotation.AnnotationConfig.holds_out`. ``encoder`` and the rest:
+    :func:`~timm_csm.annotation.annotate_generated`. The dataset card records the real dataset, the generation plan
+    (generator, sampler, lambda grid), the annotation and the package. Before anything is saved,
+    :func:`check_generator` stops a poor generator (:class:`PoorGeneratorError`) unless
+    ``annotation.accept_poor_generator``.
     """
     from .annotation import annotate_generated
     from .data import load_image_arrays
@@ -240,11 +206,10 @@ def annotate_generated_folder(generated, output, encoder, *, dataset: Optional[s
     dataset = dataset or generated_dataset(generated)
     images, plan = load_generated(generated)
     real = load_image_arrays(dataset, "train", image_column, label_column) if real is None else real
-    result = annotate_generated(images, plan, real, encoder, soft_label_scale(s, dataset), holdout=holdout,
-                                holdout_fraction=holdout_fraction, seed=seed, label_mode=label_mode,
-                                batch_size=batch_size, drop_incomplete=drop_incomplete, drop_flagged=drop_flagged,
-                                min_spearman=min_spearman, cache_dir=cache_dir, progress=progress, log=log)
-    check_generator(result.report, accept_poor_generator, log)
+    result = annotate_generated(images, plan, real, encoder, annotation.scale(dataset),
+                                holdout=annotation.holds_out(dataset), cache_dir=cache_dir, progress=progress,
+                                log=log, **annotation.annotate_kwargs())
+    check_generator(result.report, annotation.accept_poor_generator, log)
     provenance = {"dataset": dataset, **provenance_from_plan(plan), **result.provenance(),
                   "package": f"timm-csm {__version__}"}
     folder = save_csm_dataset(result.dataset, Path(output) / (name or csm_dataset_name(dataset)),

@@ -29,7 +29,8 @@ Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pi
    epoch rows and the final metrics (:mod:`~timm_csm.training.trackers`).
 3. evaluation of the best checkpoint on the test split, before and after temperature scaling fitted on the
    validation split (``--ts-method``), optionally PIECE (``--piece``) (:mod:`~timm_csm.training.evaluation`):
-   ``results.json``, ``results.md``, reliability diagrams (:mod:`~timm_csm.training.reporting`).
+   ``results.json``, ``results.md``, reliability diagrams (:mod:`~timm_csm.training.results`,
+   :mod:`~timm_csm.training.reporting`).
 
 Batches are sharded by :class:`~timm_csm.data.GlobalBatchSampler`: each process takes its slice of a global
 batch of ``num_processes * batch_size`` samples, with augmentation and companion randomness keyed per sample, so a
@@ -41,176 +42,25 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from . import __version__
-from .cli import console_command
-from .io import read_model_meta, safetensors_metadata, write_text_atomic
-from .training.args import CONFIG_MARKER, RUN_META_KEYS, build_parser
-from .training.checkpoint import saved_temperature
+from .cli import console_command, end_process_group, exit_interrupted
+from .io import read_model_meta, write_text_atomic
+from .training import (apply_input_size, build_transforms, check_model_name, check_resumed_processes, config_record,
+                       create_criterion, create_train_model, eval_loader, fit, input_channels, load_best,
+                       load_csm_groups, load_data, load_model_weights, parse_args, predict, resolve_config,
+                       select_task)
+from .training.args import CONFIG_MARKER, build_parser, model_meta, prepare_config
 from .training.config import TrainConfig
-from .training.prepare import check_training_options
-from .training.trackers import log_results, start_trackers, tracker_names
-from .training import (CHECKPOINT_LAST, apply_input_size, build_transforms, check_model_name,
-                       check_resumed_processes, claim_run_dir, config_record, create_criterion, create_train_model,
-                       eval_loader, evaluate_calibration, fill_from_checkpoint, fit, input_channels, load_best,
-                       load_csm_groups, load_data, load_model_weights, load_resumed, new_run_id, parse_args, predict,
-                       resolve_config, select_task, write_results)
+from .training.results import evaluate_run
+from .training.run_dir import RunInterrupted, take_run_dir
 from .training.shift import ShiftEvaluation
+from .training.trackers import log_results, make_accelerator, start_trackers, tracker_names
 
 __all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]
-
-
-def _make_accelerator(config: TrainConfig, out_dir: Optional[Path]):
-    """An ``Accelerator`` for ``config``; its trackers (``--log-with``, ``--log-wandb``) only with the run folder
-    ``out_dir``."""
-    from accelerate import Accelerator
-
-    kwargs = {}
-    if config.amp:
-        kwargs["mixed_precision"] = "bf16" if config.amp_dtype == "bfloat16" else "fp16"
-    if config.cpu:
-        kwargs["cpu"] = True
-    if tracker_names(config) and out_dir is not None:
-        kwargs["log_with"] = tracker_names(config)
-        kwargs["project_dir"] = str(out_dir)
-    return Accelerator(**kwargs)
-
-
-def _experiment_dir(config: TrainConfig) -> Path:
-    """The experiment folder a new run asks for (a taken one gives way to ``<name>-1``, ...; see run_dir)."""
-    if config.experiment:
-        return Path(config.output) / config.experiment
-    if config.eval_only and config.checkpoint and "output" not in config.explicit:  # beside the checkpoint
-        whole = config.test_split == config.train_split  # a folder of held-out images, scored whole
-        split = "" if whole else f"-{config.test_split}"
-        return Path(config.checkpoint).parent / f"eval-{Path(str(config.dataset)).name}{split}"
-    name = f"{Path(str(config.dataset)).name}-{config.model}-{config.loss}"
-    return Path(config.output) / name
-
-
-def _model_meta(config: TrainConfig, data_info: Dict[str, Any]) -> Dict[str, Any]:
-    """The run metadata stored with every model file and training state (what eval-only and loaders read)."""
-    meta = {k: getattr(config, k) for k in RUN_META_KEYS}
-    meta["model_kwargs"] = [list(kv) for kv in (config.model_kwargs or [])]
-    meta.update(data_info)
-    return meta
-
-
-def _prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
-    """Complete and check ``config`` before anything is built: a checkpoint's metadata (eval-only), the configuration
-    of a resumed run (``--resume``, or ``--auto-resume`` finding one); returns the resumed state (None: new run)."""
-    if config.eval_only:
-        if not config.checkpoint:
-            raise ValueError("--eval-only needs --checkpoint PATH")
-        if not os.path.isfile(config.checkpoint):
-            raise FileNotFoundError(f"--checkpoint {config.checkpoint} does not exist or is not a file")
-        if safetensors_metadata(config.checkpoint) is None:
-            raise ValueError(f"--checkpoint {config.checkpoint} is not a safetensors file (a pickle or JSON?); "
-                             "--eval-only reads the model files train.py writes, never unpickles")
-        taken = fill_from_checkpoint(config)
-        if taken:
-            print("train.py: --eval-only takes from the checkpoint's run: " + ", ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
-                  file=sys.stderr)
-        _refuse_training_split(config)
-        _require_preprocessing(config)
-    elif config.auto_resume and not config.resume and (_experiment_dir(config) / CHECKPOINT_LAST).exists():
-        config.resume = str(_experiment_dir(config) / CHECKPOINT_LAST)
-    resume_state = load_resumed(config) if config.resume and not config.eval_only else None
-    for name, least in (("batch_size", 1), ("epochs", 0), ("n_bins", 1), ("bootstrap", 0)):
-        value = getattr(config, name)
-        if value is None or value < least:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
-    check_training_options(config)
-    return resume_state
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C after the run took its ``folder``; ``message`` says where the run is and the command that continues it."""
-
-    def __init__(self, folder: Path, eval_only: bool):
-        super().__init__(str(folder))
-        self.folder = folder
-        if eval_only:
-            self.message = f"the evaluation in {folder} stopped; run the same command again"
-        elif (folder / CHECKPOINT_LAST).exists():
-            self.message = f"the run is in {folder}; continue it with: {_resume_command(folder)}"
-        else:
-            self.message = (f"the run in {folder} had not finished an epoch, so there is nothing to resume; run the "
-                            "same command again to start over")
-
-
-def _resume_command(folder: Path) -> str:
-    """The command that resumes the run in ``folder``, on as many processes as this launch has."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    launcher = (f"accelerate launch --num_processes {processes} -m timm_csm.train" if processes > 1 else
-                "timm-csm-train")
-    return f"{launcher} --resume {folder / CHECKPOINT_LAST}"
-
-
-_PASSED_OVER = {"in use": "is in use by another run", "finished": "holds a finished run",
-                "other": "holds another run's files"}
-
-
-def _run_folder_line(asked: Path, lock) -> str:
-    """``run folder: ...``, saying why a new run did not take the folder it asked for when it took ``<name>-1``, ..."""
-    line = f"run folder: {lock.path}"
-    if lock.passed_over == "interrupted":
-        return (f"{line} ({asked} holds an interrupted run; to continue that one instead: {_resume_command(asked)}, "
-                "or add --auto-resume)")
-    if lock.passed_over is not None:
-        return f"{line} ({asked} {_PASSED_OVER[lock.passed_over]})"
-    return line
-
-
-def _require_preprocessing(config: TrainConfig) -> None:
-    """--eval-shift / --ood corrupt or score images as the model sees them: an evaluated checkpoint must record its
-    normalisation (or the flags give it), else the shift would be measured through a guessed transform."""
-    if (config.eval_shift or config.ood) and (config.mean is None or config.std is None):
-        raise ValueError(f"--eval-shift / --ood need the model's preprocessing and {config.checkpoint} records no "
-                         "normalisation (not a model file of train.py): give --mean and --std (and --img-size)")
-
-
-def _refuse_training_split(config: TrainConfig) -> None:
-    """--eval-only never scores the split the checkpoint trained on (a flat folder's only split, ``train``, is
-    scored when it is another folder than the training run's)."""
-    from .data.sources import same_dataset
-
-    meta = read_model_meta(config.checkpoint) or {}
-    trained = meta.get("train_split") or "train"
-    if config.test_split == trained and same_dataset(meta.get("dataset"), config.dataset):
-        raise ValueError(f"--test-split {config.test_split!r} of {config.dataset} is the split {config.checkpoint} was "
-                         "trained on; score a held-out split or folder")
-
-
-def _take_run_dir(config: TrainConfig, accelerator, resume_state):
-    """(lock, folder, run id): the main process takes the run folder (see :mod:`timm_csm.training.run_dir`), every
-    process learns which, and the main process prints it; the lock is None on the other processes. A refusal is
-    raised on every process."""
-    from accelerate.utils import broadcast_object_list
-
-    lock, message = None, [None, None, None]  # folder, run id, error
-    if accelerator.is_main_process:
-        try:
-            if resume_state is not None:
-                run_id = resume_state["meta"]["run_id"]
-                lock = claim_run_dir(Path(config.resume).parent, run_id, resumes=run_id)
-            else:
-                run_id, auto = new_run_id(), config.auto_resume and not config.eval_only
-                fixed = config.experiment is not None and Path(config.experiment) == Path(".")
-                lock = claim_run_dir(_experiment_dir(config), run_id, numbered=not (fixed or auto),
-                                     replace_unfinished=auto)
-            message = [str(lock.path), run_id, None]
-            print(_run_folder_line(_experiment_dir(config), lock), flush=True)
-        except ValueError as e:
-            message[2] = str(e)
-    broadcast_object_list(message)
-    if message[2] is not None:
-        raise ValueError(message[2])
-    return lock, Path(message[0]), message[1]
 
 
 def _build(config: TrainConfig):
@@ -263,7 +113,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
     and results.json; ``resume`` continues a run in its folder with its stored configuration.
     """
     config = resolve_config(config)
-    resume_state = _prepare_config(config)
+    resume_state = prepare_config(config)
     from accelerate.utils import set_seed
 
     check_model_name(config.model)
@@ -271,16 +121,16 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
         from .losses import get_loss_entrypoint
 
         get_loss_entrypoint(config.loss)  # unknown names list the registered losses
-    accelerator = _make_accelerator(config, None)
+    accelerator = make_accelerator(config, None)
     check_resumed_processes(resume_state, accelerator)
     set_seed(config.seed)
     data, task, model, train_tf, eval_tf, data_info, shift = _build(config)
-    lock, out_dir, run_id = _take_run_dir(config, accelerator, resume_state)
+    lock, out_dir, run_id = take_run_dir(config, accelerator, resume_state)
     try:
         if tracker_names(config):  # trackers write into the run folder, known only now
-            accelerator = _make_accelerator(config, out_dir)
+            accelerator = make_accelerator(config, out_dir)
             start_trackers(accelerator, config, out_dir.name)
-        meta = dict(_model_meta(config, data_info), run_id=run_id, config=config_record(config),
+        meta = dict(model_meta(config, data_info), run_id=run_id, config=config_record(config),
                     num_processes=accelerator.num_processes)
         if accelerator.is_main_process:
             import yaml
@@ -311,8 +161,8 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
             return predict(model, eval_loader(split, eval_tf, eval_bs, config, accelerator), accelerator,
                            channels_last=config.channels_last)[:2]
 
-        results = _evaluate(config, model, val_loader, test_loader, accelerator, out_dir, data, best, weights_path,
-                            run_id, shift, predict_split)
+        results = evaluate_run(config, model, val_loader, test_loader, accelerator, out_dir, data, best,
+                               weights_path, run_id, shift, predict_split)
         results["history"] = history
         log_results(accelerator, results, step=history[-1].get("step", 0) if history else 0)
         accelerator.wait_for_everyone()
@@ -325,45 +175,6 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
     finally:
         if lock is not None:
             lock.release()
-
-
-def _evaluate(config: TrainConfig, model, val_loader, test_loader, accelerator, out_dir: Path, data,
-              best: Dict[str, Any], weights_path, run_id: str, shift=None, predict_split=None) -> Dict[str, Any]:
-    """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`), under
-    ``shift`` too (:class:`~timm_csm.training.shift.ShiftEvaluation`, with ``predict_split``), and write the reports
-    (main process); the results dict of results.json."""
-    def predictions(loader):
-        return (predict(model, loader, accelerator, features=bool(config.piece), channels_last=config.channels_last)
-                if loader is not None else None)
-
-    test, val = predictions(test_loader), predictions(val_loader)
-    fitted = None  # an eval-only run without validation images applies the temperature its checkpoint's run fitted
-    if config.eval_only and val is None:
-        fitted = saved_temperature(config.checkpoint)
-    scores = evaluate_calibration(val, test, n_bins=config.n_bins, ts_method=config.ts_method, with_piece=config.piece,
-                                  fitted=fitted[0] if fitted else None, bootstrap=config.bootstrap)
-    if config.eval_only:  # the checkpoint's own epoch, not a selection of this run
-        best = dict(best, epoch=(read_model_meta(config.checkpoint) or {}).get("epoch"))
-    results: Dict[str, Any] = {
-        "dataset": str(config.dataset), "model": config.model, "loss": config.loss, "n_train": len(data.train),
-        "n_val": len(data.val), "n_test": len(data.test) if data.test is not None else 0, "n_bins": config.n_bins,
-        "ts_method": config.ts_method,
-        "select_by": config.select_by, "checkpoint": None if weights_path is None else str(weights_path),
-        "checkpoint_epoch": best.get("epoch"), "eval_only": bool(config.eval_only),
-        "temperature_source": fitted[1] if fitted else None,
-        "num_processes": accelerator.num_processes, "output_dir": str(out_dir), "run_id": run_id,
-        **scores.metrics,
-    }
-    shown = test if test is not None else val  # without a test split the reports show the validation images
-    if shift is not None:
-        calibrators = {"temperature_scaling": scores.scaler} if scores.scaler is not None else {}
-        results.update(shift.run(predict_split, data.test if test is not None else data.val, shown[:2],
-                                 val[:2] if val is not None else None, calibrators, n_bins=config.n_bins,
-                                 resamples=config.bootstrap, log=accelerator.print))
-    if accelerator.is_main_process:
-        accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
-                                        split=config.test_split if test is not None else "validation"))
-    return results
 
 
 def evaluate_checkpoint(checkpoint, **options) -> Dict[str, Any]:
@@ -395,25 +206,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 def _program() -> str:
     """The name this command was started by (``timm-csm-train``, ``train.py``), for its messages."""
     return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "timm-csm-train"
-
-
-def exit_interrupted(message: str) -> NoReturn:
-    """End a command stopped with Ctrl-C: ``interrupted: <message>`` (where the work is, how to continue) as one
-    line on stderr from the main process, exit status 130 as a shell reports SIGINT, and no traceback."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"\ninterrupted: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(130)
-
-
-def end_process_group() -> None:
-    """Destroy the default ``torch.distributed`` process group if one is initialised (no-op otherwise).
-
-    A process that exits with a live gloo group can abort (SIGABRT): gloo's worker thread
-    (``ProcessGroupGloo::runLoop``) frees the last work object while the interpreter finalises. Entry points call
-    this before they exit, also on errors, as accelerate's ``Accelerator.end_training`` does.
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

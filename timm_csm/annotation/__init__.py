@@ -1,7 +1,7 @@
 """Calibrated re-annotation (CSM step 2): encoders, class prototypes, projection coefficients, soft labels.
 
     encoder = OpenClipEncoder("ViT-B-32", pretrained="openai")          # or TimmEncoder / a reference encoder
-    result = annotate_generated(generated, plan, real_train, encoder)     # prototypes, s on held-out images, labels
+    result = annotate_generated(generated, plan, real_train, encoder, "auto")  # prototypes, s on held-out images
     protos = load_or_compute_prototypes(encoder, real_train)              # the steps one by one: class means, cached
     annotated = annotate(generated, class_names, encoder, protos, s=4.0)  # lambda_hat + soft labels
 
@@ -15,8 +15,9 @@ from .cache import dataset_fingerprint, load_cache
 from .checks import annotation_report, drop_groups, flag_groups, group_spearman, soft_label_confidence
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, encode_images,
                        weights_fingerprint)
-from .factory import ENCODER_KINDS, create_encoder
-from .label_groups import LABEL_MODES, annotate, decode_images, rescale_soft_labels
+from .config import LABEL_MODES, AnnotationConfig, resolve_scale
+from .factory import create_encoder, list_encoders, parse_encoder_spec, register_encoder
+from .label_groups import annotate, decode_images, rescale_soft_labels
 from .pipeline import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
 from .preprocess import ImagePreprocessor
 from .prototypes import (ClassPrototypes, HeldOutFeatures, compute_prototypes, load_or_compute_prototypes,
@@ -26,8 +27,10 @@ from .soft_labels import (DEFAULT_SCALES, default_scale, dominant_class, generat
                           pairwise_true_lambda, projection_coefficient, scale_nll, select_scale)
 
 __all__ = [
+    "AnnotationConfig", "resolve_scale",
     "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
-    "create_encoder", "ENCODER_KINDS", "encode_images", "weights_fingerprint", "ImagePreprocessor",
+    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec",
+    "encode_images", "weights_fingerprint", "ImagePreprocessor",
     "DEFAULT_ZERO_SHOT_TEMPLATES", "train_reference_encoder", "load_reference_encoder",
     "ClassPrototypes", "HeldOutFeatures", "compute_prototypes", "load_or_compute_prototypes",
     "prototypes_and_held_out", "dataset_fingerprint", "load_cache",

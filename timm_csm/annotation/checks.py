@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from ..data.lazy import column_arrays
+from .config import DEFAULTS
 
 __all__ = ["group_spearman", "flag_groups", "soft_label_confidence", "annotation_report", "drop_groups",
            "generator_problems", "MAX_FLAGGED_SHARE", "MIN_RECOGNITION_SKILL"]
@@ -68,7 +69,8 @@ def group_spearman(group_id, lambda_gen, lambda_hat) -> Dict[int, float]:
     return out
 
 
-def flag_groups(group_id, lambda_gen, lambda_hat, min_spearman: float = 0.8) -> Dict[str, np.ndarray]:
+def flag_groups(group_id, lambda_gen, lambda_hat,
+                min_spearman: float = DEFAULTS.min_spearman) -> Dict[str, np.ndarray]:
     """Group ids flagged as ``not_monotone`` (Spearman rho < ``min_spearman``, or undefined) and as
     ``endpoint_misread`` (the lambda = 1 member has lambda-hat < 1/2, or the lambda = 0 member > 1/2)."""
     rho = group_spearman(group_id, lambda_gen, lambda_hat)
@@ -91,7 +93,7 @@ def soft_label_confidence(soft_labels, quantiles: Sequence[float] = (0.1, 0.25, 
             "share_above_0.9": float((top > 0.9).mean()), "share_above_0.99": float((top > 0.99).mean())}
 
 
-def annotation_report(dataset, min_spearman: float = 0.8) -> Dict:
+def annotation_report(dataset, min_spearman: float = DEFAULTS.min_spearman) -> Dict:
     """:func:`soft_label_confidence` and :func:`flag_groups` of an annotated CSM ``datasets.Dataset``."""
     cols = column_arrays(dataset, ["group_id", "lambda_gen", "lambda_hat", "soft_label"])
     flags = flag_groups(cols["group_id"], cols["lambda_gen"], cols["lambda_hat"], min_spearman)

@@ -10,7 +10,7 @@ Three kinds share one interface (:class:`ImageEncoder`):
 * ``reference``: a small classifier trained here on the real training data (:mod:`timm_csm.annotation.reference`,
   a :class:`TimmEncoder`), the offline default when no CLIP weights are available.
 
-:func:`timm_csm.annotation.factory.create_encoder` builds any of the three by name.
+:func:`timm_csm.annotation.factory.create_encoder` builds any of the three from its spec string.
 
 Every encoder carries an ``identity`` string (kind, weights, preprocessing, and a fingerprint of the parameters) that
 keys the prototype cache, so a cache can never be reused with different weights.

@@ -17,13 +17,12 @@ import torch
 from ..data.csm_format import (CSM_COLUMNS, RAW_COLUMNS, check_class_names, check_groups, check_soft_labels,
                                csm_features)
 from ..data.lazy import column_arrays
+from .config import DEFAULTS, LABEL_MODES
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
 from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient
 
 __all__ = ["annotate", "rescale_soft_labels", "decode_images", "pure_member_recognition", "LABEL_MODES"]
-
-LABEL_MODES = ("projection", "zero_shot", "generation")
 
 
 def _torchvision_decode():
@@ -88,9 +87,9 @@ def annotate(
     s: float,
     *,
     lambdas: Optional[Sequence[float]] = None,
-    label_mode: str = "projection",
-    batch_size: int = 256,
-    drop_incomplete: bool = False,
+    label_mode: str = DEFAULTS.label_mode,
+    batch_size: int = DEFAULTS.batch_size,
+    drop_incomplete: bool = DEFAULTS.drop_incomplete,
     zero_shot_templates: Sequence[str] = DEFAULT_ZERO_SHOT_TEMPLATES,
     return_recognition: bool = False,
     progress: bool = True,

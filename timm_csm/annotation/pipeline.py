@@ -3,7 +3,8 @@ and the annotation checks. :func:`timm_csm.steps.annotate_generated_folder`, whi
 and the recipe's annotate stage call, runs :func:`annotate_generated` on a generated folder and saves the result.
 
     generated, plan = load_generated("runs/gen-fmnist")
-    result = annotate_generated(generated, plan, real_train, lambda fit: train_reference_encoder(fit, "runs/ref"))
+    result = annotate_generated(generated, plan, real_train, lambda fit: train_reference_encoder(fit, "runs/ref"),
+                                "auto")
     save_csm_dataset(result.dataset, "out/csm-fmnist-aug", result.provenance())
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..data import ImageArrays
 from ..data.csm_format import check_class_names
 from .label_groups import annotate
 from .checks import annotation_report, drop_groups
+from .config import DEFAULTS
 from .encoders import ImageEncoder
 from .prototypes import ClassPrototypes, HeldOutFeatures, prototypes_and_held_out
 from .soft_labels import pairwise_true_lambda, scale_nll, select_scale
@@ -27,7 +29,7 @@ __all__ = ["AnnotatedSet", "annotate_generated", "holdout_rows", "holdout_split"
 EncoderArg = Union[ImageEncoder, Callable[[ImageArrays], ImageEncoder]]
 
 
-def holdout_rows(n: int, fraction: float = 0.1, seed: int = 0) -> np.ndarray:
+def holdout_rows(n: int, fraction: float = DEFAULTS.holdout_fraction, seed: int = DEFAULTS.seed) -> np.ndarray:
     """The sorted row indices of a seeded random ``fraction`` of ``n`` real images (at least one, never all) that
     :func:`holdout_split` holds out. The same ``(fraction, seed)`` always gives the same rows."""
     if not 0.0 < fraction < 1.0:
@@ -38,7 +40,8 @@ def holdout_rows(n: int, fraction: float = 0.1, seed: int = 0) -> np.ndarray:
     return np.sort(order[:min(n - 1, max(1, int(round(fraction * n))))])
 
 
-def holdout_split(real: ImageArrays, fraction: float = 0.1, seed: int = 0) -> Tuple[ImageArrays, ImageArrays]:
+def holdout_split(real: ImageArrays, fraction: float = DEFAULTS.holdout_fraction,
+                  seed: int = DEFAULTS.seed) -> Tuple[ImageArrays, ImageArrays]:
     """``(fit, held_out)``: the rows of :func:`holdout_rows` held out, both in the original order."""
     held = holdout_rows(len(real), fraction, seed)
     return real.subset(np.setdiff1d(np.arange(len(real)), held)), real.subset(held)
@@ -92,11 +95,12 @@ def _resolve(s: Union[str, float], holdout: Optional[bool]) -> Tuple[bool, bool]
     return auto, holdout
 
 
-def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: EncoderArg, s: Union[str, float] = "auto",
-                       *, holdout: Optional[bool] = None, holdout_fraction: float = 0.1, seed: int = 0,
-                       label_mode: str = "projection", batch_size: int = 256, drop_incomplete: bool = False,
-                       drop_flagged: bool = False, min_spearman: float = 0.8, cache_dir=None, progress: bool = True,
-                       log: Callable[[str], None] = print) -> AnnotatedSet:
+def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: EncoderArg, s: Union[str, float], *,
+                       holdout: Optional[bool] = None, holdout_fraction: float = DEFAULTS.holdout_fraction,
+                       seed: int = DEFAULTS.seed, label_mode: str = DEFAULTS.label_mode,
+                       batch_size: int = DEFAULTS.batch_size, drop_incomplete: bool = DEFAULTS.drop_incomplete,
+                       drop_flagged: bool = DEFAULTS.drop_flagged, min_spearman: float = DEFAULTS.min_spearman,
+                       cache_dir=None, progress: bool = True, log: Callable[[str], None] = print) -> AnnotatedSet:
     """Annotate a raw generated set (``generated, plan = load_generated(folder)``) against the real training set.
 
     Which real data serves what:

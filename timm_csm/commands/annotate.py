@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timm_csm.annotation.config import AnnotationConfig
 from timm_csm.cli import console_command
+from timm_csm.options import add_options, options_from_namespace
 from timm_csm.training.args import HelpFormatter
-
-#: the share of the real training split held out for ``--s auto`` and its seed (the defaults of ``--val-fraction`` and
-#: ``--seed``): the images the default reference encoder never sees
-HELD_OUT_FRACTION, HELD_OUT_SEED = 0.1, 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,9 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
     p.add_argument("--output", default="runs/hub", help="folder that receives csm-<dataset>-aug")
     p.add_argument("--name", default=None, help="dataset folder name (default csm-<dataset>-aug)")
-    p.add_argument("--encoder", default="reference", choices=("reference", "open_clip", "timm"),
-                   help="features to annotate with: a reference CNN trained here, open_clip (the paper) or a timm "
-                        "model")
+    p.add_argument("--encoder", default="reference",
+                   help="features to annotate with, an encoder spec as the recipe's: reference (a reference CNN "
+                        "trained here), reference:<folder> (one trained before), open_clip[:<model>[:<tag or weights "
+                        "file>]] (the paper) or timm[:<model>[:<checkpoint>]]; --model, --pretrained and --checkpoint "
+                        "give the fields a spec leaves out")
     p.add_argument("--model", default=None, help="open_clip config (default ViT-B-32) or timm model name")
     p.add_argument("--pretrained", default=None, help="open_clip tag, weights file, or omit for local-dir: models")
     p.add_argument("--force-quick-gelu", action="store_true", help="open_clip: QuickGELU (OpenAI weights)")
@@ -45,33 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timm: input size fed to the model (default: its pretrained config)")
     p.add_argument("--reference-dir", default=None, help="reference encoder folder (default runs/reference-<name>)")
     p.add_argument("--reference-epochs", type=int, default=4, help="epochs of the reference encoder")
-    p.add_argument("--s", default=None,
-                   help="sigmoid scale: a number, or 'auto' (fit on a held-out split of the real training set); "
-                        "default: the paper's value for CIFAR-10/100 and Tiny-ImageNet, else auto")
-    p.add_argument("--val-fraction", type=float, default=HELD_OUT_FRACTION,
-                   help="held-out share of the training split for --s auto")
-    p.add_argument("--holdout-encoder", action="store_true",
-                   help="train the reference encoder without the held-out share even with a numeric --s, so that a "
-                        "run with a fixed s differs from the --s auto run only in s")
-    p.add_argument("--label-mode", default="projection", choices=("projection", "zero_shot", "generation"),
-                   help="soft labels from the projection on the prototypes (the paper), zero-shot, or the generation "
-                        "lambda")
-    p.add_argument("--batch-size", type=int, default=256, help="images per encoder batch")
-    p.add_argument("--drop-incomplete", action="store_true",
-                   help="drop groups that lack members of the lambda grid (reported) instead of failing")
-    p.add_argument("--drop-flagged", action="store_true",
-                   help="drop groups whose lambda-hat is not monotone in lambda (Spearman < --min-spearman) or whose "
-                        "pure endpoints project nearer the other class; the annotation report counts them either way")
-    p.add_argument("--min-spearman", type=float, default=0.8, help="monotonicity threshold of --drop-flagged")
-    p.add_argument("--accept-poor-generator", action="store_true",
-                   help="build the dataset even when the checks find the generator poor (its pure-class images "
-                        "recognised near chance, or most groups flagged), with a warning; without it such a run stops "
-                        "before anything is saved")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
     p.add_argument("--cache-dir", default=None, help="prototype cache (default $TIMM_CSM_CACHE or ~/.cache/timm_csm)")
     p.add_argument("--device", default="cpu", help="torch device of the encoder")
-    p.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="seed of the held-out split")
-    return p
+    return add_options(p, AnnotationConfig)
 
 
 def parse_args(argv=None):
@@ -99,40 +76,40 @@ def train_reference(dataset: str, fit, folder, epochs: int = 4, device: str = "c
 
 
 def _encoder(args, dataset: str, name: str, holdout: bool):
-    """The encoder of ``--encoder``: a ready open_clip / timm encoder, or for the reference encoder a function
-    that trains it on the real images it may see (without the held-out share when ``holdout``)."""
-    from timm_csm.annotation import OpenClipEncoder, TimmEncoder
+    """The encoder of ``--encoder`` (:func:`~timm_csm.annotation.create_encoder` of its spec, with the flags that
+    give the fields it leaves out), or for the bare ``reference`` a function that trains the reference encoder on
+    the real images it may see (without the held-out share when ``holdout``)."""
+    from timm_csm.annotation import create_encoder, parse_encoder_spec
 
-    if args.encoder == "open_clip":
-        kw = {"force_quick_gelu": True} if args.force_quick_gelu else {}
-        return OpenClipEncoder(args.model or "ViT-B-32", args.pretrained, normalize=args.normalize,
-                               device=args.device, **kw)
-    if args.encoder == "timm":
-        if not args.model:
+    kind, fields = parse_encoder_spec(args.encoder)
+    if kind == "reference" and not fields:
+        ref_dir = args.reference_dir or reference_dir(name, holdout)
+        return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device,
+                                           args.image_column, args.label_column)
+    flags = {"open_clip": {"model_name": args.model, "pretrained": args.pretrained},
+             "timm": {"model": args.model, "checkpoint_path": args.checkpoint}}.get(kind, {})
+    kwargs = {k: v for k, v in flags.items() if v is not None and k not in fields}
+    if kind == "open_clip":
+        kwargs.update(normalize=args.normalize, **({"force_quick_gelu": True} if args.force_quick_gelu else {}))
+    elif kind == "timm":
+        if "model" not in fields and "model" not in kwargs:
             raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
-        return TimmEncoder(args.model, checkpoint_path=args.checkpoint, device=args.device,
-                           input_size=args.input_size)
-    ref_dir = args.reference_dir or reference_dir(name, holdout)
-    return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device, args.image_column,
-                                       args.label_column)
+        kwargs["input_size"] = args.input_size
+    return create_encoder(args.encoder, device=args.device, **kwargs)
 
 
 @console_command("timm-csm-annotate", build_parser)
 def main(argv=None):
     args = parse_args(argv)
-    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset, soft_label_scale
+    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
 
     dataset = args.dataset or generated_dataset(args.generated)
     name = args.name or csm_dataset_name(dataset)
-    s = soft_label_scale(args.s, dataset)
-    holdout = s == "auto" or args.holdout_encoder
+    annotation = options_from_namespace(AnnotationConfig, args).resolved(dataset)
     folder, _ = annotate_generated_folder(
-        args.generated, args.output, _encoder(args, dataset, name, holdout), dataset=dataset, name=name, s=s,
-        holdout=holdout, holdout_fraction=args.val_fraction, seed=args.seed, label_mode=args.label_mode,
-        batch_size=args.batch_size, drop_incomplete=args.drop_incomplete, drop_flagged=args.drop_flagged,
-        min_spearman=args.min_spearman, cache_dir=args.cache_dir, install=args.install,
-        image_column=args.image_column, label_column=args.label_column,
-        accept_poor_generator=args.accept_poor_generator)
+        args.generated, args.output, _encoder(args, dataset, name, annotation.holds_out(dataset)), annotation,
+        dataset=dataset, name=name, cache_dir=args.cache_dir, install=args.install, image_column=args.image_column,
+        label_column=args.label_column)
     print(f"next: timm-csm-train --dataset {dataset} --loss csm --csm-dataset {name if args.install else folder}")
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from timm_csm.cli import console_command
+from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
 from timm_csm.training.args import HelpFormatter
 
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-column", default=None, help="image column of --dataset (detected when omitted)")
     p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
     p.add_argument("--num-groups", type=int, default=200, help="groups sampled (two pure-class images each)")
-    p.add_argument("--steps", type=int, default=20, help="DDIM sampler steps")
+    p.add_argument("--steps", type=int, default=QUALITY_SAMPLER_STEPS, help="DDIM sampler steps")
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--device", default="cpu", help="torch device of the classifier's training")
@@ -46,15 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _classifier(args, real):
     """(classifier, the real images to measure it on, what they are). The default folder is the one annotation
     reuses: trained without the held-out share where annotation fits s on it (``--s auto``)."""
-    from timm_csm.annotation import holdout_rows, holdout_split, load_reference_encoder
+    from timm_csm.annotation import AnnotationConfig, holdout_rows, holdout_split, load_reference_encoder
     from timm_csm.annotation.cache import dataset_fingerprint
-    from timm_csm.commands.annotate import HELD_OUT_FRACTION, HELD_OUT_SEED, reference_dir, train_reference
+    from timm_csm.commands.annotate import reference_dir, train_reference
     from timm_csm.data import load_image_arrays
     from timm_csm.data.sources import dataset_split_names, detect_test_split
-    from timm_csm.steps import csm_dataset_name, soft_label_scale
+    from timm_csm.steps import csm_dataset_name
 
-    holdout = soft_label_scale(None, args.dataset) == "auto"
-    fit = holdout_split(real, HELD_OUT_FRACTION, HELD_OUT_SEED)[0] if holdout else real
+    annotation = AnnotationConfig()  # timm-csm-annotate's defaults: its reference encoder is the one reused
+    holdout = annotation.holds_out(args.dataset)
+    fit = holdout_split(real, annotation.holdout_fraction, annotation.seed)[0] if holdout else real
     folder = Path(args.classifier or reference_dir(csm_dataset_name(args.dataset), holdout))
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         classifier = load_reference_encoder(folder)
@@ -67,7 +69,7 @@ def _classifier(args, real):
         test = load_image_arrays(args.dataset, test_split, args.image_column, args.label_column)
         return classifier, test, f"the {test_split!r} split"
     if holdout and classifier.config.get("dataset") == dataset_fingerprint(fit):
-        held_out = real.subset(holdout_rows(len(real), HELD_OUT_FRACTION, HELD_OUT_SEED))
+        held_out = real.subset(holdout_rows(len(real), annotation.holdout_fraction, annotation.seed))
         return classifier, held_out, "the held-out tenth of the training split"
     return classifier, None, None
 

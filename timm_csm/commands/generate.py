@@ -29,7 +29,10 @@ import argparse
 import sys
 
 from timm_csm.cli import console_command
+from timm_csm.generation.config import MixingConfig
+from timm_csm.options import add_options, options_from_namespace
 from timm_csm.training.args import HelpFormatter
+from timm_csm.training.config import TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,27 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "the name of a shipped generator (fmnist)")
     p.add_argument("--num-groups", type=int, required=True, help="groups to generate (each: one image per lambda)")
     p.add_argument("--output", required=True, help="folder of the generated shards (plan.json, shards/)")
-    p.add_argument("--num-lambdas", type=int, default=8, help="lambda grid linspace(0, 1, n)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="sampler steps; default 50 for a generator folder, the paper's 20 / 25 for an EDM pickle")
-    p.add_argument("--scheduler", default="ddim", choices=["ddim", "dpm"],
-                   help="generator folder: DDIM (eta 0) or DPM-Solver multistep")
-    p.add_argument("--guidance-scale", type=float, default=None,
-                   help="classifier-free guidance; 1 = none (the paper); default: the generator's recommendation")
-    p.add_argument("--groups-per-shard", type=int, default=64, help="groups per shard file (the unit of resuming)")
-    p.add_argument("--batch-groups", type=int, default=16, help="groups per forward batch")
-    p.add_argument("--seed-offset", type=int, default=0, help="seed of the first group (group i has seed offset + i)")
     p.add_argument("--extend-from", default=None, metavar="FOLDER",
                    help="a finished output of this command with fewer groups: its groups are copied, not generated "
                         "again (the plan must be the same but for --num-groups)")
     p.add_argument("--class-names", default=None,
                    help="EDM pickle: comma-separated class names in label order (default: CIFAR-10 / CIFAR-100)")
-    g = p.add_argument_group("real-anchored mode")
-    g.add_argument("--strength", type=float, default=1.0,
-                   help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = start from real anchors")
+    add_options(p, MixingConfig)
+    g = next(g for g in p._action_groups if g.title == "real-anchored mode")
     g.add_argument("--anchor-dataset", default=None, help="dataset of the anchors (train.py's --dataset)")
     g.add_argument("--anchor-max-train-samples", type=int, default=None, help="train.py's --max-train-samples")
-    g.add_argument("--anchor-val-fraction", type=float, default=0.1, help="train.py's --val-fraction")
+    g.add_argument("--anchor-val-fraction", type=float, default=TrainConfig.val_fraction,
+                   help="train.py's --val-fraction")
     g.add_argument("--anchor-seed", type=int, default=0, help="train.py's --seed of the run the anchors are for")
     return p
 
@@ -67,23 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    from timm_csm.steps import check_mixing_options, is_edm_pickle
+    from timm_csm.generation.registry import generator_kind
+    from timm_csm.steps import check_mixing_options
 
     try:
-        check_mixing_options(args.generator, args.guidance_scale, args.scheduler, args.strength)
+        check_mixing_options(args.generator, options_from_namespace(MixingConfig, args))
     except ValueError as e:
         p.error(str(e))
-    if args.class_names is not None and not is_edm_pickle(args.generator):
+    if args.class_names is not None and not generator_kind(args.generator).names_classes:
         p.error("--class-names is for EDM pickles; a generator folder names its classes in model_index.json")
     if args.strength < 1.0 and not args.anchor_dataset:
         p.error("--strength below 1 needs --anchor-dataset (the real images the groups start from)")
     return args
 
 
-def training_anchors(dataset: str, max_train_samples=None, val_fraction: float = 0.1, seed: int = 0):
+def training_anchors(dataset: str, max_train_samples=None, val_fraction: float = TrainConfig.val_fraction,
+                     seed: int = 0):
     """The training images of the train.py run with these options, as an anchor pool."""
     from timm_csm.generation.anchors import AnchorPool
-    from timm_csm.training import TrainConfig, load_data
+    from timm_csm.training import load_data
 
     subset = None if max_train_samples is None else int(max_train_samples)
     train = load_data(TrainConfig(dataset=dataset, val_fraction=float(val_fraction), seed=int(seed),
@@ -99,7 +94,7 @@ def main(argv=None):
     from accelerate import Accelerator
 
     from timm_csm.steps import generate_groups
-    from timm_csm.train import end_process_group, exit_interrupted
+    from timm_csm.cli import end_process_group, exit_interrupted
 
     try:
         anchors = None
@@ -108,11 +103,9 @@ def main(argv=None):
                                        args.anchor_seed)
         class_names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
         accelerator = Accelerator()
-        generate_groups(args.generator, args.output, args.num_groups, args.num_lambdas,
-                        num_inference_steps=args.steps, scheduler=args.scheduler, guidance_scale=args.guidance_scale,
-                        class_names=class_names, anchors=anchors, strength=args.strength,
-                        groups_per_shard=args.groups_per_shard, batch_groups=args.batch_groups,
-                        seed_offset=args.seed_offset, accelerator=accelerator, extend_from=args.extend_from)
+        generate_groups(args.generator, args.output, args.num_groups, options_from_namespace(MixingConfig, args),
+                        class_names=class_names, anchors=anchors, accelerator=accelerator,
+                        extend_from=args.extend_from)
         accelerator.print(f"generated {args.num_groups} groups in {args.output}; next: timm-csm-annotate --generated "
                           f"{args.output} --install")
     except KeyboardInterrupt:

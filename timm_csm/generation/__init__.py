@@ -9,11 +9,15 @@ import importlib
 _LAZY = {
     **dict.fromkeys(["SoftClassEmbedding", "enable_soft_class_conditioning", "enable_soft_dit_conditioning",
                      "find_soft_class_table", "mix_prompt_embeddings", "mix_weights"], "conditioning"),
+    **dict.fromkeys(["MixingConfig"], "config"),
     **dict.fromkeys(["GENERATOR_PROFILES", "GeneratorConfig", "create_class_unet", "weights_digest"], "models"),
     **dict.fromkeys(["EDMSemanticMixingPipeline", "SemanticMixingPipeline", "SemanticMixingPipelineOutput",
                      "create_scheduler"], "pipeline"),
     **dict.fromkeys(["Group", "class_pair", "lambda_grid", "plan_groups"], "plan"),
-    **dict.fromkeys(["edm_heun_sample", "sample_with_scheduler"], "sampling"),
+    **dict.fromkeys(["edm_heun_sample", "sample_with_edm_scheduler", "sample_with_scheduler"], "sampling"),
+    **dict.fromkeys(["EDMHeunScheduler"], "scheduling_edm"),
+    **dict.fromkeys(["GeneratorKind", "register_generator", "list_generators", "generator_kind", "create_generator"],
+                    "registry"),
     **dict.fromkeys(["generate_to_folder", "load_generated", "make_plan"], "writer"),
     **dict.fromkeys(["pure_class_accuracy", "two_sample_accuracy"], "quality"),
 }

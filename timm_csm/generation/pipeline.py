@@ -7,10 +7,9 @@ The model and its sampler are kept apart (diffusers' split). :class:`SemanticMix
 :class:`EDMSemanticMixingPipeline` runs an EDM-preconditioned denoiser through the EDM Heun sampler. Both are called
 as ``pipe(groups, lambdas)`` and return a :class:`SemanticMixingPipelineOutput` (``images``, ``members``).
 
-``DiffusionPipeline.from_pretrained`` resolves the ``_class_name`` of a ``model_index.json`` as an attribute of the
-``diffusers`` module (classes defined elsewhere load only as remote code, from a ``.py`` file in the folder and with
-``trust_remote_code=True``). Importing this module therefore sets :class:`SemanticMixingPipeline` there under its
-name: after ``import timm_csm.generation.pipeline``, ``DiffusionPipeline.from_pretrained(folder)`` returns one.
+A generator folder loads with ``SemanticMixingPipeline.from_pretrained(folder)`` (diffusers' generic
+``DiffusionPipeline.from_pretrained`` looks its ``_class_name`` up in the ``diffusers`` module, which this package
+leaves as it is), or through the generator registry (:func:`~timm_csm.generation.registry.create_generator`).
 """
 from __future__ import annotations
 
@@ -28,7 +27,8 @@ from diffusers.utils import BaseOutput
 from .conditioning import (enable_soft_class_conditioning, enable_soft_dit_conditioning, find_soft_class_table,
                            mix_weights)
 from .plan import Group, group_noise
-from .sampling import edm_heun_sample, sample_with_scheduler, to_uint8
+from .sampling import DEFAULT_INFERENCE_STEPS, sample_with_edm_scheduler, sample_with_scheduler, to_uint8
+from .scheduling_edm import EDMHeunScheduler
 
 __all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixingPipelineOutput", "SCHEDULERS",
            "create_scheduler", "expand_groups"]
@@ -138,7 +138,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
     ``scheduler``, any diffusers scheduler (:func:`create_scheduler` swaps DDIM for DPM-Solver++).
 
     Configuration (``register_to_config``, kept in ``model_index.json`` and restored by
-    ``DiffusionPipeline.from_pretrained``): ``class_names`` (K names; the model's class table has K rows, or K + 1
+    ``from_pretrained``): ``class_names`` (K names; the model's class table has K rows, or K + 1
     with the null class of guidance last; default "0" .. "K-1" for a table of K + 1 rows),
     ``recommended_guidance_scale`` (measured with ``pure_class_accuracy`` when the generator was shipped) and
     ``metadata`` (name, dataset, training recipe, losses).
@@ -154,8 +154,8 @@ class SemanticMixingPipeline(DiffusionPipeline):
 
     def __init__(self, unet: ModelMixin, scheduler: SchedulerMixin, class_names: Optional[List[str]] = None,
                  recommended_guidance_scale: float = 1.0, metadata: Optional[Dict] = None,
-                 num_inference_steps: int = 50, guidance_scale: Optional[float] = None, anchors=None,
-                 strength: float = 1.0):
+                 num_inference_steps: int = DEFAULT_INFERENCE_STEPS, guidance_scale: Optional[float] = None,
+                 anchors=None, strength: float = 1.0):
         super().__init__()
         rows = find_soft_class_table(_soft_conditioned(unet)).num_embeddings
         names = _class_names(rows, class_names)
@@ -253,22 +253,37 @@ class SemanticMixingPipeline(DiffusionPipeline):
         return _output(to_uint8(x).cpu(), members, output_type, return_dict)
 
 
-class EDMSemanticMixingPipeline:
-    """An EDM denoiser ``D(x, sigma, class_weights) -> x0`` sampled with the deterministic Heun sampler, as the
-    official CSM generation: for example an NVlabs EDM network pickle (:meth:`from_edm_pickle`) or any callable.
+class EDMSemanticMixingPipeline(DiffusionPipeline):
+    """An EDM denoiser ``D(x, sigma, class_weights) -> x0`` sampled with EDM's deterministic Heun sampler
+    (:class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`, the pipeline's ``scheduler``), as the official CSM
+    generation: for example an NVlabs EDM network pickle (:meth:`from_edm_pickle`) or any callable.
 
-    Not a ``diffusers.DiffusionPipeline``: its network is no diffusers model (nothing to ``save_pretrained``), but it
-    is called like :class:`SemanticMixingPipeline` and returns the same :class:`SemanticMixingPipelineOutput`.
-    ``sigma_min`` / ``sigma_max``: the sampler's noise range (EDM's 0.002 and 80, clamped to what the network
-    supports).
+    A ``diffusers.DiffusionPipeline`` of a denoiser and a scheduler, called like :class:`SemanticMixingPipeline` and
+    returning the same :class:`SemanticMixingPipelineOutput`; its network is no diffusers model, so it is built from
+    the pickle, never ``save_pretrained``. ``sigma_min`` / ``sigma_max``: the sampler's noise range (EDM's 0.002 and
+    80, clamped to what the network supports); ``device``: where the denoiser runs.
     """
 
     def __init__(self, denoiser: Callable, num_classes: int, image_shape, num_inference_steps: int = 18,
                  device="cpu", sigma_min: float = 0.002, sigma_max: float = 80.0):
-        self.denoiser, self.num_classes = denoiser, num_classes
-        self.image_shape, self.num_inference_steps, self.device = tuple(image_shape), num_inference_steps, device
-        self.sigma_min, self.sigma_max = float(sigma_min), float(sigma_max)
-        self.strength = 1.0
+        super().__init__()
+        self.register_modules(denoiser=denoiser, scheduler=EDMHeunScheduler(sigma_min=float(sigma_min),
+                                                                            sigma_max=float(sigma_max)))
+        self.num_classes, self.image_shape = num_classes, tuple(image_shape)
+        self.num_inference_steps, self._device, self.strength = num_inference_steps, torch.device(device), 1.0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the denoiser runs (an EDM network is a plain ``torch.nn.Module``, without diffusers' ``device``)."""
+        return self._device
+
+    @property
+    def sigma_min(self) -> float:
+        return self.scheduler.config.sigma_min
+
+    @property
+    def sigma_max(self) -> float:
+        return self.scheduler.config.sigma_max
 
     def anchor_index(self, group: Group) -> int:
         """Always -1: the EDM route samples from pure noise (the paper's mode)."""
@@ -325,20 +340,7 @@ class EDMSemanticMixingPipeline:
             raise ValueError(f"the EDM route samples without guidance (the paper); got guidance_scale={guidance_scale}")
         steps = self.num_inference_steps if num_inference_steps is None else int(num_inference_steps)
         w, noise, members = expand_groups(groups, lambdas, self.num_classes, self.image_shape)
-        x = edm_heun_sample(self.denoiser, w.to(self.device), noise.to(self.device), steps,
-                            sigma_min=self.sigma_min, sigma_max=self.sigma_max)
+        x = sample_with_edm_scheduler(self.denoiser, self.scheduler, w.to(self.device), noise.to(self.device), steps,
+                                      progress=self.progress_bar)
         return _output(to_uint8(x.float()).cpu(), members, output_type, return_dict)
 
-
-def _register_with_diffusers() -> None:
-    """Set :class:`SemanticMixingPipeline` on the ``diffusers`` module, where ``DiffusionPipeline.from_pretrained``
-    looks up a ``model_index.json`` ``_class_name``; a class of that name from elsewhere is left alone."""
-    import diffusers
-
-    name = SemanticMixingPipeline.__name__
-    current = getattr(diffusers, name, None)
-    if current is None or getattr(current, "__module__", None) == __name__:
-        setattr(diffusers, name, SemanticMixingPipeline)
-
-
-_register_with_diffusers()

@@ -13,6 +13,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from .config import DEFAULTS
+
 __all__ = ["Group", "class_pair", "num_class_pairs", "plan_groups", "lambda_grid", "group_noise"]
 
 
@@ -47,7 +49,7 @@ def plan_groups(num_classes: int, num_groups: int, seed_offset: int = 0, start: 
     return [Group(g, seed_offset + g, *class_pair(g, num_classes)) for g in range(start, num_groups)]
 
 
-def lambda_grid(num_lambdas: int = 8, lambdas: Sequence[float] = None) -> List[float]:
+def lambda_grid(num_lambdas: int = DEFAULTS.num_lambdas, lambdas: Sequence[float] = None) -> List[float]:
     """The lambda grid: ``linspace(0, 1, num_lambdas)`` by default (the paper: 8 values with both endpoints)."""
     if lambdas is None:
         if num_lambdas < 2:

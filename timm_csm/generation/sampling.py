@@ -5,7 +5,9 @@
   noise or, with ``init_images`` and ``strength < 1``, from real images noised part of the way (SDEdit, Meng et al.,
   ICLR 2022).
 * :func:`edm_heun_sample`: EDM's deterministic 2nd-order Heun sampler (Karras et al. 2022, Algorithm 1 with
-  S_churn = 0; sigma 0.002..80, rho 7, float64), for EDM-preconditioned denoisers ``D(x, sigma, class_weights) -> x0``
+  S_churn = 0; sigma 0.002..80, rho 7, float64; the diffusers scheduler
+  :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`), for EDM-preconditioned denoisers
+  ``D(x, sigma, class_weights) -> x0``
   (the official CSM generation). NVlabs EDM pickles load into such denoisers through
   :mod:`timm_csm.generation.edm`; any callable of that signature works.
 """
@@ -16,8 +18,14 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .conditioning import find_soft_class_table
+from .scheduling_edm import EDMHeunScheduler, edm_sigmas
 
-__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "to_uint8"]
+__all__ = ["sample_with_scheduler", "edm_sigmas", "edm_heun_sample", "sample_with_edm_scheduler", "to_uint8",
+           "DEFAULT_INFERENCE_STEPS"]
+
+#: the steps of a diffusers scheduler's sampling when none are given (a generator folder's default; an EDM network
+#: takes the paper's Heun steps)
+DEFAULT_INFERENCE_STEPS = 50
 
 
 def _null_weights(cond: torch.Tensor, num_embeddings: int) -> torch.Tensor:
@@ -32,7 +40,7 @@ def sample_with_scheduler(
     scheduler,
     class_weights: torch.Tensor,
     noise: torch.Tensor,
-    num_inference_steps: int = 50,
+    num_inference_steps: int = DEFAULT_INFERENCE_STEPS,
     guidance_scale: float = 1.0,
     eta: float = 0.0,
     init_images: Optional[torch.Tensor] = None,
@@ -102,15 +110,6 @@ def _start(scheduler, noise: torch.Tensor, num_steps: int, init_images: Optional
     return timesteps, scheduler.add_noise(x0, noise, timesteps[:1].repeat(noise.shape[0]))
 
 
-def edm_sigmas(num_steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> torch.Tensor:
-    """Karras time steps ``(s_max^(1/rho) + i/(N-1) (s_min^(1/rho) - s_max^(1/rho)))^rho``, then ``t_N = 0``."""
-    if num_steps < 2:
-        raise ValueError("the EDM sampler needs at least 2 steps")
-    i = torch.arange(num_steps, dtype=torch.float64)
-    t = (sigma_max ** (1 / rho) + i / (num_steps - 1) * (sigma_min ** (1 / rho) - sigma_max ** (1 / rho))) ** rho
-    return torch.cat([t, torch.zeros(1, dtype=torch.float64)])
-
-
 @torch.no_grad()
 def edm_heun_sample(
     denoiser: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
@@ -121,20 +120,28 @@ def edm_heun_sample(
     sigma_max: float = 80.0,
     rho: float = 7.0,
 ) -> torch.Tensor:
-    """EDM deterministic Heun sampling (NFE = 2N - 1), computed in float64 as the reference implementation.
+    """EDM deterministic Heun sampling (NFE = 2N - 1) with
+    :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`, computed in float64 as the reference
+    implementation.
 
     ``denoiser(x, sigma, class_weights)`` returns the denoised estimate x0; ``noise`` is standard normal and is
-    scaled by ``sigma_max`` here.
+    scaled by the first noise level (``sigma_max``) here.
     """
-    t_steps = edm_sigmas(num_steps, sigma_min, sigma_max, rho).to(noise.device)
-    x = noise.to(torch.float64) * t_steps[0]
-    for i, (t_cur, t_next) in enumerate(zip(t_steps[:-1], t_steps[1:])):
-        d = (x - denoiser(x, t_cur, class_weights).to(torch.float64)) / t_cur
-        x_next = x + (t_next - t_cur) * d
-        if i < num_steps - 1:
-            d_next = (x_next - denoiser(x_next, t_next, class_weights).to(torch.float64)) / t_next
-            x_next = x + (t_next - t_cur) * (0.5 * d + 0.5 * d_next)
-        x = x_next
+    scheduler = EDMHeunScheduler(sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+    return sample_with_edm_scheduler(denoiser, scheduler, class_weights, noise, num_steps)
+
+
+@torch.no_grad()
+def sample_with_edm_scheduler(denoiser, scheduler: EDMHeunScheduler, class_weights: torch.Tensor,
+                              noise: torch.Tensor, num_steps: int,
+                              progress: Optional[Callable[[Iterable], Iterable]] = None) -> torch.Tensor:
+    """``num_steps`` of ``scheduler`` (an :class:`~timm_csm.generation.scheduling_edm.EDMHeunScheduler`) from
+    standard normal ``noise`` scaled to its first noise level, the denoiser evaluated at each of its ``timesteps``;
+    ``progress`` wraps them (a pipeline's ``progress_bar``)."""
+    scheduler.set_timesteps(num_steps, noise.device)
+    x = noise.to(torch.float64) * scheduler.init_noise_sigma
+    for sigma in progress(scheduler.timesteps) if progress is not None else scheduler.timesteps:
+        x = scheduler.step(denoiser(x, sigma, class_weights), sigma, x).prev_sample
     return x
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 
 from ..io import atomic_path, write_json_atomic
+from .config import DEFAULTS
 from .plan import plan_groups
 
 __all__ = ["make_plan", "generate_to_folder", "load_generated", "shard_path", "shard_problem", "encode_png",
@@ -45,7 +46,8 @@ def encode_png(image_chw: np.ndarray) -> bytes:
 
 
 def make_plan(num_classes: int, num_groups: int, lambdas: Sequence[float], class_names: Sequence[str],
-              groups_per_shard: int = 64, seed_offset: int = 0, generator: Optional[Dict] = None,
+              groups_per_shard: int = DEFAULTS.groups_per_shard,
+              seed_offset: int = DEFAULTS.seed_offset, generator: Optional[Dict] = None,
               anchors: Optional[Dict] = None) -> Dict:
     """Everything that determines the output; stored as ``plan.json`` and compared on restart.
 
@@ -169,7 +171,7 @@ def _carried_rows(source, old: Dict, index: int) -> Dict[str, list]:
     return {name: table.column(name).to_pylist() for name in table.column_names}
 
 
-def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = 16, accelerator=None,
+def generate_to_folder(pipeline, folder, plan: Dict, batch_groups: int = DEFAULTS.batch_groups, accelerator=None,
                        progress: bool = True, log: Callable[[str], None] = print, extend_from=None) -> Path:
     """Generate every missing or damaged shard of ``plan`` into ``folder`` with
     ``pipeline(groups, lambdas, output_type="pt", return_dict=False) -> (uint8 images, members)``.

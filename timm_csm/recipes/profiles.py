@@ -20,15 +20,28 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from ..annotation import default_scale
+from ..annotation.config import AnnotationConfig
+from ..generation.config import MixingConfig
+from ..generation.quality import QUALITY_SAMPLER_STEPS
+
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
            "resolve_dataset", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
-           "FULL_EDM_PICKLE_URL"]
+           "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
+
+
+_MIXING, _ANNOTATION = MixingConfig(), AnnotationConfig()
+#: the recipe's shards: 32 groups a file and a forward pass (its sets are small; the command's are
+#: :class:`~timm_csm.generation.MixingConfig`'s)
+RECIPE_SHARDS = {"groups_per_shard": 32, "batch_groups": 32}
 
 
 @dataclass(frozen=True)
 class RecipeProfile:
     """One run of the main job: the dataset, the generator, the semantic-mixing grid, the re-annotation encoder
-    and the classifier recipe shared by the CE and the CSM run (``train_extra`` holds further training options)."""
+    and the classifier recipe shared by the CE and the CSM run (``train_extra`` holds further training options).
+    The generation and annotation settings default to those of :class:`~timm_csm.generation.MixingConfig` and
+    :class:`~timm_csm.annotation.AnnotationConfig`, which :meth:`mixing` and :meth:`annotation` build."""
 
     dataset: str = "fashion_mnist"
     # generator: "shipped" (package weights for the dataset), a generator-training profile name, or the path of an
@@ -36,16 +49,19 @@ class RecipeProfile:
     generator: str = "shipped"
     generator_steps: Optional[int] = None
     num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
-    num_lambdas: int = 8
-    scheduler: str = "ddim"  # "ddim" (eta 0) or "dpm" (DPM-Solver++)
-    sampler_steps: int = 20
-    guidance_scale: Optional[float] = None  # None: the generator's recommended scale
+    num_lambdas: int = _MIXING.num_lambdas
+    scheduler: str = _MIXING.scheduler  # "ddim" (eta 0) or "dpm" (DPM-Solver++)
+    # the sampler steps of generation and of its quality measurement (fewer than a generator folder's default, 50)
+    sampler_steps: int = QUALITY_SAMPLER_STEPS
+    guidance_scale: Optional[float] = _MIXING.guidance_scale  # None: the generator's recommended scale
     # re-annotation
     encoder: str = "reference"  # "reference" or "open_clip:<model>:<pretrained tag or weights file>"
     encoder_epochs: int = 4
     encoder_max_steps: Optional[int] = None
-    soft_label_scale: Optional[float] = None  # None: chosen on held-out real data (annotation.select_scale)
-    drop_flagged: bool = False  # drop the groups the annotation checks flag (annotation.checks.flag_groups)
+    # None: the paper's value where it published one, else chosen on held-out real data (AnnotationConfig.scale)
+    soft_label_scale: Optional[float] = _ANNOTATION.s
+    # drop the groups the annotation checks flag (annotation.checks.flag_groups)
+    drop_flagged: bool = _ANNOTATION.drop_flagged
     # classifier training (the same for CE and CSM)
     model: str = "small_cnn"
     epochs: int = 15
@@ -61,8 +77,18 @@ class RecipeProfile:
     test_fraction: float = 0.1
     # a generator the annotation checks find poor (annotation.checks.generator_problems) stops the run before the CSM
     # dataset is built, unless accepted (then a loud warning)
-    accept_poor_generator: bool = False
+    accept_poor_generator: bool = _ANNOTATION.accept_poor_generator
     train_extra: Dict = field(default_factory=dict)
+
+    def mixing(self) -> MixingConfig:
+        """The generation settings: the profile's lambda grid and sampler, in the recipe's shards."""
+        return MixingConfig(num_lambdas=self.num_lambdas, steps=self.sampler_steps, scheduler=self.scheduler,
+                            guidance_scale=self.guidance_scale, **RECIPE_SHARDS)
+
+    def annotation(self) -> AnnotationConfig:
+        """The annotation settings: the profile's s, checks and seed (that of the held-out split too)."""
+        return AnnotationConfig(s=self.soft_label_scale, seed=self.seed, drop_flagged=self.drop_flagged,
+                                accept_poor_generator=self.accept_poor_generator)
 
 
 _PROFILES: Dict[str, RecipeProfile] = {}
@@ -130,14 +156,16 @@ register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sample
 # the released gen_edm-mix/run_mix.sh samples seeds 0-19799 for CIFAR-100: 19 800 groups x 8 lambdas = 158 400
 # images; 159 840 (19 980 groups x 8) is the volume of its CIFAR-10 run. CLIP: open_clip's "openai" tag, which
 # open_clip downloads when online; OpenAI's weights run with QuickGELU, which the -quickgelu config builds (offline:
-# --encoder open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors).
+# --encoder open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors). s: the paper's CIFAR-100 value, pinned so that
+# a copy of CIFAR-100 under another name (--dataset a folder) keeps it.
 FULL_EDM_PICKLE_URL = ("https://huggingface.co/wzekai99/DM-Improves-AT/resolve/main/others/"
                        "edm-cifar100-cond-32x32-cond-vp.pkl")
 register_profile("full", RecipeProfile(dataset="cifar100", generator=FULL_EDM_PICKLE_URL.rsplit("/", 1)[1],
                                        num_groups=19800, sampler_steps=25,
                                        encoder="open_clip:ViT-B-32-quickgelu:openai",
-                                       soft_label_scale=2.3, model="resnet50_cifar", epochs=200, batch_size=128,
-                                       lr=0.1, weight_decay=5e-4, sched="multistep", max_train_samples=None,
+                                       soft_label_scale=default_scale("cifar100"), model="resnet50_cifar",
+                                       epochs=200, batch_size=128, lr=0.1, weight_decay=5e-4, sched="multistep",
+                                       max_train_samples=None,
                                        train_extra={"decay_milestones": [80, 120], "clip_grad": 2.0}))
 
 #: the sizes a rehearsal sets: 100 groups (every class of CIFAR-100 in at least one), 2 sampler steps, 1 epoch, 112

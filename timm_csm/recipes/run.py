@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     """The command line: :func:`profile_from_args` run into ``--output`` (``runs/<profile>``, or
     ``runs/<profile>-rehearsal``); it ends naming the report and the installed CSM dataset."""
     from ..hub import csm_dataset_name
-    from ..train import exit_interrupted
+    from ..cli import exit_interrupted
 
     args = build_parser().parse_args(argv)
     profile = profile_from_args(args)

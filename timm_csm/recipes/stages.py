@@ -56,16 +56,19 @@ def real_splits(profile: RecipeProfile, log: Callable[[str], None]):
 
 
 def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
-    """The generator: an EDM network pickle (``profile.generator`` ending in ``.pkl``, which must exist), the
-    shipped weights, or a generator folder trained on ``train_real`` with the generator-training profile
-    ``profile.generator`` (at the real images' size and channels)."""
-    if steps.is_edm_pickle(profile.generator):
+    """The generator: a generator file (an EDM network pickle, ``*.pkl``, which must exist), the shipped weights, or a
+    generator folder trained on ``train_real`` with the generator-training profile ``profile.generator`` (at the
+    real images' size and channels)."""
+    from ..generation.registry import generator_kind
+
+    kind = generator_kind(profile.generator)
+    if kind.is_file:
         path = Path(profile.generator)
         if not path.is_file():
-            raise FileNotFoundError(f"EDM network pickle {profile.generator} not found: download it (the full "
+            raise FileNotFoundError(f"generator file {profile.generator} not found: download it (the full "
                                     f"profile's CIFAR-100 network: {FULL_EDM_PICKLE_URL}) or give the path of your "
                                     "copy with --generator")
-        log(f"[generator] EDM network pickle: {path}")
+        log(f"[generator] {kind.name} generator file: {path}")
         return path
     if profile.generator == "shipped":
         shipped = steps.shipped_generator(profile.dataset)
@@ -85,50 +88,35 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
     return stage.folder
 
 
-def _mixing_pipeline(profile: RecipeProfile, generator_path: Path, class_names: Optional[List[str]]):
-    """:func:`~timm_csm.steps.load_mixing_pipeline` with the profile's sampler settings."""
-    return steps.load_mixing_pipeline(generator_path, profile.sampler_steps, profile.scheduler, profile.guidance_scale,
-                                      class_names)
-
-
 def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
              class_names: Optional[List[str]] = None) -> Stage:
-    """The semantic-mixing set: ``num_groups`` groups x ``num_lambdas`` ratios, sharded (32 groups a shard).
+    """The semantic-mixing set: ``num_groups`` groups x ``num_lambdas`` ratios, in the recipe's shards
+    (:meth:`RecipeProfile.mixing <timm_csm.recipes.RecipeProfile.mixing>`).
     ``class_names``: the real dataset's, which name the classes of an EDM pickle (a generator folder names its
     own); they are part of the key of the EDM route."""
-    from ..generation.models import file_digest, weights_digest
+    from ..generation.registry import generator_kind
 
-    edm = steps.is_edm_pickle(generator_path)
-    config = {"generator": file_digest(generator_path) if edm else weights_digest(generator_path),
-              "num_groups": profile.num_groups, "lambdas": profile.num_lambdas, "steps": profile.sampler_steps,
-              "guidance": profile.guidance_scale}
-    if edm:
+    kind = generator_kind(generator_path)
+    config = {"generator": kind.digest(generator_path), "num_groups": profile.num_groups,
+              "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
+    if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
     elif profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
         config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
-            steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.num_lambdas,
-                                  num_inference_steps=profile.sampler_steps, scheduler=profile.scheduler,
-                                  guidance_scale=profile.guidance_scale, class_names=class_names,
-                                  groups_per_shard=32, batch_groups=32)
+            steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.mixing(),
+                                  class_names=class_names)
     return stage
-
-
-_HELD_OUT = 0.1  # share of the real training split s is chosen on (never seen by the reference encoder)
-
-
-def _chooses_s(profile: RecipeProfile) -> bool:
-    """Whether s is chosen on held-out real images (:func:`~timm_csm.steps.soft_label_scale` of the profile's)."""
-    return steps.soft_label_scale(profile.soft_label_scale, profile.dataset) == "auto"
 
 
 def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
     """The re-annotation encoder's configuration (part of the keys of the stages that use it)."""
     config = {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
               "max_steps": profile.encoder_max_steps, "seed": profile.seed}
-    if profile.encoder == "reference" and _chooses_s(profile):
-        config["held_out"] = _HELD_OUT
+    annotation = profile.annotation()
+    if profile.encoder == "reference" and annotation.holds_out(profile.dataset):
+        config["held_out"] = annotation.holdout_fraction
     if held_out_test(profile) is not None:
         config["test_fraction"] = held_out_test(profile)
     return config
@@ -145,31 +133,34 @@ def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
         if not stage.done:
             from ..annotation import holdout_split, train_reference_encoder
 
-            if _chooses_s(profile):
-                train_real = holdout_split(train_real, _HELD_OUT, profile.seed)[0]
+            annotation = profile.annotation()
+            if annotation.holds_out(profile.dataset):
+                train_real = holdout_split(train_real, annotation.holdout_fraction, annotation.seed)[0]
             train_reference_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs,
                                     seed=profile.seed, test=test_real, max_steps=profile.encoder_max_steps, log=log)
     return stage.folder / "encoder"
 
 
 def open_clip_spec(encoder_name: str) -> Tuple[str, str]:
-    """``(model, pretrained)`` of ``open_clip:<model>:<pretrained>``, ``pretrained`` an open_clip tag of the model
-    (``openai``: downloaded by open_clip when online) or a local weights file."""
-    kind, _, rest = encoder_name.partition(":")
-    model, _, pretrained = rest.partition(":")
-    if kind != "open_clip" or not model or not pretrained:
+    """``(model, pretrained)`` of the encoder spec ``open_clip:<model>:<pretrained>``
+    (:func:`~timm_csm.annotation.parse_encoder_spec`), ``pretrained`` an open_clip tag of the model (``openai``:
+    downloaded by open_clip when online) or a local weights file: the recipe's encoder besides ``reference``."""
+    from ..annotation import parse_encoder_spec
+
+    kind, fields = parse_encoder_spec(encoder_name)
+    if kind != "open_clip" or len(fields) != 2:
         raise ValueError(f"encoder {encoder_name!r}: give 'reference' or 'open_clip:<model>:<tag or weights file>' "
                          "(e.g. open_clip:ViT-B-32-quickgelu:openai, open_clip:ViT-B-32-quickgelu:/path/w.safetensors)")
-    return model, pretrained
+    return fields["model_name"], fields["pretrained"]
 
 
 def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
-    from ..annotation import create_encoder, load_reference_encoder
+    from ..annotation import create_encoder
 
     if profile.encoder == "reference":
-        return load_reference_encoder(encoder_dir)
-    model, pretrained = open_clip_spec(profile.encoder)
-    return create_encoder("open_clip", model_name=model, pretrained=pretrained, device=steps.default_device())
+        return create_encoder("reference", path=encoder_dir)
+    open_clip_spec(profile.encoder)  # the recipe's form, checked
+    return create_encoder(profile.encoder, device=steps.default_device())
 
 
 def check_encoder(profile: RecipeProfile):
@@ -209,7 +200,7 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
             from ..generation import pure_class_accuracy
 
             classifier = load_reference_encoder(encoder_dir)
-            pipe = _mixing_pipeline(profile, generator_path, class_names)
+            pipe = steps.load_mixing_pipeline(generator_path, profile.mixing(), class_names)
             q = pure_class_accuracy(pipe, classifier.classify, num_groups=min(90, profile.num_groups))
             q["classifier_real_test_accuracy"] = classifier.test_accuracy
             q["guidance_scale"] = pipe.provenance["guidance_scale"]
@@ -224,21 +215,20 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
     saved as the Hub-layout dataset :func:`~timm_csm.hub.csm_dataset_name` inside the stage folder and installed
     under that bare name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's
     encoder is loaded here)."""
-    auto = _chooses_s(profile)
+    annotation = profile.annotation()
+    auto = annotation.chooses_scale(profile.dataset)
     # the key holds s as the profile gives it where s is chosen (None), so that the caches of then are found
     config = {"generated": generated.config, "encoder": encoder_config(profile),
-              "s": None if auto else steps.soft_label_scale(profile.soft_label_scale, profile.dataset),
-              "s_selection": {"held_out": _HELD_OUT, "seed": profile.seed} if auto else None}
+              "s": None if auto else annotation.scale(profile.dataset),
+              "s_selection": {"held_out": annotation.holdout_fraction, "seed": annotation.seed} if auto else None}
     if profile.drop_flagged:
         config["drop_flagged"] = True
     with cache.stage("annotated", config) as stage:
         if not stage.done:
             encoder = _load_encoder(profile, encoder_dir) if encoder is None else encoder
             _, result = steps.annotate_generated_folder(
-                generated.folder, stage.folder, encoder, dataset=profile.dataset, real=train_real,
-                s=profile.soft_label_scale, holdout_fraction=_HELD_OUT, seed=profile.seed,
-                drop_flagged=profile.drop_flagged, cache_dir=stage.folder / "prototypes", install=True,
-                accept_poor_generator=profile.accept_poor_generator)
+                generated.folder, stage.folder, encoder, annotation, dataset=profile.dataset, real=train_real,
+                cache_dir=stage.folder / "prototypes", install=True)
             write_json_atomic(stage.folder / "annotation.json", {"s": result.s, "rows": len(result.dataset)})
     return stage
 

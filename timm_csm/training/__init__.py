@@ -16,11 +16,13 @@
 * :mod:`~timm_csm.training.trackers`: accelerate's experiment trackers (``--log-with``, ``--log-wandb``);
 * :mod:`~timm_csm.training.checkpoint`: last / best / history checkpoints;
 * :mod:`~timm_csm.training.evaluation`: calibration before and after temperature scaling, PIECE;
+  :mod:`~timm_csm.training.results`: a run's test evaluation, results.json and its reports;
 * :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
 * :mod:`~timm_csm.training.shift`: calibration under corruption x severity and OOD detection (``--eval-shift``,
   ``--ood``, and timm-csm-calibrate's ``--shift``, ``--ood``); :mod:`~timm_csm.training.shift_report`: their
   sections of the reports and ``shift.png``;
-* :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration).
+* :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration, the folder a run
+  takes and the line that resumes it).
 """
 from .args import build_parser, fill_from_checkpoint, parse_args, resolve_config
 from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_best

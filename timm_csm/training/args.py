@@ -4,21 +4,27 @@
 Flag names follow timm's ``train.py`` where they overlap. A YAML file gives defaults (see
 :mod:`~timm_csm.training.config`); flags override it. :func:`parse_args` returns a
 :class:`~timm_csm.training.config.TrainConfig` whose ``explicit`` holds the options given as flags or file keys;
-:func:`resolve_config` turns a dict, an ``argparse.Namespace`` or a ``TrainConfig`` into a ``TrainConfig`` of its own.
+:func:`resolve_config` turns a dict, an ``argparse.Namespace`` or a ``TrainConfig`` into a ``TrainConfig`` of its own;
+:func:`prepare_config` completes and checks it before a run builds anything (a checkpoint's options for
+``--eval-only``, a resumed run's configuration).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 from typing import Any, Dict, Optional, Sequence
 
-from ..io import read_model_meta
-from .config import (CONFIG_MARKER, PAPER_SEED, TrainConfig, option_names, option_types, read_yaml_options,
-                     upgrade_stored_config)
+from ..io import CHECKPOINT_LAST, read_model_meta, safetensors_metadata
+from ..options import add_options
+from .config import CONFIG_MARKER, PAPER_SEED, TrainConfig, read_yaml_options, upgrade_stored_config
+from .prepare import check_training_options
+from .run_dir import experiment_dir, load_resumed
 from .timm_args import TIMM_TRAIN_KEYS
 
 __all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "HelpFormatter", "build_parser", "parse_args",
-           "resolve_config", "fill_from_checkpoint", "upgrade_stored_config"]
+           "resolve_config", "fill_from_checkpoint", "upgrade_stored_config", "model_meta", "prepare_config"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -35,23 +41,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return f"{text} (default: {'none' if action.default in (None, '') else '%(default)s'})"
 
 
-def _add_option(parser, f: dataclasses.Field) -> None:
-    """The flag of :class:`~timm_csm.training.config.TrainConfig` field ``f``: its name with ``-``, its default,
-    and the argparse type and ``nargs`` its annotation implies (a bool: a switch; a list: ``nargs="+"``) unless its
-    metadata says otherwise."""
-    meta, (kind, many) = f.metadata, option_types()[f.name]
-    kwargs = dict(meta["argparse"])
-    kwargs["default"] = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    if kind is bool:
-        kwargs.setdefault("action", "store_true")
-    elif kind in (int, float):
-        kwargs.setdefault("type", kind)
-    if many:
-        kwargs.setdefault("nargs", "+")
-    flags = [meta["short"]] if meta["short"] else []
-    parser.add_argument(*flags, "--" + f.name.replace("_", "-"), help=meta["help"], **kwargs)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of :class:`~timm_csm.training.config.TrainConfig`'s fields, grouped as the fields are;
     flag names follow timm's train.py where they overlap."""
@@ -59,13 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate its calibration\n"
                     "before and after temperature scaling. Several processes: accelerate launch -m timm_csm.train ...")
-    groups: Dict[str, Any] = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in option_names():
-            group = f.metadata["group"]
-            if group is not None and group not in groups:
-                groups[group] = p.add_argument_group(group)
-            _add_option(groups.get(group, p), f)
+    add_options(p, TrainConfig)
     return p
 
 
@@ -127,3 +110,60 @@ def fill_from_checkpoint(config: TrainConfig) -> Dict[str, Any]:
         if k in ("mean", "std") and k not in config.explicit:
             setattr(config, k, list(v))
     return taken
+
+
+def model_meta(config: TrainConfig, data_info: Dict[str, Any]) -> Dict[str, Any]:
+    """The run metadata stored with every model file and training state (what eval-only and loaders read)."""
+    meta = {k: getattr(config, k) for k in RUN_META_KEYS}
+    meta["model_kwargs"] = [list(kv) for kv in (config.model_kwargs or [])]
+    meta.update(data_info)
+    return meta
+
+
+def prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
+    """Complete and check ``config`` before anything is built: a checkpoint's metadata (eval-only), the configuration
+    of a resumed run (``--resume``, or ``--auto-resume`` finding one); returns the resumed state (None: new run)."""
+    if config.eval_only:
+        if not config.checkpoint:
+            raise ValueError("--eval-only needs --checkpoint PATH")
+        if not os.path.isfile(config.checkpoint):
+            raise FileNotFoundError(f"--checkpoint {config.checkpoint} does not exist or is not a file")
+        if safetensors_metadata(config.checkpoint) is None:
+            raise ValueError(f"--checkpoint {config.checkpoint} is not a safetensors file (a pickle or JSON?); "
+                             "--eval-only reads the model files train.py writes, never unpickles")
+        taken = fill_from_checkpoint(config)
+        if taken:
+            print("train.py: --eval-only takes from the checkpoint's run: " + ", ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (give a flag to override)",
+                  file=sys.stderr)
+        _refuse_training_split(config)
+        _require_preprocessing(config)
+    elif config.auto_resume and not config.resume and (experiment_dir(config) / CHECKPOINT_LAST).exists():
+        config.resume = str(experiment_dir(config) / CHECKPOINT_LAST)
+    resume_state = load_resumed(config) if config.resume and not config.eval_only else None
+    for name, least in (("batch_size", 1), ("epochs", 0), ("n_bins", 1), ("bootstrap", 0)):
+        value = getattr(config, name)
+        if value is None or value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    check_training_options(config)
+    return resume_state
+
+
+def _require_preprocessing(config: TrainConfig) -> None:
+    """--eval-shift / --ood corrupt or score images as the model sees them: an evaluated checkpoint must record its
+    normalisation (or the flags give it), else the shift would be measured through a guessed transform."""
+    if (config.eval_shift or config.ood) and (config.mean is None or config.std is None):
+        raise ValueError(f"--eval-shift / --ood need the model's preprocessing and {config.checkpoint} records no "
+                         "normalisation (not a model file of train.py): give --mean and --std (and --img-size)")
+
+
+def _refuse_training_split(config: TrainConfig) -> None:
+    """--eval-only never scores the split the checkpoint trained on (a flat folder's only split, ``train``, is
+    scored when it is another folder than the training run's)."""
+    from ..data.sources import same_dataset
+
+    meta = read_model_meta(config.checkpoint) or {}
+    trained = meta.get("train_split") or "train"
+    if config.test_split == trained and same_dataset(meta.get("dataset"), config.dataset):
+        raise ValueError(f"--test-split {config.test_split!r} of {config.dataset} is the split {config.checkpoint} was "
+                         "trained on; score a held-out split or folder")

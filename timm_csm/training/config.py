@@ -1,8 +1,9 @@
 """The configuration of a training run: :class:`TrainConfig`, one typed field per option of ``timm-csm-train``.
 
-Every field carries its flag's help and argparse settings in its metadata, and
-:func:`~timm_csm.training.args.build_parser` builds the command line from them (the shape of Hugging Face's
-``HfArgumentParser`` over ``TrainingArguments``): the options, their types and defaults are written once. A
+Every field carries its flag's help and argparse settings in its metadata (:func:`timm_csm.options.option`, the
+mechanism of every configuration of the package), and :func:`~timm_csm.training.args.build_parser` builds the command
+line from them (the shape of Hugging Face's ``HfArgumentParser`` over ``TrainingArguments``): the options, their
+types and defaults are written once. A
 configuration comes from the command line (:func:`~timm_csm.training.args.parse_args`), a dict
 (:meth:`TrainConfig.from_dict`), a YAML file (:meth:`TrainConfig.from_yaml`) or Python
 (``TrainConfig(dataset="digits", epochs=5)``); the functions of :mod:`timm_csm.training` take it.
@@ -22,11 +23,11 @@ import argparse
 import dataclasses
 import difflib
 import functools
-import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
+from ..options import option, option_types as _field_types
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
 __all__ = ["PAPER_SEED", "CONFIG_MARKER", "TrainConfig", "option", "option_names", "option_types", "read_yaml_options",
@@ -49,16 +50,6 @@ def _key_value(text: str) -> Tuple[str, Any]:
     except yaml.YAMLError:
         parsed = value
     return key.strip(), parsed
-
-
-def option(default, group: Optional[str] = None, *, help: str, short: Optional[str] = None, **argparse_kwargs):
-    """A field of :class:`TrainConfig`: its ``default`` (a list is copied per instance) and, as metadata, its flag:
-    ``--<name-with-dashes>`` (and ``short``), its ``--help`` ``group`` and text, and the ``add_argument`` settings
-    its type does not imply (``nargs``, ``choices``, ``metavar``, ...; see ``args.build_parser``)."""
-    metadata = dict(group=group, help=help, short=short, argparse=argparse_kwargs)
-    if isinstance(default, list):
-        return field(default_factory=functools.partial(list, default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 _dataset = functools.partial(option, group="Dataset")
@@ -339,20 +330,10 @@ def _defaults() -> Dict[str, Any]:
             for f in dataclasses.fields(TrainConfig) if f.name != "explicit"}
 
 
-@functools.lru_cache(maxsize=None)
 def option_types() -> Dict[str, Tuple[type, bool]]:
-    """``{option: (value type, whether a list of them)}`` from :class:`TrainConfig`'s annotations:
-    ``Optional[List[float]]`` is ``(float, True)``; a list of ``(key, value)`` pairs is ``(tuple, True)``."""
-    hints = typing.get_type_hints(TrainConfig)
-    out = {}
-    for name in option_names():
-        hint, many = hints[name], False
-        if typing.get_origin(hint) is typing.Union:  # Optional[X]
-            hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        if typing.get_origin(hint) in (list, List):
-            hint, many = typing.get_args(hint)[0], True
-        out[name] = (typing.get_origin(hint) or hint, many)
-    return out
+    """``{option: (value type, whether a list of them)}`` of :class:`TrainConfig`
+    (:func:`timm_csm.options.option_types`)."""
+    return _field_types(TrainConfig)
 
 
 def _option_key(key) -> str:

@@ -8,6 +8,9 @@
 * The lock is an exclusive ``flock`` on ``<folder>/.run.lock`` (POSIX). The kernel drops it when its process ends,
   so a killed run leaves no stale lock; the file names the holder (run id, pid, host) for the error message.
 * Taking a folder removes the temporary files a killed writer left in it (:func:`timm_csm.io.remove_temp_files`).
+* A run asks for :func:`experiment_dir` and takes its folder with :func:`take_run_dir` (the main process claims it,
+  every process learns which); Ctrl-C after that is :class:`RunInterrupted`, whose message names the command that
+  resumes the run (:func:`resume_command`).
 """
 from __future__ import annotations
 
@@ -19,11 +22,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..io import read_checkpoint, remove_temp_files
+from ..io import CHECKPOINT_LAST, read_checkpoint, remove_temp_files
 from .config import TrainConfig, upgrade_stored_config
 
-__all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id",
-           "claim_run_dir", "config_record", "restore_config", "load_resumed", "check_resumed_processes"]
+__all__ = ["LOCK_FILE", "RUN_FILES", "RUN_LOCAL_OPTIONS", "RunDirLock", "new_run_id", "folder_run_id", "claim_run_dir",
+           "config_record", "restore_config", "load_resumed", "check_resumed_processes", "experiment_dir",
+           "RunInterrupted", "resume_command", "take_run_dir"]
 
 LOCK_FILE = ".run.lock"
 #: the files whose presence means a folder holds a run (args.yaml is written first, when the folder is taken)
@@ -216,3 +220,80 @@ def check_resumed_processes(resume_state, accelerator) -> None:
     restored = (resume_state or {}).get("restored")
     if restored:
         accelerator.print(f"--resume: {', '.join(restored)} taken from the resumed run's configuration")
+
+
+def experiment_dir(config: TrainConfig) -> Path:
+    """The experiment folder a new run asks for (a taken one gives way to ``<name>-1``, ...; see run_dir)."""
+    if config.experiment:
+        return Path(config.output) / config.experiment
+    if config.eval_only and config.checkpoint and "output" not in config.explicit:  # beside the checkpoint
+        whole = config.test_split == config.train_split  # a folder of held-out images, scored whole
+        split = "" if whole else f"-{config.test_split}"
+        return Path(config.checkpoint).parent / f"eval-{Path(str(config.dataset)).name}{split}"
+    name = f"{Path(str(config.dataset)).name}-{config.model}-{config.loss}"
+    return Path(config.output) / name
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C after the run took its ``folder``; ``message`` says where the run is and the command that continues it."""
+
+    def __init__(self, folder: Path, eval_only: bool):
+        super().__init__(str(folder))
+        self.folder = folder
+        if eval_only:
+            self.message = f"the evaluation in {folder} stopped; run the same command again"
+        elif (folder / CHECKPOINT_LAST).exists():
+            self.message = f"the run is in {folder}; continue it with: {resume_command(folder)}"
+        else:
+            self.message = (f"the run in {folder} had not finished an epoch, so there is nothing to resume; run the "
+                            "same command again to start over")
+
+
+def resume_command(folder: Path) -> str:
+    """The command that resumes the run in ``folder``, on as many processes as this launch has."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = (f"accelerate launch --num_processes {processes} -m timm_csm.train" if processes > 1 else
+                "timm-csm-train")
+    return f"{launcher} --resume {folder / CHECKPOINT_LAST}"
+
+
+_PASSED_OVER = {"in use": "is in use by another run", "finished": "holds a finished run",
+                "other": "holds another run's files"}
+
+
+def _run_folder_line(asked: Path, lock) -> str:
+    """``run folder: ...``, saying why a new run did not take the folder it asked for when it took ``<name>-1``, ..."""
+    line = f"run folder: {lock.path}"
+    if lock.passed_over == "interrupted":
+        return (f"{line} ({asked} holds an interrupted run; to continue that one instead: {resume_command(asked)}, "
+                "or add --auto-resume)")
+    if lock.passed_over is not None:
+        return f"{line} ({asked} {_PASSED_OVER[lock.passed_over]})"
+    return line
+
+
+def take_run_dir(config: TrainConfig, accelerator, resume_state):
+    """(lock, folder, run id): the main process takes the run folder (:func:`claim_run_dir`), every
+    process learns which, and the main process prints it; the lock is None on the other processes. A refusal is
+    raised on every process."""
+    from accelerate.utils import broadcast_object_list
+
+    lock, message = None, [None, None, None]  # folder, run id, error
+    if accelerator.is_main_process:
+        try:
+            if resume_state is not None:
+                run_id = resume_state["meta"]["run_id"]
+                lock = claim_run_dir(Path(config.resume).parent, run_id, resumes=run_id)
+            else:
+                run_id, auto = new_run_id(), config.auto_resume and not config.eval_only
+                fixed = config.experiment is not None and Path(config.experiment) == Path(".")
+                lock = claim_run_dir(experiment_dir(config), run_id, numbered=not (fixed or auto),
+                                     replace_unfinished=auto)
+            message = [str(lock.path), run_id, None]
+            print(_run_folder_line(experiment_dir(config), lock), flush=True)
+        except ValueError as e:
+            message[2] = str(e)
+    broadcast_object_list(message)
+    if message[2] is not None:
+        raise ValueError(message[2])
+    return lock, Path(message[0]), message[1]

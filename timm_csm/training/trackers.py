@@ -12,11 +12,12 @@ update count, so that every tracker sees increasing steps):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 from .config import TrainConfig
 
-__all__ = ["tracker_names", "start_trackers", "numeric", "log_results"]
+__all__ = ["tracker_names", "start_trackers", "numeric", "log_results", "make_accelerator"]
 
 
 def tracker_names(config: TrainConfig) -> List[str]:
@@ -60,3 +61,19 @@ def log_results(accelerator, results: Dict[str, Any], step: int) -> None:
     if results.get("temperature") is not None:
         values["temperature"] = float(results["temperature"])
     accelerator.log(values, step=step)
+
+
+def make_accelerator(config: TrainConfig, out_dir: Optional[Path]):
+    """An ``Accelerator`` for ``config``; its trackers (``--log-with``, ``--log-wandb``) only with the run folder
+    ``out_dir``."""
+    from accelerate import Accelerator
+
+    kwargs = {}
+    if config.amp:
+        kwargs["mixed_precision"] = "bf16" if config.amp_dtype == "bfloat16" else "fp16"
+    if config.cpu:
+        kwargs["cpu"] = True
+    if tracker_names(config) and out_dir is not None:
+        kwargs["log_with"] = tracker_names(config)
+        kwargs["project_dir"] = str(out_dir)
+    return Accelerator(**kwargs)

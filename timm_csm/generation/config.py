@@ -1,0 +1,45 @@
+"""The configuration of a semantic-mixing generation: :class:`MixingConfig`, one typed field per sampling option of
+``timm-csm-generate`` (its flags are built from the fields, :func:`timm_csm.options.add_options`), which the command,
+the steps (:func:`timm_csm.steps.generate_groups`) and the recipe's generate stage all take.
+
+Its defaults are the generation's: the lambda grid (``linspace(0, 1, 8)``, the paper's), the sampler (the
+generator's own number of steps: 50 for a generator folder, the paper's 20 / 25 Heun steps for an EDM network;
+DDIM; the generator's recommended guidance), the shards (64 groups a file, the unit of resuming; 16 groups a forward
+pass) and the start (pure noise, strength 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..options import option
+
+__all__ = ["MixingConfig", "SCHEDULER_NAMES", "DEFAULTS"]
+
+#: the samplers of a generator folder: DDIM (eta 0) and DPM-Solver++ multistep (``pipeline.create_scheduler``)
+SCHEDULER_NAMES = ("ddim", "dpm")
+
+_anchored = "real-anchored mode"
+
+
+@dataclass(frozen=True)
+class MixingConfig:
+    """How groups are sampled: the fields are the sampling flags of ``timm-csm-generate`` (same name with ``-``;
+    ``steps`` is ``--steps``)."""
+
+    num_lambdas: int = option(8, help="lambda grid linspace(0, 1, n)")
+    steps: Optional[int] = option(
+        None, help="sampler steps; default 50 for a generator folder, the paper's 20 / 25 for an EDM pickle")
+    scheduler: str = option(SCHEDULER_NAMES[0], choices=SCHEDULER_NAMES,
+                            help="generator folder: DDIM (eta 0) or DPM-Solver multistep")
+    guidance_scale: Optional[float] = option(
+        None, help="classifier-free guidance; 1 = none (the paper); default: the generator's recommendation")
+    groups_per_shard: int = option(64, help="groups per shard file (the unit of resuming)")
+    batch_groups: int = option(16, help="groups per forward batch")
+    seed_offset: int = option(0, help="seed of the first group (group i has seed offset + i)")
+    strength: float = option(1.0, _anchored, help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = "
+                                                  "start from real anchors")
+
+
+#: the defaults, read by the functions whose parameters these fields are
+DEFAULTS = MixingConfig()

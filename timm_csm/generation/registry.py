@@ -1,0 +1,128 @@
+"""The generator registry: :func:`register_generator` adds a kind of generator, :func:`create_generator` builds the
+semantic-mixing pipeline of one (its model with the soft-conditioning adapter, and its sampler) from a
+:class:`~timm_csm.generation.MixingConfig` (timm's ``register_model`` / ``create_model``). Which kind a generator is
+(:func:`generator_kind`) is decided here and nowhere else.
+
+The kinds here:
+
+* ``edm``: an NVlabs EDM network pickle (``*.pkl``, read without running code from it), sampled from pure noise with
+  EDM's Heun sampler and no guidance (the paper), its classes named in label order
+  (:meth:`~timm_csm.generation.EDMSemanticMixingPipeline.from_edm_pickle`);
+* ``diffusers``: a generator folder (``model_index.json``, ``unet/``, ``scheduler/``):
+  :class:`~timm_csm.generation.SemanticMixingPipeline` with the configuration's scheduler, steps, guidance and
+  real-anchored start. It takes any generator no other kind claims.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .config import MixingConfig
+
+__all__ = ["GeneratorKind", "register_generator", "list_generators", "generator_kind", "create_generator"]
+
+
+@dataclass(frozen=True)
+class GeneratorKind:
+    """A kind of generator.
+
+    Args:
+        name: the kind's name.
+        matches: whether a generator (a path) is of this kind; the last kind registered with None takes the rest.
+        create: ``(path, mixing, class_names, anchors, device) -> pipeline``.
+        check: raises ValueError naming the options of a :class:`MixingConfig` that do not apply to the kind.
+        digest: the digest of the weights a generation of it is keyed on.
+        is_file: the generator is one file, which must exist (a folder kind may name a shipped generator).
+        names_classes: it takes the class names in label order (its weights carry none).
+    """
+
+    name: str
+    matches: Optional[Callable[[Path], bool]]
+    create: Callable
+    check: Callable[[MixingConfig], None]
+    digest: Callable[[Path], str]
+    is_file: bool = False
+    names_classes: bool = False
+
+
+_KINDS: Dict[str, GeneratorKind] = {}
+
+
+def register_generator(kind: GeneratorKind) -> GeneratorKind:
+    """Add ``kind`` to the registry (a name is registered once; one kind takes the generators no other matches)."""
+    if kind.name in _KINDS:
+        raise ValueError(f"generator kind {kind.name!r} is registered already; choose another name")
+    if kind.matches is None and any(k.matches is None for k in _KINDS.values()):
+        raise ValueError(f"generator kind {kind.name!r}: another kind already takes the generators none matches")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def list_generators() -> List[str]:
+    """The registered generator kinds, sorted."""
+    return sorted(_KINDS)
+
+
+def generator_kind(generator) -> GeneratorKind:
+    """The kind of ``generator`` (a path or a name): the first registered kind that matches it, else the one that
+    takes the rest."""
+    path = Path(str(generator))
+    for kind in _KINDS.values():
+        if kind.matches is not None and kind.matches(path):
+            return kind
+    return next(k for k in _KINDS.values() if k.matches is None)
+
+
+def create_generator(generator, mixing: MixingConfig = MixingConfig(), class_names: Optional[Sequence[str]] = None,
+                     anchors=None, device="cpu"):
+    """The semantic-mixing pipeline of ``generator`` (a path) sampled as ``mixing`` says, on ``device``;
+    ``class_names`` for a kind that takes them, ``anchors`` (an :class:`~timm_csm.generation.anchors.AnchorPool`)
+    for the real-anchored start. ValueError when an option does not apply to the kind."""
+    kind = generator_kind(generator)
+    kind.check(mixing)
+    return kind.create(Path(generator), mixing, class_names, anchors, device)
+
+
+def _edm_check(mixing: MixingConfig) -> None:
+    if mixing.strength < 1.0:
+        raise ValueError("an EDM pickle samples from pure noise only; a strength below 1 needs a generator folder")
+    default = MixingConfig()
+    if mixing.guidance_scale not in (None, 1.0) or mixing.scheduler != default.scheduler:
+        raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
+                         f"guidance_scale {mixing.guidance_scale} and scheduler {mixing.scheduler!r} do not apply; "
+                         f"leave them at None and {default.scheduler!r}")
+
+
+def _edm_create(path: Path, mixing: MixingConfig, class_names, anchors, device):
+    from .pipeline import EDMSemanticMixingPipeline
+
+    names = list(class_names) if class_names is not None else None
+    return EDMSemanticMixingPipeline.from_edm_pickle(path, mixing.steps, device=device, class_names=names)
+
+
+def _folder_create(path: Path, mixing: MixingConfig, class_names, anchors, device):
+    from .pipeline import SemanticMixingPipeline, create_scheduler
+
+    steps = {} if mixing.steps is None else {"num_inference_steps": mixing.steps}
+    pipe = SemanticMixingPipeline.from_pretrained(path, guidance_scale=mixing.guidance_scale, anchors=anchors,
+                                                  strength=mixing.strength, **steps)
+    pipe.scheduler = create_scheduler(mixing.scheduler, pipe.scheduler.config)
+    return pipe.to(device)
+
+
+def _file_digest(path: Path) -> str:
+    from .models import file_digest
+
+    return file_digest(path)
+
+
+def _weights_digest(path: Path) -> str:
+    from .models import weights_digest
+
+    return weights_digest(path)
+
+
+register_generator(GeneratorKind("edm", lambda path: path.suffix.lower() == ".pkl", _edm_create, _edm_check,
+                                 _file_digest, is_file=True, names_classes=True))
+register_generator(GeneratorKind("diffusers", None, _folder_create, lambda mixing: None, _weights_digest))
