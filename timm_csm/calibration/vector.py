@@ -22,6 +22,7 @@ class VectorScaling(PostHocCalibrator):
     """
 
     kind = "vector_scaling"
+    non_finite_shows_in = "values"
 
     def __init__(self, max_iter: int = 200):
         self.max_iter = int(max_iter)
