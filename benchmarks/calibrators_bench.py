@@ -15,9 +15,10 @@ from one generator; the two-class calibrators (Platt, beta) run on N x 2 logits 
 The limit: one pass is the time of ``torch.logsumexp(logits, dim=1)`` over the fit logits, measured in the same
 process; every fit and apply is also given as a multiple of it. Times are process CPU times (one thread for every
 library: ``torch.set_num_threads(1)`` and threadpoolctl's limit for NumPy / SciPy), the best of ``--repeats`` runs
-for a fit and of ten times as many for an apply and the pass (one run of each where N x C > 1e6), every library on
-the same arrays, one library after the other for each method; where N x C > 1e6 a fit runs once and an apply
-three times. ``--methods`` re-measures some rows: with ``--output``, they replace the rows of the same method and
+for a fit and of ten times as many for an apply and the pass, every library on the same arrays; the fits one
+library after the other for each method, then the applies of that method in interleaved rounds (each library's
+apply once per round, so that a burst of load on the shared machine falls on all of them); where N x C > 1e6 a
+fit runs once and an apply three times. ``--methods`` re-measures some rows: with ``--output``, they replace the rows of the same method and
 size in the .json beside it (a row keeps the peers measured in its own run), and the page is rendered from all
 rows, with every command that produced them.
 
@@ -154,8 +155,8 @@ def softmax64(logits: torch.Tensor) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# one runner per library: (fit seconds, apply seconds, held-out logits, fit-set logits, iterations, penalty,
-# objective trace or None)
+# one runner per library: (fit seconds, the apply as a function of nothing, held-out logits, fit-set logits,
+# iterations, penalty, objective trace or None); the applies of one row are timed together, interleaved
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -164,7 +165,8 @@ def run_ours(name, spec, fit, held_out, repeats):
 
     kwargs = DIRICHLET_REG if name == "dirichlet" else {}
     fit_s, cal = best_time(lambda: create_calibrator(name, **kwargs).fit(*fit), repeats)
-    apply_s, out = best_time(lambda: cal.transform(held_out[0]), apply_repeats(repeats))
+    apply = lambda: cal.transform(held_out[0])  # noqa: E731
+    out = apply()
     info = getattr(cal, "fit_info", None) or {}
     iterations = info.get("iterations")
     if "warm_start_iterations" in info:
@@ -173,7 +175,7 @@ def run_ours(name, spec, fit, held_out, repeats):
     trace = info.get("trace")
     if trace:  # the fit time outside the trace (input checks, the final parameters) added to each point
         trace = [(seconds + fit_s - trace[-1][0], value) for seconds, value in trace]
-    return fit_s, apply_s, out, cal.transform(fit[0]), iterations, penalty, trace
+    return fit_s, apply, out, cal.transform(fit[0]), iterations, penalty, trace
 
 
 def run_netcal(name, spec, fit, held_out, repeats):
@@ -182,8 +184,9 @@ def run_netcal(name, spec, fit, held_out, repeats):
     two = fit[0].shape[1] == 2
     x_fit, x_test = (softmax64(z)[:, 1].copy() if two else softmax64(z) for z in (fit[0], held_out[0]))
     fit_s, model = best_time(lambda: factory(**spec[1]).fit(x_fit, fit[1].numpy()), repeats)
-    apply_s, out = best_time(lambda: model.transform(x_test), apply_repeats(repeats))
-    return fit_s, apply_s, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0, None
+    apply = lambda: model.transform(x_test)  # noqa: E731
+    out = apply()
+    return fit_s, apply, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0, None
 
 
 def run_tu(name, spec, fit, held_out, repeats):
@@ -204,8 +207,12 @@ def run_tu(name, spec, fit, held_out, repeats):
         return scaler
 
     fit_s, scaler = best_time(fitted, repeats)
+    def apply():
+        with torch.no_grad():
+            return scaler(held_out[0])
+
+    out = apply()
     with torch.no_grad():
-        apply_s, out = best_time(lambda: scaler(held_out[0]), apply_repeats(repeats))
         on_fit = scaler(fit[0])
     penalty = 0.0
     if name == "dirichlet":
@@ -213,7 +220,7 @@ def run_tu(name, spec, fit, held_out, repeats):
 
         weight, bias = scaler.inv_temperature_weight.detach(), scaler.inv_temperature_bias.detach()
         penalty = float(DirichletCalibration(**DIRICHLET_REG).penalty(weight.double(), bias.double()))
-    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, penalty, None
+    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, penalty, None
 
 
 class _Scores:
@@ -265,8 +272,9 @@ def run_sklearn(name, spec, fit, held_out, repeats):
         fit_s, model = best_time(lambda: CalibratedClassifierCV(FrozenEstimator(base), method=spec)
                                  .fit(x_fit, y), repeats)
         iterations = None
-    apply_s, out = best_time(lambda: model.predict_proba(x_test), apply_repeats(repeats))
-    return fit_s, apply_s, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0, None
+    apply = lambda: model.predict_proba(x_test)  # noqa: E731
+    out = apply()
+    return fit_s, apply, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0, None
 
 
 def run_probmetrics(name, spec, fit, held_out, repeats):
@@ -275,10 +283,10 @@ def run_probmetrics(name, spec, fit, held_out, repeats):
 
     labels = fit[1]
     fit_s, cal = best_time(lambda: getattr(pm, spec)().fit_torch(CategoricalLogits(fit[0]), labels), repeats)
-    apply_s, out = best_time(lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits(),
-                             apply_repeats(repeats))
+    apply = lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits()  # noqa: E731
+    out = apply()
     on_fit = cal.predict_proba_torch(CategoricalLogits(fit[0])).get_logits()
-    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, 0.0, None
+    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, 0.0, None
 
 
 RUNNERS = {"timm_csm": run_ours, "netcal": run_netcal, "torch-uncertainty": run_tu, "scikit-learn": run_sklearn,
@@ -313,18 +321,30 @@ def parse_size(text: str) -> Tuple[int, int]:
     return n, c
 
 
-def run_library(lib, name, spec, fit, held_out, runs, budget_s) -> object:
+def run_library(lib, name, spec, fit, held_out, runs, budget_s):
+    """(the row's cell: a dict without ``apply_s``, or why there is none; the apply, or None)."""
     try:
         with budget(budget_s):
-            fit_s, apply_s, out, on_fit, iterations, penalty, trace = RUNNERS[lib](name, spec, fit, held_out, runs)
+            fit_s, apply, out, on_fit, iterations, penalty, trace = RUNNERS[lib](name, spec, fit, held_out, runs)
     except OverBudget:
-        return f"stopped after {budget_s:g} s"
+        return f"stopped after {budget_s:g} s", None
     objective = float(F.cross_entropy(on_fit.double(), fit[1])) + penalty
-    result = {"fit_s": fit_s, "apply_s": apply_s, "iterations": iterations, "objective": objective,
-              **scores(out, held_out[1])}
+    result = {"fit_s": fit_s, "iterations": iterations, "objective": objective, **scores(out, held_out[1])}
     if trace:
         result["trace"] = trace
-    return result
+    return result, apply
+
+
+def interleaved_times(applies: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, float]:
+    """The best process CPU seconds of each apply over ``rounds`` rounds that call every apply once in turn: on a
+    shared machine a burst of load then falls on every library alike."""
+    best = {lib: float("inf") for lib in applies}
+    for _ in range(rounds):
+        for lib, apply in applies.items():
+            start = time.process_time()
+            apply()
+            best[lib] = min(best[lib], time.process_time() - start)
+    return best
 
 
 def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
@@ -347,6 +367,7 @@ def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
             runs = repeats if n * classes <= 1e6 else 1
             row = {"method": name, "size": f"{n} x {classes}", "pass_s": passes[classes],
                    "uncalibrated": scores(*held_out)}
+            applies = {}
             for lib in LIBRARIES:
                 spec = "ours" if lib == "timm_csm" else peers.get(lib)
                 if spec is None:
@@ -354,7 +375,12 @@ def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
                 elif versions.get(lib) is None:
                     row[lib] = "not installed"
                 else:
-                    row[lib] = run_library(lib, name, spec, fit, held_out, runs, budget_s)
+                    row[lib], apply = run_library(lib, name, spec, fit, held_out, runs, budget_s)
+                    if apply is not None:
+                        applies[lib] = apply
+            for lib, seconds in interleaved_times(applies, apply_repeats(runs)).items():
+                row[lib]["apply_s"] = seconds
+            for lib in LIBRARIES:
                 print(f"{row['size']:>12} {name:>24} {lib:>18}: {row[lib]}", file=sys.stderr, flush=True)
             rows.append(row)
         binary_done.add(n)
@@ -475,8 +501,9 @@ def markdown(rows: List[dict], command: str, repeats: int, versions: Dict[str, O
              f"Machine: {platform.machine()}, 2 CPU cores shared with other benchmark jobs (a loaded machine: "
              "absolute times are inflated, the ratios and pass multiples taken in one process hold), one thread "
              f"per library, torch {torch.__version__}, Python {platform.python_version()}; {libs}. Times are "
-             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6; applies there: best of 3 in "
-             "the re-measured rows, one run in the others). Data, what each library is "
+             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6); in the rows a later command "
+             "re-measured, a row's applies run in interleaved rounds, one apply of each library per round (best of "
+             "3 where N x C > 1e6). Data, what each library is "
              "given and how the objective is computed: the script's docstring.", "",
              "One pass: ``torch.logsumexp`` over the fit logits, timed in the same run; `passes` columns are "
              "time / pass. Iterations: timm_csm's L-BFGS iterations (objective evaluations) plus the Newton "
