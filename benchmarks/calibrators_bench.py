@@ -466,6 +466,9 @@ NOTES = """What the table shows beyond its numbers:
 * At 50 000 x 1 000 every fit is a single run, and so is every apply of the rows not re-measured; there, repeated
   applies of the same matrix product (timm_csm's, torch-uncertainty's, probmetrics') vary by about 10 % from run
   to run on this machine.
+* ``--budget`` is wall time: on a loaded machine a peer's fit can run past it on far less CPU time (netcal's
+  vector scaling at 10 000 x 100 in the re-measured rows, where this process held 7-20 % of a core; the first run
+  fitted it in 48 s of CPU).
 * At 50 000 x 1 000 matrix scaling fits 1 001 000 parameters to 50 000 rows: the fit rows are separable, the NLL
   has no minimum (it goes to 0 with growing weights) and every optimiser stops on its own tolerance or budget; the
   held-out NLL shows the over-fit. Dirichlet calibration there carries the ODIR penalty (1e-3) of the smaller sizes.
@@ -483,7 +486,7 @@ def _cells(r, pass_s) -> str:
 def commands_block(rows: List[dict], command: str) -> List[str]:
     """The commands that measured ``rows`` (a row without one is ``command``'s), each with the rows it re-measured
     when there are several."""
-    runs: Dict[str, List[str]] = {}
+    runs: Dict[str, List[str]] = {command: []}  # the first run first, whichever rows it still holds
     for row in rows:
         runs.setdefault(row.get("command", command), []).append(f"{row['method']} {row['size']}")
     lines = []
