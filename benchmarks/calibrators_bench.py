@@ -3,7 +3,8 @@ probmetrics (the same method in each library), fit and apply time as multiples o
 the optimisers' iterations, the objective each fit reaches and the calibration on held-out logits.
 
     OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py [--sizes 1e4x10 1e4x100 5e4x1000] [--repeats 3]
-                                                             [--budget 1800] [--output benchmarks/calibrators.md]
+                                                             [--methods vector_scaling ...] [--budget 1800]
+                                                             [--output benchmarks/calibrators.md]
     OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py --calibrate-run [--output benchmarks/calibrators.md]
 
 Data (seeded, mis-calibrated in a known way): true logits ``u = randn(N, C)`` with +4 on a random class, labels
@@ -14,8 +15,12 @@ from one generator; the two-class calibrators (Platt, beta) run on N x 2 logits 
 The limit: one pass is the time of ``torch.logsumexp(logits, dim=1)`` over the fit logits, measured in the same
 process; every fit and apply is also given as a multiple of it. Times are process CPU times (one thread for every
 library: ``torch.set_num_threads(1)`` and threadpoolctl's limit for NumPy / SciPy), the best of ``--repeats`` runs
-for a fit and of ten times as many for an apply and the pass (one run of each where N x C > 1e6), every library on
-the same arrays, one library after the other for each method.
+for a fit and of ten times as many for an apply and the pass, every library on the same arrays; the fits one
+library after the other for each method, then the applies of that method in interleaved rounds (each library's
+apply once per round, so that a burst of load on the shared machine falls on all of them); where N x C > 1e6 a
+fit runs once and an apply three times. ``--methods`` re-measures some rows: with ``--output``, they replace the rows of the same method and
+size in the .json beside it (a row keeps the peers measured in its own run), and the page is rendered from all
+rows, with every command that produced them.
 
 What each library is given: timm_csm float32 logits (its fits accumulate in float64); torch-uncertainty float32
 logits through a one-batch ``DataLoader`` (``fit``) and its module's forward (``apply``); probmetrics float32
@@ -30,7 +35,9 @@ is a row saying so; a fit that runs past ``--budget`` seconds is stopped and sai
 The fit objective column is the mean NLL on the fit rows of what each library returns, computed here in float64
 (plus the ODIR penalty for Dirichlet calibration); it is the quantity every parametric fit minimises, so a lower
 value is a better fit of the same model (netcal's vector scaling scales log-probabilities, torch-uncertainty's
-has no bias: different models, shown for reference).
+has no bias: different models, shown for reference). Where a peer's fit of the same model ends sooner at a worse
+objective, timm_csm's time to reach that objective is read off its fit's objective trace (``fit_info["trace"]``:
+the CPU seconds and the objective after each evaluation, plus the part of its fit time outside the trace).
 """
 from __future__ import annotations
 
@@ -118,8 +125,9 @@ def best_time(fn: Callable[[], object], repeats: int):
 
 
 def apply_repeats(repeats: int) -> int:
-    """Applies take micro- to milliseconds where fits repeat: ten times the repeats (one where N x C > 1e6)."""
-    return repeats if repeats == 1 else 10 * repeats
+    """Applies take micro- to milliseconds where fits repeat: ten times the repeats; three where fits run once
+    (N x C > 1e6: a matrix product there varies by about 10 % from run to run)."""
+    return 3 if repeats == 1 else 10 * repeats
 
 
 def one_pass(logits: torch.Tensor, repeats: int) -> float:
@@ -147,7 +155,8 @@ def softmax64(logits: torch.Tensor) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# one runner per library: (fit seconds, apply seconds, held-out logits, fit-set logits, iterations, penalty)
+# one runner per library: (fit seconds, the apply as a function of nothing, held-out logits, fit-set logits,
+# iterations, penalty, objective trace or None); the applies of one row are timed together, interleaved
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -156,13 +165,17 @@ def run_ours(name, spec, fit, held_out, repeats):
 
     kwargs = DIRICHLET_REG if name == "dirichlet" else {}
     fit_s, cal = best_time(lambda: create_calibrator(name, **kwargs).fit(*fit), repeats)
-    apply_s, out = best_time(lambda: cal.transform(held_out[0]), apply_repeats(repeats))
+    apply = lambda: cal.transform(held_out[0])  # noqa: E731
+    out = apply()
     info = getattr(cal, "fit_info", None) or {}
     iterations = info.get("iterations")
     if "warm_start_iterations" in info:
         iterations = f"{info['iterations']} ({info['evaluations']} evaluations) + {info['warm_start_iterations']} TS"
     penalty = float(cal.penalty(cal.weight, cal.bias)) if name == "dirichlet" else 0.0
-    return fit_s, apply_s, out, cal.transform(fit[0]), iterations, penalty
+    trace = info.get("trace")
+    if trace:  # the fit time outside the trace (input checks, the final parameters) added to each point
+        trace = [(seconds + fit_s - trace[-1][0], value) for seconds, value in trace]
+    return fit_s, apply, out, cal.transform(fit[0]), iterations, penalty, trace
 
 
 def run_netcal(name, spec, fit, held_out, repeats):
@@ -171,8 +184,9 @@ def run_netcal(name, spec, fit, held_out, repeats):
     two = fit[0].shape[1] == 2
     x_fit, x_test = (softmax64(z)[:, 1].copy() if two else softmax64(z) for z in (fit[0], held_out[0]))
     fit_s, model = best_time(lambda: factory(**spec[1]).fit(x_fit, fit[1].numpy()), repeats)
-    apply_s, out = best_time(lambda: model.transform(x_test), apply_repeats(repeats))
-    return fit_s, apply_s, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0
+    apply = lambda: model.transform(x_test)  # noqa: E731
+    out = apply()
+    return fit_s, apply, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0, None
 
 
 def run_tu(name, spec, fit, held_out, repeats):
@@ -193,8 +207,12 @@ def run_tu(name, spec, fit, held_out, repeats):
         return scaler
 
     fit_s, scaler = best_time(fitted, repeats)
+    def apply():
+        with torch.no_grad():
+            return scaler(held_out[0])
+
+    out = apply()
     with torch.no_grad():
-        apply_s, out = best_time(lambda: scaler(held_out[0]), apply_repeats(repeats))
         on_fit = scaler(fit[0])
     penalty = 0.0
     if name == "dirichlet":
@@ -202,7 +220,7 @@ def run_tu(name, spec, fit, held_out, repeats):
 
         weight, bias = scaler.inv_temperature_weight.detach(), scaler.inv_temperature_bias.detach()
         penalty = float(DirichletCalibration(**DIRICHLET_REG).penalty(weight.double(), bias.double()))
-    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, penalty
+    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, penalty, None
 
 
 class _Scores:
@@ -254,8 +272,9 @@ def run_sklearn(name, spec, fit, held_out, repeats):
         fit_s, model = best_time(lambda: CalibratedClassifierCV(FrozenEstimator(base), method=spec)
                                  .fit(x_fit, y), repeats)
         iterations = None
-    apply_s, out = best_time(lambda: model.predict_proba(x_test), apply_repeats(repeats))
-    return fit_s, apply_s, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0
+    apply = lambda: model.predict_proba(x_test)  # noqa: E731
+    out = apply()
+    return fit_s, apply, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0, None
 
 
 def run_probmetrics(name, spec, fit, held_out, repeats):
@@ -264,10 +283,10 @@ def run_probmetrics(name, spec, fit, held_out, repeats):
 
     labels = fit[1]
     fit_s, cal = best_time(lambda: getattr(pm, spec)().fit_torch(CategoricalLogits(fit[0]), labels), repeats)
-    apply_s, out = best_time(lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits(),
-                             apply_repeats(repeats))
+    apply = lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits()  # noqa: E731
+    out = apply()
     on_fit = cal.predict_proba_torch(CategoricalLogits(fit[0])).get_logits()
-    return fit_s, apply_s, out.detach().double(), on_fit.detach().double(), None, 0.0
+    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, 0.0, None
 
 
 RUNNERS = {"timm_csm": run_ours, "netcal": run_netcal, "torch-uncertainty": run_tu, "scikit-learn": run_sklearn,
@@ -302,25 +321,42 @@ def parse_size(text: str) -> Tuple[int, int]:
     return n, c
 
 
-def run_library(lib, name, spec, fit, held_out, runs, budget_s) -> object:
+def run_library(lib, name, spec, fit, held_out, runs, budget_s):
+    """(the row's cell: a dict without ``apply_s``, or why there is none; the apply, or None)."""
     try:
         with budget(budget_s):
-            fit_s, apply_s, out, on_fit, iterations, penalty = RUNNERS[lib](name, spec, fit, held_out, runs)
+            fit_s, apply, out, on_fit, iterations, penalty, trace = RUNNERS[lib](name, spec, fit, held_out, runs)
     except OverBudget:
-        return f"stopped after {budget_s:g} s"
+        return f"stopped after {budget_s:g} s", None
     objective = float(F.cross_entropy(on_fit.double(), fit[1])) + penalty
-    return {"fit_s": fit_s, "apply_s": apply_s, "iterations": iterations, "objective": objective,
-            **scores(out, held_out[1])}
+    result = {"fit_s": fit_s, "iterations": iterations, "objective": objective, **scores(out, held_out[1])}
+    if trace:
+        result["trace"] = trace
+    return result, apply
+
+
+def interleaved_times(applies: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, float]:
+    """The best process CPU seconds of each apply over ``rounds`` rounds that call every apply once in turn: on a
+    shared machine a burst of load then falls on every library alike."""
+    best = {lib: float("inf") for lib in applies}
+    for _ in range(rounds):
+        for lib, apply in applies.items():
+            start = time.process_time()
+            apply()
+            best[lib] = min(best[lib], time.process_time() - start)
+    return best
 
 
 def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
-          versions: Optional[Dict[str, Optional[str]]] = None) -> List[dict]:
+          versions: Optional[Dict[str, Optional[str]]] = None, methods=None) -> List[dict]:
     versions = versions if versions is not None else installed()
     rows, binary_done = [], set()
     for size in sizes:
         n, c = parse_size(size)
         data, passes = {}, {}
         for name, peers in METHODS.items():
+            if methods is not None and name not in methods:
+                continue
             classes = 2 if name in BINARY else c
             if name in BINARY and n in binary_done:
                 continue  # the two-class methods run once per N
@@ -331,6 +367,7 @@ def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
             runs = repeats if n * classes <= 1e6 else 1
             row = {"method": name, "size": f"{n} x {classes}", "pass_s": passes[classes],
                    "uncalibrated": scores(*held_out)}
+            applies = {}
             for lib in LIBRARIES:
                 spec = "ours" if lib == "timm_csm" else peers.get(lib)
                 if spec is None:
@@ -338,7 +375,12 @@ def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
                 elif versions.get(lib) is None:
                     row[lib] = "not installed"
                 else:
-                    row[lib] = run_library(lib, name, spec, fit, held_out, runs, budget_s)
+                    row[lib], apply = run_library(lib, name, spec, fit, held_out, runs, budget_s)
+                    if apply is not None:
+                        applies[lib] = apply
+            for lib, seconds in interleaved_times(applies, apply_repeats(runs)).items():
+                row[lib]["apply_s"] = seconds
+            for lib in LIBRARIES:
                 print(f"{row['size']:>12} {name:>24} {lib:>18}: {row[lib]}", file=sys.stderr, flush=True)
             rows.append(row)
         binary_done.add(n)
@@ -357,10 +399,19 @@ SAME_MODEL = {"temperature_scaling_nll": LIBRARIES[1:], "vector_scaling": ("torc
               "beta": LIBRARIES[1:]}
 
 
+def seconds_to_reach(ours: dict, target: float) -> Optional[float]:
+    """The fit seconds after which timm_csm's objective trace first comes within the tolerance of ``target``."""
+    for seconds, value in ours.get("trace") or ():
+        if value <= target + OBJECTIVE_RTOL * abs(target):
+            return seconds
+    return None
+
+
 def findings(rows: List[dict]) -> List[str]:
-    """Facts read off the table: peers faster than timm_csm, objectives worse than a peer's beyond the tolerance,
-    the passes of temperature scaling."""
-    slower, worse = [], []
+    """Facts read off the table: peers faster than timm_csm (a peer's fit that ends sooner at a worse objective
+    compared with the time timm_csm takes to reach that objective), objectives worse than a peer's beyond the
+    tolerance, the passes of temperature scaling."""
+    slower, worse, reached = [], [], []
     for row in rows:
         ours = row["timm_csm"]
         for lib in LIBRARIES[1:]:
@@ -372,6 +423,12 @@ def findings(rows: List[dict]) -> List[str]:
                 if peer[key] < ours[key]:
                     worse_fit = key == "fit_s" and same_model and \
                         peer["objective"] > ours["objective"] + OBJECTIVE_RTOL * abs(ours["objective"])
+                    reach = seconds_to_reach(ours, peer["objective"]) if worse_fit else None
+                    if reach is not None and reach <= peer[key]:
+                        reached.append(f"{row['method']} at {row['size']}: {lib} stops at {peer['objective']:.3g} "
+                                       f"after {peer[key]:.3g} s, timm_csm reaches it after {reach:.3g} s "
+                                       f"({peer[key] / reach:.3g}x) and goes on to {ours['objective']:.3g}")
+                        continue
                     slower.append(f"{row['method']} {what} at {row['size']}: {lib} {_ratio(ours, peer, key)}"
                                   + (f" (stopping at a worse objective, {peer['objective']:.3g})" if worse_fit else ""))
             if same_model and ours["objective"] > peer["objective"] + OBJECTIVE_RTOL * abs(peer["objective"]):
@@ -385,6 +442,9 @@ def findings(rows: List[dict]) -> List[str]:
         out.append(f"* temperature scaling: fit {min(fit):.1f}-{max(fit):.1f} passes, apply {min(apply):.2f}-"
                    f"{max(apply):.2f} passes over the sizes run (targets: 20 and 2).")
     out.append("* a peer faster than timm_csm: " + ("; ".join(slower) if slower else "none, in fit or apply."))
+    if reached:
+        out.append(f"* a peer's fit ending sooner at a worse objective, against timm_csm's time to that objective "
+                   f"(its objective trace within {OBJECTIVE_RTOL:g} of the peer's final one): " + "; ".join(reached))
     out.append(f"* a fit objective above a same-model peer's by more than {OBJECTIVE_RTOL:g} of it: "
                + ("; ".join(worse) if worse else "none."))
     return out
@@ -392,14 +452,23 @@ def findings(rows: List[dict]) -> List[str]:
 
 NOTES = """What the table shows beyond its numbers:
 
-* Validation: timm_csm checks the logits once per call (one read of the array, a sum that is NaN or infinite
-  exactly when a value is, or overflows); torch-uncertainty's and probmetrics' scaling applies are a bare
-  multiply or matrix product without a check. Where one of those applies is faster, the difference is that read.
+* Validation: every timm_csm apply refuses NaN or infinite logits with one reduction per call. The scaling
+  methods check their output, which a non-finite logit always reaches with finite parameters (one sum over the
+  output for temperature, vector, Platt and beta scaling; the first output column for matrix scaling and
+  Dirichlet calibration, whose every output of a row takes every logit of it); only when that fails is the input
+  read, to tell NaN or infinite logits from an overflow. Isotonic regression and histogram binning, which could map
+  NaN to a finite value, check their input. torch-uncertainty's and probmetrics' scaling applies are a bare
+  multiply or matrix product without a check: where one of them is faster, the difference is that one read (an
+  elementwise apply with the check moves a third more memory than without it).
 * Precision: timm_csm computes float32 logits in float32 blocks with float64 sums over samples (fits) and applies
   them in float32 (isotonic regression interpolates in float64): the held-out ECE and NLL agree with its float64
   results to the digits shown. The fit objectives are evaluated here in float64 for every library alike.
-* At 50 000 x 1 000 every time is a single run; there, repeated applies of the same matrix product (timm_csm's,
-  torch-uncertainty's, probmetrics') vary by about 10 % from run to run on this machine.
+* At 50 000 x 1 000 every fit is a single run, and so is every apply of the rows not re-measured; there, repeated
+  applies of the same matrix product (timm_csm's, torch-uncertainty's, probmetrics') vary by about 10 % from run
+  to run on this machine.
+* ``--budget`` is wall time: on a loaded machine a peer's fit can run past it on far less CPU time (netcal's
+  vector scaling at 10 000 x 100 in the re-measured rows, where this process held 7-20 % of a core; the first run
+  fitted it in 48 s of CPU).
 * At 50 000 x 1 000 matrix scaling fits 1 001 000 parameters to 50 000 rows: the fit rows are separable, the NLL
   has no minimum (it goes to 0 with growing weights) and every optimiser stops on its own tolerance or budget; the
   held-out NLL shows the over-fit. Dirichlet calibration there carries the ODIR penalty (1e-3) of the smaller sizes.
@@ -414,14 +483,30 @@ def _cells(r, pass_s) -> str:
             f"{iterations} | {r['objective']:.7f} | {100 * r['ece']:.2f} | {r['nll']:.4f}")
 
 
+def commands_block(rows: List[dict], command: str) -> List[str]:
+    """The commands that measured ``rows`` (a row without one is ``command``'s), each with the rows it re-measured
+    when there are several."""
+    runs: Dict[str, List[str]] = {command: []}  # the first run first, whichever rows it still holds
+    for row in rows:
+        runs.setdefault(row.get("command", command), []).append(f"{row['method']} {row['size']}")
+    lines = []
+    for i, (run, measured) in enumerate(runs.items()):
+        lines += ["    " + run, ""]
+        if i:
+            lines += ["re-measured there, each row with its peers in that run: " + "; ".join(measured) + ".", ""]
+    return lines
+
+
 def markdown(rows: List[dict], command: str, repeats: int, versions: Dict[str, Optional[str]]) -> str:
     libs = ", ".join(f"{lib} {versions.get(lib) or '(not installed)'}" for lib in LIBRARIES)
     lines = ["# Post-hoc calibrators: timm_csm beside netcal, torch-uncertainty, scikit-learn and probmetrics, "
-             "and against one pass over the logits", "", "    " + command, "",
+             "and against one pass over the logits", "", *commands_block(rows, command),
              f"Machine: {platform.machine()}, 2 CPU cores shared with other benchmark jobs (a loaded machine: "
              "absolute times are inflated, the ratios and pass multiples taken in one process hold), one thread "
              f"per library, torch {torch.__version__}, Python {platform.python_version()}; {libs}. Times are "
-             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6). Data, what each library is "
+             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6); in the rows a later command "
+             "re-measured, a row's applies run in interleaved rounds, one apply of each library per round (best of "
+             "3 where N x C > 1e6). Data, what each library is "
              "given and how the objective is computed: the script's docstring.", "",
              "One pass: ``torch.logsumexp`` over the fit logits, timed in the same run; `passes` columns are "
              "time / pass. Iterations: timm_csm's L-BFGS iterations (objective evaluations) plus the Newton "
@@ -528,6 +613,17 @@ def replace_section(page: str, section: str) -> str:
     return page.rstrip("\n") + "\n\n" + section + "\n"
 
 
+def merge_rows(old: dict, new: dict) -> dict:
+    """``old``'s record with ``new``'s rows in place of its rows of the same method and size (new ones appended);
+    every row names the command that measured it."""
+    for record in (old, new):
+        for row in record["rows"]:
+            row.setdefault("command", record["command"])
+    fresh = {(r["method"], r["size"]): r for r in new["rows"]}
+    rows = [fresh.pop((r["method"], r["size"]), r) for r in old["rows"]] + list(fresh.values())
+    return {**new, "command": old["command"], "rows": rows}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["1e4x10", "1e4x100", "5e4x1000"],
@@ -535,6 +631,9 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=float, default=1800.0, help="wall seconds a library's fit may take")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=None, help="only these methods' rows")
+    p.add_argument("--merge", action="store_true", help="replace the rows of the same method and size in the "
+                   ".json beside --output and keep its other rows (the page shows every command)")
     p.add_argument("--calibrate-run", action="store_true", help="profile a timm-csm-calibrate run instead")
     p.add_argument("--output", default=None, help="write the markdown page here (else print it), the table's rows "
                    "beside it as .json; the other mode's section of an existing page is kept")
@@ -556,8 +655,11 @@ def main(argv=None):
                 command = "OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py " + " ".join(
                     shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
                 versions = installed()
-                record = {"command": command.strip(), "repeats": args.repeats, "versions": versions,
-                          "rows": bench(args.sizes, args.repeats, args.seed, args.budget, versions)}
+                rows = bench(args.sizes, args.repeats, args.seed, args.budget, versions, args.methods)
+                record = {"command": command.strip(), "repeats": args.repeats, "versions": versions, "rows": rows}
+                if args.merge and rows_path and os.path.exists(rows_path):
+                    with open(rows_path) as f:
+                        record = merge_rows(json.load(f), record)
                 if rows_path:
                     with open(rows_path, "w") as f:
                         json.dump(record, f, indent=1)

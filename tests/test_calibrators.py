@@ -293,6 +293,9 @@ def test_affine_fits_on_float32_blocks_reach_the_float64_optimum(name):
     info = cal.fit_info
     assert info["warm_start_iterations"] <= 10 and 0 < info["iterations"] < cal.max_iter  # stopped on the objective
     assert info["objective"] == pytest.approx(ours, rel=1e-6)  # float32 blocks, float64 sums
+    seconds, values = zip(*info["trace"])  # one point per evaluation, in CPU seconds since the fit began
+    assert len(values) >= info["evaluations"] - 1 and list(seconds) == sorted(seconds)
+    assert min(values) == pytest.approx(info["objective"], rel=1e-12) and values[0] > info["objective"]
 
 
 @pytest.mark.parametrize("name", MULTICLASS)
@@ -317,6 +320,39 @@ def test_validation_once_per_call_catches_every_non_finite_value():
     ts = create_calibrator("temperature_scaling_nll").fit(*float32_logits(n=200, c=3))
     with pytest.raises(ValueError, match="NaN or infinite"):
         ts.transform(torch.tensor([[0.0, float("-inf"), 1.0]]))
+
+
+@pytest.mark.parametrize("name", ["temperature_scaling_nll", "vector_scaling", "matrix_scaling", "dirichlet",
+                                  "isotonic", "platt", "beta"])
+def test_every_apply_refuses_each_non_finite_logit(name):
+    c = 2 if name in ("platt", "beta") else 4
+    cal = create_calibrator(name).fit(*float32_logits(n=300, c=c))
+    if name in ("matrix_scaling", "dirichlet"):  # the output's first column must see logit 1 through a 0 weight
+        cal.weight[:, 1] = 0.0
+    z = float32_logits(n=50, c=c, seed=3)[0]
+    assert torch.isfinite(cal.transform(z)).all()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for dtype in (torch.float32, torch.float64):
+            z2 = z.to(dtype)
+            z2[17, 1] = bad
+            with pytest.raises(ValueError, match="^logits contain NaN or infinite values$"):
+                cal.transform(z2)
+
+
+def test_an_apply_tells_an_overflow_of_finite_logits_from_bad_logits():
+    ts = create_calibrator("temperature_scaling_nll").load_state_dict({"temperature": torch.tensor([0.01])})
+    with pytest.raises(ValueError, match=r"overflow float32 for finite logits \(largest \|logit\| 1e\+37\)"):
+        ts.transform(torch.tensor([[1e37, 0.0, 1.0]]))
+    assert torch.isfinite(ts.transform(torch.tensor([[1e37, 0.0, 1.0]], dtype=torch.float64))).all()
+
+
+def test_the_vectorised_softplus_is_within_an_ulp_of_one_of_the_exact_value():
+    from timm_csm.calibration.binary import softplus
+
+    s = torch.cat([torch.linspace(-120, 120, 20001), torch.tensor([0.0, -1e-30, 1e-30])])  # float32 values
+    exact = torch.logaddexp(s.double(), torch.zeros((), dtype=torch.float64))  # F.softplus returns s above 20
+    assert torch.allclose(softplus(s.double()), exact, rtol=1e-15, atol=2.3e-16)
+    assert torch.allclose(softplus(s).double(), exact, rtol=1.2e-7, atol=1.2e-7)
 
 
 def test_the_apply_kernels_equal_their_plain_formulas():

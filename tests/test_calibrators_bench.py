@@ -33,3 +33,43 @@ def test_the_logits_are_over_confident_by_a_temperature_of_two():
     ts = create_calibrator("temperature_scaling_nll").fit(*data["fit"])
     assert 1.8 < float(ts.temperature) < 2.2
     assert torch.equal(bench.synthetic_logits(20000, 5, seed=0)["held_out"][1], data["held_out"][1])
+
+
+def _cell(fit_s, apply_s, objective, trace=None):
+    cell = {"fit_s": fit_s, "apply_s": apply_s, "iterations": None, "objective": objective, "ece": 0.01, "nll": 1.0}
+    return {**cell, "trace": trace} if trace else cell
+
+
+def test_a_peer_stopping_sooner_at_a_worse_objective_is_timed_against_ours_to_that_objective():
+    bench = load_benchmark("calibrators_bench")
+    trace = [(5.0, 6.3), (20.0, 0.02), (30.0, 0.01), (100.0, 1e-7)]
+    row = {"method": "matrix_scaling", "size": "50000 x 1000", "pass_s": 0.2,
+           "uncalibrated": {"ece": 0.3, "nll": 7.0}, "timm_csm": _cell(100.0, 1.0, 1e-7, trace),
+           "netcal": "no such method", "torch-uncertainty": _cell(300.0, 1.1, 1e-5),
+           "scikit-learn": _cell(40.0, 2.0, 0.0105), "probmetrics": _cell(25.0, 1.2, 0.015)}
+    lines = "\n".join(bench.findings([row]))
+    # scikit-learn ends at 0.0105 after 40 s; ours passes it at 30 s (0.01): not a lost row
+    assert "scikit-learn stops at 0.0105 after 40 s, timm_csm reaches it after 30 s (1.33x)" in lines
+    # probmetrics ends at 0.015 after 25 s; ours first gets there at 30 s: still a peer faster
+    assert "a peer faster than timm_csm: matrix_scaling fit at 50000 x 1000: probmetrics 0.25x (stopping at a " \
+           "worse objective, 0.015)" in lines
+    assert bench.seconds_to_reach(row["timm_csm"], 0.0105) == 30.0
+    assert bench.seconds_to_reach(row["timm_csm"], 1e-9) is None
+
+
+def test_merged_rows_replace_their_method_and_size_and_the_page_names_every_command():
+    bench = load_benchmark("calibrators_bench")
+    peers = {lib: "not installed" for lib in bench.LIBRARIES[1:]}
+    base = {"method": "vector_scaling", "pass_s": 0.1, "uncalibrated": {"ece": 0.3, "nll": 2.0}, **peers}
+    old = {"command": "first", "repeats": 3, "versions": {}, "rows": [
+        {**base, "size": "10 x 2", "timm_csm": _cell(1.0, 1.0, 0.5)},
+        {**base, "size": "20 x 2", "timm_csm": _cell(1.0, 1.0, 0.5)}]}
+    new = {"command": "second", "repeats": 3, "versions": {}, "rows": [
+        {**base, "size": "20 x 2", "timm_csm": _cell(2.0, 2.0, 0.4)},
+        {**base, "size": "30 x 2", "timm_csm": _cell(3.0, 3.0, 0.3)}]}
+    merged = bench.merge_rows(old, new)
+    assert [(r["size"], r["command"], r["timm_csm"]["fit_s"]) for r in merged["rows"]] == [
+        ("10 x 2", "first", 1.0), ("20 x 2", "second", 2.0), ("30 x 2", "second", 3.0)]
+    page = bench.markdown(merged["rows"], merged["command"], 3, {})
+    assert "    first\n\n    second\n\nre-measured there, each row with its peers in that run: vector_scaling 20 x 2; " \
+           "vector_scaling 30 x 2." in page

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["as_logits", "as_targets", "check_fit_inputs", "all_finite", "compute_dtype"]
+__all__ = ["as_logits", "as_targets", "check_fit_inputs", "all_finite", "compute_dtype", "non_finite_output_error"]
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -24,7 +24,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def as_logits(logits, name: str = "logits") -> torch.Tensor:
+def as_logits(logits, name: str = "logits", check_finite: bool = True) -> torch.Tensor:
+    """``logits`` as an (N, C) floating-point tensor (a NumPy array shares its memory); ``check_finite=False`` leaves
+    the finiteness to the caller (an apply that checks its output instead, see :func:`non_finite_output_error`)."""
     if isinstance(logits, np.ndarray):
         logits = torch.from_numpy(logits)
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
@@ -33,9 +35,20 @@ def as_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must have shape (N, C), got {tuple(logits.shape)}")
     if logits.shape[1] < 2:
         raise ValueError(f"{name} must have at least 2 classes, got {logits.shape[1]}")
-    if not all_finite(logits):
+    if check_finite and not all_finite(logits):
         raise ValueError(f"{name} contain NaN or infinite values")
     return logits.detach() if logits.requires_grad else logits
+
+
+def non_finite_output_error(calibrator: str, logits: torch.Tensor, out: torch.Tensor) -> ValueError:
+    """The error of an apply whose output ``out`` is not finite: the logits' NaN or infinity (an apply with finite
+    parameters carries a non-finite input value into its output, so only then is the input read), or else an
+    overflow of the output's type by finite logits."""
+    if not all_finite(logits):
+        return ValueError("logits contain NaN or infinite values")
+    top = float(logits.abs().max())
+    return ValueError(f"{calibrator}: the calibrated logits overflow {str(out.dtype).replace('torch.', '')} for "
+                      f"finite logits (largest |logit| {top:.3g}); pass float64 logits")
 
 
 def as_targets(targets, n: int, num_classes: int) -> torch.Tensor:

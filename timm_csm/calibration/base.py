@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ._checks import as_logits, compute_dtype
+from ._checks import all_finite, as_logits, compute_dtype, non_finite_output_error
 from .registry import calibrator_class, list_calibrators
 
 __all__ = ["PostHocCalibrator", "load_calibrator", "check_finite_state"]
@@ -24,6 +24,12 @@ class PostHocCalibrator:
     #: the registered name written into saved files (set by :func:`~timm_csm.calibration.register_calibrator`)
     kind: str = ""
     fit_info: Optional[dict] = None
+    # Where NaN or infinite logits show in ``_apply``'s output, so that an apply checks what it computed instead of
+    # reading its input once more: "values" (an elementwise map with finite parameters: every non-finite logit gives
+    # a non-finite output value), "rows" (an affine map of each row: a non-finite value in a row makes every output
+    # value of that row non-finite, so the first column tells), or None (a map that can send NaN to a finite value,
+    # as a table look-up: the input is checked before the apply).
+    non_finite_shows_in: Optional[str] = None
 
     @property
     def is_fitted(self) -> bool:
@@ -60,11 +66,16 @@ class PostHocCalibrator:
     def _calibrated(self, logits) -> Tuple[torch.Tensor, torch.dtype]:
         """Validated logits through ``_apply`` in their compute precision (float64 stays float64, other types run
         in float32: the applies' results agree with float64 arithmetic to about 1e-6 relative; isotonic regression
-        interpolates in float64), and the input's dtype."""
+        interpolates in float64), and the input's dtype. One reduction per call refuses non-finite logits: over
+        the output where it shows them (``non_finite_shows_in``), else over the input before the apply."""
         self._require_fitted()
-        logits = as_logits(logits)
+        shows_in = self.non_finite_shows_in
+        logits = as_logits(logits, check_finite=shows_in is None)
         dtype = logits.dtype
-        return self._apply(logits if dtype in _COMPUTE_DTYPES else logits.to(compute_dtype(dtype))), dtype
+        out = self._apply(logits if dtype in _COMPUTE_DTYPES else logits.to(compute_dtype(dtype)))
+        if shows_in is not None and not all_finite(out if shows_in == "values" else out[:, 0]):
+            raise non_finite_output_error(type(self).__name__, logits, out)
+        return out, dtype
 
     def transform(self, logits) -> torch.Tensor:
         """Calibrated logits (N, C), in the input's dtype and device."""

@@ -36,6 +36,14 @@ def binary_log_odds(logits: torch.Tensor, name: str) -> torch.Tensor:
     return logits[:, 1] - logits[:, 0]
 
 
+def softplus(s: torch.Tensor) -> torch.Tensor:
+    """``log(1 + exp(s))`` as ``max(s, 0) + log(1 + exp(-|s|))``: torch runs ``exp`` and ``log`` vectorised on the
+    CPU but ``softplus`` and ``log1p`` one element at a time (about 3x slower). With ``e = exp(-|s|) <= 1``,
+    ``log(1 + e)`` is within one unit in the last place of 1 of ``log1p(e)`` (1.2e-7 in float32, 2.2e-16 in
+    float64), an absolute error far below the logits' own rounding."""
+    return torch.neg(s.abs()).exp_().add_(1).log_().add_(s.clamp(min=0))
+
+
 def _fit_logistic(features: torch.Tensor, labels: torch.Tensor, init: Sequence[float], max_iter: int, name: str):
     """Weights w (F,) and bias of ``sigmoid(features @ w + bias)`` by mean binary NLL; returns (w, bias,
     iterations).
@@ -51,7 +59,7 @@ def _fit_logistic(features: torch.Tensor, labels: torch.Tensor, init: Sequence[f
 
     def objective(theta):
         s = x @ theta
-        return float((F.softplus(s) - t * s).mean())
+        return float((softplus(s) - t * s).mean())
 
     value = objective(theta)
     for iterations in range(1, max(1, max_iter) + 1):
@@ -83,6 +91,7 @@ def _two_class_logits(s: torch.Tensor) -> torch.Tensor:
 
 class _BinaryCalibrator(PostHocCalibrator):
     state_names: Sequence[str] = ()
+    non_finite_shows_in = "values"
 
     def __init__(self, max_iter: int = 200):
         self.max_iter = int(max_iter)
@@ -131,7 +140,7 @@ class PlattScaling(_BinaryCalibrator):
 
 def _beta_features(s: torch.Tensor) -> torch.Tensor:
     """(ln p, -ln(1 - p)) of p = sigmoid(s), stably."""
-    return torch.stack([-F.softplus(-s), F.softplus(s)], dim=1)
+    return torch.stack([-softplus(-s), softplus(s)], dim=1)
 
 
 @register_calibrator("beta", summary="beta calibration of a two-class model", binary_only=True)
@@ -160,4 +169,4 @@ class BetaCalibration(_BinaryCalibrator):
         # a ln p - b ln(1 - p) + c = (b - a) softplus(s) + a s + c, as ln p = -softplus(-s) = s - softplus(s)
         a, b, c = self.params.tolist()
         s = binary_log_odds(logits, type(self).__name__)
-        return _two_class_logits(torch.add(F.softplus(s).mul_(b - a), s, alpha=a).add_(c))
+        return _two_class_logits(torch.add(softplus(s).mul_(b - a), s, alpha=a).add_(c))

@@ -48,6 +48,7 @@ class _AffineCalibrator(PostHocCalibrator):
     """``z' = W x(z) + b`` with ``x`` the logits or the log-probabilities; see the module docstring."""
 
     on_log_probs = False
+    non_finite_shows_in = "rows"
 
     def __init__(self, reg_lambda: float = 0.0, reg_mu: float = 0.0, reg: str = "odir", max_iter: int = 500):
         if reg not in _REGS:

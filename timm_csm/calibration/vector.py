@@ -23,6 +23,8 @@ class VectorScaling(PostHocCalibrator):
     validation set with a single class.
     """
 
+    non_finite_shows_in = "values"
+
     def __init__(self, max_iter: int = 200):
         self.max_iter = int(max_iter)
         self.weight: Optional[torch.Tensor] = None
@@ -40,8 +42,10 @@ class VectorScaling(PostHocCalibrator):
         if logits.shape[1] != self.weight.numel():
             raise ValueError(f"VectorScaling was fitted for {self.weight.numel()} classes, got {logits.shape[1]}")
         k = row_tiling(logits.shape[1])
-        return scale_shift(logits, self._derived("weight", self.weight, logits, lambda w: w.repeat(k)),
-                           self._derived("bias", self.bias, logits, lambda b: b.repeat(k)))
+        # weight and bias are set together (fit, load_state_dict): one cache entry, keyed on the weight, holds both
+        weight, bias = self._derived("scale_shift", self.weight, logits, lambda w: (
+            w.repeat(k), self.bias.to(dtype=w.dtype, device=w.device).repeat(k)))
+        return scale_shift(logits, weight, bias)
 
     def config(self) -> dict:
         return {"max_iter": self.max_iter}
