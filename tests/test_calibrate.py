@@ -9,7 +9,8 @@ import torch
 
 from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
 from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
-from timm_csm.calibrate import calibrate, main
+from timm_csm.calibrate import calibrate
+from timm_csm.commands.calibrate import main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
 from timm_csm.metrics import calibration_metrics

@@ -16,8 +16,8 @@ from build_hooks import console_scripts as _console_scripts  # noqa: E402  setup
 
 COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
-                   "timm_csm.commands.evaluate_generator", "timm_csm.calibrate", "timm_csm.hf_metrics",
-                   "timm_csm.commands.compare")
+                   "timm_csm.commands.evaluate_generator", "timm_csm.commands.calibrate",
+                   "timm_csm.commands.install_metrics", "timm_csm.commands.compare")
 
 
 def _main(target: str):
@@ -57,7 +57,7 @@ def test_a_console_command_hands_sys_exit_0_on_success_and_refuses_a_non_int_sta
 
 
 def test_install_metrics_exits_0_through_sys_exit(tmp_path, capsys):
-    from timm_csm.hf_metrics import main
+    from timm_csm.commands.install_metrics import main
 
     with pytest.raises(SystemExit) as ended:
         sys.exit(main(["ece", "--cache-dir", str(tmp_path)]))
@@ -124,7 +124,7 @@ def test_a_missing_extra_found_on_the_way_is_one_line_too(tmp_path, capsys, monk
 def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path, capsys, monkeypatch):
     """The Quickstart's ``--calibrators temperature_scaling,dirichlet,isotonic`` without SciPy: one line before the
     model loads (it used to be a traceback after two calibrators had printed)."""
-    from timm_csm.calibrate import main
+    from timm_csm.commands.calibrate import main
 
     _without(monkeypatch, "scipy")
     argv = ["--model", "no/such/run", "--dataset", "digits", "--test-split", "test", "--calibration-fraction", "0.5",

@@ -239,11 +239,13 @@ def test_cache_location_follows_evaluate_config(monkeypatch, tmp_path):
 
 
 def test_install_cli(tmp_path, capsys):
-    assert hf_metrics.main(["ece", "nll", "--cache-dir", str(tmp_path)]) == 0
+    from timm_csm.commands.install_metrics import main
+
+    assert main(["ece", "nll", "--cache-dir", str(tmp_path)]) == 0
     *printed, next_step = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and all(Path(p).is_file() for p in printed)
     assert next_step == "next: evaluate.load('ece'), offline too"
-    assert hf_metrics.main(["nope", "--cache-dir", str(tmp_path)]) == 2
+    assert main(["nope", "--cache-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("timm-csm-install-metrics: error: unknown metric 'nope'; available: "
                                        f"{', '.join(METRIC_NAMES)}\n")
 

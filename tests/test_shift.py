@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
 from csm_fixtures import write_image_folder
-from timm_csm.calibrate import calibrate, main as calibrate_main
+from timm_csm.calibrate import calibrate
+from timm_csm.commands.calibrate import main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption
 from timm_csm.metrics import bootstrap_metrics, calibration_metrics

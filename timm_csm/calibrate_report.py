@@ -1,5 +1,5 @@
-"""The report of ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): ``report.md`` from the numbers of
-``report.json``, and the diagrams (``reliability.png``, the optional adaptive / classwise ones, ``risk_coverage.png``).
+"""The report of ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): the curves of ``report.json``, ``report.md``
+from its numbers, and the diagrams (``reliability.png``, the optional adaptive / classwise ones, ``risk_coverage.png``).
 """
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import torch
 
 from .calibration import fold_table_markdown
 from .extras import missing_extra
-from .metrics import list_metrics
+from .metrics import list_metrics, reliability_table
+from .metrics.plots import RELIABILITY_KINDS, kind_diagrams, reliability_diagrams, risk_coverage_diagram
 from .metrics.selective import risk_coverage_from_points
 
-__all__ = ["report_markdown", "write_plots", "RELIABILITY_KINDS"]
+__all__ = ["report_markdown", "prediction_curves", "write_plots", "RELIABILITY_KINDS"]
 
 
 def report_markdown(report: Dict[str, Any]) -> str:
@@ -87,52 +88,25 @@ def _conformal_lines(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
-RELIABILITY_KINDS = ("adaptive", "classwise")
-
-
-def _extra_diagrams(folder: Path, runs, n_bins: int, kinds: Sequence[str]) -> None:
-    """``reliability_<kind>.png`` for each requested kind: ``adaptive`` (equal-mass bins of the top-label
-    confidence) and ``classwise`` (the one-vs-rest pairs (p_ik, 1[y_i = k]) of every class in equal-width bins)."""
-    from .metrics import reliability_table_from_points
-    from .metrics.plots import table_diagrams
-
-    for kind in kinds:
-        tables = {}
-        for name, (logits, labels) in runs.items():
-            probs = torch.softmax(logits.double(), dim=1)
-            if kind == "adaptive":
-                conf, pred = probs.max(dim=1)
-                tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins,
-                                                             equal_mass=True)
-            else:
-                hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
-                tables[name] = reliability_table_from_points(probs, hits, n_bins)
-        table_diagrams(tables, folder / f"reliability_{kind}.png", title=f"{kind} reliability")
+def prediction_curves(logits, labels, n_bins: int) -> Dict[str, Any]:
+    """The report's curves of one set of predictions: the reliability table and the risk-coverage curve."""
+    conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
+    return {"reliability": reliability_table(logits, labels, n_bins).to_dict(),
+            "risk_coverage": risk_coverage_from_points(conf, (pred == labels).double()).to_dict()}
 
 
 def write_plots(folder: Path, test, fitted, n_bins: int, log, reliability: Sequence[str] = ()) -> None:
+    """``reliability.png`` (before and after each calibrator of ``fitted``, ``{name: (calibrator, test logits)}``),
+    ``reliability_<kind>.png`` for each kind of ``reliability`` and ``risk_coverage.png``; without matplotlib one
+    line in the log and no plots."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from .metrics.plots import reliability_diagrams
+        import matplotlib  # noqa: F401  (the [plots] extra)
     except ImportError as e:
         log(f"plots skipped: {missing_extra(e) or e}")
         return
     runs = {"uncalibrated": (test[0], test[1])}
     runs.update({name: (out, test[1]) for name, (_, out) in fitted.items()})
     reliability_diagrams(runs, str(folder / "reliability.png"), n_bins=n_bins)
-    _extra_diagrams(folder, runs, n_bins, reliability)
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, (logits, labels) in runs.items():
-        conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
-        curve = risk_coverage_from_points(conf, (pred == labels).double())
-        ax.plot(curve.coverage.numpy(), curve.risk.numpy(), label=name)
-    ax.set_xlabel("coverage")
-    ax.set_ylabel("selective risk")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "risk_coverage.png", dpi=120)
-    plt.close(fig)
+    for kind in reliability:
+        kind_diagrams(runs, folder / f"reliability_{kind}.png", n_bins, kind)
+    risk_coverage_diagram(runs, folder / "risk_coverage.png")

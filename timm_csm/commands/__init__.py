@@ -9,9 +9,9 @@
 - ``timm-csm-publish`` (:mod:`.publish`): push a CSM dataset to the Hugging Face Hub.
 - ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): how often a classifier recognises a generator's
   pure-class samples.
-- ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): fit post-hoc calibrators to a model you already have and
+- ``timm-csm-calibrate`` (:mod:`.calibrate`, the library's :func:`timm_csm.calibrate.calibrate`): fit post-hoc calibrators to a model you already have and
   report before / after.
-- ``timm-csm-install-metrics`` (:mod:`timm_csm.hf_metrics`): make ``evaluate.load(name)`` find the metrics.
+- ``timm-csm-install-metrics`` (:mod:`.install_metrics`): make ``evaluate.load(name)`` find the metrics.
 - ``timm-csm-compare`` (:mod:`.compare`): paired differences between methods run at matching seeds, with
   t-intervals and Holm-corrected decisions.
 

@@ -1,4 +1,5 @@
-"""Reliability diagrams as PNG files (matplotlib, the optional ``[plots]`` extra, is imported on first use).
+"""Reliability (and risk-coverage) diagrams as PNG files (matplotlib, the optional ``[plots]`` extra, is imported on
+first use).
 
 Bars show the accuracy of each equal-width confidence bin, red hatched bars the gap to the bin's mean confidence,
 the dashed diagonal perfect calibration, and a lower panel the share of samples per bin. The ECE written on the
@@ -14,8 +15,8 @@ from ..extras import require
 from .binning import DEFAULT_N_BINS
 from .functional import ReliabilityTable, reliability_table
 
-__all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "plot_reliability", "ece_label",
-           "PANELS_PER_ROW"]
+__all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "kind_diagrams", "risk_coverage_diagram",
+           "plot_reliability", "ece_label", "PANELS_PER_ROW", "RELIABILITY_KINDS"]
 
 
 def ece_label(ece_value: float) -> str:
@@ -122,3 +123,52 @@ def table_diagrams(tables: Mapping[str, ReliabilityTable], path, title: Optional
         fig.suptitle(title)
     _save(fig, path)
     return {name: table.ece for name, table in tables.items()}
+
+
+#: the reliability diagrams beside the equal-width top-label one: equal-mass bins, and one-vs-rest pairs per class
+RELIABILITY_KINDS = ("adaptive", "classwise")
+
+
+def kind_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int, kind: str) -> Dict[str, float]:
+    """Diagrams of one of :data:`RELIABILITY_KINDS` for each ``{name: (logits, labels)}``: ``adaptive`` (equal-mass
+    bins of the top-label confidence) or ``classwise`` (the pairs (p_ik, 1[y_i = k]) of every class in equal-width
+    bins); returns ``{name: ece}`` of those binnings."""
+    import torch
+
+    from .functional import reliability_table_from_points
+
+    if kind not in RELIABILITY_KINDS:
+        raise ValueError(f"unknown reliability diagram {kind!r}; known: {', '.join(RELIABILITY_KINDS)}")
+    tables = {}
+    for name, (logits, labels) in runs.items():
+        probs = torch.softmax(logits.double(), dim=1)
+        if kind == "adaptive":
+            conf, pred = probs.max(dim=1)
+            tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins, equal_mass=True)
+        else:
+            hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
+            tables[name] = reliability_table_from_points(probs, hits, n_bins)
+    return table_diagrams(tables, path, title=f"{kind} reliability")
+
+
+def risk_coverage_diagram(runs: Mapping[str, Tuple[object, object]], path) -> str:
+    """Selective risk against coverage (abstaining on the least confident first), one line per
+    ``{name: (logits, labels)}``, written to ``path`` (atomically)."""
+    import torch
+
+    from .selective import risk_coverage_from_points
+
+    Figure = require("matplotlib.figure", "a risk-coverage diagram", "Figure")
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "a risk-coverage diagram", "FigureCanvasAgg")
+    fig = Figure(figsize=(5, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, (logits, labels) in runs.items():
+        conf, pred = torch.softmax(logits.double(), dim=1).max(dim=1)
+        curve = risk_coverage_from_points(conf, (pred == labels).double())
+        ax.plot(curve.coverage.numpy(), curve.risk.numpy(), label=name)
+    ax.set_xlabel("coverage")
+    ax.set_ylabel("selective risk")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
