@@ -79,3 +79,14 @@ def pattern_images(n_per_class: int, seed: int, noise: float = 60.0):
     images = [np.clip(patterns[k] + rng.normal(0, noise, patterns[k].shape), 0, 255).astype(np.uint8)
               for k in range(len(patterns)) for _ in range(n_per_class)]
     return torch.from_numpy(np.stack(images)[:, None]), torch.arange(len(patterns)).repeat_interleave(n_per_class)
+
+
+def pattern_model_files(root):
+    """(image folder, weights file): a folder of three classes of 16 x 16 patterns and a small_cnn trained on other
+    images of them (calibrate refuses a model at chance), saved as plain weights, as a user brings them."""
+    from csm_fixtures import write_image_folder
+
+    data = write_image_folder(root / "data")
+    model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
+                             lr=1e-2, batch_size=32)
+    return data, save_weights(model, root / "small_cnn.safetensors")

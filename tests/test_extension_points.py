@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
-from csm_fixtures import write_image_folder
+from calibrate_fixtures import MEAN, STD, pattern_model_files
 from timm_csm.calibrate import calibrate
 from timm_csm.calibration import (PostHocCalibrator, auto_candidates, check_calibration_samples, create_calibrator,
                                   list_calibrators, load_calibrator, register_calibrator, registry)
@@ -21,12 +20,7 @@ import build_hooks  # noqa: E402  the site's own hooks
 
 @pytest.fixture(scope="module")
 def user_files(tmp_path_factory):
-    """Three classes of 16 x 16 patterns and a small_cnn trained on other images of them, as plain weights."""
-    root = tmp_path_factory.mktemp("user")
-    data = write_image_folder(root / "data")
-    model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
-                             lr=1e-2, batch_size=32)
-    return data, save_weights(model, root / "small_cnn.safetensors")
+    return pattern_model_files(tmp_path_factory.mktemp("user"))
 
 
 def run_calibrate(user_files, output, **options):

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
+from calibrate_fixtures import MEAN, STD, pattern_model_files
 from csm_fixtures import write_image_folder
 from timm_csm.calibrate import calibrate
 from timm_csm.commands.calibrate import main as calibrate_main
@@ -126,13 +126,7 @@ def test_eval_only_refuses_a_shift_through_unknown_preprocessing(tmp_path):
 
 @pytest.fixture(scope="module")
 def user_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("user")
-    data = write_image_folder(root / "data")
-    # a model that recognises the images (calibrate refuses one at chance), trained outside the package
-    model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
-                             lr=1e-2, batch_size=32)
-    weights = save_weights(model, root / "small_cnn.safetensors")
-    return data, weights
+    return pattern_model_files(tmp_path_factory.mktemp("user"))
 
 
 def _calibrate(user_files, output, **options):
