@@ -27,6 +27,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
+from ..calibration.temperature import DEFAULT_TEMPERATURE_METHOD, TEMPERATURE_METHODS
+from ..metrics.binning import DEFAULT_N_BINS
 from ..options import option, option_types as _field_types
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
@@ -218,9 +220,9 @@ class TrainConfig:
     n_aug: int = _calibration(1, help="interior group members per real image besides the endpoint")
     csm_weight: float = _calibration(1.0, help="weight of the generated-batch term of CSM")
     ts_method: str = _calibration(
-        "grid_ece", choices=("grid_ece", "nll"), help="temperature fit on the validation split: grid 0.1..10 by ECE "
-                                                      "(paper) or NLL (Guo)")
-    n_bins: int = _calibration(15, help="confidence bins of ECE-type metrics")
+        DEFAULT_TEMPERATURE_METHOD, choices=TEMPERATURE_METHODS,
+        help="temperature fit on the validation split: grid 0.1..10 by ECE (paper) or NLL (Guo)")
+    n_bins: int = _calibration(DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
     select_by: str = _calibration(
         "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "

@@ -11,8 +11,8 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import TemperatureScaling
-from ..metrics import bootstrap_metrics, calibration_metrics, piece, proximity
+from ..calibration import DEFAULT_TEMPERATURE_METHOD, TemperatureScaling
+from ..metrics import DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, piece, proximity
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 __all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
@@ -52,7 +52,8 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
-                         n_bins: int = 15, ts_method: str = "grid_ece", with_piece: bool = False,
+                         n_bins: int = DEFAULT_N_BINS, ts_method: str = DEFAULT_TEMPERATURE_METHOD,
+                         with_piece: bool = False,
                          fitted: Optional[TemperatureScaling] = None,
                          bootstrap: int = DEFAULT_RESAMPLES) -> Evaluation:
     """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
