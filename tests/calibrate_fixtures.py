@@ -90,3 +90,13 @@ def pattern_model_files(root):
     model = train_classifier("small_cnn", *pattern_images(30, seed=7, noise=150.0), num_classes=3, epochs=3,
                              lr=1e-2, batch_size=32)
     return data, save_weights(model, root / "small_cnn.safetensors")
+
+
+def calibrate_pattern_model(files, output, **options):
+    """``calibrate()`` of :func:`pattern_model_files` on its val / test splits, with the model's normalisation."""
+    from timm_csm.calibrate import calibrate
+
+    data, weights = files
+    return calibrate("small_cnn", data, checkpoint=weights, num_classes=3, in_chans=1,
+                     data_config={"mean": MEAN, "std": STD}, calibration_split="val", test_split="test",
+                     output=output, log=lambda m: None, **options)

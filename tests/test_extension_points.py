@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrate_fixtures import MEAN, STD, pattern_model_files
-from timm_csm.calibrate import calibrate
+from calibrate_fixtures import calibrate_pattern_model, pattern_model_files
 from timm_csm.calibration import (PostHocCalibrator, auto_candidates, check_calibration_samples, create_calibrator,
                                   list_calibrators, load_calibrator, register_calibrator, registry)
 from timm_csm.metrics import (CalibrationAccumulator, MetricSpec, bootstrap_distribution, calibration_metrics,
@@ -24,10 +23,7 @@ def user_files(tmp_path_factory):
 
 
 def run_calibrate(user_files, output, **options):
-    data, weights = user_files
-    return calibrate("small_cnn", data, checkpoint=weights, num_classes=3, in_chans=1,
-                     data_config={"mean": MEAN, "std": STD}, calibration_split="val", test_split="test",
-                     output=output, conformal=[], log=lambda m: None, **options)
+    return calibrate_pattern_model(user_files, output, conformal=[], **options)
 
 
 @pytest.fixture

@@ -9,9 +9,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from calibrate_fixtures import MEAN, STD, pattern_model_files
+from calibrate_fixtures import calibrate_pattern_model, pattern_model_files
 from csm_fixtures import write_image_folder
-from timm_csm.calibrate import calibrate
 from timm_csm.commands.calibrate import main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption
@@ -130,10 +129,7 @@ def user_files(tmp_path_factory):
 
 
 def _calibrate(user_files, output, **options):
-    data, weights = user_files
-    return calibrate("small_cnn", data, checkpoint=weights, num_classes=3, in_chans=1,
-                     data_config={"mean": MEAN, "std": STD},
-                     calibration_split="val", test_split="test", output=output, log=lambda m: None, **options)
+    return calibrate_pattern_model(user_files, output, **options)
 
 
 def test_calibrate_writes_the_shift_table_figure_and_ood_scores(user_files, tmp_path):
