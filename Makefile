@@ -35,8 +35,9 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+# one worker per core, each test file on one worker (a file's module fixtures are built once)
 test: fashion-mnist $(STAMP)
-	HF_HOME=$$(mktemp -d) $(OFFLINE) $(BIN)/python -m pytest -q --durations=25 tests
+	HF_HOME=$$(mktemp -d) $(OFFLINE) $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25 tests
 
 # the demo is the only job on the machine: let torch use both cores (DEMO_THREADS=1 leaves one free)
 DEMO_THREADS ?= 2

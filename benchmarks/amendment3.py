@@ -218,7 +218,7 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
     iv = t["interval"]
     if iv is None:
         return f"| {t['setting']} | {t['what']} | {_label(t['other'])} | pending | - | - | - |"
-    sd = (iv.high - iv.mean) / max(1e-12, _t975(iv.n)) * iv.n ** 0.5
+    sd = iv.sd
     power = (f"{detectable_difference(sd, iv.n) * scale:.2f} / "
              f"{detectable_difference(sd, iv.n, FAMILY_ALPHA / (20 if 'severity' in t['what'] else 4)) * scale:.2f}"
              if sd > 0 else "-")
@@ -227,12 +227,6 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
     holm_p = "-" if t["holm_p"] is None else f"{t['holm_p']:.3g}"
     return (f"| {t['setting']} | {t['what']} | {_label(t['other'])} | {iv.mean * scale:+.2f} [{iv.low * scale:+.2f}, "
             f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {power} | {verdict} |")
-
-
-def _t975(n: int) -> float:
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(0.975, n - 1))
 
 
 def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)) -> Path:

@@ -142,6 +142,7 @@ def test_paired_t_interval_against_scipy():
     low, high = test.confidence_interval(0.95)
     assert iv.n == 5 and iv.mean == pytest.approx(diffs.mean())
     assert (iv.low, iv.high) == pytest.approx((low, high)) and iv.p_value == pytest.approx(test.pvalue)
+    assert iv.sd == pytest.approx(diffs.std(ddof=1))
     assert paired_t_interval({0: 1.0}, {0: 2.0}) is None
     same = paired_t_interval({0: 1.0, 1: 2.0}, {0: 0.0, 1: 1.0})
     assert (same.low, same.high, same.p_value) == (1.0, 1.0, 0.0)  # a constant difference

@@ -151,7 +151,7 @@ def compare_methods(values: Mapping[str, Mapping[int, Mapping[str, float]]], pri
                     level: float = 0.95, alpha: float = 0.05, all_pairs: bool = False) -> Dict[str, Any]:
     """Paired differences of ``values`` (``{method: {seed: {metric: value}}}``) for the pairs (the first method
     minus each other; every pair with ``all_pairs``): ``{"primary", "level", "alpha", "metrics", "pairs": [{"a",
-    "b", "intervals": {metric: {"n", "mean", "low", "high", "p_value"}}, "holm_p", "reject", "decision"}]}``,
+    "b", "intervals": {metric: {"n", "mean", "low", "high", "p_value", "sd"}}, "holm_p", "reject", "decision"}]}``,
     Holm's family being the pairs' tests of ``primary``."""
     methods = list(values)
     metrics = [m for m in next(iter(next(iter(values.values())).values()))

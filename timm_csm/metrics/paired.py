@@ -20,14 +20,16 @@ __all__ = ["PairedInterval", "paired_t_interval", "holm", "paired_outcome", "int
 
 class PairedInterval(NamedTuple):
     """Paired differences ``a[s] - b[s]`` over ``n`` common seeds: their ``mean``, its two-sided t-interval
-    ``[low, high]`` (mean ± t(1 - (1 - level) / 2, n - 1) sd / sqrt(n)) and the paired t-test's two-sided
-    ``p_value`` (H0: mean difference 0)."""
+    ``[low, high]`` (mean ± t(1 - (1 - level) / 2, n - 1) sd / sqrt(n)), the paired t-test's two-sided
+    ``p_value`` (H0: mean difference 0) and ``sd``, the differences' standard deviation (what the power of the
+    comparison, :func:`detectable_difference`, reads)."""
 
     n: int
     mean: float
     low: float
     high: float
     p_value: float
+    sd: float
 
 
 def _student_t():
@@ -54,7 +56,7 @@ def paired_t_interval(a: Mapping[Hashable, float], b: Mapping[Hashable, float],
         p_value = float(2.0 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
     else:  # every seed gives the same difference
         p_value = 0.0 if mean != 0 else 1.0
-    return PairedInterval(n, mean, mean - half, mean + half, p_value)
+    return PairedInterval(n, mean, mean - half, mean + half, p_value, sd)
 
 
 def holm(p_values: Sequence[float], alpha: float = 0.05) -> Tuple[List[float], List[bool]]:
