@@ -1,6 +1,9 @@
 """The calibrators benchmark at toy scale, as it runs where no peer library is installed: every method's row, the
 peers' gaps said in the table, the pass multiples and the known mis-calibration of its synthetic logits."""
 
+import ast
+from pathlib import Path
+
 import torch
 
 from benchmark_scripts import load_benchmark
@@ -73,3 +76,16 @@ def test_merged_rows_replace_their_method_and_size_and_the_page_names_every_comm
     page = bench.markdown(merged["rows"], merged["command"], 3, {})
     assert "    first\n\n    second\n\nre-measured there, each row with its peers in that run: vector_scaling 20 x 2; " \
            "vector_scaling 30 x 2." in page
+
+
+def test_every_phase_of_the_calibrate_profile_names_a_function_of_its_module():
+    """A function moved or renamed would leave its phase at zero seconds without an error."""
+    root = Path(__file__).resolve().parents[1]
+    for label, places in load_benchmark("calibrators_bench").PHASES:
+        for suffix, names in places:
+            if not suffix.startswith("timm_csm/"):
+                continue
+            files = [root / suffix] if suffix.endswith(".py") else sorted((root / suffix).glob("*.py"))
+            defined = {node.name for f in files for node in ast.walk(ast.parse(f.read_text()))
+                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            assert set(names) <= defined, (label, suffix, set(names) - defined)
