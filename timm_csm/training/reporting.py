@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
+from ..metrics.table import metric_spec
 from .shift_report import shift_figure, shift_markdown
 
 __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
@@ -21,11 +22,11 @@ __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log"
 SUMMARY_FILE = "summary.csv"
 
 
-#: (results key, label, scale) of every metric a report shows: accuracy and calibration errors in %
-REPORT_ROWS = (("accuracy", "Accuracy (%)", 100), ("ece", "ECE (%)", 100), ("aece", "AECE (%)", 100),
-               ("cece", "Classwise ECE (%)", 100), ("mce", "MCE (%)", 100), ("oe", "Over-confidence (%)", 100),
-               ("ue", "Under-confidence (%)", 100), ("nll", "NLL", 1), ("brier", "Brier", 1),
-               ("piece", "PIECE (%)", 100))
+#: the metrics a training report shows, in its order (the shift table's are :data:`~.shift.SHIFT_METRICS`)
+REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier", "piece")
+#: (results key, label, scale) of each of them, read from the metric table: fractions in %
+REPORT_ROWS = tuple((name, f"{metric_spec(name).label} (%)" if metric_spec(name).scale == 100 else
+                     metric_spec(name).label, metric_spec(name).scale) for name in REPORT_METRICS)
 
 
 def _fmt(v, scale):
