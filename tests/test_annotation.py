@@ -2,6 +2,7 @@
 import json
 import math
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -330,8 +331,8 @@ def test_annotate_end_to_end_with_timm_encoder(timm_pair, real):
     torch.testing.assert_close(soft.sum(1), torch.ones(40))
     assert (cols["label"] == soft.argmax(1).numpy()).all()
     # images pass through byte for byte, provenance columns unchanged
-    src = raw.cast_column("image", __import__("datasets").Image(decode=False))
-    dst = out.cast_column("image", __import__("datasets").Image(decode=False))
+    src = raw.cast_column("image", datasets.Image(decode=False))
+    dst = out.cast_column("image", datasets.Image(decode=False))
     assert [r["bytes"] for r in src["image"]] == [r["bytes"] for r in dst["image"]]
     assert cols["group_id"].tolist() == raw["group_id"] and cols["seed"].tolist() == raw["seed"]
     np.testing.assert_array_equal(cols["lambda_gen"], np.asarray(raw["lambda_gen"], np.float32))

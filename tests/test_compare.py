@@ -3,6 +3,7 @@ and matched by the seed each recorded, Holm's decisions, the JSON / markdown it 
 line with nothing written."""
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -135,5 +136,5 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, match)
     assert main(runs + mixup + extra + ["--json", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("timm-csm-compare: error: ")
-    assert __import__("re").search(match, err), err
+    assert re.search(match, err), err
     assert not out.exists()

@@ -1,4 +1,5 @@
 """Semantic mixing generation: conditioning, plan, samplers, pipelines, resumable sharded writing."""
+import io
 import json
 import os
 import re
@@ -8,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from gloo_launch import launch_two_processes
 
@@ -209,7 +212,7 @@ def _generate_cmd(gen, out, extra=()):
 
 def _rows(folder):
     ds, plan = load_generated(folder)
-    ds = ds.cast_column("image", __import__("datasets").Image(decode=False))
+    ds = ds.cast_column("image", datasets.Image(decode=False))
     return sorted((r["group_id"], r["lambda_gen"], r["seed"], r["class_a"], r["class_b"], r["image"]["bytes"])
                   for r in ds), plan
 
@@ -308,6 +311,10 @@ def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_g
     assert not (tmp_path / "bad").exists() and not (tmp_path / "smaller").exists()
 
 
+def _pixels(encoded: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(encoded)), int)
+
+
 def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run(_generate_cmd(tiny_generator, tmp_path / "one"), check=True, env=env, capture_output=True)
@@ -315,9 +322,7 @@ def test_two_processes_write_the_same_dataset(tiny_generator, tmp_path):
     one, _ = _rows(tmp_path / "one")
     two, _ = _rows(tmp_path / "two")
     assert [r[:5] for r in one] == [r[:5] for r in two]
-    diffs = [np.abs(np.asarray(__import__("PIL.Image").Image.open(__import__("io").BytesIO(a[5])), int)
-                    - np.asarray(__import__("PIL.Image").Image.open(__import__("io").BytesIO(b[5])), int)).max()
-             for a, b in zip(one, two)]
+    diffs = [np.abs(_pixels(a[5]) - _pixels(b[5])).max() for a, b in zip(one, two)]
     assert max(diffs) <= 1
 
 

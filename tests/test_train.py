@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from csm_testdata import make_csm_dataset, save_csm_folder, save_digits_csm_folder, write_parquet_folder
 from gloo_launch import launch_two_processes
@@ -201,7 +202,7 @@ def test_baseline_modes_train(tmp_path, options):
 def test_swin_tiny_trains_on_32px_fashion_mnist(tmp_path):
     res = run(dict(dataset="fashion_mnist", model="swin_tiny", epochs=1, batch_size=8, lr=0.01, max_train_samples=24,
                    max_test_samples=8, val_fraction=0.5, progress=False, output=str(tmp_path), experiment="swin"))
-    args = __import__("yaml").safe_load((tmp_path / "swin" / "args.yaml").read_text())
+    args = yaml.safe_load((tmp_path / "swin" / "args.yaml").read_text())
     assert args["model"] == "swin_tiny"
     from timm_csm.io import read_model_meta
 
