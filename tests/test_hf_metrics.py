@@ -337,7 +337,12 @@ def test_input_type_reading_rule():
     from timm_csm.metrics.inputs import infer_input_type, infer_task
 
     assert infer_input_type([[0.9, 0.1], [0.5, 0.5]]) == "probs"
-    assert infer_input_type([[0.9, 0.2]]) == "logits"  # in [0, 1], but the row sums to 1.1
+    with pytest.raises(ValueError, match=r"do not all sum to 1 \(one sums to 1.1\).*input_type='logits'"):
+        infer_input_type([[0.9, 0.1], [0.9, 0.2]])  # probabilities with a bad row, or logits in [0, 1]: not guessed
+    with pytest.raises(ValueError, match="do not all sum to 1"):  # what a user of the module sees
+        evaluate.load("ece").compute(predictions=[[0.5, 0.6], [0.2, 0.8]], references=[0, 1])
+    assert evaluate.load("ece", input_type="logits").compute(predictions=[[0.5, 0.6], [0.2, 0.8]],
+                                                             references=[0, 1])["ece"] > 0
     assert infer_input_type([[1.5, -0.5]]) == "logits"  # sums to 1, outside [0, 1]
     assert infer_input_type([[float("nan"), 1.0]]) == "logits"
     assert infer_input_type(np.log([[0.9, 0.1]])) == "logits"  # same softmax as the probabilities
@@ -408,7 +413,7 @@ def test_list_route_keeps_soft_binary_references_and_refuses_mixed_kinds():
         brier.add_batch(predictions=[0.3, 0.8], references=[0.2, 0.9])
     assert brier.compute() == {"brier": pytest.approx((0.09 + 0.04) / 2, abs=1e-6)}
     with pytest.raises(ValueError, match="dense predictions"):
-        load_metric("ece").compute(predictions=np.zeros((2, 3, 2, 2)).tolist(), references=np.zeros((2, 2, 2)).tolist())
+        load_metric("ece").compute(predictions=np.full((2, 3, 2, 2), 2.0).tolist(), references=np.zeros((2, 2, 2)).tolist())
 
 
 def test_brier_is_binary_for_binary_input_and_summed_over_classes_otherwise():

@@ -17,7 +17,8 @@ input raises a ``ValueError`` instead of being cast by Arrow (float references t
 binary targets to 0).
 
 Reading of the predictions (``input_type="auto"``, the default): every row in ``[0, 1]`` and summing to 1 reads as
-probabilities, anything else as logits (:func:`~timm_csm.metrics.infer_input_type`); ``task="auto"`` reads
+probabilities, any value outside ``[0, 1]`` as logits, and values in ``[0, 1]`` whose rows do not all sum to 1 are
+refused as ambiguous (:func:`~timm_csm.metrics.infer_input_type`); ``task="auto"`` reads
 one score per sample (shape ``(N,)``) as binary. An explicit ``input_type`` / ``task`` always wins. Arrays added
 batch by batch must all read the same way; the Arrow route decides once, over all rows, in ``compute``.
 """
@@ -46,9 +47,10 @@ A Hugging Face `evaluate` module over timm_csm.metrics. Load it with ``timm_csm.
 ``num_classes``, ``ignore_index``) go to ``evaluate.load`` or ``compute``. NumPy arrays and torch tensors skip
 evaluate's Arrow cache.
 
-Predictions read as probabilities when every row lies in [0, 1] and sums to 1 (within {ROW_SUM_ATOL:g}), else as
-logits (``input_type="auto"``, the default; an explicit ``input_type`` wins, e.g. "logits" for binary logits that may
-all lie in [0, 1]). One score per sample, shape (N,), is a binary task (``task="auto"``). Non-integral or
+Predictions read as probabilities when every row lies in [0, 1] and sums to 1 (within {ROW_SUM_ATOL:g}), as logits
+when a value lies outside [0, 1], and values in [0, 1] whose rows do not all sum to 1 raise ``ValueError`` (they
+could be either; ``input_type="auto"``, the default). An explicit ``input_type`` wins, e.g. "logits" for logits that
+may all lie in [0, 1]. One score per sample, shape (N,), is a binary task (``task="auto"``). Non-integral or
 out-of-range labels, NaN, empty input and mismatched shapes raise ``ValueError`` on every route.
 """
 
@@ -74,8 +76,9 @@ Args:
         probability of the positive class, shape (N,)). Non-integral class indices, labels outside 0..C-1, NaN,
         empty input and mismatched shapes raise ValueError.
     input_type (str, default "auto"): "auto" reads the predictions as probabilities when every row lies in [0, 1]
-        and sums to 1 (within <tol>; binary: every value in [0, 1]), else as logits; "logits", "probs" or
-        "log_probs" fix the reading (pass "logits" for binary logits that may all lie in [0, 1]).
+        and sums to 1 (within <tol>; binary: every value in [0, 1]), as logits when a value lies outside [0, 1],
+        and refuses values in [0, 1] whose rows do not all sum to 1; "logits", "probs" or "log_probs" fix the
+        reading (pass "logits" for logits that may all lie in [0, 1]).
     task (str, default "auto"): "auto" reads (N,) predictions as binary and everything else as multiclass;
         "multiclass" or "binary" fix it (dense binary (N, *S) predictions need task="binary").
     n_bins (int, default 15), num_classes (int), ignore_index (int): further options. Give options to

@@ -67,14 +67,18 @@ def infer_task(preds) -> str:
 
 
 def infer_input_type(preds, task: str = "multiclass") -> str:
-    """``"probs"`` when every row of ``preds`` looks like a probability vector, else ``"logits"``.
+    """``"probs"`` when every row of ``preds`` is a probability vector, ``"logits"`` when some value lies outside
+    ``[0, 1]``; ``ValueError`` in between.
 
-    A row looks like probabilities when all its values lie in ``[0, 1]`` and it sums to 1 within ``ROW_SUM_ATOL``
-    (rows run along dim 1: ``(N, C)`` or ``(N, C, *S)``). With ``task="binary"`` the row is ``[1 - p, p]``, so every
-    value must lie in ``[0, 1]``: binary logits that all happen to lie in ``[0, 1]`` read as probabilities, hence
-    pass ``input_type="logits"`` for them. Log-probabilities read as logits, which gives the same softmax (only the
-    NLL floor of given probabilities differs). Inputs that are empty, not floating point or of the wrong rank read
-    as logits, and :func:`prepare_inputs` then reports the actual problem; NaN never reads as a probability.
+    A row is a probability vector when all its values lie in ``[0, 1]`` and it sums to 1 within ``ROW_SUM_ATOL``
+    (rows run along dim 1: ``(N, C)`` or ``(N, C, *S)``). Values all in ``[0, 1]`` whose rows do not all sum to 1
+    are either probabilities that do not sum to 1 or logits that happen to lie in ``[0, 1]``: guessing would give
+    one of them a wrong metric without a word, so the error names both readings and ``input_type``. With
+    ``task="binary"`` the row is ``[1 - p, p]``, so every value must lie in ``[0, 1]``: binary logits that all happen
+    to lie in ``[0, 1]`` read as probabilities, hence pass ``input_type="logits"`` for them. Log-probabilities read
+    as logits, which gives the same softmax (only the NLL floor of given probabilities differs). Inputs that are
+    empty, not floating point or of the wrong rank read as logits, and :func:`prepare_inputs` then reports the
+    actual problem; NaN never reads as a probability.
     """
     _check_choice(task, TASKS, "task")
     x = as_tensor(preds, "preds")
@@ -86,8 +90,12 @@ def infer_input_type(preds, task: str = "multiclass") -> str:
     if task == "binary":
         return "probs"
     sums = x.sum(1) if x.dtype == torch.float64 else x.sum(1, dtype=torch.float32)  # no float64 copy of x
-    deviation = float((sums.double() - 1.0).abs().amax())
-    return "probs" if deviation <= ROW_SUM_ATOL else "logits"
+    deviation = (sums.double() - 1.0).abs()
+    if float(deviation.amax()) <= ROW_SUM_ATOL:
+        return "probs"
+    worst = float(sums.flatten()[int(deviation.flatten().argmax())])
+    raise ValueError(f"preds lie in [0, 1] but their rows do not all sum to 1 (one sums to {worst:.4g}): pass "
+                     "input_type='probs' with rows that sum to 1, or input_type='logits' if they are logits")
 
 
 @dataclass
