@@ -3,6 +3,8 @@ import os
 import tempfile
 
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="timm-csm-hf-"))
+if "PYTEST_XDIST_WORKER" in os.environ:  # parallel workers: a cache each, none writing into another's
+    os.environ["HF_HOME"] = os.path.join(os.environ["HF_HOME"], os.environ["PYTEST_XDIST_WORKER"])
 for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
     os.environ[var] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
