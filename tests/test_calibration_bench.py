@@ -286,8 +286,8 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
     summary = pages.protocol_summary(cells, "matched")
     assert "kd" not in summary["candidates"] and "kd" in pages.protocol_summary(cells, "borrowed")["candidates"]
     assert summary["csm"] == "csm" and summary["best_other"]["pre_ts"] == "brier"
-    n, mean, lo, hi, _ = summary["pairs"]["ce"]["ece_pre_ts"]  # with its p-value
-    assert n == 5 and hi < 0 and mean == pytest.approx(100 * (0.013 - 0.047))
+    interval = summary["pairs"]["ce"]["ece_pre_ts"]
+    assert interval.n == 5 and interval.high < 0 and interval.mean == pytest.approx(100 * (0.013 - 0.047))
     lines = "\n".join(pages.protocol_section("matched", summary, {}))
     assert "| CSM (decision row) | 5 |" in lines
     assert "ECE against CE, before TS (CE): -3.40" in lines
