@@ -60,6 +60,27 @@ def test_a_peer_stopping_sooner_at_a_worse_objective_is_timed_against_ours_to_th
     assert bench.seconds_to_reach(row["timm_csm"], 1e-9) is None
 
 
+def test_a_faster_apply_within_the_rounds_spread_is_listed_apart_from_the_faster_peers():
+    bench = load_benchmark("calibrators_bench")
+
+    def timed(cell, best, median):
+        return {**cell, "apply_s": best, "apply_median_s": median}
+
+    row = {"method": "matrix_scaling", "size": "50000 x 1000", "pass_s": 0.2,
+           "uncalibrated": {"ece": 0.3, "nll": 7.0}, "timm_csm": timed(_cell(100.0, 0, 1e-7), 1.30, 1.40),
+           "netcal": "no such method", "torch-uncertainty": timed(_cell(300.0, 0, 1e-7), 1.22, 1.25),
+           "scikit-learn": timed(_cell(400.0, 0, 1e-7), 1.00, 1.05), "probmetrics": _cell(250.0, 1.2, 1e-7)}
+    lines = "\n".join(bench.findings([row]))
+    # torch-uncertainty: 0.08 s faster, our median 0.10 above our best: within the spread
+    assert "faster by less than the rounds' spread (the larger median - best of the two libraries: not a difference " \
+        "this run resolves): matrix_scaling at 50000 x 1000: torch-uncertainty 0.938x" in lines
+    # scikit-learn: 0.30 s faster, beyond either spread; probmetrics' row has no median (an older run): faster
+    assert "matrix_scaling apply at 50000 x 1000: scikit-learn 0.769x" in lines
+    assert "matrix_scaling apply at 50000 x 1000: probmetrics 0.923x" in lines
+    assert bench.apply_tie(row["timm_csm"], row["torch-uncertainty"])
+    assert not bench.apply_tie(row["timm_csm"], row["scikit-learn"])
+
+
 def test_merged_rows_replace_their_method_and_size_and_the_page_names_every_command():
     bench = load_benchmark("calibrators_bench")
     peers = {lib: "not installed" for lib in bench.LIBRARIES[1:]}
