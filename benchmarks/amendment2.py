@@ -22,6 +22,7 @@ Each line of ``--next SETTING [--data-seed N]`` runs with ``python benchmarks/ca
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -318,6 +319,26 @@ def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def _differences_text(differences: Sequence[str]) -> str:
+    """``N difference(s)``, with the largest relative one among the numbers and the result fields they are in (so
+    a reader tells a rounding-level change in the metrics' arithmetic from a different training)."""
+    relative, fields = [], set()
+    for line in differences:
+        match = re.fullmatch(r"(\S+): committed (\S+), now (\S+)", line)
+        try:
+            before, after = float(match.group(2)), float(match.group(3))
+        except (AttributeError, ValueError):
+            continue
+        relative.append((abs(after - before) / max(abs(before), 1e-12), match.group(1)))
+        fields.add(re.sub(r"\[\d+\]", "", match.group(1)).rsplit(".", 1)[-1])
+    text = f"{len(differences)} difference(s)"
+    if relative:
+        size, where = max(relative)
+        text += (f", {len(relative)} of them numbers, the largest {size:.2g} relative (`{where}`), in "
+                 f"{', '.join(sorted(fields))}")
+    return text
+
+
 def _verify_lines() -> List[str]:
     """The verify runs of committed cells (``calibration_bench.py --verify CELL``), as the protocol asks."""
     runs = read_json(method_table.A2_VERIFY_LOG) if method_table.A2_VERIFY_LOG.exists() else []
@@ -325,7 +346,7 @@ def _verify_lines() -> List[str]:
         return ["No cell has been re-run with `--verify` yet.", ""]
     lines = ["Verify runs (a committed cell re-run from its record at a commit):", ""]
     for r in runs:
-        what = "reproduced exactly" if r["reproduced"] else f"{len(r['differences'])} difference(s)"
+        what = "reproduced exactly" if r["reproduced"] else _differences_text(r["differences"])
         extra = f"; reported now, not compared: {', '.join(r['not_compared'])}" if r.get("not_compared") else ""
         lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}: "
                      f"{what}{extra}.")

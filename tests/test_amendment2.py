@@ -207,3 +207,11 @@ def test_page_reports_stages_3_to_5(tmp_path):
 
     shutil.rmtree(labels)
     assert a2.write_page(page, tmp_path / "no-cache", root, cache) == text
+
+
+def test_a_verify_run_that_differs_names_its_largest_relative_difference_and_the_fields():
+    text = a2._differences_text(["history[3].val_ece: committed 0.1, now 0.1000001",
+                                 "test.pre_ts.nll: committed 2.0, now 2.002", "checkpoint_epoch: committed 4, now 5",
+                                 "a field only in one of them"])
+    assert text.startswith("4 difference(s), 3 of them numbers, the largest 0.25 relative (`checkpoint_epoch`)")
+    assert text.endswith("in checkpoint_epoch, nll, val_ece")
