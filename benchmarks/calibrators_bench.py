@@ -20,9 +20,9 @@ library after the other for each method, then the applies of that method in inte
 apply once per round, so that a burst of load on the shared machine falls on all of them); where N x C > 1e6 a
 fit runs once and an apply three times. The applies' median over the rounds is kept beside the best: a peer's
 apply faster than timm_csm's by less than the larger (median - best) of the two is listed as within the spread,
-not as faster (the same matrix product varies by about 10 % from round to round). ``--methods`` re-measures some rows: with ``--output``, they replace the rows of the same method and
-size in the .json beside it (a row keeps the peers measured in its own run), and the page is rendered from all
-rows, with every command that produced them.
+not as faster (the same matrix product varies by about 10 % from round to round). ``--methods`` re-measures some
+rows: with ``--output``, they replace the rows of the same method and size in the .json beside it (a row keeps
+the peers measured in its own run), and the page is rendered from all rows, with every command that produced them.
 
 What each library is given: timm_csm float32 logits (its fits accumulate in float64); torch-uncertainty float32
 logits through a one-batch ``DataLoader`` (``fit``) and its module's forward (``apply``); probmetrics float32
@@ -556,15 +556,16 @@ RUN_BEGIN, RUN_END = "<!-- calibrate-run -->", "<!-- /calibrate-run -->"
 RUN_CALIBRATORS = ("temperature_scaling", "vector_scaling", "dirichlet", "isotonic")
 # the phases of calibrate(): (label, ((file suffix, function names), ...)), cumulative profiler times; a suffix
 # ending in "/" names a package (the calibrators' "fit", less conformal.py's own)
-PHASES = [("reading the data", (("timm_csm/calibrate.py", ("_open",)), ("timm_csm/calibrate_checks.py", ("check_splits",)))),
-          ("prediction (image transforms and forward passes)", (("timm_csm/calibrate.py", ("_predict",)),)),
-          ("(of which the model's forward passes)", (("torch/nn/modules/module.py", ("_wrapped_call_impl",)),)),
-          ("fitting the calibrators", (("timm_csm/calibration/", ("fit",)),)),
-          ("conformal prediction sets (fit and evaluate)", (("timm_csm/calibration/conformal.py", ("fit", "evaluate")),)),
-          ("metrics, reliability tables, risk-coverage curves",
-           (("timm_csm/training/shift.py", ("prediction_scores", "prediction_intervals")),
-            ("timm_csm/calibrate_report.py", ("prediction_curves",)))),
-          ("plots", (("timm_csm/calibrate_report.py", ("write_plots",)),))]
+PHASES = [
+    ("reading the data", (("timm_csm/calibrate.py", ("_open",)), ("timm_csm/calibrate_checks.py", ("check_splits",)))),
+    ("prediction (image transforms and forward passes)", (("timm_csm/calibrate.py", ("_predict",)),)),
+    ("(of which the model's forward passes)", (("torch/nn/modules/module.py", ("_wrapped_call_impl",)),)),
+    ("fitting the calibrators", (("timm_csm/calibration/", ("fit",)),)),
+    ("conformal prediction sets (fit and evaluate)", (("timm_csm/calibration/conformal.py", ("fit", "evaluate")),)),
+    ("metrics, reliability tables, risk-coverage curves",
+     (("timm_csm/training/shift.py", ("prediction_scores", "prediction_intervals")),
+      ("timm_csm/calibrate_report.py", ("prediction_curves",)))),
+    ("plots", (("timm_csm/calibrate_report.py", ("write_plots",)),))]
 
 
 def _phase_seconds(stats, places) -> float:

@@ -21,7 +21,8 @@ def free_port() -> int:
 def launch_two_processes(script, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     """``accelerate launch --num_processes 2 script args``, single-threaded; asserts a zero exit status."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *map(str, args)]
+           "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+           "--dynamo_backend", "no", str(script), *map(str, args)]
     path = os.pathsep.join(map(str, (ROOT, SCRIPTS, TESTS)))
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
