@@ -30,7 +30,7 @@ import calibration_methods as method_table
 import calibration_pages as pages
 from timm_csm.hub import content_fingerprint, csm_dataset_problem
 from timm_csm.io import write_json_atomic, write_text_atomic
-from timm_csm.metrics import holm, interval_text, paired_t_interval
+from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
@@ -246,7 +246,7 @@ def paired_test(a: Dict[int, float], b: Dict[int, float]) -> Optional[Dict[str, 
     if interval is None:
         return None
     return {"n": interval.n, "mean": interval.mean, "low": interval.low, "high": interval.high,
-            "p": interval.p_value}
+            "p": interval.p_value, "sd": interval.sd}
 
 
 def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -301,6 +301,77 @@ def _test_text(test: Optional[Dict[str, float]]) -> str:
     if test is None:
         return "pending"
     return f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}] (n={test['n']})"
+
+
+def _power_text(test: Optional[Dict[str, float]]) -> str:
+    """The comparison's paired sd and the smallest true difference its seeds detect with 80% power, at alpha 0.05
+    and at Holm's strictest level over the family."""
+    if test is None or test.get("sd") is None:
+        return "- | -"
+    strictest = FAMILY_ALPHA / (2 * len(DECISION_SETTINGS))
+    return (f"{test['sd']:.2f} | {detectable_difference(test['sd'], test['n']):.2f} / "
+            f"{detectable_difference(test['sd'], test['n'], strictest):.2f}")
+
+
+#: stage 2's secondary comparisons: (column, row key of the per-seed rows)
+SECONDARY = (("ECE before TS", "ece_pre_ts"), ("ECE after TS", "ece_post_ts"), ("accuracy", "acc_pre_ts"),
+             ("AECE", "aece_pre_ts"), ("classwise ECE", "cece_pre_ts"), ("NLL", "nll_pre_ts"),
+             ("Brier", "brier_pre_ts"))
+
+
+def stage2_rows(choices: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """``(label, configuration)`` of a setting's stage-2 rows other than CSM's, each configuration once, its label
+    naming the roles beyond its own name (e.g. ``RegMixup (alpha 20), best other after TS``)."""
+    roles = [("ce", None), (choices["chosen"].get("regmixup"), None),
+             (choices["best_other"]["pre_ts"], "best other before TS"),
+             (choices["best_other"]["post_ts"], "best other after TS")]
+    named: Dict[str, List[str]] = {}
+    for name, role in roles:
+        if name is not None:
+            named.setdefault(name, []).extend([role] if role else [])
+    return [(", ".join([method_table.get_method(name).label, *extra]), name) for name, extra in named.items()]
+
+
+def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[str]:
+    """Stage 2's rows over their seeds (mean ± sd, test split, in %; NLL and Brier raw), the secondary paired
+    intervals of the CSM row against each (no claim unless the interval excludes 0), and the decision figure."""
+    lines, entries = [], []
+    for setting in DECISION_SETTINGS:
+        sm = summaries[setting]
+        rows, csm = sm["rows"], sm["choices"]["csm"]
+        if csm is None:
+            continue
+        others = stage2_rows(sm["choices"])
+        lines += [f"### `{setting}`: the stage-2 rows (seeds 0-14, test split)", "",
+                  "| row | seeds | accuracy | ECE before TS | ECE after TS | AECE | classwise ECE | NLL | Brier |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for label, name in [(f"CSM row: {method_table.get_method(csm).label}", csm)] + others:
+            r = _seeds(rows.get(name, []), method_table.A2_SEEDS)
+            lines.append(f"| {label} | {len(r)} | " + " | ".join(
+                pages.mean_cell(r, key, 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2)
+                for key in ("acc_pre_ts", "ece_pre_ts", "ece_post_ts", "aece_pre_ts", "cece_pre_ts", "nll_pre_ts",
+                            "brier_pre_ts")) + " |")
+        lines += ["", "Secondary: the CSM row minus each row, paired 95% t-intervals over the common seeds "
+                  "(unadjusted; no claim unless the interval excludes 0; before TS except the after-TS column):", "",
+                  "| minus | " + " | ".join(col for col, _ in SECONDARY) + " |",
+                  "|---|" + "---|" * len(SECONDARY)]
+        for label, name in others:
+            tests = {key: _paired(rows, csm, name, key, method_table.A2_SEEDS) for _, key in SECONDARY}
+            lines.append(f"| {label} | " + " | ".join(
+                interval_text(tests[key], 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2)
+                for _, key in SECONDARY) + " |")
+            for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
+                test = tests[f"ece_{phase}"]
+                entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}",
+                                None if test is None else test._asdict()))
+        lines.append("")
+    seeds = sorted({test["n"] for _, _, test in entries if test is not None})
+    if seeds:
+        title = f"{seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
+        decision_figure(entries, figure, f"Amendment 2, stage 2 ({title} of {len(method_table.A2_SEEDS)} seeds): "
+                        "CSM row minus each row, test ECE, 95% paired t-intervals (unadjusted)")
+        lines += [f"![Stage 2: the CSM row minus each row, before and after TS]({figure.name})", ""]
+    return lines
 
 
 def setting_section(setting: str, sm: Dict[str, Any]) -> List[str]:
@@ -379,13 +450,16 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
              *_verify_lines(),
              "## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 15 seeds, "
              "Holm over the 4 primary comparisons)", "",
-             "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm |",
-             "|---|---|---|---|---|"]
+             "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm | "
+             "paired sd | detectable at 80% power (alpha 0.05 / 0.0125) |",
+             "|---|---|---|---|---|---|---|"]
     for c in decisions["comparisons"]:
         other = method_table.get_method(c["other"]).label if c["other"] else "pending"
         lines.append(f"| {c['setting']} | {other} | {_test_text(c['test'])} | {_fmt(c.get('p_holm'), 4)} | "
-                     f"{'-' if 'lower' not in c else 'yes' if c['lower'] else 'no'} |")
+                     f"{'-' if 'lower' not in c else 'yes' if c['lower'] else 'no'} | {_power_text(c['test'])} |")
     lines += [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decisions["verdicts"].items()] + [""]
+    figure = Path(path).with_name(Path(path).stem + "_decision.png")
+    lines += stage2_section(summaries, figure)
     for setting in method_table.A2_SETTINGS:
         lines += setting_section(setting, summaries[setting])
     lines += stage3_section(summaries, label_cache)

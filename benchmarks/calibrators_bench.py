@@ -580,12 +580,16 @@ def _phase_seconds(stats, places) -> float:
 
 
 def _warm_up(model: torch.nn.Module, steps: int = 200, batch: int = 64) -> None:
-    """A few SGD steps on Fashion-MNIST's training images, normalised as calibrate's guessed data config does
-    (mean 0.5, std 0.5)."""
+    """A few SGD steps on Fashion-MNIST's training images, normalised as calibrate will guess for this model (it
+    carries no data config)."""
     from timm_csm.data.embedded import load_fashion_mnist
+    from timm_csm.training.classifier import resolve_preprocessing
 
+    pre = resolve_preprocessing({"in_chans": 1, "img_size": 28}, getattr(model, "pretrained_cfg", None),
+                                cfg_is_the_weights=False, native_size=28)
     train = load_fashion_mnist("train")
-    images = torch.from_numpy(train.images[:steps * batch]).float().div(255).sub(0.5).div(0.5)
+    images = torch.from_numpy(train.images[:steps * batch]).float().div(255)
+    images = (images - pre.mean[0]) / pre.std[0]
     labels = torch.from_numpy(train.labels[:steps * batch])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model.train()

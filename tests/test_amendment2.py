@@ -186,6 +186,17 @@ def test_page_reports_stages_3_to_5(tmp_path):
     page, cache = tmp_path / "page.md", tmp_path / "labels.json"
     text = a2.write_page(page, tmp_path / "no-cache", root, cache)
 
+    stage2 = text.split("## Stage 2")[1].split("### `matched`: stage 1")[0]
+    # annotated's CSM row sits 0.8 below KD at every seed: no spread, nothing to detect
+    kd = table.get_method("kd@alpha=0.5,temperature=2").label
+    assert f"| annotated | {kd} | -0.80 [-0.80, -0.80] (n=15) | 0.0000 | yes | 0.00 | 0.00 / 0.00 |" in stage2
+    # the secondary table's before-TS column is the primary comparison's interval
+    primary = next(x for x in stage2.splitlines() if x.startswith("| matched | CE |")).split(" | ")[2]
+    matched = stage2.split("### `matched`: the stage-2 rows")[1].split("### `annotated`")[0]
+    rows_table, secondary = matched.split("Secondary:")
+    assert f"| CSM row: {table.get_method(ROW).label} | 15 |" in rows_table
+    assert next(x for x in secondary.splitlines() if x.startswith("| CE |")).startswith(f"| CE | {primary} |")
+    assert (tmp_path / "page_decision.png").stat().st_size > 0 and "(page_decision.png)" in stage2
     stage3 = text.split("## Stage 3")[1].split("## Stage 4")[0]
     assert "Setting `annotated`" in stage3
     q = np.asarray(load_csm_dataset(labels)["train"]["soft_label"])
@@ -215,3 +226,15 @@ def test_a_verify_run_that_differs_names_its_largest_relative_difference_and_the
                                  "a field only in one of them"])
     assert text.startswith("4 difference(s), 3 of them numbers, the largest 0.25 relative (`checkpoint_epoch`)")
     assert text.endswith("in checkpoint_epoch, nll, val_ece")
+
+
+def test_the_power_column_is_the_detectable_difference_at_the_comparisons_sd_and_both_levels():
+    from timm_csm.metrics import detectable_difference
+
+    text = a2._power_text({"n": 15, "sd": 0.56})
+    sd, levels = text.split(" | ")
+    assert sd == "0.56"
+    # at the protocol's planning sd: alpha 0.05, then Holm's strictest level over the 4 comparisons, 0.0125
+    assert levels == f"{detectable_difference(0.56, 15):.2f} / {detectable_difference(0.56, 15, 0.0125):.2f}"
+    assert detectable_difference(0.56, 15) < detectable_difference(0.56, 15, 0.0125)
+    assert a2._power_text(None) == "- | -"

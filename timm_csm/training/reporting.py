@@ -24,9 +24,15 @@ SUMMARY_FILE = "summary.csv"
 
 #: the metrics a training report shows, in its order (the shift table's are :data:`~.shift.SHIFT_METRICS`)
 REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier", "piece")
+
+
+def _report_row(name: str):
+    spec = metric_spec(name)
+    return name, f"{spec.label} (%)" if spec.scale == 100 else spec.label, spec.scale
+
+
 #: (results key, label, scale) of each of them, read from the metric table: fractions in %
-REPORT_ROWS = tuple((name, f"{metric_spec(name).label} (%)" if metric_spec(name).scale == 100 else
-                     metric_spec(name).label, metric_spec(name).scale) for name in REPORT_METRICS)
+REPORT_ROWS = tuple(_report_row(name) for name in REPORT_METRICS)
 
 
 def _fmt(v, scale):
