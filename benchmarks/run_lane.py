@@ -84,14 +84,17 @@ def finished_file(key: str) -> Path:
     return method_table.COMMITTED_A2 / key / "results.json"
 
 
-def run_in_tree(cell: Cell, tree: Path, here: Path) -> bool:
-    """Run ``cell`` from ``tree`` (its code on the path, one torch thread unless set) and copy its committed folder
-    into ``here``; True when it finished. A shift cell first gets its amendment-2 folder, which it writes into."""
+def run_in_tree(cell: Cell, tree: Path, here: Path, log_file: Path) -> bool:
+    """Run ``cell`` from ``tree`` (its code on the path, one torch thread unless set; its output appended to
+    ``log_file``) and copy its committed folder into ``here``; True when it finished. A shift cell first gets its
+    amendment-2 folder, which it writes into."""
     folder = finished_file(cell.key).parent
     if cell.key.startswith("a3--"):
         shutil.copytree(here / folder, tree / folder, dirs_exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    subprocess.run([sys.executable, *cell.command], cwd=tree, env=env)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as out:
+        subprocess.run([sys.executable, *cell.command], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     if not (tree / finished_file(cell.key)).exists():
         return False
     shutil.copytree(tree / folder, here / folder, dirs_exist_ok=True)
@@ -141,6 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--a3-output", type=Path, default=a3.OUTPUT, help="the shift cells' runs (default %(default)s)")
     p.add_argument("--claims", type=Path, default=CLAIMS, help="the claims folder the lanes share (default "
                    "%(default)s)")
+    p.add_argument("--logs", type=Path, default=Path("runs/lane_logs"), help="each cell's output, <logs>/<key>.log "
+                   "(default %(default)s)")
     p.add_argument("--retry-after", type=float, default=600.0, help="seconds before a cell that did not finish is "
                    "tried again")
     p.add_argument("--once", action="store_true", help="stop when no cell can run now (default: wait for more)")
@@ -166,9 +171,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     def run(cell: Cell) -> bool:
         tree = args.shift_tree if cell.key.startswith("a3--") else args.cells_tree
-        return run_in_tree(cell, tree.resolve(), here)
+        log_file = args.logs.resolve() / f"{cell.key}.log"
+        print(f"{cell.key}: output in {log_file}", flush=True)
+        return run_in_tree(cell, tree.resolve(), here, log_file)
 
-    done = run_lane(list_cells, run, args.claims.resolve(), args.retry_after, once=args.once)
+    done = run_lane(list_cells, run, args.claims.resolve(), args.retry_after, once=args.once,
+                    log=lambda m: print(m, flush=True))
     print(f"{done} cell(s) finished, copied into {here / method_table.COMMITTED_A2}")
 
 

@@ -74,11 +74,14 @@ def test_a_cell_runs_in_its_tree_and_its_committed_folder_is_copied_back(tmp_pat
     here.mkdir()
     write = ("import pathlib, sys; d = pathlib.Path('benchmarks/cells_a2') / sys.argv[1]; "
              "d.mkdir(parents=True, exist_ok=True); (d / sys.argv[2]).write_text('{}')")
-    assert lane.run_in_tree(lane.Cell("ce-s0", ["-c", write, "ce-s0", "results.json"]), tree, here)
+    log = tmp_path / "logs" / "cell.log"
+    assert lane.run_in_tree(lane.Cell("ce-s0", ["-c", write + "; print('trained')", "ce-s0", "results.json"]), tree,
+                            here, log)
     assert (here / "benchmarks/cells_a2/ce-s0/results.json").read_text() == "{}"
+    assert log.read_text() == "trained\n"  # the cell's output goes to its log
     # a shift cell gets the committed amendment-2 folder in its tree first, and brings back its shift.json
-    assert lane.run_in_tree(lane.Cell("a3--ce-s0", ["-c", write, "ce-s0", "shift.json"]), tree, here)
+    assert lane.run_in_tree(lane.Cell("a3--ce-s0", ["-c", write, "ce-s0", "shift.json"]), tree, here, log)
     assert (here / "benchmarks/cells_a2/ce-s0/shift.json").exists()
     # a cell that leaves no finished file did not finish; nothing is copied
-    assert not lane.run_in_tree(lane.Cell("ce-s1", ["-c", "import sys; sys.exit(3)"]), tree, here)
+    assert not lane.run_in_tree(lane.Cell("ce-s1", ["-c", "import sys; sys.exit(3)"]), tree, here, log)
     assert not (here / "benchmarks/cells_a2/ce-s1").exists()
