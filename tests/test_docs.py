@@ -180,3 +180,14 @@ def test_the_shipped_generator_snippets_run_outside_a_clone(tmp_path):
                                 text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.split()[0] == "8"  # the images of 2 groups x 4 lambdas
+
+
+def test_every_mean_and_interval_in_the_readmes_results_is_on_a_benchmark_page():
+    """The README's numbers are copied from the pages that the benchmark commands write, never typed: each mean ±
+    sd and each interval of its Results section appears, as written, on one of them."""
+    results = (ROOT / "README.md").read_text().split("## Results")[1].split("\n## ")[0]
+    pages = " ".join((ROOT / "benchmarks" / name).read_text()
+                     for name in ("calibration.md", "calibration_a2.md", "shift_a3.md"))
+    numbers = re.findall(r"[-+]?\d+\.\d+ ± \d+\.\d+|[-+]?\d+\.\d+ \[[-+]?\d+\.\d+, [-+]?\d+\.\d+\]", results)
+    assert len(numbers) >= 6  # the decision's table at least
+    assert [n for n in numbers if n not in pages] == []
