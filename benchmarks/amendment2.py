@@ -360,16 +360,18 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
             lines.append(f"| {label} | " + " | ".join(
                 interval_text(tests[key], 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2)
                 for _, key in SECONDARY) + " |")
+            primary = name in ("ce", sm["choices"]["best_other"]["pre_ts"])
             for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
                 test = tests[f"ece_{phase}"]
-                entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}",
-                                None if test is None else test._asdict()))
+                entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}"
+                                + " (P)" * primary, None if test is None else test._asdict()))
         lines.append("")
     seeds = sorted({test["n"] for _, _, test in entries if test is not None})
     if seeds:
         title = f"{seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
         decision_figure(entries, figure, f"Amendment 2, stage 2 ({title} of {len(method_table.A2_SEEDS)} seeds): "
-                        "CSM row minus each row, test ECE, 95% paired t-intervals (unadjusted)")
+                        "CSM row minus each row, test ECE, 95% paired t-intervals (unadjusted);\n(P): a primary "
+                        "comparison before TS, decided under Holm over the 4 (the table)")
         lines += [f"![Stage 2: the CSM row minus each row, before and after TS]({figure.name})", ""]
     return lines
 
