@@ -445,6 +445,7 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
              "Commands: `python benchmarks/calibration_bench.py --amendment 2 --recipe SETTING [--data-seed N] "
              "--methods ... --seeds ...` (the cells, from a worktree of the recorded commit), `python "
              "benchmarks/amendment2.py --next SETTING [--data-seed N]` (which cells can run), `python "
+             "benchmarks/run_lane.py --cells-tree TREE` (a lane that runs them, two side by side), `python "
              "benchmarks/amendment2.py --report` (this page).", "",
              f"Cells finished: {len(records)}; commits: {', '.join(commits) or '-'}; torch threads: "
              f"{', '.join(map(str, threads)) or '-'}. `python benchmarks/calibration_bench.py --verify CELL` re-runs "
