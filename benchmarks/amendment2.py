@@ -679,23 +679,6 @@ def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]
     return Path(path)
 
 
-def protocol_decision_entries(rows: Sequence[Dict[str, Any]]) -> List[Tuple[str, str, Optional[Dict[str, float]]]]:
-    """The protocol's (amendment 0) decision comparisons from ``benchmarks/calibration.json``'s rows: the CSM row
-    of each setting against CE and the best other method, before and after TS."""
-    by = {(r["recipe"], r["method"]): r for r in rows
-          if r.get("per_seed") and r.get("recipe") in method_table.PROTOCOL_RECIPES}
-    out = []
-    for setting in method_table.PROTOCOL_RECIPES:
-        per = {m: r["per_seed"] for (st, m), r in by.items() if st == setting}
-        csm = pages.lowest_mean(per, method_table.CSM_VARIANTS, "val_ece_pre_ts")
-        for phase, name in (("pre_ts", "before TS"), ("post_ts", "after TS")):
-            best = pages.lowest_mean(per, method_table.NON_GENERATED, f"val_ece_{phase}")
-            for other in ("ce", best):
-                test = paired_test(pages.by_seed(per[csm], f"ece_{phase}"), pages.by_seed(per[other], f"ece_{phase}"))
-                out.append((name, f"{setting}: vs {method_table.METHODS[other].label.split(' (')[0]}", test))
-    return out
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", action="store_true", help=f"write {PAGE}")
@@ -704,14 +687,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--data-seed", type=int, default=0, choices=DATA_SEEDS,
                    help="with --next: the real subset (stage 5's data seeds 1 and 2; default 0)")
     p.add_argument("--output", default=method_table.A2_OUTPUT, help="the cell cache (default %(default)s)")
-    p.add_argument("--protocol-figure", default=None, metavar="PNG",
-                   help="draw the protocol's (amendment 0) decision comparisons from benchmarks/calibration.json")
     args = p.parse_args(argv)
-    if args.protocol_figure:
-        entries = protocol_decision_entries(read_json(method_table.DEFAULT_JSON))
-        decision_figure(entries, Path(args.protocol_figure), "Protocol (5 seeds): CSM row minus CE and minus the "
-                        "best other method (validation), 95% paired t-intervals")
-        print(f"wrote {args.protocol_figure}")
     if args.next:
         all_rows = {st: _rows(a2_cells(st, Path(args.output))) for st in method_table.A2_SETTINGS}
         rows = _rows(a2_cells(args.next, Path(args.output), data_seed=args.data_seed))
