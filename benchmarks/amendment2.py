@@ -43,6 +43,8 @@ BASELINES = ("ce", "brier", "ls", "mbls", "mixup", "regmixup")
 #: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them)
 DECISION_SETTINGS = ("matched", "annotated")
 FAMILY_ALPHA = 0.05
+#: CE and the best other method in each decision setting; Holm's strictest level is alpha over their number
+PRIMARY_COMPARISONS = 2 * len(DECISION_SETTINGS)
 #: the training seeds of stages 3 and 5, and stage 5's data seeds (real subsets)
 LATER_SEEDS = (0, 1, 2, 3, 4)
 DATA_SEEDS = (0, 1, 2)
@@ -308,15 +310,20 @@ def _power_text(test: Optional[Dict[str, float]]) -> str:
     and at Holm's strictest level over the family."""
     if test is None or test.get("sd") is None:
         return "- | -"
-    strictest = FAMILY_ALPHA / (2 * len(DECISION_SETTINGS))
+    strictest = FAMILY_ALPHA / PRIMARY_COMPARISONS
     return (f"{test['sd']:.2f} | {detectable_difference(test['sd'], test['n']):.2f} / "
             f"{detectable_difference(test['sd'], test['n'], strictest):.2f}")
 
 
-#: stage 2's secondary comparisons: (column, row key of the per-seed rows)
+#: stage 2's columns, of its rows and of its secondary comparisons: (column, row key of the per-seed rows)
 SECONDARY = (("ECE before TS", "ece_pre_ts"), ("ECE after TS", "ece_post_ts"), ("accuracy", "acc_pre_ts"),
              ("AECE", "aece_pre_ts"), ("classwise ECE", "cece_pre_ts"), ("NLL", "nll_pre_ts"),
              ("Brier", "brier_pre_ts"))
+
+
+def _digits(key: str) -> int:
+    """Decimals of a stage-2 column: NLL and Brier are raw values, the others in %."""
+    return 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2
 
 
 def stage2_rows(choices: Dict[str, Any]) -> List[Tuple[str, str]]:
@@ -342,24 +349,20 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
         if csm is None:
             continue
         others = stage2_rows(sm["choices"])
-        lines += [f"### `{setting}`: the stage-2 rows (seeds 0-14, test split)", "",
-                  "| row | seeds | accuracy | ECE before TS | ECE after TS | AECE | classwise ECE | NLL | Brier |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        columns = " | ".join(col for col, _ in SECONDARY) + " |"
+        lines += [f"### `{setting}`: the stage-2 rows (seeds 0-14, test split; before TS except the after-TS "
+                  "column)", "", "| row | seeds | " + columns, "|---|---|" + "---|" * len(SECONDARY)]
         for label, name in [(f"CSM row: {method_table.get_method(csm).label}", csm)] + others:
             r = _seeds(rows.get(name, []), method_table.A2_SEEDS)
             lines.append(f"| {label} | {len(r)} | " + " | ".join(
-                pages.mean_cell(r, key, 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2)
-                for key in ("acc_pre_ts", "ece_pre_ts", "ece_post_ts", "aece_pre_ts", "cece_pre_ts", "nll_pre_ts",
-                            "brier_pre_ts")) + " |")
+                pages.mean_cell(r, key, _digits(key)) for _, key in SECONDARY) + " |")
         lines += ["", "Secondary: the CSM row minus each row, paired 95% t-intervals over the common seeds "
-                  "(unadjusted; no claim unless the interval excludes 0; before TS except the after-TS column):", "",
-                  "| minus | " + " | ".join(col for col, _ in SECONDARY) + " |",
-                  "|---|" + "---|" * len(SECONDARY)]
+                  "(unadjusted; no claim unless the interval excludes 0):", "",
+                  "| minus | " + columns, "|---|" + "---|" * len(SECONDARY)]
         for label, name in others:
             tests = {key: _paired(rows, csm, name, key, method_table.A2_SEEDS) for _, key in SECONDARY}
-            lines.append(f"| {label} | " + " | ".join(
-                interval_text(tests[key], 4 if key in ("nll_pre_ts", "brier_pre_ts") else 2)
-                for _, key in SECONDARY) + " |")
+            lines.append(f"| {label} | " + " | ".join(interval_text(tests[key], _digits(key))
+                                                      for _, key in SECONDARY) + " |")
             primary = name in ("ce", sm["choices"]["best_other"]["pre_ts"])
             for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
                 test = tests[f"ece_{phase}"]
@@ -371,7 +374,7 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
         title = f"{seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
         decision_figure(entries, figure, f"Amendment 2, stage 2 ({title} of {len(method_table.A2_SEEDS)} seeds): "
                         "CSM row minus each row, test ECE, 95% paired t-intervals (unadjusted);\n(P): a primary "
-                        "comparison before TS, decided under Holm over the 4 (the table)")
+                        f"comparison before TS, decided under Holm over the {PRIMARY_COMPARISONS} (the table)")
         lines += [f"![Stage 2: the CSM row minus each row, before and after TS]({figure.name})", ""]
     return lines
 
@@ -452,9 +455,9 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
              "one from its record.", "",
              *_verify_lines(),
              "## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 15 seeds, "
-             "Holm over the 4 primary comparisons)", "",
+             f"Holm over the {PRIMARY_COMPARISONS} primary comparisons)", "",
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm | "
-             "paired sd | detectable at 80% power (alpha 0.05 / 0.0125) |",
+             f"paired sd | detectable at 80% power (alpha 0.05 / {FAMILY_ALPHA / PRIMARY_COMPARISONS:g}) |",
              "|---|---|---|---|---|---|---|"]
     for c in decisions["comparisons"]:
         other = method_table.get_method(c["other"]).label if c["other"] else "pending"

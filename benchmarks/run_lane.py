@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 import amendment2 as a2
 import amendment3 as a3
 import calibration_methods as method_table
+from timm_csm.recipes.cells import RESULTS
 
 CLAIMS = Path("runs/claims")
 
@@ -81,7 +82,7 @@ def finished_file(key: str) -> Path:
     cell's ``shift.json`` in the committed cell folder."""
     if key.startswith("a3--"):
         return method_table.COMMITTED_A2 / key[len("a3--"):] / a3.SHIFT_FILE
-    return method_table.COMMITTED_A2 / key / "results.json"
+    return method_table.COMMITTED_A2 / key / RESULTS
 
 
 def run_in_tree(cell: Cell, tree: Path, here: Path, log_file: Path) -> bool:
