@@ -229,6 +229,25 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
             f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {power} | {verdict} |")
 
 
+def verdict_lines(tests: List[Dict[str, Any]]) -> List[str]:
+    """The protocol's claims in its words, per setting: "CSM calibrates better under shift at severity k" holds iff
+    both of that severity's comparisons are decided better; "CSM detects OOD images better" likewise."""
+    lines = []
+    for setting in a2.DECISION_SETTINGS:
+        mine = [t for t in tests if t["setting"] == setting]
+        if any(t["better"] is None for t in mine):
+            lines.append(f"- `{setting}`: pending.")
+            continue
+        holds = {k: all(t["better"] for t in mine if t["what"] == f"severity {k}") for k in SEVERITIES}
+        yes, no = [k for k in SEVERITIES if holds[k]], [k for k in SEVERITIES if not holds[k]]
+        shift = ("holds at every severity" if not no else "holds at no severity" if not yes else
+                 f"holds at severity {', '.join(map(str, yes))}; does not hold at {', '.join(map(str, no))}")
+        ood = "holds" if all(t["better"] for t in mine if "OOD" in t["what"]) else "does not hold"
+        lines.append(f"- `{setting}`: \"CSM calibrates better under shift\" {shift}. \"CSM detects OOD images "
+                     f"better\" {ood}.")
+    return lines + [""]
+
+
 def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)) -> Path:
     found = shift_cells(a2_output)
     choices = {s: a2.stage1_choices(s, a2._rows(a2.a2_cells(s, a2_output))) for s in a2.DECISION_SETTINGS}
@@ -253,6 +272,8 @@ def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)
               "| setting | comparison | other method | difference [95% t-interval] | Holm-adjusted p | detectable | "
               "CSM better |", "|---|---|---|---|---|---|---|"]
     lines += [_test_line(t, 100.0) for t in tests] + [""]
+    lines += ["Verdicts (a severity holds where both of its comparisons say yes; OOD likewise):", "",
+              *verdict_lines(tests)]
     for setting in a2.DECISION_SETTINGS:
         rows = found.get(setting, {})
         methods = decision_rows(choices[setting])

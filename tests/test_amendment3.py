@@ -71,11 +71,17 @@ def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
     assert all(t["better"] is True and t["holm_p"] < 0.05 for t in tests)
     shift = [t for t in tests if t["what"].startswith("severity")]
     assert all(-0.024 < t["interval"].mean < -0.016 for t in shift)
+    assert a3.verdict_lines(tests)[0] == ('- `matched`: "CSM calibrates better under shift" holds at every severity. '
+                                          '"CSM detects OOD images better" holds.')
+    # one severity's comparison not rejected: that severity does not hold, the others still do
+    next(t for t in tests if t["what"] == "severity 3" and t["setting"] == "annotated")["better"] = False
+    assert "holds at severity 1, 2, 4, 5; does not hold at 3." in a3.verdict_lines(tests)[1]
     # a seed short in one row: its whole family is pending, the other family still decides
     del found["annotated"]["ce"][14]
     tests = a3.primary_tests(found, choices)
     assert all(t["better"] is None for t in tests if t["what"].startswith("severity"))
     assert all(t["better"] is None for t in tests if not t["what"].startswith("severity"))  # OOD uses ce too
+    assert a3.verdict_lines(tests)[1] == "- `annotated`: pending."
     # no CSM row yet: every comparison is pending, with no interval
     choices["matched"]["csm"] = None
     assert all(t["interval"] is None for t in a3.primary_tests(found, choices) if t["setting"] == "matched")
