@@ -30,7 +30,7 @@ import calibration_methods as method_table
 import calibration_pages as pages
 from timm_csm.hub import content_fingerprint, csm_dataset_problem
 from timm_csm.io import write_json_atomic, write_text_atomic
-from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
+from timm_csm.metrics import PairedInterval, detectable_difference, holm, interval_text, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
@@ -242,15 +242,6 @@ def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
     return out
 
 
-def paired_test(a: Dict[int, float], b: Dict[int, float]) -> Optional[Dict[str, float]]:
-    """Mean difference ``a - b`` over common seeds, its 95% t-interval and the two-sided paired t-test's p-value."""
-    interval = paired_t_interval(a, b)
-    if interval is None:
-        return None
-    return {"n": interval.n, "mean": interval.mean, "low": interval.low, "high": interval.high,
-            "p": interval.p_value, "sd": interval.sd}
-
-
 def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """Stage 2's four primary comparisons (CSM row minus CE and minus the best other method, test ECE before TS,
     ``matched`` and ``annotated``), Holm-corrected as one family; per setting "holds", "does not hold" or
@@ -262,19 +253,19 @@ def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
         for other in ("ce", best):
             test = None
             if csm and other:
-                test = paired_test(pages.by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
-                                   pages.by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
+                test = paired_t_interval(pages.by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
+                                         pages.by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
             keys.append((setting, other))
-            tests.append(test if test is not None and test["n"] >= len(method_table.A2_SEEDS) else None)
+            tests.append(test if test is not None and test.n >= len(method_table.A2_SEEDS) else None)
     out: Dict[str, Any] = {"comparisons": [], "verdicts": {}}
     if any(t is None for t in tests):
         out["verdicts"] = dict.fromkeys(DECISION_SETTINGS, "pending")
         out["comparisons"] = [{"setting": s, "other": o, "test": t} for (s, o), t in zip(keys, tests)]
         return out
-    adjusted, rejections = holm([t["p"] for t in tests], FAMILY_ALPHA)
+    adjusted, rejections = holm([t.p_value for t in tests], FAMILY_ALPHA)
     for (setting, other), test, p_adj, rejected in zip(keys, tests, adjusted, rejections):
         out["comparisons"].append({"setting": setting, "other": other, "test": test, "p_holm": p_adj,
-                                   "lower": rejected and test["mean"] < 0})
+                                   "lower": rejected and test.mean < 0})
     for setting in DECISION_SETTINGS:
         both = [c["lower"] for c in out["comparisons"] if c["setting"] == setting]
         out["verdicts"][setting] = "holds" if all(both) else "does not hold"
@@ -299,20 +290,18 @@ def _grid_lines(rows, names: Sequence[str], pick: Optional[str]) -> List[str]:
     return lines
 
 
-def _test_text(test: Optional[Dict[str, float]]) -> str:
-    if test is None:
-        return "pending"
-    return f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}] (n={test['n']})"
+def _test_text(test: Optional[PairedInterval]) -> str:
+    return "pending" if test is None else interval_text(test)
 
 
-def _power_text(test: Optional[Dict[str, float]]) -> str:
+def _power_text(test: Optional[PairedInterval]) -> str:
     """The comparison's paired sd and the smallest true difference its seeds detect with 80% power, at alpha 0.05
     and at Holm's strictest level over the family."""
-    if test is None or test.get("sd") is None:
+    if test is None:
         return "- | -"
     strictest = FAMILY_ALPHA / PRIMARY_COMPARISONS
-    return (f"{test['sd']:.2f} | {detectable_difference(test['sd'], test['n']):.2f} / "
-            f"{detectable_difference(test['sd'], test['n'], strictest):.2f}")
+    return (f"{test.sd:.2f} | {detectable_difference(test.sd, test.n):.2f} / "
+            f"{detectable_difference(test.sd, test.n, strictest):.2f}")
 
 
 #: stage 2's columns, of its rows and of its secondary comparisons: (column, row key of the per-seed rows)
@@ -367,9 +356,9 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
             for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
                 test = tests[f"ece_{phase}"]
                 entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}"
-                                + " (P)" * primary, None if test is None else test._asdict()))
+                                + " (P)" * primary, test))
         lines.append("")
-    seeds = sorted({test["n"] for _, _, test in entries if test is not None})
+    seeds = sorted({test.n for _, _, test in entries if test is not None})
     if seeds:
         title = f"{seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
         decision_figure(entries, figure, f"Amendment 2, stage 2 ({title} of {len(method_table.A2_SEEDS)} seeds): "
@@ -650,7 +639,7 @@ def stage5_section(choices: Dict[str, Any], rows_by_data_seed: Dict[int, Dict[st
 
 def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]]], path: Path,
                     title: str) -> Path:
-    """A forest plot of paired differences: one row per ``(group, label, test)`` (:func:`paired_test`), the mean and
+    """A forest plot of paired differences: one row per ``(group, label, test)`` (a :class:`PairedInterval`), the mean and
     its 95% t-interval in ECE points, 0 marked; groups (e.g. before / after TS) side by side."""
     import matplotlib
 
@@ -666,9 +655,9 @@ def decision_figure(entries: Sequence[Tuple[str, str, Optional[Dict[str, float]]
             test = next((t for g, lab, t in entries if g == group and lab == label), None)
             if test is None:
                 continue
-            below = test["high"] < 0
-            ax.errorbar(test["mean"], y, xerr=[[test["mean"] - test["low"]], [test["high"] - test["mean"]]],
-                        fmt="o", color="tab:green" if below else "tab:red" if test["low"] > 0 else "tab:gray",
+            below = test.high < 0
+            ax.errorbar(test.mean, y, xerr=[[test.mean - test.low], [test.high - test.mean]],
+                        fmt="o", color="tab:green" if below else "tab:red" if test.low > 0 else "tab:gray",
                         capsize=3)
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_title(group, fontsize=10)

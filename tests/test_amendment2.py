@@ -75,7 +75,7 @@ def test_stage2_runs_the_chosen_methods_to_15_seeds_and_decides_under_holm():
                        for s in range(15)]
     out = a2.primary_decisions(summaries)
     assert out["verdicts"] == {"matched": "holds", "annotated": "holds"}
-    assert all(c["p_holm"] >= c["test"]["p"] for c in out["comparisons"])
+    assert all(c["p_holm"] >= c["test"].p_value for c in out["comparisons"])
 
 
 def _add(rows, method, seeds, val, test=None):
@@ -229,9 +229,9 @@ def test_a_verify_run_that_differs_names_its_largest_relative_difference_and_the
 
 
 def test_the_power_column_is_the_detectable_difference_at_the_comparisons_sd_and_both_levels():
-    from timm_csm.metrics import detectable_difference
+    from timm_csm.metrics import PairedInterval, detectable_difference
 
-    text = a2._power_text({"n": 15, "sd": 0.56})
+    text = a2._power_text(PairedInterval(n=15, mean=-0.5, low=-0.8, high=-0.2, p_value=0.01, sd=0.56))
     sd, levels = text.split(" | ")
     assert sd == "0.56"
     # at the protocol's planning sd: alpha 0.05, then Holm's strictest level over the 4 comparisons, 0.0125
