@@ -229,6 +229,13 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
             f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {power} | {verdict} |")
 
 
+def _severities(ks: Sequence[int]) -> str:
+    """``[1]`` -> "severity 1", ``[2, 4, 5]`` -> "severities 2, 4 and 5"."""
+    if len(ks) == 1:
+        return f"severity {ks[0]}"
+    return f"severities {', '.join(map(str, ks[:-1]))} and {ks[-1]}"
+
+
 def verdict_lines(tests: List[Dict[str, Any]]) -> List[str]:
     """The protocol's claims in its words, per setting: "CSM calibrates better under shift at severity k" holds iff
     both of that severity's comparisons are decided better; "CSM detects OOD images better" likewise."""
@@ -241,7 +248,7 @@ def verdict_lines(tests: List[Dict[str, Any]]) -> List[str]:
         holds = {k: all(t["better"] for t in mine if t["what"] == f"severity {k}") for k in SEVERITIES}
         yes, no = [k for k in SEVERITIES if holds[k]], [k for k in SEVERITIES if not holds[k]]
         shift = ("holds at every severity" if not no else "holds at no severity" if not yes else
-                 f"holds at severity {', '.join(map(str, yes))}; does not hold at {', '.join(map(str, no))}")
+                 f"holds at {_severities(yes)}; does not hold at {_severities(no)}")
         ood = "holds" if all(t["better"] for t in mine if "OOD" in t["what"]) else "does not hold"
         lines.append(f"- `{setting}`: \"CSM calibrates better under shift\" {shift}. \"CSM detects OOD images "
                      f"better\" {ood}.")

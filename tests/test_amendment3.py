@@ -75,7 +75,7 @@ def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
                                           '"CSM detects OOD images better" holds.')
     # one severity's comparison not rejected: that severity does not hold, the others still do
     next(t for t in tests if t["what"] == "severity 3" and t["setting"] == "annotated")["better"] = False
-    assert "holds at severity 1, 2, 4, 5; does not hold at 3." in a3.verdict_lines(tests)[1]
+    assert "holds at severities 1, 2, 4 and 5; does not hold at severity 3." in a3.verdict_lines(tests)[1]
     # a seed short in one row: its whole family is pending, the other family still decides
     del found["annotated"]["ce"][14]
     tests = a3.primary_tests(found, choices)
