@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -34,9 +35,12 @@ from timm_csm.metrics import PairedInterval, detectable_difference, holm, interv
 from timm_csm.recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
-           "primary_decisions", "label_confidence", "write_page", "main"]
+           "primary_decisions", "label_confidence", "json_rows", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a2.md")
+#: the summary keys of each JSON row (the per-seed rows' keys, as in ``calibration.json``)
+JSON_KEYS = tuple(f"{m}_{phase}" for phase in ("pre_ts", "post_ts")
+                  for m in ("acc", "ece", "aece", "cece", "nll", "brier", "val_ece")) + ("T", "epoch", "seconds")
 #: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
 TIE = 0.01
 BASELINES = ("ce", "brier", "ls", "mbls", "mixup", "regmixup")
@@ -418,9 +422,30 @@ def _verify_lines() -> List[str]:
     return lines + [""]
 
 
+def json_rows(cells: Dict[Tuple[str, int], Dict[str, Dict[int, Dict[str, Any]]]]) -> List[Dict[str, Any]]:
+    """One row per (setting, data seed, method) with finished cells, shaped as ``calibration.json``'s: ``method``,
+    ``label``, ``setting``, ``data_seed``, ``seeds``, ``per_seed`` (:func:`per_seed_row`) and each of
+    :data:`JSON_KEYS` as ``{"mean", "std"}`` over the seeds (std None for one seed). A cell shared by the settings
+    is in each setting's rows."""
+    out = []
+    for (setting, data_seed), found in sorted(cells.items()):
+        for method, rows in sorted(_rows(found).items()):
+            row: Dict[str, Any] = {"method": method, "label": method_table.get_method(method).label,
+                                   "setting": setting, "data_seed": data_seed, "seeds": [r["seed"] for r in rows],
+                                   "per_seed": rows}
+            for key in JSON_KEYS:
+                values = [r[key] for r in rows if r.get(key) is not None]
+                if values:
+                    row[key] = {"mean": statistics.fmean(values),
+                                "std": statistics.stdev(values) if len(values) > 1 else None}
+            out.append(row)
+    return out
+
+
 def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
                committed: Path = method_table.COMMITTED_A2, label_cache: Path = LABEL_CACHE) -> str:
-    """Write the page (and stage 4's figure beside it, ``<page>_volume.png``) from the finished cells."""
+    """Write the page (with stage 4's figure, ``<page>_volume.png``, and its rows, ``<page>.json``, beside it) from
+    the finished cells."""
     cells = {(st, d): a2_cells(st, output, committed, d) for st in method_table.A2_SETTINGS for d in DATA_SEEDS}
     summaries = {}
     for setting in method_table.A2_SETTINGS:
@@ -438,7 +463,8 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
              "--methods ... --seeds ...` (the cells, from a worktree of the recorded commit), `python "
              "benchmarks/amendment2.py --next SETTING [--data-seed N]` (which cells can run), `python "
              "benchmarks/run_lane.py --cells-tree TREE` (a lane that runs them, two side by side), `python "
-             "benchmarks/amendment2.py --report` (this page).", "",
+             "benchmarks/amendment2.py --report` (this page, and its rows with every seed's numbers, `per_seed`, "
+             f"in [{Path(path).with_suffix('.json').name}]({Path(path).with_suffix('.json').name})).", "",
              f"Cells finished: {len(records)}; commits: {', '.join(commits) or '-'}; torch threads: "
              f"{', '.join(map(str, threads)) or '-'}. `python benchmarks/calibration_bench.py --verify CELL` re-runs "
              "one from its record.", "",
@@ -462,6 +488,7 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
     lines += stage5_section(summaries["annotated"]["choices"],
                             {d: _rows(cells[STAGE5_SETTING, d]) for d in DATA_SEEDS})
     text = "\n".join(lines) + "\n"
+    write_json_atomic(Path(path).with_suffix(".json"), json_rows(cells), indent=1)
     write_text_atomic(Path(path), text)
     return text
 

@@ -1,4 +1,6 @@
 """Amendment 2's validation choices and decisions (benchmarks/amendment2.py) on constructed per-seed rows."""
+import json
+
 import pytest
 
 from benchmark_scripts import load_benchmark
@@ -135,8 +137,6 @@ def test_later_stages_start_once_their_choices_are_made_and_stage_2_has_finished
 
 def _write_cells(root, setting, rows, data_seed=0, extra=None):
     """Cell folders (cell.json, results.json) holding ``rows``' values, as calibration_bench writes them."""
-    import json
-
     for m, rs in rows.items():
         for r in rs:
             d = root / table.cell_name(m, r["seed"], setting, data_seed)
@@ -213,6 +213,15 @@ def test_page_reports_stages_3_to_5(tmp_path):
         n, mean, sd = len(values), np.mean(values), np.std(values, ddof=1)
         half = student_t.ppf(0.975, n - 1) * sd / np.sqrt(n)
         assert f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] (n={n})" in ce_line
+    # the JSON rows beside the page: every seed of each (setting, data seed, method), and their summaries
+    rows_json = {(r["setting"], r["data_seed"], r["method"]): r for r in json.loads(page.with_suffix(".json").read_text())}
+    ce1 = rows_json["borrowed", 1, "ce"]
+    assert ce1["seeds"] == list(range(5)) and "(page.json)" in text
+    assert [r["ece_pre_ts"] for r in ce1["per_seed"]] == pytest.approx([3.0 + 0.1 * s for s in range(5)])
+    assert ce1["ece_pre_ts"]["mean"] == pytest.approx(3.2) and ce1["ece_pre_ts"]["std"] == pytest.approx(
+        np.std([0.1 * s for s in range(5)], ddof=1))
+    assert [r["ece_pre_ts"] for r in rows_json["annotated", 0, lam]["per_seed"]] == pytest.approx(
+        [r["ece_pre_ts"] + 0.5 for r in rows["annotated"][ROW] if r["seed"] < 5])
     # the labels' confidence is cached by fingerprint: it survives the derived set
     import shutil
 
