@@ -38,7 +38,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from timm_csm.io import write_json_atomic
 from timm_csm.recipes.cache import MARKER, KeyedFolder
 
-__all__ = ["DATA_OPTIONS", "GENERATION", "SETTINGS", "stage_commands", "real_subset", "export_real", "main"]
+__all__ = ["DATA_OPTIONS", "GENERATION", "SETTINGS", "stage_commands", "real_subset", "borrowed_encoder_overlap",
+           "export_real", "main"]
 
 #: the data options every cell of the benchmark trains with (PROTOCOL.md): one real subset and one validation set
 DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--val-size", "2000",
@@ -68,6 +69,34 @@ def real_subset():
     from timm_csm.training import load_data, parse_args
 
     return load_data(parse_args(DATA_OPTIONS))
+
+
+def borrowed_encoder_overlap(data_seed: int = 0) -> Dict[str, int]:
+    """How many of the classifier's training and validation images on the real subset of ``data_seed`` the borrowed
+    reference encoder learned from (``{"train", "val"}``). It trains on the 60 000 training images less annotate's
+    held-out share (its defaults: 10%, seed 0), the images the subsets are drawn from; an image counts when its pixels
+    and label are among those it trained on."""
+    import hashlib
+
+    import numpy as np
+
+    from timm_csm.annotation import AnnotationConfig, holdout_rows
+    from timm_csm.data.sources import load_image_arrays
+    from timm_csm.training import load_data, parse_args
+
+    full = load_image_arrays(DATA_OPTIONS[DATA_OPTIONS.index("--dataset") + 1], "train")
+    defaults = AnnotationConfig()
+    held = holdout_rows(len(full), defaults.holdout_fraction, defaults.seed)
+
+    def keys(arrays):
+        images, labels = np.asarray(arrays.images), np.asarray(arrays.labels)
+        return [hashlib.sha1(images[i].tobytes() + int(labels[i]).to_bytes(2, "little")).digest()
+                for i in range(len(labels))]
+
+    seen = set(np.delete(np.asarray(keys(full), dtype=object), held).tolist())
+    options = DATA_OPTIONS[:DATA_OPTIONS.index("--data-seed")]
+    split = load_data(parse_args([*options, "--data-seed", str(data_seed)]))
+    return {name: sum(k in seen for k in keys(part)) for name, part in (("train", split.train), ("val", split.val))}
 
 
 def images_digest(arrays) -> str:
