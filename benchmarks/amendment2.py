@@ -339,17 +339,20 @@ def stage2_rows(choices: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[str]:
     """Stage 2's rows over their seeds (mean ± sd, test split, in %; NLL and Brier raw), the secondary paired
-    intervals of the CSM row against each (no claim unless the interval excludes 0), and the decision figure."""
+    intervals of the CSM row against each (no claim unless the interval excludes 0), and the decision figure (of the
+    decision settings only; the other settings' rows are secondary)."""
     lines, entries = [], []
-    for setting in DECISION_SETTINGS:
+    for setting in method_table.A2_SETTINGS:
         sm = summaries[setting]
         rows, csm = sm["rows"], sm["choices"]["csm"]
         if csm is None:
             continue
         others = stage2_rows(sm["choices"])
         columns = " | ".join(col for col, _ in SECONDARY) + " |"
+        decided = setting in DECISION_SETTINGS
         lines += [f"### `{setting}`: the stage-2 rows (seeds 0-14, test split; before TS except the after-TS "
-                  "column)", "", "| row | seeds | " + columns, "|---|---|" + "---|" * len(SECONDARY)]
+                  f"column){'' if decided else '; a secondary setting, no decision'}", "",
+                  "| row | seeds | " + columns, "|---|---|" + "---|" * len(SECONDARY)]
         for label, name in [(f"CSM row: {method_table.get_method(csm).label}", csm)] + others:
             r = _seeds(rows.get(name, []), method_table.A2_SEEDS)
             lines.append(f"| {label} | {len(r)} | " + " | ".join(
@@ -362,7 +365,7 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
             lines.append(f"| {label} | " + " | ".join(interval_text(tests[key], _digits(key))
                                                       for _, key in SECONDARY) + " |")
             primary = name in ("ce", sm["choices"]["best_other"]["pre_ts"])
-            for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
+            for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")) if decided else ():
                 test = tests[f"ece_{phase}"]
                 entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}"
                                 + " (P)" * primary, test))
