@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -38,9 +37,6 @@ __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "sta
            "primary_decisions", "label_confidence", "json_rows", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a2.md")
-#: the summary keys of each JSON row (the per-seed rows' keys, as in ``calibration.json``)
-JSON_KEYS = tuple(f"{m}_{phase}" for phase in ("pre_ts", "post_ts")
-                  for m in ("acc", "ece", "aece", "cece", "nll", "brier", "val_ece")) + ("T", "epoch", "seconds")
 #: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
 TIE = 0.01
 BASELINES = ("ce", "brier", "ls", "mbls", "mixup", "regmixup")
@@ -435,23 +431,11 @@ def _verify_lines() -> List[str]:
 
 
 def json_rows(cells: Dict[Tuple[str, int], Dict[str, Dict[int, Dict[str, Any]]]]) -> List[Dict[str, Any]]:
-    """One row per (setting, data seed, method) with finished cells, shaped as ``calibration.json``'s: ``method``,
-    ``label``, ``setting``, ``data_seed``, ``seeds``, ``per_seed`` (:func:`per_seed_row`) and each of
-    :data:`JSON_KEYS` as ``{"mean", "std"}`` over the seeds (std None for one seed). A cell shared by the settings
+    """One row per (setting, data seed, method) with finished cells, in ``calibration.json``'s shape
+    (:func:`calibration_pages.per_seed_json_row`) with ``setting`` and ``data_seed``. A cell shared by the settings
     is in each setting's rows."""
-    out = []
-    for (setting, data_seed), found in sorted(cells.items()):
-        for method, rows in sorted(_rows(found).items()):
-            row: Dict[str, Any] = {"method": method, "label": method_table.get_method(method).label,
-                                   "setting": setting, "data_seed": data_seed, "seeds": [r["seed"] for r in rows],
-                                   "per_seed": rows}
-            for key in JSON_KEYS:
-                values = [r[key] for r in rows if r.get(key) is not None]
-                if values:
-                    row[key] = {"mean": statistics.fmean(values),
-                                "std": statistics.stdev(values) if len(values) > 1 else None}
-            out.append(row)
-    return out
+    return [pages.per_seed_json_row(method, rows, setting=setting, data_seed=data_seed)
+            for (setting, data_seed), found in sorted(cells.items()) for method, rows in sorted(_rows(found).items())]
 
 
 def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from calibration_methods import (BOUNDARY_METHODS, BOUNDARY_SETS, COMMITTED_CELLS, CSM_VARIANTS, DERIVED, METHODS,
                                  NON_GENERATED, PROTOCOL_METHODS, PROTOCOL_RECIPES, PROTOCOL_SEEDS, cell_config,
-                                 cell_name, every_seed, plan_cells)
+                                 cell_name, every_seed, get_method, plan_cells)
 from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.metrics import interval_text, mean_std, paired_outcome, paired_t_interval
 from timm_csm.recipes.cells import (CELL_META, PREDICTIONS, RESULTS, collect_cells, keyed_options, per_seed_row,
@@ -161,6 +161,20 @@ def json_rows(summary: Dict[str, Dict[str, Any]], recipe_name: str, recipe: Dict
         out["T"] = None if temp is None else {"mean": temp[0], "std": temp[1]}
         rows.append(out)
     return rows
+
+
+def per_seed_json_row(method: str, rows: List[Dict[str, Any]], **fields: Any) -> Dict[str, Any]:
+    """The JSON row of ``method``'s per-seed rows (:func:`per_seed_row`): ``method``, ``label``, ``fields``,
+    ``seeds``, ``per_seed``, then each numeric field of the rows as ``{"mean", "std"}`` over the seeds (std None for
+    one seed)."""
+    out: Dict[str, Any] = {"method": method, "label": get_method(method).label, **fields,
+                           "seeds": [r["seed"] for r in rows], "per_seed": rows}
+    for key in [k for k in rows[0] if k != "seed"]:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if values:
+            mean, sd = mean_std(values)
+            out[key] = {"mean": mean, "std": sd}
+    return out
 
 
 def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) -> None:
@@ -476,19 +490,10 @@ def write_protocol_report(output: Path, report: Path, json_path: Optional[Path],
     text = "\n".join(lines)
     replace_section(Path(report), text, _PROTOCOL_MARKERS)
     if json_path is not None:
-        json_rows_out = []
-        for setting, sm in summaries.items():
-            for m in [m for m in (*PROTOCOL_METHODS, *BOUNDARY_METHODS) if m in sm["rows"]]:
-                rows = sm["rows"][m]
-                out: Dict[str, Any] = {"method": m, "label": METHODS[m].label, "recipe": setting,
-                                       "recipe_options": recipe, "method_options": METHODS[m].options,
-                                       "seeds": [r["seed"] for r in rows], "per_seed": rows}
-                for key in rows[0]:
-                    values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and key != "seed"]
-                    if values and key != "seed":
-                        mean, sd = mean_std(values)
-                        out[key] = {"mean": mean, "std": sd}
-                json_rows_out.append(out)
+        json_rows_out = [per_seed_json_row(m, sm["rows"][m], recipe=setting, recipe_options=recipe,
+                                           method_options=METHODS[m].options)
+                         for setting, sm in summaries.items()
+                         for m in (*PROTOCOL_METHODS, *BOUNDARY_METHODS) if m in sm["rows"]]
         old = read_json(json_path) if Path(json_path).exists() else []
         write_json_atomic(Path(json_path), [r for r in old if r.get("recipe") not in PROTOCOL_RECIPES]
                           + json_rows_out)
