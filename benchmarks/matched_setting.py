@@ -71,32 +71,34 @@ def real_subset():
     return load_data(parse_args(DATA_OPTIONS))
 
 
-def borrowed_encoder_overlap(data_seed: int = 0) -> Dict[str, int]:
-    """How many of the classifier's training and validation images on the real subset of ``data_seed`` the borrowed
-    reference encoder learned from (``{"train", "val"}``). It trains on the 60 000 training images less annotate's
-    held-out share (its defaults: 10%, seed 0), the images the subsets are drawn from; an image counts when its pixels
-    and label are among those it trained on."""
+def borrowed_encoder_overlap(data_seeds: Sequence[int]) -> Dict[int, Dict[str, int]]:
+    """``{data seed: {"train", "val"}}``: how many of the classifier's training and validation images on the real
+    subset of each data seed the borrowed reference encoder learned from. It trains on the 60 000 training images
+    less annotate's held-out share (:func:`~timm_csm.annotation.holdout_split` at its defaults), the images the
+    subsets are drawn from; an image counts when its pixels and label are among those it trained on."""
     import hashlib
 
     import numpy as np
 
-    from timm_csm.annotation import AnnotationConfig, holdout_rows
+    from timm_csm.annotation import AnnotationConfig, holdout_split
     from timm_csm.data.sources import load_image_arrays
     from timm_csm.training import load_data, parse_args
-
-    full = load_image_arrays(DATA_OPTIONS[DATA_OPTIONS.index("--dataset") + 1], "train")
-    defaults = AnnotationConfig()
-    held = holdout_rows(len(full), defaults.holdout_fraction, defaults.seed)
 
     def keys(arrays):
         images, labels = np.asarray(arrays.images), np.asarray(arrays.labels)
         return [hashlib.sha1(images[i].tobytes() + int(labels[i]).to_bytes(2, "little")).digest()
                 for i in range(len(labels))]
 
-    seen = set(np.delete(np.asarray(keys(full), dtype=object), held).tolist())
+    defaults = AnnotationConfig()
+    full = load_image_arrays(DATA_OPTIONS[DATA_OPTIONS.index("--dataset") + 1], "train")
+    seen = set(keys(holdout_split(full, defaults.holdout_fraction, defaults.seed)[0]))
     options = DATA_OPTIONS[:DATA_OPTIONS.index("--data-seed")]
-    split = load_data(parse_args([*options, "--data-seed", str(data_seed)]))
-    return {name: sum(k in seen for k in keys(part)) for name, part in (("train", split.train), ("val", split.val))}
+    overlap = {}
+    for data_seed in data_seeds:
+        split = load_data(parse_args([*options, "--data-seed", str(data_seed)]))
+        overlap[data_seed] = {name: sum(k in seen for k in keys(part))
+                              for name, part in (("train", split.train), ("val", split.val))}
+    return overlap
 
 
 def images_digest(arrays) -> str:
