@@ -360,11 +360,12 @@ def stage2_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[s
             tests = {key: _paired(rows, csm, name, key, method_table.A2_SEEDS) for _, key in SECONDARY}
             lines.append(f"| {label} | " + " | ".join(interval_text(tests[key], _digits(key))
                                                       for _, key in SECONDARY) + " |")
+            if not decided:  # the figure shows the decision settings only
+                continue
             primary = name in ("ce", sm["choices"]["best_other"]["pre_ts"])
-            for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")) if decided else ():
-                test = tests[f"ece_{phase}"]
+            for phase, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
                 entries.append((group, f"{setting}: vs {method_table.get_method(name).label.split(' (')[0]}"
-                                + " (P)" * primary, test))
+                                + " (P)" * primary, tests[f"ece_{phase}"]))
         lines.append("")
     seeds = sorted({test.n for _, _, test in entries if test is not None})
     if seeds:
