@@ -171,3 +171,27 @@ def test_stage3_labels_follow_their_definitions(tmp_path, csm_folder):
     assert np.allclose(q, expected, atol=1e-6) and np.array_equal(np.asarray(derived["label"]), q.argmax(1))
     assert (np.count_nonzero(q, axis=1) > 2).all()  # every class, not the pair only
     assert derived[3]["image"].tobytes() == source[3]["image"].tobytes()
+
+
+def test_real_copies_of_a_folder_dataset_read_its_lazy_images(tmp_path):
+    """A save_to_disk folder's training images are decoded on demand; the copies hold the same pixels as an
+    in-memory dataset of the same images."""
+    import datasets
+
+    from timm_csm.training import load_data, parse_args
+
+    real = load_data(parse_args(["--dataset", "digits", "--max-train-samples", "120", "--val-size", "40",
+                                 "--data-seed", "0"])).train
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(real.class_names))})
+    images = [np.ascontiguousarray(x[0]) for x in np.asarray(real.images)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(
+        {"image": images, "label": [int(v) for v in real.labels]}, features=features)}).save_to_disk(
+        str(tmp_path / "folder"))
+    folder = derive.derive_real_copies_dataset({"dataset": str(tmp_path / "folder")},
+                                               tmp_path / "copies", num_groups=4, num_lambdas=4)
+    ds = load_csm_dataset(str(folder))
+    ds = ds["train"] if "train" in ds else ds
+    pixels = {bytes(np.asarray(x).reshape(-1)): int(y) for x, y in zip(images, real.labels)}
+    assert len(ds) == 16
+    for row in ds:
+        assert pixels[bytes(np.asarray(row["image"]).reshape(-1).astype(np.uint8))] == row["label"]

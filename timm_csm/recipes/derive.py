@@ -197,7 +197,6 @@ def real_copies_columns(real, num_groups: int, num_lambdas: int, seed: int = 0) 
     empty = [names[c] for c in range(k) if len(by_class[c]) == 0]
     if empty:
         raise ValueError(f"the real training set has no image of class(es) {empty}")
-    images = np.asarray(real.images)
     rows = {key: [] for key in ("image", "label", "soft_label", "class_a", "class_b", "lambda_gen", "lambda_hat",
                                 "group_id", "seed")}
     for group in plan_groups(k, num_groups):
@@ -206,7 +205,9 @@ def real_copies_columns(real, num_groups: int, num_lambdas: int, seed: int = 0) 
             c = group.class_a if lam >= 0.5 else group.class_b
             q = np.zeros(k, np.float32)
             q[c] = 1.0
-            rows["image"].append({"bytes": encode_png(images[rng.choice(by_class[c])]), "path": None})
+            # indexed by a list: an in-memory array and a folder's lazy images both give (1, C, H, W)
+            image = np.asarray(real.images[[int(rng.choice(by_class[c]))]])[0]
+            rows["image"].append({"bytes": encode_png(image), "path": None})
             rows["label"].append(c)
             rows["soft_label"].append(q.tolist())
             rows["class_a"].append(group.class_a)
