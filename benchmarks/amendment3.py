@@ -47,7 +47,8 @@ def decision_rows(choices: Dict[str, Any]) -> List[str]:
 
 def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
     """``{setting: {method: {seed: committed cell folder}}}`` of the finished amendment-2 cells of the decision
-    rows whose checkpoint is kept in ``a2_output``."""
+    rows that have a committed ``shift.json`` or whose checkpoint is kept in ``a2_output`` (so that the page reads
+    the committed records alone, on a machine without the checkpoints)."""
     out: Dict[str, Dict[str, Dict[int, Path]]] = {}
     for setting in a2.DECISION_SETTINGS:
         cells = a2.a2_cells(setting, a2_output)
@@ -55,7 +56,8 @@ def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dic
         for method in decision_rows(choices):
             for seed, cell in sorted(cells.get(method, {}).items()):
                 committed = method_table.COMMITTED_A2 / cell["dir"].name
-                if committed.is_dir() and _checkpoint(a2_output, committed.name).exists():
+                if committed.is_dir() and ((committed / SHIFT_FILE).exists()
+                                           or _checkpoint(a2_output, committed.name).exists()):
                     out.setdefault(setting, {}).setdefault(method, {})[seed] = committed
     return out
 
