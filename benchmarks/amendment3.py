@@ -12,6 +12,7 @@ nothing. Its compact record, ``shift.json``, goes into the committed cell folder
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import subprocess
 import sys
@@ -166,11 +167,18 @@ def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, 
 # the page
 
 
+@functools.lru_cache(maxsize=None)
+def _read_record(path: str, mtime_ns: int) -> Dict[str, Any]:
+    """A ``shift.json``, read once per version of the file: the page reads each for every comparison it shows."""
+    return read_json(Path(path))
+
+
 def _values(cells: Dict[int, Path], getter) -> Dict[int, float]:
     out = {}
     for seed, d in cells.items():
-        if (d / SHIFT_FILE).exists():
-            value = getter(read_json(d / SHIFT_FILE))
+        path = d / SHIFT_FILE
+        if path.exists():
+            value = getter(_read_record(str(path), path.stat().st_mtime_ns))
             if value is not None:
                 out[seed] = float(value)
     return out
