@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic, write_text_atomic
-from timm_csm.metrics import detectable_difference, holm, paired_t_interval
+from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
 OUTPUT = Path("runs/protocol_a3")
@@ -296,11 +296,11 @@ def _pair(rows, csm: str, other: str, getter):
 
 
 def _interval_cell(iv, scale: float = 100.0, digits: int = 2) -> str:
+    """The library's ``mean [low, high] (n=...)`` of ``iv`` in the page's units, and its paired sd."""
     if iv is None:
         return "pending"
-    n = "" if iv.n == len(method_table.A2_SEEDS) else f" (n {iv.n})"
-    return (f"{iv.mean * scale:+.{digits}f} [{iv.low * scale:+.{digits}f}, {iv.high * scale:+.{digits}f}] "
-            f"sd {iv.sd * scale:.{digits}f}{n}")
+    shown = iv._replace(mean=iv.mean * scale, low=iv.low * scale, high=iv.high * scale, sd=iv.sd * scale)
+    return f"{interval_text(shown, digits)} sd {shown.sd:.{digits}f}"
 
 
 def _sides(intervals: Sequence[Tuple[int, Any]]) -> str:

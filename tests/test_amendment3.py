@@ -88,6 +88,8 @@ def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
     table = a3.secondary_tables("matched", found["matched"], choices["matched"])
     assert sum(line.startswith("| CE | ") for line in table) == len(a3.SHIFT_SECONDARY) + 2 * 2 * 2
     assert "| RegMixup (alpha 20) | mean ECE before TS | pending |" in "\n".join(table)
+    ce_ece = next(line for line in table if line.startswith("| CE | mean ECE before TS |"))
+    assert ce_ece.count("(n=15) sd ") == len(a3.SEVERITIES)
     assert all(t["better"] is True and t["holm_p"] < 0.05 for t in tests)
     shift = [t for t in tests if t["what"].startswith("severity")]
     assert all(-0.024 < t["interval"].mean < -0.016 for t in shift)
