@@ -561,7 +561,7 @@ def stage3_section(summaries: Dict[str, Dict[str, Any]], cache: Path = LABEL_CAC
 
 
 def stage4_section(summaries: Dict[str, Dict[str, Any]], figure: Path) -> List[str]:
-    lines = ["## Stage 4: volume beyond 27 000 generated images (15 seeds)", ""]
+    lines = ["## Stage 4: volume beyond 27 000 generated images (15 seeds; secondary, unadjusted)", ""]
     third = stage3_setting({s: sm["rows"] for s, sm in summaries.items()})
     series: Dict[str, Dict[str, Any]] = {}
     table = ["| setting | generated images | seeds | test ECE before TS | test ECE after TS | minus RegMixup, before "
@@ -635,18 +635,20 @@ def volume_figure(series: Dict[str, Dict[str, Any]], path: Path) -> Path:
 
 def stage5_section(choices: Dict[str, Any], rows_by_data_seed: Dict[int, Dict[str, List[Dict[str, Any]]]]
                    ) -> List[str]:
-    lines = ["## Stage 5: other real subsets (data seeds 0-2, seeds 0-4, the borrowed generated set)", ""]
+    lines = ["## Stage 5: other real subsets (data seeds 0-2, seeds 0-4, the borrowed generated set; secondary, "
+             "unadjusted)", ""]
     methods = stage5_methods(choices)
     if methods is None:
         return lines + ["Pending: the `annotated` choices of RegMixup, KD and the CSM row (stage 1).", ""]
     csm = methods[-1][1]
     lines += ["CE, RegMixup and KD at their `annotated` choices, CSM at the `annotated` row's configuration on the "
-              "borrowed set. CSM minus each method, test ECE: paired 95% t-intervals per data seed (over seeds 0-4), "
-              "over the 15 (data seed, seed) pairs, and over the 3 data-seed means. The borrowed encoder (the "
+              "borrowed set. CSM minus each method, test ECE: paired 95% t-intervals over the 3 data-seed means "
+              "(first: the interval that also covers the choice of images), per data seed (over seeds 0-4), and over "
+              "the 15 (data seed, seed) pairs (which leaves the choice of images out). The borrowed encoder (the "
               "annotator and KD's teacher) learned from 54,000 training images, among them "
               f"{' / '.join(f'{BORROWED_ENCODER_SAW_VAL[d]:,}' for d in DATA_SEEDS)} of the 2,000 validation images of "
               f"data seeds {' / '.join(map(str, DATA_SEEDS))}.", "",
-              "| CSM minus | phase | data seed 0 | data seed 1 | data seed 2 | 15 pairs | 3 data-seed means |",
+              "| CSM minus | phase | 3 data-seed means | data seed 0 | data seed 1 | data seed 2 | 15 pairs |",
               "|---|---|---|---|---|---|---|"]
     for what, other in methods[:-1]:
         for phase, name in (("pre_ts", "before TS"), ("post_ts", "after TS")):
@@ -657,7 +659,7 @@ def stage5_section(choices: Dict[str, Any], rows_by_data_seed: Dict[int, Dict[st
             # a data seed's mean difference once all its seeds are paired
             means = {d: i[1] for d, i in per.items() if i is not None and i[0] == len(LATER_SEEDS)}
             over_means = paired_t_interval(means, dict.fromkeys(means, 0.0))
-            cells = [per[d] for d in DATA_SEEDS] + [paired_t_interval(*pairs), over_means]
+            cells = [over_means] + [per[d] for d in DATA_SEEDS] + [paired_t_interval(*pairs)]
             lines.append(f"| {what} (`{other}`) | {name} | " + " | ".join(map(interval_text, cells)) + " |")
     return lines + [""]
 

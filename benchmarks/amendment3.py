@@ -12,6 +12,7 @@ nothing. Its compact record, ``shift.json``, goes into the committed cell folder
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic, write_text_atomic
-from timm_csm.metrics import detectable_difference, holm, paired_t_interval
+from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
 OUTPUT = Path("runs/protocol_a3")
@@ -36,6 +37,18 @@ RUNS = {"shift": ["--max-test-samples", "2000", "--eval-shift", "all", "--ood", 
 OOD_SOURCES = ("mnist5k", "digits")
 PHASES = {"uncalibrated": "before TS", "temperature_scaling": "after TS"}
 FAMILY_ALPHA = 0.05
+#: the secondary comparisons under shift (PROTOCOL.md amendment 3): label, phase, statistic over the corruptions,
+#: metric, scale and digits on the page
+SHIFT_SECONDARY = (("mean ECE before TS", "uncalibrated", "mean", "ece", 100.0, 2),
+                   ("mean ECE after TS", "temperature_scaling", "mean", "ece", 100.0, 2),
+                   ("worst corruption's ECE before TS", "uncalibrated", "worst", "ece", 100.0, 2),
+                   ("worst corruption's ECE after TS", "temperature_scaling", "worst", "ece", 100.0, 2),
+                   ("mean accuracy", "uncalibrated", "mean", "accuracy", 100.0, 2),
+                   ("mean NLL before TS", "uncalibrated", "mean", "nll", 1.0, 4),
+                   ("mean NLL after TS", "temperature_scaling", "mean", "nll", 1.0, 4))
+#: the OOD scores and the metrics of the secondary OOD comparisons
+OOD_SCORES = {"msp": "max-softmax", "max_logit": "max-logit", "energy": "energy", "entropy": "entropy"}
+OOD_METRICS = {"auroc": "AUROC", "fpr95": "FPR at 95% TPR"}
 
 
 def decision_rows(choices: Dict[str, Any]) -> List[str]:
@@ -47,7 +60,8 @@ def decision_rows(choices: Dict[str, Any]) -> List[str]:
 
 def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
     """``{setting: {method: {seed: committed cell folder}}}`` of the finished amendment-2 cells of the decision
-    rows whose checkpoint is kept in ``a2_output``."""
+    rows that have a committed ``shift.json`` or whose checkpoint is kept in ``a2_output`` (so that the page reads
+    the committed records alone, on a machine without the checkpoints)."""
     out: Dict[str, Dict[str, Dict[int, Path]]] = {}
     for setting in a2.DECISION_SETTINGS:
         cells = a2.a2_cells(setting, a2_output)
@@ -55,7 +69,8 @@ def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dic
         for method in decision_rows(choices):
             for seed, cell in sorted(cells.get(method, {}).items()):
                 committed = method_table.COMMITTED_A2 / cell["dir"].name
-                if committed.is_dir() and _checkpoint(a2_output, committed.name).exists():
+                if committed.is_dir() and ((committed / SHIFT_FILE).exists()
+                                           or _checkpoint(a2_output, committed.name).exists()):
                     out.setdefault(setting, {}).setdefault(method, {})[seed] = committed
     return out
 
@@ -123,11 +138,14 @@ def _r(v: Optional[float]) -> Optional[float]:
 
 
 def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, Any]:
-    """What the page reads from a shift cell's two ``results.json``: the clean numbers on the 2 000 images, each
-    severity's mean over corruptions and worst corruption, each corruption's accuracy and ECE, the OOD scores."""
+    """What the page reads from a shift cell's two ``results.json``: the clean numbers on the 2 000 images, the seed
+    the corruptions were drawn with (``--eval-only`` takes ``--seed`` from the checkpoint: the cell's training
+    seed), each severity's mean over corruptions and worst corruption, each corruption's accuracy and ECE, the OOD
+    scores."""
     sh = shift_run["shift"]
     keep = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
     out = {"n_test": sh["n"], "temperature": shift_run.get("temperature"), "corruptions": sh["corruptions"],
+           "corruption_seed": sh.get("seed"),
            "clean": {m: {k: _r(v.get(k)) for k in keep} for m, v in sh["clean"].items()},
            "severity": {str(k): {m: {"mean": {key: _r(v["mean"].get(key)) for key in keep},
                                      "worst": {key: (_r(w) if key != "corruption" else w)
@@ -149,22 +167,40 @@ def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, 
 # the page
 
 
+@functools.lru_cache(maxsize=None)
+def _read_record(path: str, mtime_ns: int) -> Dict[str, Any]:
+    """A ``shift.json``, read once per version of the file: the page reads each for every comparison it shows."""
+    return read_json(Path(path))
+
+
 def _values(cells: Dict[int, Path], getter) -> Dict[int, float]:
     out = {}
     for seed, d in cells.items():
-        if (d / SHIFT_FILE).exists():
-            value = getter(read_json(d / SHIFT_FILE))
+        path = d / SHIFT_FILE
+        if path.exists():
+            value = getter(_read_record(str(path), path.stat().st_mtime_ns))
             if value is not None:
                 out[seed] = float(value)
     return out
 
 
-def shift_ece(severity: int, phase: str = "uncalibrated", key: str = "ece"):
-    return lambda s: s["severity"][str(severity)][phase]["mean"][key]
+def shift_ece(severity: int, phase: str = "uncalibrated", key: str = "ece", statistic: str = "mean"):
+    """A severity's mean over the corruptions (``statistic="worst"``: its worst corruption) of metric ``key``."""
+    return lambda s: s["severity"][str(severity)][phase][statistic][key]
 
 
-def ood_auroc(source: str = "mnist5k", phase: str = "uncalibrated", score: str = "msp"):
-    return lambda s: s["ood"][source]["methods"][phase][score]["auroc"]
+def ood_auroc(source: str = "mnist5k", phase: str = "uncalibrated", score: str = "msp", key: str = "auroc"):
+    return lambda s: s["ood"][source]["methods"][phase][score][key]
+
+
+def corruption_seed(cell: Path) -> Tuple[Optional[int], str]:
+    """The seed a committed shift cell's corruptions were drawn with, and where it comes from: its ``shift.json``
+    (cells run since it is recorded) or, for the cells run before, its training seed (``cell.json``), which the
+    ``--eval-only`` run took from the checkpoint."""
+    record = read_json(cell / SHIFT_FILE)
+    if record.get("corruption_seed") is not None:
+        return int(record["corruption_seed"]), "recorded"
+    return int(read_json(cell / CELL_META)["seed"]), "derived"
 
 
 def _label(name: Optional[str]) -> str:
@@ -217,7 +253,7 @@ def _mean_sd(values: Dict[int, float], scale: float = 100.0) -> str:
 def _test_line(t: Dict[str, Any], scale: float) -> str:
     iv = t["interval"]
     if iv is None:
-        return f"| {t['setting']} | {t['what']} | {_label(t['other'])} | pending | - | - | - |"
+        return f"| {t['setting']} | {t['what']} | {_label(t['other'])} | pending | - | - | - | - |"
     sd = iv.sd
     power = (f"{detectable_difference(sd, iv.n) * scale:.2f} / "
              f"{detectable_difference(sd, iv.n, FAMILY_ALPHA / (20 if 'severity' in t['what'] else 4)) * scale:.2f}"
@@ -226,7 +262,7 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
                "not shown" if iv.low <= 0 <= iv.high else "no (the other way)")
     holm_p = "-" if t["holm_p"] is None else f"{t['holm_p']:.3g}"
     return (f"| {t['setting']} | {t['what']} | {_label(t['other'])} | {iv.mean * scale:+.2f} [{iv.low * scale:+.2f}, "
-            f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {power} | {verdict} |")
+            f"{iv.high * scale:+.2f}] (n {iv.n}) | {holm_p} | {sd * scale:.2f} | {power} | {verdict} |")
 
 
 def _severities(ks: Sequence[int]) -> str:
@@ -255,6 +291,101 @@ def verdict_lines(tests: List[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
+def _pair(rows, csm: str, other: str, getter):
+    return paired_t_interval(_values(rows.get(csm, {}), getter), _values(rows.get(other, {}), getter))
+
+
+def _interval_cell(iv, scale: float = 100.0, digits: int = 2) -> str:
+    """The library's ``mean [low, high] (n=...)`` of ``iv`` in the page's units, and its paired sd."""
+    if iv is None:
+        return "pending"
+    shown = iv._replace(mean=iv.mean * scale, low=iv.low * scale, high=iv.high * scale, sd=iv.sd * scale)
+    return f"{interval_text(shown, digits)} sd {shown.sd:.{digits}f}"
+
+
+def _sides(intervals: Sequence[Tuple[int, Any]]) -> str:
+    """Where a severity's interval lies below 0 and where above it."""
+    below = [k for k, iv in intervals if iv is not None and iv.high < 0]
+    above = [k for k, iv in intervals if iv is not None and iv.low > 0]
+    return (f"below 0 at {_severities(below) if below else 'no severity'}"
+            + (f", above 0 at {_severities(above)}" if above else ""))
+
+
+def secondary_summary(setting: str, rows, choices: Dict[str, Any]) -> List[str]:
+    """The secondary intervals in words: where each of the CSM row's mean-ECE differences under shift lies, before
+    and after TS, and the after-TS counterpart of the shift claim (below CE and the best other method after TS)."""
+    csm, post = choices["csm"], choices["best_other"]["post_ts"]
+    lines = []
+    for other in [m for m in decision_rows(choices) if m != csm]:
+        by_phase = {phase: [(k, _pair(rows, csm, other, shift_ece(k, phase))) for k in SEVERITIES] for phase in PHASES}
+        lines.append(f"- `{setting}`, the CSM row minus {_label(other)}, mean ECE under shift: before TS "
+                     f"{_sides(by_phase['uncalibrated'])}; after TS {_sides(by_phase['temperature_scaling'])}.")
+    both = [k for k in SEVERITIES if all(
+        (iv := _pair(rows, csm, o, shift_ece(k, "temperature_scaling"))) is not None and iv.high < 0
+        for o in ("ce", post))]
+    lines.append(f"- `{setting}`, after TS: the CSM row's mean ECE under shift lies below both CE's and the best other "
+                 f"method's after TS ({_label(post)}) at {_severities(both) if both else 'no severity'}.")
+    return lines
+
+
+def secondary_tables(setting: str, rows, choices: Dict[str, Any]) -> List[str]:
+    """The CSM row minus each other decision row: every secondary metric under shift by severity, and every OOD
+    score's AUROC and FPR at 95% TPR on both sources, before and after TS."""
+    csm = choices["csm"]
+    others = [m for m in decision_rows(choices) if m != csm]
+    lines = [f"### `{setting}`: under shift", "", "| the CSM row minus | metric | "
+             + " | ".join(f"severity {k}" for k in SEVERITIES) + " |", "|---|---|" + "---|" * len(SEVERITIES)]
+    for other in others:
+        for label, phase, statistic, key, scale, digits in SHIFT_SECONDARY:
+            cells = [_interval_cell(_pair(rows, csm, other, shift_ece(k, phase, key, statistic)), scale, digits)
+                     for k in SEVERITIES]
+            lines.append(f"| {_label(other)} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", f"### `{setting}`: out of distribution", "", "| the CSM row minus | source | phase | metric | "
+              + " | ".join(OOD_SCORES.values()) + " |", "|---|---|---|---|" + "---|" * len(OOD_SCORES)]
+    for other in others:
+        for source in OOD_SOURCES:
+            for phase, phase_label in PHASES.items():
+                for key, metric in OOD_METRICS.items():
+                    cells = [_interval_cell(_pair(rows, csm, other, ood_auroc(source, phase, score, key)))
+                             for score in OOD_SCORES]
+                    lines.append(f"| {_label(other)} | {source} | {phase_label} | {metric} | " + " | ".join(cells)
+                                 + " |")
+    return lines + [""]
+
+
+def secondary_section(found, choices) -> List[str]:
+    lines = ["## Secondary comparisons (unadjusted paired 95% t-intervals over the 15 seeds; no claim unless the "
+             "interval excludes 0)", "",
+             "The CSM row minus each other decision row: difference [95% t-interval] and the observed paired sd "
+             "(`sd`); ECE, accuracy, AUROC and FPR in points, NLL in nats. Lower is better for ECE, NLL and FPR, "
+             "higher for accuracy and AUROC. These are the secondary comparisons PROTOCOL.md amendment 3 names: "
+             "after TS, accuracy and NLL under shift, the worst corruption's ECE, against RegMixup, the other OOD "
+             "scores, FPR at 95% TPR and the `digits` source.", ""]
+    ready = [s for s in a2.DECISION_SETTINGS if choices[s]["csm"] is not None]
+    for setting in ready:
+        lines += secondary_summary(setting, found.get(setting, {}), choices[setting])
+    lines.append("")
+    for setting in ready:
+        lines += secondary_tables(setting, found.get(setting, {}), choices[setting])
+    return lines if ready else lines[:2] + ["Pending: no CSM row yet.", ""]
+
+
+def seed_lines(done: Sequence[str]) -> List[str]:
+    """Which seed each cell's corruptions were drawn with (PROTOCOL.md amendment 3, clarification of 2026-12-06)."""
+    seeds = {c: corruption_seed(method_table.COMMITTED_A2 / c) for c in done}
+    training = {c: int(read_json(method_table.COMMITTED_A2 / c / CELL_META)["seed"]) for c in done}
+    same = [c for c in done if seeds[c][0] == training[c]]
+    recorded = sum(1 for c in done if seeds[c][1] == "recorded")
+    other = [f"{c} (seed {seeds[c][0]})" for c in done if c not in same]
+    return [f"Corruption seed: PROTOCOL.md amendment 3 states seed 0; the `--eval-only` run takes `--seed` from the "
+            f"checkpoint, so each cell's corruptions were drawn with its training seed (PROTOCOL.md, amendment 3, "
+            f"clarification of 2026-12-06). The two rows of a paired comparison share that seed, hence the same "
+            f"corrupted images, and the paired tests stand. Of the {len(done)} cells, {len(same)} drew with their "
+            f"training seed: {recorded} as recorded in `shift.json` (`corruption_seed`), {len(done) - recorded} "
+            f"derived from the training seed in `cell.json` (run before `shift.json` recorded it)"
+            + (f"; other seeds: {', '.join(other)}." if other else "."), ""]
+
+
 def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)) -> Path:
     found = shift_cells(a2_output)
     choices = {s: a2.stage1_choices(s, a2._rows(a2.a2_cells(s, a2_output))) for s in a2.DECISION_SETTINGS}
@@ -269,15 +400,16 @@ def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)
              "run), `--report` (this page); `python benchmarks/run_lane.py --shift-tree TREE` runs the pending ones.",
              "",
              f"Shift cells finished: {len(done)}; commits: {', '.join(sorted({r['commit'][:7] for r in records})) or '-'}"
-             f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", ""]
+             f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", "",
+             *seed_lines(done)]
     tests = primary_tests(found, choices)
     lines += ["## Decisions (the CSM row minus the other method; paired over 15 seeds; Holm within each family)", "",
               "Shift: mean test ECE over the 23 corruptions before TS (lower is better; Holm over 20). OOD: "
               "max-softmax AUROC before TS on mnist5k (higher is better; Holm over 4). Detectable: the smallest true "
-              "difference 15 seeds detect with 80% power at the observed sd, at alpha 0.05 / at Holm's strictest "
-              "level.", "",
-              "| setting | comparison | other method | difference [95% t-interval] | Holm-adjusted p | detectable | "
-              "CSM better |", "|---|---|---|---|---|---|---|"]
+              "difference 15 seeds detect with 80% power at the observed paired sd, at alpha 0.05 / at Holm's "
+              "strictest level.", "",
+              "| setting | comparison | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | "
+              "detectable | CSM better |", "|---|---|---|---|---|---|---|---|"]
     lines += [_test_line(t, 100.0) for t in tests] + [""]
     lines += ["Verdicts (a severity holds where both of its comparisons say yes; OOD likewise):", "",
               *verdict_lines(tests)]
@@ -299,6 +431,7 @@ def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)
             clean_acc = _mean_sd(_values(rows.get(m, {}), lambda s: s["clean"]["uncalibrated"]["accuracy"]))
             lines.append(f"| {_label(m)} | accuracy | {clean_acc} | " + " | ".join(acc) + " | | |")
         lines.append("")
+    lines += secondary_section(found, choices)
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 

@@ -55,7 +55,8 @@ GENERATOR_STEPS = {"matched": 4000, "matched-gen2000": 2000}
 #: setting as many epochs as the classifier's recipe (60 of 2 250 images), fixed in advance
 ENCODER_EPOCHS = {"borrowed": 4, "matched": 60, "matched-gen2000": 60, "annotated": 4}
 #: amendment 2's "annotated": the matched generator's images annotated by the borrowed setting's annotator (its
-#: encoder, prototypes and s choice, learned from 54 000 images), the paper's setting with CLIP replaced
+#: encoder, prototypes and s choice, learned from 54 000 labelled images: a supervised stand-in for CLIP's wider
+#: knowledge; the paper's generator, annotator and backbones differ from these in every setting)
 #: amendment 2's volume sets (stage 4): the matched plan at 2x and 4x the groups, each extending the set named here
 VOLUME_SETS = {"matched-x2": (2, "matched"), "matched-x4": (4, "matched-x2")}
 #: the same images annotated by the borrowed annotator, as "annotated" annotates the matched set's

@@ -26,8 +26,9 @@ def _run_results(ece_by_severity, auroc, source="mnist5k"):
                                                                    "accuracy": 0.7}} for p in PHASES}
                for k, e in ece_by_severity.items()}
     ood = {"source": source, "split": "test", "n_in": 2000, "n_out": 1000,
-           "methods": {p: {"msp": {"auroc": auroc, "aupr_in": 0.9, "aupr_out": 0.5, "fpr95": 0.6}} for p in PHASES}}
-    return {"temperature": 1.3, "shift": {"n": 2000, "corruptions": corruptions, "clean": {p: _metrics(0.02)
+           "methods": {p: {score: {"auroc": auroc, "aupr_in": 0.9, "aupr_out": 0.5, "fpr95": 0.6} for score in
+                           ("msp", "max_logit", "energy", "entropy")} for p in PHASES}}
+    return {"temperature": 1.3, "shift": {"n": 2000, "seed": 7, "corruptions": corruptions, "clean": {p: _metrics(0.02)
                                                                                           for p in PHASES},
                                           "table": table, "summary": summary}, "ood": ood}
 
@@ -40,6 +41,17 @@ def test_the_compact_record_keeps_what_the_page_reads():
     assert set(out["ood"]) == {"mnist5k", "digits"} and out["ood"]["digits"]["methods"]["uncalibrated"]["msp"][
         "auroc"] == 0.9
     assert a3.shift_ece(5)(out) == 0.305 and a3.ood_auroc("digits")(out) == 0.9
+    assert a3.shift_ece(1, statistic="worst")(out) == 0.06 and a3.ood_auroc(key="fpr95")(out) == 0.6
+    assert out["corruption_seed"] == 7  # the seed the corruptions were drawn with: --eval-only's, the checkpoint's
+
+
+def test_the_corruption_seed_is_the_recorded_one_or_else_the_cells_training_seed(tmp_path):
+    for name, record in (("recorded", {"corruption_seed": 7}), ("derived", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / a3.SHIFT_FILE).write_text(json.dumps(record))
+        (tmp_path / name / a3.CELL_META).write_text(json.dumps({"seed": 3}))
+    assert a3.corruption_seed(tmp_path / "recorded") == (7, "recorded")
+    assert a3.corruption_seed(tmp_path / "derived") == (3, "derived")
 
 
 def _write_cells(root, method, seeds, ece_shift, auroc, rng):
@@ -68,6 +80,16 @@ def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
                           "mixup@mixup=0.1": _write_cells(root, "mixup", range(15), 0.05, 0.70, rng)}
     tests = a3.primary_tests(found, choices)
     assert len(tests) == 2 * 2 * 5 + 2 * 2
+    # the secondary comparisons in words: CSM 2 points below both others under every severity, before and after TS
+    summary = a3.secondary_summary("matched", found["matched"], choices["matched"])
+    assert summary[0] == ("- `matched`, the CSM row minus CE, mean ECE under shift: before TS below 0 at severities "
+                          "1, 2, 3, 4 and 5; after TS below 0 at severities 1, 2, 3, 4 and 5.")
+    assert summary[-1].endswith("after TS (RegMixup (alpha 20)) at no severity.")  # its after-TS row has no cells
+    table = a3.secondary_tables("matched", found["matched"], choices["matched"])
+    assert sum(line.startswith("| CE | ") for line in table) == len(a3.SHIFT_SECONDARY) + 2 * 2 * 2
+    assert "| RegMixup (alpha 20) | mean ECE before TS | pending |" in "\n".join(table)
+    ce_ece = next(line for line in table if line.startswith("| CE | mean ECE before TS |"))
+    assert ce_ece.count("(n=15) sd ") == len(a3.SEVERITIES)
     assert all(t["better"] is True and t["holm_p"] < 0.05 for t in tests)
     shift = [t for t in tests if t["what"].startswith("severity")]
     assert all(-0.024 < t["interval"].mean < -0.016 for t in shift)
