@@ -34,14 +34,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import calibration_pages as pages
 from calibration_methods import (A2_ANNOTATORS, A2_OUTPUT, A2_SETTINGS, A2_TUNING_SEEDS, A2_VERIFY_LOG,
-                                 BOUNDARY_SETS, COMMITTED_A2, COMMITTED_CELLS, CONTROLS, CSM_VARIANTS, DEFAULT_JSON,
+                                 A4_OUTPUT, A4_SETTINGS, A4_VERIFY_LOG, BOUNDARY_SETS, COMMITTED_A2, COMMITTED_A4,
+                                 a4_recipe, COMMITTED_CELLS, CONTROLS, CSM_VARIANTS, DEFAULT_JSON,
                                  DEFAULT_OUTPUTS, DEFAULT_REPORTS, DERIVED, METHODS, PROTOCOL_METHODS,
                                  PROTOCOL_RECIPES, PROTOCOL_SEEDS, RECIPES, SETTINGS_ROOT, VOLUMES, base_recipe,
                                  cell_config, cell_name, every_seed, get_method, plan_cells, stage1_methods,
                                  volume_dataset)
 from timm_csm.hub import csm_dataset_problem
 from timm_csm.recipes import derive
-from timm_csm.recipes.cells import cell_state, run_cell, verify_and_log
+from timm_csm.recipes.cells import cell_state, instruction_set_problem, run_cell, verify_and_log
 
 __all__ = ["prepare_cells", "run_cells", "build_parser", "main"]
 
@@ -212,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="training seeds (default: 0-4 for matched / borrowed, 0-2 otherwise)")
     p.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells this time")
-    p.add_argument("--amendment", type=int, default=None, choices=(2,),
+    p.add_argument("--amendment", type=int, default=None, choices=(2, 4),
                    help="run the cells of PROTOCOL.md's amendment 2 (--recipe matched / annotated / borrowed): cell "
                         "cache runs/protocol_a2, committed under benchmarks/cells_a2 with each cell's record; "
+                        "amendment 4 (--recipe matched / annotated; the timm backbone, the instruction-set pins in "
+                        "the environment): runs/protocol_a4, benchmarks/cells_a4; "
                         "--methods takes tuned names (ls@smoothing=0.1, csm@s=2.3,n_aug=2, stage 3's "
                         "csm@label=lambda, stage 4's csm@volume=2: the set runs/settings/<setting>-x2); default: "
                         "stage 1's cells of the setting at seeds 0-2")
@@ -266,8 +269,14 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
             get_method(m)
         except ValueError as e:
             build_parser().error(str(e))
-    if args.amendment is not None and args.recipe not in A2_SETTINGS:
-        build_parser().error(f"--amendment {args.amendment} runs the settings {', '.join(A2_SETTINGS)}")
+    settings = A4_SETTINGS if args.amendment == 4 else A2_SETTINGS
+    if args.amendment is not None and args.recipe not in settings:
+        build_parser().error(f"--amendment {args.amendment} runs the settings {', '.join(settings)}")
+    if args.data_seed is not None and args.amendment == 4:
+        build_parser().error("amendment 4 trains on data seed 0 only")
+    a4_cell = args.amendment == 4 or (args.verify is not None and (COMMITTED_A4 / args.verify).is_dir())
+    if a4_cell and instruction_set_problem():
+        build_parser().error(instruction_set_problem())
     if args.data_seed is not None and args.amendment is None:
         build_parser().error("--data-seed names amendment 2's cells; give --amendment 2")
     threads = args.threads if args.threads is not None else (1 if args.amendment or args.verify else None)
@@ -276,8 +285,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
         torch.set_num_threads(threads)
     if args.verify:
-        log_path = A2_VERIFY_LOG if (COMMITTED_A2 / args.verify).is_dir() else None  # the page lists each run
-        text, reproduced = verify_and_log(args.verify, (COMMITTED_A2, COMMITTED_CELLS), log_path, REPO)
+        log_path = next((log for root, log in ((COMMITTED_A4, A4_VERIFY_LOG), (COMMITTED_A2, A2_VERIFY_LOG))
+                         if (root / args.verify).is_dir()), None)  # the page lists each run
+        text, reproduced = verify_and_log(args.verify, (COMMITTED_A4, COMMITTED_A2, COMMITTED_CELLS), log_path, REPO)
         print(text)
         if not reproduced:
             raise SystemExit(1)
@@ -291,7 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     overrides.update(dict(args.train_opt))
     if args.no_progress:
         overrides["progress"] = False
-    recipe = base_recipe(overrides, args.recipe)
+    recipe = base_recipe(overrides, args.recipe) if args.amendment != 4 else dict(
+        a4_recipe(), **{k: v for k, v in overrides.items() if v is not None})
     if args.amendment is not None:
         return run_amendment(args, recipe)
     output = args.output or DEFAULT_OUTPUTS[args.recipe]
@@ -331,11 +342,12 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
 
 def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
-    """Run amendment 2's cells of one setting (stage 1's by default) into ``--output`` (runs/protocol_a2), each
-    committed under benchmarks/cells_a2 with its record as it finishes (not with another ``--output``)."""
-    output = Path(args.output or A2_OUTPUT)
-    committed = COMMITTED_A2 if args.output is None else None
-    methods = list(args.methods or stage1_methods(args.recipe))
+    """Run amendment 2's (4's) cells of one setting (stage 1's by default) into ``--output`` (runs/protocol_a2,
+    runs/protocol_a4), each committed under benchmarks/cells_a2 (cells_a4) with its record as it finishes (not with
+    another ``--output``)."""
+    output = Path(args.output or (A4_OUTPUT if args.amendment == 4 else A2_OUTPUT))
+    committed = (COMMITTED_A4 if args.amendment == 4 else COMMITTED_A2) if args.output is None else None
+    methods = list(args.methods or stage1_methods(args.recipe, args.amendment))
     seeds = list(args.seeds or A2_TUNING_SEEDS)
     csm_dataset = args.csm_dataset or str(SETTINGS_ROOT / args.recipe / "csm" / "csm-fmnist-aug")
     teacher = args.teacher or str(SETTINGS_ROOT / "borrowed" / "reference")

@@ -254,21 +254,51 @@ def grid_methods(method: str) -> List[str]:
     return [tuned_name(method, **dict(zip(axes, point))) for point in itertools.product(*(grid[a] for a in axes))]
 
 
-def csm_step_methods(step: int, chosen: Optional[Dict[str, Any]] = None, method: str = "csm") -> List[str]:
-    """The configurations of step ``step`` (0-based) of CSM's coordinate-wise search, at the values ``chosen`` by
-    the steps before it (their defaults where not given)."""
-    axis, values = CSM_TUNING_STEPS[step]
-    fixed = {a: (chosen or {}).get(a, AXIS_DEFAULTS[a]) for a, _ in CSM_TUNING_STEPS[:step]}
+def csm_step_methods(step: int, chosen: Optional[Dict[str, Any]] = None, method: str = "csm",
+                     steps: Tuple[Tuple[str, Tuple[Any, ...]], ...] = CSM_TUNING_STEPS) -> List[str]:
+    """The configurations of step ``step`` (0-based) of CSM's coordinate-wise search ``steps`` (amendment 2's by
+    default), at the values ``chosen`` by the steps before it (their defaults where not given)."""
+    axis, values = steps[step]
+    fixed = {a: (chosen or {}).get(a, AXIS_DEFAULTS[a]) for a, _ in steps[:step]}
     return [tuned_name(method, **fixed, **{axis: v}) for v in values]
 
 
-def stage1_methods(setting: str) -> List[str]:
-    """Stage 1's cells of ``setting`` that need no earlier choice: every baseline's grid, CE, Brier, KD's grid where
-    the setting's annotator is its teacher, and step 1 of CSM's search (the scale s)."""
-    names = [m for base in ("ce", "ls", "mbls", "mixup", "regmixup", "brier") for m in grid_methods(base)]
+def stage1_methods(setting: str, amendment: int = 2) -> List[str]:
+    """Stage 1's cells of ``setting`` that need no earlier choice: every baseline's grid (amendment 2: CE, LS,
+    MbLS, Mixup, RegMixup, Brier; amendment 4: CE, LS, Mixup, RegMixup), KD's grid where the setting's annotator is
+    its teacher, and step 1 of CSM's search (the scale s)."""
+    bases = A4_BASELINES if amendment == 4 else ("ce", "ls", "mbls", "mixup", "regmixup", "brier")
+    names = [m for base in bases for m in grid_methods(base)]
     if setting in METHODS["kd"].recipes:
         names += grid_methods("kd")
-    return names + csm_step_methods(0)
+    return names + csm_step_methods(0, steps=A4_CSM_STEPS if amendment == 4 else CSM_TUNING_STEPS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# amendment 4 (PROTOCOL.md): a timm backbone, amendment 2's settings, generated sets and grids
+# ---------------------------------------------------------------------------------------------------------------
+A4_SETTINGS = ("matched", "annotated")
+A4_OUTPUT = "runs/protocol_a4"
+#: finished amendment-4 cells, committed with their record (the instruction-set pins and the processor too)
+COMMITTED_A4 = Path("benchmarks/cells_a4")
+A4_VERIFY_LOG = Path("benchmarks/cells_a4_verify.json")
+#: the pilot's choice (benchmarks/pilot_a4.md): the timm backbone and the recipe length, amendment 2's classifier
+#: recipe otherwise (SGD 0.1, momentum 0.9, weight decay 5e-4, batch 128, crops and flips)
+A4_BACKBONE: Dict[str, Any] = {"model": "resnet18", "epochs": 60, "decay_milestones": [30, 45]}
+A4_SEEDS = tuple(range(10))
+A4_BASELINES = ("ce", "ls", "mixup", "regmixup")
+#: CSM's coordinate-wise search: as many configurations (4) as the largest baseline grid, so that no method gets a
+#: larger search (amendment 2's CSM got 9 against at most 4)
+A4_CSM_STEPS: Tuple[Tuple[str, Tuple[Any, ...]], ...] = (("s", (4.0, 8.0, "auto")), ("filtered", (0, 1)))
+
+
+def a4_recipe() -> Dict[str, Any]:
+    """Amendment 4's classifier recipe: amendment 2's (the ``matched`` recipe: data seed 0, 2 000 validation
+    images) with the pilot's timm backbone and length (no ``small_cnn`` widths)."""
+    recipe = base_recipe(name="matched")
+    recipe.pop("model_kwargs", None)
+    recipe.update(json.loads(json.dumps(A4_BACKBONE)))
+    return recipe
 
 
 # ---------------------------------------------------------------------------------------------------------------

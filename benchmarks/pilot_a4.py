@@ -1,7 +1,7 @@
 """Amendment 4's pilot (``benchmarks/PROTOCOL.md``): which timm backbone, at which recipe length, the timm-backbone
 study trains. Validation only: the pilot's data has no test split at all.
 
-The rule, fixed before any pilot cell ran:
+The rule, written before any pilot cell ran (and committed with the cells, before amendment 4's text):
 
 1. **Candidates**, in order of preference: ``resnet18`` (the paper's family, 11.2 M parameters), ``resnet10t``
    (4.9 M), the package's ``swin_tiny`` (patch 2, window 4), all with one input channel at Fashion-MNIST's 28 px and
@@ -227,8 +227,8 @@ def write_record(record: Dict[str, Any]) -> None:
 def report(record: Dict[str, Any]) -> str:
     t = record["timing"]
     lines = ["# Amendment 4's pilot: the timm backbone (validation only)", "",
-             "Command: `python benchmarks/pilot_a4.py --timing --cells` (rule: the script's docstring, committed "
-             "before its cells). The pilot's data holds the benchmark's 2 500 training and 2 000 validation images "
+             "Command: `python benchmarks/pilot_a4.py --timing --cells` (rule: the script's docstring, written before "
+             "its cells ran and committed with them, before amendment 4's text). The pilot's data holds the benchmark's 2 500 training and 2 000 validation images "
              "(data seed 0, digests checked against PROTOCOL.md) and no test split.", "",
              f"## Cost (one torch thread, batch {t['batch']}, {t['steps_per_epoch']} steps an epoch)", "",
              "| model | CE step (s) | CSM step (s) | CSM / CE | projected CSM training, 30 / 60 epochs (min) |",

@@ -485,3 +485,43 @@ def test_data_seeds_name_their_cells_and_read_their_subset(tmp_path):
     text = bench.main(["--amendment", "2", "--recipe", "borrowed", "--data-seed", "1", "--methods", "ce",
                        "--max-cells", "0", "--output", str(tmp_path / "a2")])
     assert text.startswith("amendment 2, borrowed, data seed 1: ran 0 cell(s)")
+
+
+def test_amendment4_cells_record_the_machine_the_pins_and_their_checkpoint(tmp_path, csm_folder, monkeypatch):
+    from timm_csm.io import file_sha256
+    from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, instruction_set_problem, real_images_digests
+
+    for name in INSTRUCTION_SET_PINS:
+        monkeypatch.delenv(name, raising=False)
+    problem = instruction_set_problem()  # never None here: the pins are read when torch starts, and were not set
+    assert problem is not None and all(f"{k}={v}" in problem for k, v in INSTRUCTION_SET_PINS.items())
+    out, home = tmp_path / "a4", tmp_path / "committed"
+    recipe = _toy_recipe()
+    bench.run_cells(recipe, ["ce"], [0], out, setting="matched", committed=home, amendment=4)
+    meta = json.loads((home / "ce-s0" / CELL_META).read_text())
+    record = meta["record"]
+    assert record["amendment"] == 4 and record["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert record["pins"] == {k: None for k in INSTRUCTION_SET_PINS} and record["cpu"]
+    assert record["numpy"] == np.__version__ and record["device"] == "cpu"
+    assert record["real_images"] == real_images_digests(meta["config"])
+    assert record["real_images"]["train"] != record["real_images"]["validation"]
+    assert meta["checkpoint_sha256"] == file_sha256(out / "cells" / "ce-s0" / "model_best.safetensors")
+    assert 0 < meta["cpu_seconds"]
+    found = verify_cell("ce-s0", roots=[home])
+    assert found["results"] == [] and found["record"] == []
+
+
+def test_amendment4_recipe_and_grids():
+    recipe = table.a4_recipe()
+    assert recipe["model"] == table.A4_BACKBONE["model"] and "model_kwargs" not in recipe
+    assert (recipe["epochs"], recipe["decay_milestones"]) == (table.A4_BACKBONE["epochs"],
+                                                            table.A4_BACKBONE["decay_milestones"])
+    assert (recipe["val_size"], recipe["data_seed"], recipe["max_train_samples"]) == (2000, 0, 2500)
+    for setting in table.A4_SETTINGS:
+        names = table.stage1_methods(setting, amendment=4)
+        per_method = {}
+        for name in names:
+            per_method[name.partition("@")[0]] = per_method.get(name.partition("@")[0], 0) + 1
+        csm_search = 1 + sum(len(values) - 1 for _, values in table.A4_CSM_STEPS)
+        assert max(max(per_method.values()), csm_search) == 4  # no method searches more configurations
+        assert ("kd" in per_method) == (setting == "annotated") and "mbls" not in per_method

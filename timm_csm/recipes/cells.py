@@ -10,6 +10,7 @@ done wherever it runs.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import tempfile
@@ -20,8 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..io import file_sha256, write_json_atomic
 from .cache import KeyedFolder
 
-__all__ = ["RESULTS", "CELL_META", "PREDICTIONS", "read_json", "keyed_options", "cell_folder", "cell_state",
-           "run_cell", "git", "cell_record", "differences", "verify_cell", "verify_and_log", "collect_cells",
+__all__ = ["RESULTS", "CELL_META", "PREDICTIONS", "INSTRUCTION_SET_PINS", "read_json", "keyed_options",
+           "cell_folder", "cell_state", "run_cell", "git", "cpu_model", "real_images_digests", "instruction_set_problem", "cell_record", "differences", "verify_cell", "verify_and_log", "collect_cells",
            "per_seed_row"]
 
 RESULTS = "results.json"
@@ -34,6 +35,12 @@ _WHERE = ("checkpoint", "output_dir", "run_id", "epoch_time", "seconds")
 #: per-seed row: test metrics shown in %, and the rest as they are
 _PCT = {"accuracy", "ece", "aece", "cece"}
 _ROW_METRICS = ("accuracy", "ece", "aece", "cece", "nll", "brier")
+#: what the instruction set decides, pinned at one level every x86-64 machine of the last decade has: torch's own
+#: vectorised kernels, MKL's code path (its conditional numerical reproducibility) and oneDNN's kernels. Without them
+#: a cell computes other numbers on a machine with other vector units (AVX-512 against AVX2 changed a cell's epoch-0
+#: loss in the fifth digit and its checkpoint epoch from 59 to 34). Read when torch starts: set them in the
+#: environment of the process.
+INSTRUCTION_SET_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def read_json(path: Path):
@@ -102,9 +109,14 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
     if amendment is not None:
         meta["record"] = dict(cell_record(cfg, amendment, repo), **({"resumed": True} if state == "partial" else {}))
     folder.write(dict(meta, finished=False))
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
     meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
+    if amendment is not None and amendment >= 4:
+        # what a shift cell evaluates is traced to this cell by the digest of the checkpoint it kept
+        best = cell_dir / "model_best.safetensors"
+        meta.update(cpu_seconds=round(time.process_time() - cpu0, 1),
+                    checkpoint_sha256=file_sha256(best) if best.exists() else None)
     folder.write(meta)
     if committed is not None:
         write_json_atomic(committed / RESULTS, results, indent=1)
@@ -122,10 +134,47 @@ def git(*args: str, repo: Optional[Path] = None) -> Optional[str]:
     return out.stdout.strip()
 
 
+def cpu_model() -> Optional[str]:
+    """The processor's model name (Linux's ``/proc/cpuinfo``), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def real_images_digests(cfg: Dict[str, Any]) -> Dict[str, str]:
+    """sha256 of the pixels and labels of the training and validation images the options ``cfg`` train on."""
+    from ..data.arrays import images_labels_hash
+    from ..training import TrainConfig, load_data
+
+    keys = ("dataset", "data_dir", "train_split", "val_split", "val_size", "val_fraction", "data_seed",
+            "max_train_samples", "seed")
+    data = load_data(TrainConfig(**{k: cfg[k] for k in keys if cfg.get(k) is not None}))
+    return {name: images_labels_hash(part.images, part.labels, with_shape=False).hexdigest()
+            for name, part in (("train", data.train), ("validation", data.val))}
+
+
+def instruction_set_problem() -> Optional[str]:
+    """None when this process runs with :data:`INSTRUCTION_SET_PINS` in force, else one line saying what to set."""
+    import torch
+
+    missing = {k: v for k, v in INSTRUCTION_SET_PINS.items() if os.environ.get(k) != v}
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not missing and capability == INSTRUCTION_SET_PINS["ATEN_CPU_CAPABILITY"].upper():
+        return None
+    pins = " ".join(f"{k}={v}" for k, v in INSTRUCTION_SET_PINS.items())
+    return (f"these cells run with the instruction set pinned (torch's CPU capability is {capability}"
+            + (f"; not set: {', '.join(sorted(missing))}" if missing else "") + f"): start the process with {pins}")
+
+
 def cell_record(cfg: Dict[str, Any], amendment: int, repo: Optional[Path] = None) -> Dict[str, Any]:
     """What a cell's numbers depend on besides its options: the amendment, the commit of ``repo`` and whether its
     tracked files differ from it, the Python / torch / timm versions, the torch thread count, the fingerprint of
-    the generated set it reads and the digest of KD's teacher weights."""
+    the generated set it reads and the digest of KD's teacher weights; from amendment 4 on also the numpy and
+    diffusers versions, the device, the processor, torch's CPU capability and the instruction-set pins."""
     import timm
     import torch
 
@@ -135,6 +184,13 @@ def cell_record(cfg: Dict[str, Any], amendment: int, repo: Optional[Path] = None
     record = {"amendment": int(amendment), "commit": git("rev-parse", "HEAD", repo=repo),
               "clean": None if status is None else status == "", "python": platform.python_version(),
               "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads()}
+    if amendment >= 4:
+        import diffusers
+        import numpy
+
+        record.update(numpy=numpy.__version__, diffusers=diffusers.__version__, device="cpu", cpu=cpu_model(),
+                      cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                      pins={k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}, real_images=real_images_digests(cfg))
     if cfg.get("csm_dataset"):
         record["generated_set"] = content_fingerprint(cfg["csm_dataset"])
     if cfg.get("teacher"):
