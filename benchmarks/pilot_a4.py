@@ -158,7 +158,7 @@ def run_pilot_cell(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     from timm_csm.recipes.cells import RESULTS, run_cell
 
     cell_dir = Path(options["output"])
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     results = run_cell(options, cell_dir, name, 0)
     meta = json.loads((cell_dir / "cell.json").read_text())
     val = results["val"]["pre_ts"]
@@ -166,7 +166,9 @@ def run_pilot_cell(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
             "val_confidence": round(100 * val["confidence"], 2), "val_nll": round(val["nll"], 4),
             "val_ece_after_ts": round(100 * results["val"]["post_ts"]["ece"], 2),
             "temperature": results["temperature"], "checkpoint_epoch": results["checkpoint_epoch"],
-            "seconds": meta.get("seconds", round(time.time() - t0, 1)), "results": str(cell_dir / RESULTS)}
+            "seconds": meta.get("seconds", round(time.time() - t0, 1)),
+            # CPU seconds of this process's run (0 for a cell finished earlier): the cost on a loaded machine
+            "cpu_seconds": round(time.process_time() - cpu0, 1), "results": str(cell_dir / RESULTS)}
 
 
 def plan(timings: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -240,11 +242,12 @@ def report(record: Dict[str, Any]) -> str:
     lines += ["", f"A (model, length) is in budget when its projected CSM training is at most {MAX_CSM_MINUTES:g} "
               "minutes.", "", "## Cells (training seed 0, validation numbers only)", "",
               "| cell | val ECE before TS (%) | val accuracy (%) | val confidence (%) | val NLL | val ECE after TS (%) "
-              "| T | checkpoint epoch | wall (min) |", "|---|---|---|---|---|---|---|---|---|"]
+              "| T | checkpoint epoch | wall (min) | CPU (min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in record.get("cells", {}).items():
         lines.append(f"| `{key}` | {c['val_ece']:.2f} | {c['val_accuracy']:.2f} | {c['val_confidence']:.2f} | "
                      f"{c['val_nll']:.4f} | {c['val_ece_after_ts']:.2f} | {c['temperature']:.2f} | "
-                     f"{c['checkpoint_epoch']} | {c['seconds'] / 60:.1f} |")
+                     f"{c['checkpoint_epoch']} | {c['seconds'] / 60:.1f} | "
+                     + (f"{c['cpu_seconds'] / 60:.1f} |" if c.get("cpu_seconds") else "- |"))
     choice = record.get("choice")
     lines += ["", "## Choice", "",
               (f"`{choice['model']}` at {choice['epochs']} epochs: the first candidate in budget whose CE cell "
