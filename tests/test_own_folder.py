@@ -116,3 +116,35 @@ def test_the_pipeline_holds_out_one_test_split_of_a_flat_folder_for_every_stage(
         assert (results["n_test"], results["n_train"] + results["n_val"]) == (30, 120)
         scored = load_file(str(run_dir / "test_predictions.safetensors"))["targets"].numpy()
         assert np.array_equal(scored, test.labels)  # the images the recipe held out, in their order
+
+
+def test_the_pipeline_uses_a_generator_folder_of_train_generator_as_it_is(flat, capsys):
+    """--generator <a timm-csm-train-generator folder>: the pipeline generates from it without training a generator,
+    and says that the generator may have seen its held-out test images; a value that names no generator is one line
+    listing what is accepted, with nothing written."""
+    from timm_csm.commands import train_generator
+    from timm_csm.recipes import main
+
+    folder = flat[0].name
+    assert train_generator.main(["--profile", "smoke", "--dataset", folder, "--output", "runs/gen", "--steps", "1",
+                                 "--no-grid"]) == 0
+    weights = (flat[0].parent / "runs/gen/unet/diffusion_pytorch_model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["--profile", "smoke", "--dataset", folder, "--generator", "runs/gen", "--output", "runs/pipe"]) == 0
+    out = capsys.readouterr().out
+    assert "[generator] diffusers generator runs/gen, trained on 150 images of my_digits: used as it is" in out
+    assert "it may have seen test images" in out  # it learned from the whole folder, the pipeline holds out 15
+    pipe = flat[0].parent / "runs" / "pipe"
+    assert not list(pipe.glob("generator-*")) and (pipe / "report.md").is_file()
+    plan = json.loads(next(pipe.glob("generated-*/plan.json")).read_text())
+    assert plan["generator"]["name"] == "timm-csm-my-digits-ddpm"
+    assert (flat[0].parent / "runs/gen/unet/diffusion_pytorch_model.safetensors").read_bytes() == weights
+
+    for given, expected in (("nothing", "generator 'nothing' does not exist; give 'shipped'; or a generator-training "
+                                        "profile, trained here (cifar10, cifar100, digits, fmnist, smoke); or an "
+                                        "NVlabs EDM network pickle"),
+                            (folder, f"generator '{folder}' holds no generator; give 'shipped'")):
+        assert main(["--profile", "smoke", "--dataset", folder, "--generator", given, "--output", "runs/bad"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0] and "a generator folder (model_index.json" in err[0], err
+        assert not (flat[0].parent / "runs" / "bad").exists()

@@ -95,13 +95,18 @@ def test_the_default_of_s_is_the_papers_value_where_it_published_one():
     assert "held_out" not in stages.encoder_config(RecipeProfile(dataset="cifar10"))
 
 
-def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tmp_path):
+def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tiny_generator, tmp_path):
     shipped = steps.shipped_generator("fashion_mnist")
     assert shipped is not None and steps.resolve_generator("fmnist") == shipped == steps.shipped_generator("fmnist")
-    assert steps.resolve_generator(tmp_path) == tmp_path
-    with pytest.raises(FileNotFoundError, match="'absent' is neither a folder nor an EDM pickle.*shipped generator "
-                                                r"\(fmnist\)"):
+    assert steps.resolve_generator(tiny_generator) == tiny_generator
+    with pytest.raises(FileNotFoundError, match="'absent' does not exist; give an NVlabs EDM network pickle.*; or a "
+                                                r"generator folder \(model_index.json.*shipped generator \(fmnist\)"):
         steps.resolve_generator("absent")
+    with pytest.raises(FileNotFoundError, match="holds no generator"):
+        steps.resolve_generator(tmp_path)  # a folder, but not a generator's
+    (tmp_path / "last.safetensors").write_bytes(b"")  # a generator still training
+    with pytest.raises(FileNotFoundError, match="has not finished training.*timm-csm-train-generator command resumes"):
+        steps.resolve_generator(tmp_path)
     with pytest.raises(FileNotFoundError, match="absent.pkl"):
         steps.resolve_generator(tmp_path / "absent.pkl")
     with pytest.raises(ValueError, match="pure noise only"):

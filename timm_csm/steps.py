@@ -22,7 +22,7 @@ from .generation.config import MixingConfig
 from .hub import csm_dataset_name, dataset_short_name
 
 __all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
-           "resolve_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
+           "resolve_generator", "unknown_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
            "soft_label_scale", "PoorGeneratorError", "check_generator", "annotate_generated_folder",
            "csm_dataset_name"]
 
@@ -78,19 +78,36 @@ def shipped_generator(dataset: str) -> Optional[Path]:
 
 
 def resolve_generator(generator) -> Path:
-    """The path of ``generator``: an existing generator folder or file (an EDM pickle), else the name of a shipped
-    generator (``fmnist``); FileNotFoundError naming both ways otherwise."""
-    from .generation.registry import generator_kind
+    """The path of ``generator``: a path that holds a generator of a registered kind (a generator folder written by
+    ``timm-csm-train-generator`` or the pipeline, an EDM pickle:
+    :func:`~timm_csm.generation.registry.find_generator`), else the name of a shipped generator (``fmnist``);
+    FileNotFoundError otherwise, in one line (:func:`unknown_generator`)."""
+    from .generation.registry import find_generator
 
-    path = Path(generator)
-    if path.exists():
+    path = Path(str(generator))
+    if find_generator(path) is not None:
         return path
-    shipped = None if generator_kind(path).is_file else shipped_generator(str(generator))
+    shipped = None if path.exists() else shipped_generator(str(generator))
     if shipped is None:
-        names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
-        raise FileNotFoundError(f"generator {str(generator)!r} is neither a folder nor an EDM pickle (.pkl) that "
-                                f"exists, nor a shipped generator ({', '.join(names)})")
+        raise FileNotFoundError(unknown_generator(generator))
     return shipped
+
+
+def unknown_generator(generator, also: Sequence[str] = ()) -> str:
+    """The line that refuses ``generator``: a generator folder still training says how to finish it; anything else
+    lists what is accepted (``also``: what the caller accepts besides the registered kinds and the shipped
+    generators, first)."""
+    from .generation.registry import GENERATOR_INDEX, accepted_generators
+    from .io import CHECKPOINT_LAST
+
+    path = Path(str(generator))
+    if (path / CHECKPOINT_LAST).is_file() and not (path / GENERATOR_INDEX).is_file():
+        return (f"generator {str(generator)!r} has not finished training (it holds {CHECKPOINT_LAST}, no "
+                f"{GENERATOR_INDEX}): the same timm-csm-train-generator command resumes and finishes it")
+    names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
+    accepted = [*also, *accepted_generators(), f"the name of a shipped generator ({', '.join(names)})"]
+    state = "holds no generator" if path.exists() else "does not exist"
+    return f"generator {str(generator)!r} {state}; give {'; or '.join(accepted)}"
 
 
 def check_mixing_options(generator, mixing: MixingConfig = MixingConfig()) -> None:
