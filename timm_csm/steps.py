@@ -97,13 +97,12 @@ def unknown_generator(generator, also: Sequence[str] = ()) -> str:
     """The line that refuses ``generator``: a generator folder still training says how to finish it; anything else
     lists what is accepted (``also``: what the caller accepts besides the registered kinds and the shipped
     generators, first)."""
-    from .generation.registry import GENERATOR_INDEX, accepted_generators
-    from .io import CHECKPOINT_LAST
+    from .generation.registry import GENERATOR_INDEX, accepted_generators, still_training
 
     path = Path(str(generator))
-    if (path / CHECKPOINT_LAST).is_file() and not (path / GENERATOR_INDEX).is_file():
-        return (f"generator {str(generator)!r} has not finished training (it holds {CHECKPOINT_LAST}, no "
-                f"{GENERATOR_INDEX}): the same timm-csm-train-generator command resumes and finishes it")
+    if still_training(path):
+        return (f"generator {str(generator)!r} has not finished training (a checkpoint, no {GENERATOR_INDEX}): the "
+                "same timm-csm-train-generator command resumes and finishes it")
     names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
     accepted = [*also, *accepted_generators(), f"the name of a shipped generator ({', '.join(names)})"]
     state = "holds no generator" if path.exists() else "does not exist"

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .config import MixingConfig
 
 __all__ = ["GeneratorKind", "register_generator", "list_generators", "generator_kind", "find_generator",
-           "accepted_generators", "create_generator"]
+           "accepted_generators", "still_training", "create_generator", "GENERATOR_INDEX"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,15 @@ def _weights_digest(path: Path) -> str:
 #: the file whose presence makes a folder a finished generator (a folder with only ``last.safetensors`` is still
 #: training)
 GENERATOR_INDEX = "model_index.json"
+
+
+def still_training(generator) -> bool:
+    """Whether ``generator`` is a generator folder whose training has not finished: a checkpoint, no
+    :data:`GENERATOR_INDEX` yet."""
+    from ..io import CHECKPOINT_LAST
+
+    path = Path(str(generator))
+    return (path / CHECKPOINT_LAST).is_file() and not (path / GENERATOR_INDEX).is_file()
 
 
 def _is_generator_folder(path: Path) -> bool:
