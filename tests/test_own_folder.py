@@ -52,21 +52,30 @@ def test_a_flat_folder_through_every_command_in_order(flat, capsys):
     assert "Downloading" not in out.out + out.err
     assert json.loads(open("runs/gen/model_index.json").read())["metadata"]["name"] == "timm-csm-my-digits-ddpm"
 
-    evaluate_generator.main(["--generator", "runs/gen", "--dataset", folder, "--num-groups", "5", "--steps", "2"])
+    # the toy generator makes noise: the generator check says so before any generation, with the annotation's
+    # recogniser and thresholds ...
+    evaluate_generator.main(["--generator", "runs/gen", "--dataset", folder, "--num-groups", "5", "--num-lambdas",
+                             "3", "--steps", "2"])
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{"):out.rindex("}") + 1])
-    assert result["num_images"] == 10 and result["chance"] == 0.1
-    assert result["classifier_real_images"] == "the held-out tenth of the training split"
-    assert 0.0 <= result["classifier_real_test_accuracy"] <= 1.0
+    recognition = result["pure_class_recognition"]
+    assert recognition["num_images"] == 10 and recognition["chance"] == 0.1 and result["num_groups"] == 5
+    assert result["real_images"] == "the held-out tenth of the training split"
+    assert result["real_recognition"]["by"] == "nearest real-class prototype"
+    assert result["poor"] and result["verdict"].startswith("poor: ")
     assert "training the reference classifier into runs/reference-my-digits-holdout" in out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith(f"the generator is {result['verdict']}; timm-csm-annotate would stop on its groups")
 
     generate.main(["--generator", "runs/gen", "--num-groups", "10", "--num-lambdas", "3", "--steps", "2",
                    "--output", "runs/generated"])
-    # the toy generator makes noise: no dataset is built, one line and exit status 2
+    # ... and the annotation's gate agrees on the same generator: no dataset is built, one line and exit status 2
     assert annotate.main(["--generated", "runs/generated", "--output", "runs/hub", "--install"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("timm-csm-annotate: error: the generator is poor: ")
     assert "--accept-poor-generator" in err and len(err) < 400 and not (flat[0].parent / "runs" / "hub").exists()
+    kinds = [("recognised" in line, "groups flagged" in line) for line in (result["verdict"], err)]
+    assert kinds[0] == kinds[1] and "nearest real-class prototype" in result["verdict"]
     annotate.main(["--generated", "runs/generated", "--output", "runs/hub", "--install", "--accept-poor-generator"])
     out = capsys.readouterr().out
     assert "reference encoder: reusing runs/reference-my-digits-holdout" in out  # the one evaluate-generator trained

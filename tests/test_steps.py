@@ -53,7 +53,9 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
                                     "runs/reference-digits-holdout", "--dataset", "digits", "--num-groups", "1",
                                     "--steps", "1", "--output", "quality.json"]) == 0
     *_, written, next_step = capsys.readouterr().out.splitlines()
-    assert json.loads((tmp_path / "quality.json").read_text())["num_images"] == 2 and written == "result: quality.json"
+    judged = json.loads((tmp_path / "quality.json").read_text())
+    assert judged["pure_class_recognition"]["num_images"] == 2 and judged["num_lambdas"] == 8
+    assert written == "result: quality.json"
     assert next_step.startswith("the generator is poor: ")  # random weights: it says so instead of the next step
 
     profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
