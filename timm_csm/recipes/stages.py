@@ -25,8 +25,8 @@ from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
 
-__all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "open_clip_spec", "check_encoder", "encoder",
-           "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
+__all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "open_clip_spec",
+           "check_encoder", "encoder", "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
 
 
 def held_out_test(profile: RecipeProfile) -> Optional[float]:
