@@ -18,6 +18,7 @@ accepts the same things and names them (:func:`accepted_generators`) when given 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -177,8 +178,6 @@ def _is_generator_folder(path: Path) -> bool:
 
 
 def _folder_records(path: Path) -> Dict:
-    import json
-
     index = json.loads((path / GENERATOR_INDEX).read_text())
     meta = index.get("metadata") or {}
     record = {k: meta[k] for k in ("dataset", "name", "num_train_images") if meta.get(k) is not None}

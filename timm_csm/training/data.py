@@ -208,7 +208,6 @@ def run_held_out_splits(meta: Dict[str, Any], data_dir: Optional[str] = None):
     its seeded rule, described in ``rule``) and checked against the digests the run recorded. ValueError, one line,
     when the run records no digests (a run of an earlier version), held out no test images, or the images drawn
     are no longer those it held out (the dataset changed since)."""
-    from ..data import split_digest
     from .args import RUN_META_KEYS
     from .config import upgrade_stored_config
 
@@ -223,11 +222,11 @@ def run_held_out_splits(meta: Dict[str, Any], data_dir: Optional[str] = None):
                          "images): name the images to score (--dataset with --test-split)")
     options = {k: meta[k] for k in RUN_META_KEYS if meta.get(k) is not None}
     data = load_data(TrainConfig.from_dict(dict(options, data_dir=data_dir), "the run's data options"))
-    for name, split in (("validation", data.val), ("test", data.test)):
-        if split_digest(split) != recorded[name]:
+    for name, digest in held_out_digests(data).items():
+        if digest != recorded.get(name):
             raise ValueError(f"the {name} images drawn from {meta['dataset']} by the run's seeded rule are no longer "
-                             f"those it held out (digest {split_digest(split)}, recorded {recorded[name]}): the "
-                             "dataset changed since it trained; name the images to use (--test-split)")
+                             f"those it held out (digest {digest}, recorded {recorded.get(name)}): the dataset "
+                             "changed since it trained; name the images to use (--test-split)")
     if meta.get("test_fraction") is not None:
         rule = f"held out as a seeded {meta['test_fraction']:g} of {meta['dataset']}"
     else:
