@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 OMP_NUM_
 FASHION_MNIST_DIR ?= $(or $(TIMM_CSM_FASHION_MNIST),/usr/share/datasets/fashion-mnist)
 FASHION_MNIST_INSTALL := apt-get update && apt-get install -y dataset-fashion-mnist
 
-.PHONY: install fashion-mnist test demo benchmark boundary docs docs-screenshot dist clean
+.PHONY: install fashion-mnist test demo benchmark boundary docs docs-tables docs-screenshot dist clean
 
 fashion-mnist:
 	@if [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ]; then exit 0; fi; \
@@ -62,6 +62,10 @@ boundary: benchmark
 # the documentation site, into site/, warnings as errors (tests/test_docs.py builds it in CI)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the pages' generated tables (flags, registries), rewritten from their sources (tests/test_docs.py checks them)
+docs-tables: $(STAMP)
+	$(BIN)/python docs/build_hooks.py
 
 # docs/site_home.png: the built home page in headless chromium (Debian's chromium package)
 CHROMIUM_FLAGS := --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \

@@ -1,15 +1,17 @@
-"""Build hooks of the documentation site (``mkdocs.yml``).
+"""Build hooks of the documentation site (``mkdocs.yml``), and the writer of the pages' generated tables.
 
 * :func:`on_files` generates the API reference: one page per subpackage and top-level module of ``timm_csm``,
   rendered from the docstrings by mkdocstrings, found at build time, so that a new or renamed module is documented
   without a page to edit (and one whose docstrings fail to render fails the strict build).
-* :func:`on_page_markdown` writes the flag tables of a command where a page holds its marker,
+* :func:`fill_generated` writes the tables a page marks: the flag tables of a command after
   ``<!-- the flags of timm-csm-train -->`` (:data:`FLAGS_MARKER`), from the command's argument parser itself (the
   ``build_parser`` of each console script's ``main``, :func:`timm_csm.cli.console_command`): one table per group of
-  ``--help``, each option with its default and help.
-* :func:`on_page_markdown` also writes the table of the registered corruptions where a page holds
-  :data:`CORRUPTIONS_MARKER`, that of the registered calibrators at :data:`CALIBRATORS_MARKER` and the metric
-  table at :data:`METRICS_MARKER`, from the registries themselves.
+  ``--help``, each option with its default and help; the registered corruptions after :data:`CORRUPTIONS_MARKER`,
+  the registered calibrators after :data:`CALIBRATORS_MARKER` and the metric table after :data:`METRICS_MARKER`,
+  from the registries themselves. Each table ends at :data:`END_MARKER`. The committed pages hold the tables, so
+  that a clone reads them as the site shows them: ``python docs/build_hooks.py`` (``make docs-tables``) rewrites
+  them, :func:`on_page_markdown` writes them afresh into the site, and ``tests/test_docs.py`` fails while a
+  committed table differs from its source.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
   (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
 """
@@ -29,6 +31,8 @@ FLAGS_MARKER = re.compile(r"<!-- the flags of (timm-csm-[a-z-]+) -->")
 CORRUPTIONS_MARKER = "<!-- the registered corruptions -->"
 CALIBRATORS_MARKER = "<!-- the registered calibrators -->"
 METRICS_MARKER = "<!-- the metric table -->"
+#: where a generated table ends (the start is its marker)
+END_MARKER = "<!-- end of the generated table -->"
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|obj|exc|const):`(~?)([^`<]+?)\s*(?:<([^>]+)>)?`")
 
 
@@ -89,7 +93,7 @@ def on_files(files, config, **kwargs):
 
 
 def _cell(text: str) -> str:
-    return html.escape(text).replace("|", "\\|")
+    return html.escape(text, quote=False).replace("|", "\\|")
 
 
 def console_scripts() -> dict:
@@ -176,12 +180,42 @@ def metric_table() -> str:
     return "\n".join(out) + "\n"
 
 
+def _table(marker: str) -> str:
+    """The table a marker stands for."""
+    flags = FLAGS_MARKER.fullmatch(marker)
+    if flags is not None:
+        return flag_tables(flags.group(1))
+    return {CORRUPTIONS_MARKER: corruption_table, METRICS_MARKER: metric_table,
+            CALIBRATORS_MARKER: calibrator_table}[marker]()
+
+
+_MARKED = re.compile("^(" + "|".join([FLAGS_MARKER.pattern] + [re.escape(m) for m in (
+    CORRUPTIONS_MARKER, METRICS_MARKER, CALIBRATORS_MARKER)]) + r")\n(?:.*?^" + re.escape(END_MARKER) + r"\n)?",
+    re.M | re.S)
+
+
+def fill_generated(markdown: str) -> str:
+    """``markdown`` with the table after each marker written afresh, up to its :data:`END_MARKER` (added where a
+    marker has none yet): the same text when every table is current."""
+    return _MARKED.sub(lambda m: f"{m.group(1)}\n\n{_table(m.group(1)).rstrip()}\n\n{END_MARKER}\n", markdown)
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
-    markdown = FLAGS_MARKER.sub(lambda match: flag_tables(match.group(1)), markdown)
-    if CORRUPTIONS_MARKER in markdown:
-        markdown = markdown.replace(CORRUPTIONS_MARKER, corruption_table())
-    if METRICS_MARKER in markdown:
-        markdown = markdown.replace(METRICS_MARKER, metric_table())
-    if CALIBRATORS_MARKER in markdown:
-        markdown = markdown.replace(CALIBRATORS_MARKER, calibrator_table())
-    return markdown
+    return fill_generated(markdown)
+
+
+def write_generated_tables(docs: Path = Path(__file__).resolve().parent) -> list:
+    """Rewrite the generated tables of every page of ``docs``; returns the pages that changed."""
+    changed = []
+    for page in sorted(docs.rglob("*.md")):
+        text = page.read_text()
+        filled = fill_generated(text)
+        if filled != text:
+            page.write_text(filled)
+            changed.append(page)
+    return changed
+
+
+if __name__ == "__main__":
+    for page in write_generated_tables():
+        print(f"rewrote the generated tables of {page.relative_to(PACKAGE.parent)}")

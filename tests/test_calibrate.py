@@ -267,3 +267,36 @@ def test_odir_strengths_and_extra_reliability_diagrams_from_the_command_line(use
         run_calibrate(user_files, tmp_path / "bad", calibrators=["dirichlet"], reg_lambda=-1.0)
     with pytest.raises(ValueError, match="unknown reliability diagram 'smooth'"):
         run_calibrate(user_files, tmp_path / "bad", reliability=["smooth"])
+
+
+def test_a_run_folder_is_calibrated_on_its_own_held_out_images(tmp_path, capsys):
+    """timm-csm-train --test-fraction on a flat folder, then timm-csm-calibrate --model <run folder> alone: fitted on
+    the run's validation images, scored on the very test images the run held out (same images, same logits), said
+    in the first line; a folder changed since is refused in one line, with nothing written."""
+    from safetensors.torch import load_file
+
+    from timm_csm.train import run
+    from timm_csm.training import parse_args
+
+    data = write_image_folder(tmp_path / "flat", splits=(None,), n_per_class=40, noise=20.0)
+    trained = run(parse_args(["--dataset", str(data), "--model", "small_cnn", "--epochs", "10", "-b", "16",
+                              "--lr", "0.05", "--test-fraction", "0.2", "--val-fraction", "0.25", "--no-progress",
+                              "--output", str(tmp_path / "runs"), "--experiment", "ce"]))
+    folder = tmp_path / "runs" / "ce"
+    assert main(["--model", str(folder), "--output", str(tmp_path / "out"), "--calibrators", "temperature_scaling",
+                 "--bootstrap", "0", "--conformal", ""]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (f"calibrating on the run's {trained['n_val']} validation images and scoring its 24 held-out test "
+                     f"images (held out as a seeded 0.2 of {data}, data seed 12345; both found again by their digests)")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (report["calibration"]["n"], report["test"]["n"]) == (trained["n_val"], trained["n_test"]) == (24, 24)
+    ours, runs = (load_file(str(f / "test_predictions.safetensors")) for f in (tmp_path / "out", folder))
+    assert torch.equal(ours["targets"], runs["targets"])
+    assert torch.allclose(ours["logits"], runs["logits"], atol=1e-5)
+
+    write_image_folder(tmp_path / "more", splits=(None,), n_per_class=1, seed=5)  # one image more in each class
+    for image in (tmp_path / "more").glob("*/*.png"):
+        image.rename(data / image.parent.name / f"extra-{image.name}")
+    assert main(["--model", str(folder), "--output", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "are no longer those it held out" in err[0] and not (tmp_path / "again").exists()

@@ -107,6 +107,23 @@ def test_every_flag_of_every_command_is_on_the_site(site):
     assert re.search(r"<code>--num-groups</code></td>\s*<td>required</td>", commands)
 
 
+def test_the_committed_pages_hold_their_generated_tables():
+    """A clone reads the flag and registry tables as the site shows them: each marked table is committed, current,
+    and closed by its end marker (make docs-tables rewrites them)."""
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    marked = [page for page in pages if build_hooks.END_MARKER in page.read_text()]
+    assert {p.name for p in marked} >= {"commands.md", "training.md", "metrics.md", "shift.md"}
+    for page in pages:
+        text = page.read_text()
+        assert build_hooks.fill_generated(text) == text, f"{page.name}: a table is out of date: make docs-tables"
+    commands = (ROOT / "docs" / "commands.md").read_text()
+    calibrate = commands[commands.index("<!-- the flags of timm-csm-calibrate -->"):]
+    assert "| `--test-split` |  | the split the report scores" in calibrate[:calibrate.index(build_hooks.END_MARKER)]
+    # a marker left without its table, or a table edited by hand, is not current
+    assert build_hooks.fill_generated("<!-- the metric table -->\n") != "<!-- the metric table -->\n"
+    assert build_hooks.fill_generated(commands.replace("| `--test-split` |", "| `--test-split` | x", 1)) == commands
+
+
 def test_every_command_is_in_the_command_tables_the_commands_page_and_the_api_reference():
     import timm_csm.commands
 

@@ -52,21 +52,30 @@ def test_a_flat_folder_through_every_command_in_order(flat, capsys):
     assert "Downloading" not in out.out + out.err
     assert json.loads(open("runs/gen/model_index.json").read())["metadata"]["name"] == "timm-csm-my-digits-ddpm"
 
-    evaluate_generator.main(["--generator", "runs/gen", "--dataset", folder, "--num-groups", "5", "--steps", "2"])
+    # the toy generator makes noise: the generator check says so before any generation, with the annotation's
+    # recogniser and thresholds ...
+    evaluate_generator.main(["--generator", "runs/gen", "--dataset", folder, "--num-groups", "5", "--num-lambdas",
+                             "3", "--steps", "2"])
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{"):out.rindex("}") + 1])
-    assert result["num_images"] == 10 and result["chance"] == 0.1
-    assert result["classifier_real_images"] == "the held-out tenth of the training split"
-    assert 0.0 <= result["classifier_real_test_accuracy"] <= 1.0
+    recognition = result["pure_class_recognition"]
+    assert recognition["num_images"] == 10 and recognition["chance"] == 0.1 and result["num_groups"] == 5
+    assert result["real_images"] == "the held-out tenth of the training split"
+    assert result["real_recognition"]["by"] == "nearest real-class prototype"
+    assert result["poor"] and result["verdict"].startswith("poor: ")
     assert "training the reference classifier into runs/reference-my-digits-holdout" in out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith(f"the generator is {result['verdict']}; timm-csm-annotate would stop on its groups")
 
     generate.main(["--generator", "runs/gen", "--num-groups", "10", "--num-lambdas", "3", "--steps", "2",
                    "--output", "runs/generated"])
-    # the toy generator makes noise: no dataset is built, one line and exit status 2
+    # ... and the annotation's gate agrees on the same generator: no dataset is built, one line and exit status 2
     assert annotate.main(["--generated", "runs/generated", "--output", "runs/hub", "--install"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("timm-csm-annotate: error: the generator is poor: ")
     assert "--accept-poor-generator" in err and len(err) < 400 and not (flat[0].parent / "runs" / "hub").exists()
+    kinds = [("recognised" in line, "groups flagged" in line) for line in (result["verdict"], err)]
+    assert kinds[0] == kinds[1] and "nearest real-class prototype" in result["verdict"]
     annotate.main(["--generated", "runs/generated", "--output", "runs/hub", "--install", "--accept-poor-generator"])
     out = capsys.readouterr().out
     assert "reference encoder: reusing runs/reference-my-digits-holdout" in out  # the one evaluate-generator trained
@@ -116,3 +125,35 @@ def test_the_pipeline_holds_out_one_test_split_of_a_flat_folder_for_every_stage(
         assert (results["n_test"], results["n_train"] + results["n_val"]) == (30, 120)
         scored = load_file(str(run_dir / "test_predictions.safetensors"))["targets"].numpy()
         assert np.array_equal(scored, test.labels)  # the images the recipe held out, in their order
+
+
+def test_the_pipeline_uses_a_generator_folder_of_train_generator_as_it_is(flat, capsys):
+    """--generator <a timm-csm-train-generator folder>: the pipeline generates from it without training a generator,
+    and says that the generator may have seen its held-out test images; a value that names no generator is one line
+    listing what is accepted, with nothing written."""
+    from timm_csm.commands import train_generator
+    from timm_csm.recipes import main
+
+    folder = flat[0].name
+    assert train_generator.main(["--profile", "smoke", "--dataset", folder, "--output", "runs/gen", "--steps", "1",
+                                 "--no-grid"]) == 0
+    weights = (flat[0].parent / "runs/gen/unet/diffusion_pytorch_model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["--profile", "smoke", "--dataset", folder, "--generator", "runs/gen", "--output", "runs/pipe"]) == 0
+    out = capsys.readouterr().out
+    assert "[generator] diffusers generator runs/gen, trained on 150 images of my_digits: used as it is" in out
+    assert "it may have seen test images" in out  # it learned from the whole folder, the pipeline holds out 15
+    pipe = flat[0].parent / "runs" / "pipe"
+    assert not list(pipe.glob("generator-*")) and (pipe / "report.md").is_file()
+    plan = json.loads(next(pipe.glob("generated-*/plan.json")).read_text())
+    assert plan["generator"]["name"] == "timm-csm-my-digits-ddpm"
+    assert (flat[0].parent / "runs/gen/unet/diffusion_pytorch_model.safetensors").read_bytes() == weights
+
+    for given, expected in (("nothing", "generator 'nothing' does not exist; give 'shipped'; or a generator-training "
+                                        "profile, trained here (cifar10, cifar100, digits, fmnist, smoke); or an "
+                                        "NVlabs EDM network pickle"),
+                            (folder, f"generator '{folder}' holds no generator; give 'shipped'")):
+        assert main(["--profile", "smoke", "--dataset", folder, "--generator", given, "--output", "runs/bad"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0] and "a generator folder (model_index.json" in err[0], err
+        assert not (flat[0].parent / "runs" / "bad").exists()

@@ -13,7 +13,8 @@ from timm_csm.annotation import (ImageEncoder, ImagePreprocessor, create_encoder
 from timm_csm.annotation import factory
 from timm_csm.generation import MixingConfig, plan_groups
 from timm_csm.generation import registry
-from timm_csm.generation.registry import GeneratorKind, create_generator, generator_kind, register_generator
+from timm_csm.generation.registry import (GeneratorKind, accepted_generators, create_generator, find_generator,
+                                         generator_kind, register_generator)
 
 PACKAGE = Path(timm_csm.__file__).parent
 
@@ -96,6 +97,11 @@ def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(che
     assert "checkerboard" in registry.list_generators()
     assert generator_kind(tmp_path / "board-1") is checkerboard
     assert generator_kind(tmp_path / "net.pkl").name == "edm" and generator_kind(tmp_path).name == "diffusers"
+    # a path holds a generator when its kind says so: a file kind's file exists, a folder has model_index.json
+    assert find_generator(tmp_path / "board-1") is None and find_generator(tmp_path) is None
+    (tmp_path / "board-1").write_bytes(b"")
+    assert find_generator(tmp_path / "board-1") is checkerboard
+    assert accepted_generators()[-1] == "a checkerboard generator"  # what it accepts, in the refusal's list
     pipe = create_generator(tmp_path / "board-1", MixingConfig(steps=3))
     images, members = pipe(plan_groups(2, 1), [0.0, 1.0])
     assert pipe.steps == 3 and images.shape == (2, 1, 4, 4) and images[1].max() == 255 and images[0].max() == 0

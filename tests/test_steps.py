@@ -53,7 +53,9 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
                                     "runs/reference-digits-holdout", "--dataset", "digits", "--num-groups", "1",
                                     "--steps", "1", "--output", "quality.json"]) == 0
     *_, written, next_step = capsys.readouterr().out.splitlines()
-    assert json.loads((tmp_path / "quality.json").read_text())["num_images"] == 2 and written == "result: quality.json"
+    judged = json.loads((tmp_path / "quality.json").read_text())
+    assert judged["pure_class_recognition"]["num_images"] == 2 and judged["num_lambdas"] == 8
+    assert written == "result: quality.json"
     assert next_step.startswith("the generator is poor: ")  # random weights: it says so instead of the next step
 
     profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
@@ -95,13 +97,18 @@ def test_the_default_of_s_is_the_papers_value_where_it_published_one():
     assert "held_out" not in stages.encoder_config(RecipeProfile(dataset="cifar10"))
 
 
-def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tmp_path):
+def test_a_generator_is_a_folder_a_pickle_or_a_shipped_name(tiny_generator, tmp_path):
     shipped = steps.shipped_generator("fashion_mnist")
     assert shipped is not None and steps.resolve_generator("fmnist") == shipped == steps.shipped_generator("fmnist")
-    assert steps.resolve_generator(tmp_path) == tmp_path
-    with pytest.raises(FileNotFoundError, match="'absent' is neither a folder nor an EDM pickle.*shipped generator "
-                                                r"\(fmnist\)"):
+    assert steps.resolve_generator(tiny_generator) == tiny_generator
+    with pytest.raises(FileNotFoundError, match="'absent' does not exist; give an NVlabs EDM network pickle.*; or a "
+                                                r"generator folder \(model_index.json.*shipped generator \(fmnist\)"):
         steps.resolve_generator("absent")
+    with pytest.raises(FileNotFoundError, match="holds no generator"):
+        steps.resolve_generator(tmp_path)  # a folder, but not a generator's
+    (tmp_path / "last.safetensors").write_bytes(b"")  # a generator still training
+    with pytest.raises(FileNotFoundError, match="has not finished training.*timm-csm-train-generator command resumes"):
+        steps.resolve_generator(tmp_path)
     with pytest.raises(FileNotFoundError, match="absent.pkl"):
         steps.resolve_generator(tmp_path / "absent.pkl")
     with pytest.raises(ValueError, match="pure noise only"):

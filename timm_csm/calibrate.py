@@ -7,6 +7,8 @@
         --input-size 1 28 28 --mean 0.1307 --std 0.3081 --dataset ./digits --test-split train \\
         --calibration-fraction 0.5 --output calibrated/
 
+    timm-csm-calibrate --model runs/my-run --output calibrated/     # the run's own validation and test images
+
     calibrate("resnet18", "./holdout", checkpoint="resnet18.safetensors", num_classes=10,
               data_config={"input_size": (1, 28, 28), "mean": (0.1307,), "std": (0.3081,)},
               calibration_split="val", test_split="test", output="calibrated/")
@@ -22,6 +24,10 @@ images at the input size, the architecture's mean and std). The data are anythin
 ``<class>/*``, read as split ``train``; classes in timm's natural order 1, 2, 10), ``datasets`` names and
 folders, ``hfds/...``, ``torch/...``. The calibrators are fitted on the calibration split (``calibration_split``,
 or a seeded ``calibration_fraction`` held out of the test split) and scored on the test split, never fitted on it.
+Without ``test_split`` the model must be a run of ``train.py``: the calibrators are fitted on the run's validation
+images and scored on the test images it held out (a flat folder's ``--test-fraction`` included), drawn again by the
+run's seeded rule and checked against the digests its model file records
+(:func:`~timm_csm.training.data.run_held_out_splits`); the first line of the log says so.
 
 Checks, all before anything is written (the arguments before anything is loaded): the class names of the data
 equal the checkpoint's (count only, said in the log, when the model carries none); the test split is not the split
@@ -29,7 +35,8 @@ the run trained on (unless ``allow_training_split``); the calibration split hold
 calibrator; the weights fit the architecture (one line: the counts of missing, unexpected and misshapen keys). A
 model at chance accuracy on the calibration split (not clearly above the share of its most frequent class:
 wrong preprocessing, class order or weights) is refused with one line, exit status 2 and nothing written, rather
-than reported as calibrated. Nothing of the training run's data options (its sample limits, splits) is reused.
+than reported as calibrated. With a ``test_split`` named, nothing of the training run's data options (its sample
+limits, splits) is reused.
 
 Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind;
 folders with the umask's mode, 0755 usually): ``report.json`` (every number: the metrics of
@@ -143,7 +150,29 @@ def _splits(dataset, test_split, calibration_split, calibration_fraction, seed, 
             f"{calibration_fraction:g} of {test_split!r} (seed {seed})", f"the rest of {test_split!r}")
 
 
-def calibrate(model, dataset, *, output, test_split: str, calibration_split: Optional[str] = None,
+def _run_splits(model, checkpoint, dataset, data_dir, log):
+    """(calibration split, test split, their descriptions, the dataset) of a run's own images: its validation images
+    and its held-out test images, drawn again and digest-checked
+    (:func:`~timm_csm.training.data.run_held_out_splits`), said in the command's first line."""
+    from .data.sources import same_dataset
+    from .io import read_model_meta
+    from .training.data import run_held_out_splits
+    from .training.model import trained_model_file
+
+    file = trained_model_file(model, *([checkpoint] if checkpoint else []))
+    meta = read_model_meta(file) if file.is_file() else None
+    if not meta or not meta.get("dataset"):
+        raise ValueError(f"{file} is not a model file of a train.py run: give --dataset and --test-split")
+    if dataset is not None and not same_dataset(dataset, meta["dataset"]):
+        raise ValueError(f"--dataset {dataset} is not the run's data ({meta['dataset']}): give --test-split (and "
+                         "--calibration-split or --calibration-fraction) to score it")
+    val, test, rule = run_held_out_splits(meta, data_dir)
+    log(f"calibrating on the run's {len(val)} validation images and scoring its {len(test)} held-out test images "
+        f"({rule}; both found again by their digests)")
+    return (val, test, "the run's validation images", f"the run's held-out test images ({rule})", meta["dataset"])
+
+
+def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, calibration_split: Optional[str] = None,
               calibration_fraction: Optional[float] = None, calibrators: Optional[Sequence[str]] = None,
               export: Optional[str] = None, conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1,
               checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
@@ -174,15 +203,18 @@ def calibrate(model, dataset, *, output, test_split: str, calibration_split: Opt
     calibrators = list_calibrators(default=True) if calibrators is None else list(calibrators)
     output, odir = Path(output), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
     given = merge_data_config(data_config, in_chans, img_size)
-    check_arguments(model, output, calibrators, export, select_by, conformal, alpha, reliability, odir,
+    check_arguments(model, output, calibrators, export, select_by, conformal, alpha, reliability, odir, dataset,
                      calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
                      {"--n-bins": (n_bins, 1), "--batch-size": (batch_size, 1), "--folds": (folds, 2),
                       "--bootstrap": (bootstrap, 0), "--workers": (workers, 0)})
     from .data import image_geometry
 
-    cal_data, test_data, cal_source, test_source = _splits(dataset, test_split, calibration_split,
-                                                           calibration_fraction, seed,
-                                                           (image_column, label_column, data_dir))
+    if test_split is None:
+        cal_data, test_data, cal_source, test_source, dataset = _run_splits(model, checkpoint, dataset, data_dir, log)
+    else:
+        cal_data, test_data, cal_source, test_source = _splits(dataset, test_split, calibration_split,
+                                                               calibration_fraction, seed,
+                                                               (image_column, label_column, data_dir))
     if len(test_data) == 0:
         raise ValueError(f"the test split {test_split!r} has no images")
     classifier = load_classifier(model, checkpoint, pretrained_path, num_classes, class_names=class_names,

@@ -19,7 +19,7 @@ __all__ = ["check_arguments", "check_splits", "check_classes", "refuse_chance", 
 
 
 def check_arguments(model, output: Path, calibrators: List[str], export, select_by, conformal, alpha, reliability,
-                    odir, calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
+                    odir, dataset, calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
                     least: Dict[str, Tuple[int, int]]) -> None:
     """Every check that needs nothing loaded, in one place, before anything is: one line for the first problem
     (``least``: {flag: (value, its least value)})."""
@@ -46,7 +46,16 @@ def check_arguments(model, output: Path, calibrators: List[str], export, select_
             raise ValueError(f"unknown conformal method {method!r}; known: {', '.join(CONFORMAL_METHODS)}")
     if not 0.0 < float(alpha) < 1.0:
         raise ValueError(f"--alpha must lie in (0, 1), got {alpha}")
-    if (calibration_split is None) == (calibration_fraction is None):
+    if test_split is None:  # the run's own images, which only a run of train.py knows
+        if calibration_split is not None or calibration_fraction is not None:
+            raise ValueError("--calibration-split / --calibration-fraction choose images of --test-split's dataset: "
+                             "give --test-split too (without the three, a run's own held-out images are used)")
+        if not isinstance(model, (str, Path)) or not Path(model).exists():
+            raise ValueError("give --dataset and --test-split (with --calibration-split or --calibration-fraction): "
+                             "only a train.py run folder or model file knows its own held-out images")
+    elif dataset is None:
+        raise ValueError(f"--test-split {test_split!r} of which dataset? give --dataset")
+    elif (calibration_split is None) == (calibration_fraction is None):
         raise ValueError("give exactly one of --calibration-split NAME or --calibration-fraction F (held out of the "
                          "test split)")
     if calibration_split is not None and calibration_split == test_split:
@@ -63,8 +72,10 @@ def check_arguments(model, output: Path, calibrators: List[str], export, select_
                 require_safetensors(path, flag)
 
 
-def check_splits(classifier: Classifier, dataset, test_split: str, calibration_split: Optional[str],
+def check_splits(classifier: Classifier, dataset, test_split: Optional[str], calibration_split: Optional[str],
                  allow_training_split: bool, log) -> None:
+    if test_split is None:  # the run's own held-out images (training.data.run_held_out_splits)
+        return
     from .data.sources import same_dataset
 
     meta = classifier.meta or {}

@@ -22,9 +22,9 @@ from .generation.config import MixingConfig
 from .hub import csm_dataset_name, dataset_short_name
 
 __all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
-           "resolve_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups", "generated_dataset",
-           "soft_label_scale", "PoorGeneratorError", "check_generator", "annotate_generated_folder",
-           "csm_dataset_name"]
+           "resolve_generator", "unknown_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups",
+           "generated_dataset", "soft_label_scale", "PoorGeneratorError", "check_generator", "judge_generator",
+           "JUDGE_SEED_OFFSET", "annotate_generated_folder", "csm_dataset_name"]
 
 _ASSETS = Path(__file__).resolve().parent / "assets"
 #: the scale s of a dataset (None: the paper's value where it published one, else "auto"); see
@@ -78,19 +78,35 @@ def shipped_generator(dataset: str) -> Optional[Path]:
 
 
 def resolve_generator(generator) -> Path:
-    """The path of ``generator``: an existing generator folder or file (an EDM pickle), else the name of a shipped
-    generator (``fmnist``); FileNotFoundError naming both ways otherwise."""
-    from .generation.registry import generator_kind
+    """The path of ``generator``: a path that holds a generator of a registered kind (a generator folder written by
+    ``timm-csm-train-generator`` or the pipeline, an EDM pickle:
+    :func:`~timm_csm.generation.registry.find_generator`), else the name of a shipped generator (``fmnist``);
+    FileNotFoundError otherwise, in one line (:func:`unknown_generator`)."""
+    from .generation.registry import find_generator
 
-    path = Path(generator)
-    if path.exists():
+    path = Path(str(generator))
+    if find_generator(path) is not None:
         return path
-    shipped = None if generator_kind(path).is_file else shipped_generator(str(generator))
+    shipped = None if path.exists() else shipped_generator(str(generator))
     if shipped is None:
-        names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
-        raise FileNotFoundError(f"generator {str(generator)!r} is neither a folder nor an EDM pickle (.pkl) that "
-                                f"exists, nor a shipped generator ({', '.join(names)})")
+        raise FileNotFoundError(unknown_generator(generator))
     return shipped
+
+
+def unknown_generator(generator, also: Sequence[str] = ()) -> str:
+    """The line that refuses ``generator``: a generator folder still training says how to finish it; anything else
+    lists what is accepted (``also``: what the caller accepts besides the registered kinds and the shipped
+    generators, first)."""
+    from .generation.registry import GENERATOR_INDEX, accepted_generators, still_training
+
+    path = Path(str(generator))
+    if still_training(path):
+        return (f"generator {str(generator)!r} has not finished training (a checkpoint, no {GENERATOR_INDEX}): the "
+                "same timm-csm-train-generator command resumes and finishes it")
+    names = sorted(p.name[len("generator-"):] for p in _ASSETS.glob("generator-*"))
+    accepted = [*also, *accepted_generators(), f"the name of a shipped generator ({', '.join(names)})"]
+    state = "holds no generator" if path.exists() else "does not exist"
+    return f"generator {str(generator)!r} {state}; give {'; or '.join(accepted)}"
 
 
 def check_mixing_options(generator, mixing: MixingConfig = MixingConfig()) -> None:
@@ -178,6 +194,41 @@ def check_generator(report: Dict, accept: bool = False, log: Callable[[str], Non
     log(f"{banner}\nWARNING: {what}.\nWARNING: building the CSM dataset anyway (--accept-poor-generator): its soft "
         "labels contradict its images, and a classifier trained on it can be worse calibrated than with "
         f"cross-entropy alone.\n{banner}")
+
+
+#: the seed of the first group a generator is judged on: apart from any generated set's seeds (they start at 0)
+JUDGE_SEED_OFFSET = 10_000_000
+
+
+def judge_generator(pipe, real, encoder, annotation: AnnotationConfig = AnnotationConfig(), *, dataset: str,
+                    num_groups: int, mixing: MixingConfig = MixingConfig(), unseen=None, cache_dir=None,
+                    log: Callable[[str], None] = print) -> Dict:
+    """The annotation's generator check (:func:`check_generator`), before any generation is spent: ``num_groups``
+    groups of ``mixing``'s lambda grid sampled from the mixing pipeline ``pipe`` (seeds from
+    :data:`JUDGE_SEED_OFFSET`, apart from the groups a generation makes) into a temporary folder and annotated as
+    :func:`annotate_generated_folder` annotates (``encoder``, the prototypes of the real training split ``real``,
+    ``annotation``'s s and checks), so that the gate reads the same numbers with the same recogniser and thresholds.
+    Returns the annotation report with ``verdict`` (:func:`~timm_csm.annotation.checks.generator_verdict`),
+    ``poor``, and ``real_recognition``: the same recogniser on ``unseen``, real images the encoder never learned
+    from (:func:`~timm_csm.annotation.label_groups.real_recognition`; None without them)."""
+    import tempfile
+
+    from .annotation import annotate_generated
+    from .annotation.checks import generator_problems, generator_verdict
+    from .annotation.label_groups import real_recognition
+    from .generation import generate_to_folder, lambda_grid, load_generated, make_plan
+
+    plan = make_plan(pipe.num_classes, num_groups, lambda_grid(mixing.num_lambdas), pipe.class_names,
+                     mixing.groups_per_shard, JUDGE_SEED_OFFSET, generator=pipe.provenance)
+    with tempfile.TemporaryDirectory(prefix="timm-csm-judge-") as folder:
+        generate_to_folder(pipe, folder, plan, mixing.batch_groups, progress=False, log=log)
+        images, plan = load_generated(folder)
+        result = annotate_generated(images, plan, real, encoder, annotation.scale(dataset),
+                                    holdout=annotation.holds_out(dataset), cache_dir=cache_dir, progress=False,
+                                    log=log, **annotation.annotate_kwargs())
+    yardstick = None if unseen is None else real_recognition(result.encoder, result.prototypes, unseen)
+    return dict(result.report, verdict=generator_verdict(result.report), poor=bool(generator_problems(result.report)),
+                real_recognition=yardstick)
 
 
 def annotate_generated_folder(generated, output, encoder, annotation: AnnotationConfig = AnnotationConfig(), *,

@@ -54,6 +54,7 @@ from .training import (apply_input_size, build_transforms, check_model_name, che
                        load_csm_groups, load_data, load_model_weights, parse_args, predict, resolve_config,
                        select_task)
 from .training.args import CONFIG_MARKER, build_parser, model_meta, prepare_config
+from .training.data import HELD_OUT_DIGESTS, held_out_digests
 from .training.config import TrainConfig
 from .training.results import evaluate_run
 from .training.run_dir import RunInterrupted, take_run_dir
@@ -131,7 +132,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
             accelerator = make_accelerator(config, out_dir)
             start_trackers(accelerator, config, out_dir.name)
         meta = dict(model_meta(config, data_info), run_id=run_id, config=config_record(config),
-                    num_processes=accelerator.num_processes)
+                    num_processes=accelerator.num_processes, **{HELD_OUT_DIGESTS: held_out_digests(data)})
         if accelerator.is_main_process:
             import yaml
 

@@ -23,8 +23,11 @@ from ..data.lazy import column_arrays
 from .config import DEFAULTS
 
 __all__ = ["group_spearman", "flag_groups", "soft_label_confidence", "annotation_report", "drop_groups",
-           "generator_problems", "MAX_FLAGGED_SHARE", "MIN_RECOGNITION_SKILL"]
+           "generator_problems", "generator_verdict", "MAX_FLAGGED_SHARE", "MIN_RECOGNITION_SKILL", "RECOGNISER"]
 
+#: what recognises a pure-class image in the generator check: its nearest real-class prototype among all classes, in
+#: the annotation encoder's feature space (``label_groups.pure_member_recognition``)
+RECOGNISER = "nearest real-class prototype"
 #: more than this share of the groups flagged: the generator is poor
 MAX_FLAGGED_SHARE = 0.5
 #: pure-class recognition less than this share of the way from chance (1/K) to perfect: near chance
@@ -127,9 +130,28 @@ def generator_problems(report: Dict) -> List[str]:
     if recognition is not None:
         acc, chance = recognition["accuracy"], recognition["chance"]
         if acc < chance + MIN_RECOGNITION_SKILL * (1.0 - chance):
-            by = recognition.get("by", "nearest real-class prototype")
+            by = recognition.get("by", RECOGNISER)
             problems.append(f"pure-class images recognised {acc:.1%}, near chance {chance:.1%} "
                             f"({recognition['num_images']} images, {by})")
     if report.get("num_groups") and report["flagged"] > MAX_FLAGGED_SHARE * report["num_groups"]:
         problems.append(f"{report['flagged']} of {report['num_groups']} groups flagged")
     return problems
+
+
+def generator_verdict(report: Dict) -> str:
+    """The generator check of ``report`` in one line, with its numbers: ``poor: <the problems>`` or ``good enough:
+    <the same measures>`` (:func:`generator_problems`)."""
+    problems = generator_problems(report)
+    if problems:
+        return "poor: " + "; ".join(problems)
+    measures = []
+    recognition = report.get("pure_class_recognition")
+    if recognition is not None:
+        acc, chance = recognition["accuracy"], recognition["chance"]
+        bar = chance + MIN_RECOGNITION_SKILL * (1.0 - chance)
+        measures.append(f"pure-class images recognised {acc:.1%}, chance {chance:.1%}, poor below {bar:.1%} "
+                        f"({recognition['num_images']} images, {recognition.get('by', RECOGNISER)})")
+    if report.get("num_groups"):
+        measures.append(f"{report['flagged']} of {report['num_groups']} groups flagged, poor above "
+                        f"{MAX_FLAGGED_SHARE:.0%}")
+    return "good enough: " + "; ".join(measures)

@@ -17,12 +17,20 @@ import torch
 from ..data.csm_format import (CSM_COLUMNS, RAW_COLUMNS, check_class_names, check_groups, check_soft_labels,
                                csm_features)
 from ..data.lazy import column_arrays
+from .checks import RECOGNISER
 from .config import DEFAULTS, LABEL_MODES
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
 from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient
 
-__all__ = ["annotate", "rescale_soft_labels", "decode_images", "pure_member_recognition", "LABEL_MODES"]
+__all__ = ["annotate", "rescale_soft_labels", "decode_images", "pure_member_recognition", "real_recognition",
+           "nearest_prototype", "LABEL_MODES"]
+
+
+def nearest_prototype(features: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+    """The index of each row's nearest class prototype (Euclidean, float64), in the encoder's feature space, where
+    the soft labels are made."""
+    return torch.cdist(features.to(torch.float64), prototypes.to(features.device, torch.float64)).argmin(1)
 
 
 def _torchvision_decode():
@@ -241,7 +249,7 @@ def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, c
             feats = encoder.encode(batch)
             lambda_hat[rows] = projection_coefficient(feats, proto_dev, torch.from_numpy(cols["class_a"][rows]),
                                                       torch.from_numpy(cols["class_b"][rows])).cpu()
-            nearest[rows] = torch.cdist(feats.to(torch.float64), proto_dev).argmin(1).cpu()
+            nearest[rows] = nearest_prototype(feats, proto_dev).cpu()
             if probs is not None:
                 kw = {"classifier": classifier} if classifier is not None else {}
                 probs[rows] = encoder.zero_shot_probs(feats, class_names, **kw).float().cpu()
@@ -262,6 +270,20 @@ def pure_member_recognition(nearest, lambda_gen, class_a, class_b, num_classes: 
     truth = np.where(lam[rows] == 1.0, np.asarray(class_a)[rows], np.asarray(class_b)[rows])
     accuracy = float((np.asarray(nearest)[rows] == truth).mean())
     return {"accuracy": accuracy, "chance": 1.0 / num_classes, "num_images": int(len(rows))}
+
+
+def real_recognition(encoder: ImageEncoder, prototypes: ClassPrototypes, real,
+                     batch_size: int = DEFAULTS.batch_size) -> dict:
+    """How often real images (``real``: uint8 images, labels, class names) are nearest their own class's prototype
+    (:func:`nearest_prototype`): the recogniser of :func:`pure_member_recognition` on real images, the yardstick of
+    its pure-class recognition. ``{"accuracy", "chance", "num_images", "by"}``."""
+    from .encoders import encode_images
+
+    check_class_names(real.class_names, prototypes.class_names, "real images", "the prototypes")
+    features = encode_images(encoder, real.images, batch_size=batch_size)
+    accuracy = float((nearest_prototype(features, prototypes.means).numpy() == np.asarray(real.labels)).mean())
+    return {"accuracy": accuracy, "chance": 1.0 / prototypes.num_classes, "num_images": len(real.labels),
+            "by": RECOGNISER}
 
 
 def _soft_label_array(soft: np.ndarray):

@@ -7,8 +7,8 @@
 - ``timm-csm-generate`` (:mod:`.generate`): generate semantic-mixing groups with a generator.
 - ``timm-csm-annotate`` (:mod:`.annotate`): re-annotate generated groups into a CSM dataset.
 - ``timm-csm-publish`` (:mod:`.publish`): push a CSM dataset to the Hugging Face Hub.
-- ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): how often a classifier recognises a generator's
-  pure-class samples.
+- ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): the annotation's generator check on a few groups,
+  before any generation: its verdict.
 - ``timm-csm-calibrate`` (:mod:`.calibrate`, the library's :func:`timm_csm.calibrate.calibrate`): fit post-hoc calibrators to a model you already have and
   report before / after.
 - ``timm-csm-install-metrics`` (:mod:`.install_metrics`): make ``evaluate.load(name)`` find the metrics.

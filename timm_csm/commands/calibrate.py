@@ -5,6 +5,8 @@ checks and the output).
     timm-csm-calibrate --model runs/my-run --dataset ./holdout --calibration-split val --test-split test \\
         --calibrators temperature_scaling,dirichlet,isotonic --output calibrated/
 
+    timm-csm-calibrate --model runs/my-run --output calibrated/     # the run's validation and held-out test images
+
     timm-csm-calibrate --model resnet18 --checkpoint resnet18.safetensors --num-classes 10 \\
         --input-size 1 28 28 --mean 0.1307 --std 0.3081 --dataset ./digits --test-split train \\
         --calibration-fraction 0.5 --output calibrated/
@@ -34,12 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "or the file to use in a run folder")
     p.add_argument("--pretrained-path", default=None, help="timm's own pretrained weights (safetensors) of a timm "
                                                            "model name: its pretrained_cfg describes them")
-    p.add_argument("--dataset", required=True, help="image folder, datasets name or folder, hfds/..., torch/...")
+    p.add_argument("--dataset", default=None, help="image folder, datasets name or folder, hfds/..., torch/... "
+                                                  "(default, for a train.py run: the run's)")
     p.add_argument("--calibration-split", default=None, help="the split the calibrators are fitted on")
     p.add_argument("--calibration-fraction", type=float, default=None,
                    help="hold out this seeded fraction of the test split for fitting instead")
-    p.add_argument("--test-split", required=True, help="the split the report scores (a flat <class>/* folder is "
-                                                       "split 'train')")
+    p.add_argument("--test-split", default=None,
+                   help="the split the report scores (a flat <class>/* folder is split 'train'); default, for a "
+                        "train.py run: the test images the run held out, with its validation images as the "
+                        "calibration split (checked against the digests the run recorded)")
     p.add_argument("--calibrators", default=",".join(list_calibrators(default=True)),
                    help="comma-separated registry names (timm_csm.calibration.list_calibrators()), or 'auto': every "
                         "registered one that applies")

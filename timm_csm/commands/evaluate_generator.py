@@ -1,14 +1,18 @@
-"""Measure a generator: how often a real-data classifier recognises its pure-class samples (lambda = 0 and 1),
-next to that classifier's accuracy on real images it did not learn from.
+"""Judge a generator before any generation is spent: the annotation's generator check (``timm-csm-annotate`` stops a
+poor generator with it) on a few groups sampled here, with the same recogniser and thresholds, and its verdict.
 
     timm-csm-evaluate-generator --generator runs/generator-fmnist
     timm-csm-evaluate-generator --generator runs/generator-mine --dataset my_images
     timm-csm-evaluate-generator --checkpoint-of runs/generator-fmnist --profile fmnist --classifier runs/encoder
 
-The classifier is a reference encoder folder: by default the one ``timm-csm-annotate`` uses for the dataset
-(``runs/reference-<name>-holdout``), trained there on first use, so that the annotation reuses it. Its real accuracy
-is measured on the dataset's test split, or, for a dataset with none (a flat ``<class>/*.png`` folder), on the
-held-out tenth of the training split that the default classifier never sees (the share ``--s auto`` is fitted on).
+``--num-groups`` groups of ``--num-lambdas`` ratios are sampled and annotated as ``timm-csm-annotate`` annotates
+(:func:`timm_csm.steps.judge_generator`): its default encoder, the reference encoder folder
+(``runs/reference-<name>-holdout``, trained here on first use, so that the annotation reuses it), the prototypes of
+the real training split, its checks. The verdict is the gate's: poor when the pure-class images (lambda 0 and 1) are
+recognised near chance by their nearest real-class prototype, or when more than half of the groups are flagged; it
+is printed with its numbers, next to the same recogniser's accuracy on real images the encoder never learned from
+(the dataset's test split, or for a dataset with none, a flat ``<class>/*.png`` folder, the held-out tenth of the
+training split that s is fitted on).
 """
 from __future__ import annotations
 
@@ -18,25 +22,33 @@ import sys
 from pathlib import Path
 
 from timm_csm.cli import console_command
+from timm_csm.generation.config import MixingConfig
 from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
 from timm_csm.training.args import HelpFormatter
+
+
+#: groups judged by default: 400 images of the default lambda grid, 100 of them pure-class
+JUDGED_GROUPS = 50
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--generator", help="a finished generator folder, or the name of a shipped generator (fmnist)")
+    src.add_argument("--generator", help="a generator folder (timm-csm-train-generator's), an EDM network pickle, or "
+                                         "the name of a shipped generator (fmnist)")
     src.add_argument("--checkpoint-of", help="a generator-training folder: evaluate its latest checkpoint's EMA")
     p.add_argument("--profile", default="fmnist", help="generator profile of --checkpoint-of")
     p.add_argument("--classifier", default=None,
-                   help="a reference encoder folder, trained there when it does not exist (default: the one "
+                   help="the reference encoder folder, trained there when it does not exist (default: the one "
                         "timm-csm-annotate uses for --dataset)")
     p.add_argument("--dataset", default="fashion_mnist",
                    help="the real dataset the generator learned (a name or an image folder [<split>/]<class>/*.png)")
     p.add_argument("--image-column", default=None, help="image column of --dataset (detected when omitted)")
     p.add_argument("--label-column", default=None, help="label column of --dataset (detected when omitted)")
-    p.add_argument("--num-groups", type=int, default=200, help="groups sampled (two pure-class images each)")
-    p.add_argument("--steps", type=int, default=QUALITY_SAMPLER_STEPS, help="DDIM sampler steps")
+    p.add_argument("--num-groups", type=int, default=JUDGED_GROUPS, help="groups sampled and annotated")
+    p.add_argument("--num-lambdas", type=int, default=MixingConfig().num_lambdas,
+                   help="lambda grid linspace(0, 1, n) of each group (as timm-csm-generate's)")
+    p.add_argument("--steps", type=int, default=QUALITY_SAMPLER_STEPS, help="sampler steps")
     p.add_argument("--guidance-scale", type=float, default=None,
                    help="default: the generator's recommended scale (1 = no guidance for a checkpoint)")
     p.add_argument("--device", default="cpu", help="torch device of the classifier's training")
@@ -44,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _classifier(args, real):
-    """(classifier, the real images to measure it on, what they are). The default folder is the one annotation
-    reuses: trained without the held-out share where annotation fits s on it (``--s auto``)."""
+def _encoder(args, real):
+    """(the reference encoder, real images it never learned from or None, what they are). The default folder is the
+    one annotation reuses: trained without the held-out share where annotation fits s on it (``--s auto``)."""
     from timm_csm.annotation import AnnotationConfig, holdout_rows, holdout_split, load_reference_encoder
     from timm_csm.annotation.cache import dataset_fingerprint
     from timm_csm.commands.annotate import reference_dir, train_reference
@@ -74,53 +86,53 @@ def _classifier(args, real):
     return classifier, None, None
 
 
+def _pipeline(args, real, mixing):
+    """(the mixing pipeline of ``--generator`` or ``--checkpoint-of``'s latest EMA, its training step or None)."""
+    if args.generator:
+        from timm_csm.steps import load_mixing_pipeline
+
+        return load_mixing_pipeline(args.generator, mixing, real.class_names), None
+    from diffusers import DDIMScheduler
+
+    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline
+    from timm_csm.generation.training import load_checkpoint_ema
+
+    cfg = GENERATOR_PROFILES[args.profile]
+    unet, step = load_checkpoint_ema(args.checkpoint_of, real.num_classes, cfg)
+    sched = DDIMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule=cfg.beta_schedule)
+    return SemanticMixingPipeline(unet, sched, real.class_names, num_inference_steps=args.steps,
+                                  guidance_scale=args.guidance_scale or 1.0), step
+
+
 @console_command("timm-csm-evaluate-generator", build_parser, requires=("diffusers",))
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from diffusers import DDIMScheduler
-
-    from timm_csm.annotation.checks import generator_problems
+    from timm_csm.annotation import AnnotationConfig
     from timm_csm.data import load_image_arrays
-    from timm_csm.generation import GENERATOR_PROFILES, SemanticMixingPipeline, pure_class_accuracy
-    from timm_csm.generation.training import load_checkpoint_ema
-    from timm_csm.steps import resolve_generator
+    from timm_csm.steps import judge_generator
 
     real = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)
-    classifier, held_out, held_out_name = _classifier(args, real)
-    if held_out is not None:
-        real_acc = float((classifier.classify(held_out.images).argmax(1).numpy() == held_out.labels).mean())
-    else:  # a classifier given that learned from every training image: its own record, if any
-        real_acc, held_out_name = classifier.test_accuracy, "as recorded by the classifier"
-    if args.generator:
-        pipe = SemanticMixingPipeline.from_pretrained(resolve_generator(args.generator),
-                                                      num_inference_steps=args.steps,
-                                                      guidance_scale=args.guidance_scale)
-        step = None
-    else:
-        cfg = GENERATOR_PROFILES[args.profile]
-        unet, step = load_checkpoint_ema(args.checkpoint_of, real.num_classes, cfg)
-        sched = DDIMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule=cfg.beta_schedule)
-        pipe = SemanticMixingPipeline(unet, sched, real.class_names, num_inference_steps=args.steps,
-                                      guidance_scale=args.guidance_scale or 1.0)
-    quality = pure_class_accuracy(pipe, classifier.classify, num_groups=args.num_groups)
-    result = {"generated_pure_class_accuracy": quality["accuracy"], "chance": 1.0 / real.num_classes,
-              "per_class": quality["per_class"], "num_images": quality["num_images"],
-              "classifier_real_test_accuracy": real_acc, "classifier_real_images": held_out_name,
-              "training_step": step, "sampler_steps": args.steps, "guidance_scale": pipe.guidance_scale}
+    encoder, unseen, unseen_name = _encoder(args, real)
+    mixing = MixingConfig(num_lambdas=args.num_lambdas, steps=args.steps, guidance_scale=args.guidance_scale)
+    pipe, step = _pipeline(args, real, mixing)
+    report = judge_generator(pipe, real, encoder, AnnotationConfig(), dataset=args.dataset,
+                             num_groups=args.num_groups, mixing=mixing, unseen=unseen, log=lambda line: None)
+    result = {**{k: report[k] for k in ("verdict", "poor", "pure_class_recognition", "num_groups", "flagged",
+                                        "not_monotone", "endpoint_misread", "spearman_median", "real_recognition")},
+              "real_images": unseen_name, "encoder": encoder.identity, "training_step": step,
+              "num_lambdas": args.num_lambdas, "sampler_steps": args.steps,
+              "guidance_scale": pipe.provenance.get("guidance_scale")}
     print(json.dumps(result, indent=1))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(result, f, indent=1)
         print(f"result: {args.output}")
-    recognition = {"accuracy": quality["accuracy"], "chance": 1.0 / real.num_classes,
-                   "num_images": quality["num_images"], "by": "the reference classifier"}
-    problems = generator_problems({"pure_class_recognition": recognition})
-    if problems:
-        print(f"the generator is poor: {'; '.join(problems)}; train it longer (timm-csm-train-generator resumes "
-              "with --steps N) before generating groups")
+    if report["poor"]:
+        print(f"the generator is {report['verdict']}; timm-csm-annotate would stop on its groups: train it longer "
+              "(timm-csm-train-generator resumes with --steps N) before generating groups")
     else:
-        print(f"next: timm-csm-generate --generator {args.generator or args.checkpoint_of} --num-groups 900 "
-              "--output runs/generated")
+        print(f"the generator is {report['verdict']}; next: timm-csm-generate --generator "
+              f"{args.generator or args.checkpoint_of} --num-groups 900 --output runs/generated")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-grid", action="store_true", help="skip the PNG grid of samples at the end")
     p.add_argument("--guidance-scale", type=float, default=1.0,
                    help="classifier-free guidance recorded as the generator's recommended scale (and used for the "
-                        "grid); 1 = none. Measure it with timm-csm-evaluate-generator")
+                        "grid); 1 = none. Judge it with timm-csm-evaluate-generator")
     return p
 
 

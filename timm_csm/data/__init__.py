@@ -7,7 +7,7 @@ from .csm_format import (CSM_COLUMNS, RAW_COLUMNS, REQUIRED_CSM_COLUMNS, GroupCh
                          check_groups, check_soft_labels, csm_dataset_from_columns, csm_features)
 from .embedded import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, load_mnist5k, read_idx
 from .lazy import (ArrowImages, DatasetImages, FolderImages, LazyImages, LazySplit, column_arrays, image_geometry,
-                   pil_mode, sampled_channel_stats, stack_images, take_images)
+                   pil_mode, sampled_channel_stats, split_digest, stack_images, take_images)
 from .loader import GlobalBatchSampler, IndexDataset, SampleRef
 from .sample_transforms import SampleTransform, create_timm_transforms
 from .seeding import batch_generator, derive_seed
@@ -19,7 +19,7 @@ __all__ = [
     "EMBEDDED_DATASETS",
     "hf_split_to_arrays", "hf_split_to_lazy", "load_image_arrays", "open_image_split",
     "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "column_arrays", "stack_images",
-    "take_images", "pil_mode", "image_geometry", "sampled_channel_stats",
+    "take_images", "pil_mode", "image_geometry", "sampled_channel_stats", "split_digest",
     "BatchTransform", "convert_channels", "channel_stats", "create_transforms", "SampleTransform",
     "create_timm_transforms",
     "CSMGroups", "CSMCompanionSampler",

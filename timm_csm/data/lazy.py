@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .arrays import LabelledSplit
 
 __all__ = ["column_arrays", "LazyImages", "ArrowImages", "DatasetImages", "FolderImages", "LazySplit", "stack_images",
-           "pil_mode", "take_images", "image_geometry", "sampled_channel_stats"]
+           "pil_mode", "take_images", "image_geometry", "sampled_channel_stats", "split_digest"]
 
 
 def pil_mode(in_chans: Optional[int]) -> Optional[str]:
@@ -87,6 +87,10 @@ class LazyImages:
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__, rows=rows, mode=mode, size=size)
         return view
+
+    def identity(self) -> bytes:
+        """Which images this view holds, in order: the rows of the underlying dataset (a folder: its files)."""
+        return np.ascontiguousarray(self.rows).tobytes()
 
     def subset(self, indices) -> "LazyImages":
         return self._view(self.rows[np.asarray(indices, dtype=np.int64)], self.mode, self.size)
@@ -175,6 +179,10 @@ class FolderImages(LazyImages):
         self.class_names = [c for c, _ in sorted(reader.class_to_idx.items(), key=lambda kv: kv[1])]
         super().__init__(len(self.paths), rows, mode, size)
 
+    def identity(self) -> bytes:
+        """The class folder and file name of each image, in order: the same wherever the folder is read from."""
+        return b"\0".join(b"/".join(path.rsplit(os.sep.encode(), 2)[-2:]) for path in self.paths[self.rows])
+
     def _load(self, rows):
         from PIL import Image
 
@@ -215,6 +223,25 @@ def take_images(images, indices, per_sample: bool = False):
         return images.pil(indices) if per_sample else images[indices]
     batch = images[indices]
     return list(batch) if per_sample else batch
+
+
+def split_digest(split) -> str:
+    """sha256 (16 hex digits) of which images a split holds, in order, with their labels and class names: the image
+    bytes of a split in memory, the files of an image folder (class folder and name), the rows of any other lazy
+    source. A training run records it for its validation and test images, so that a later command drawing them
+    again by the run's seeded rule can tell that it found the same images."""
+    import hashlib
+
+    from .arrays import images_labels_hash
+
+    labels = np.ascontiguousarray(np.asarray(split.labels, dtype=np.int64))
+    if isinstance(split.images, LazyImages):
+        h = hashlib.sha256(split.images.identity())
+        h.update(labels.tobytes())
+    else:
+        h = images_labels_hash(np.asarray(split.images), labels)
+    h.update("\0".join(map(str, split.class_names)).encode())
+    return h.hexdigest()[:16]
 
 
 _PROBE = 64  # images looked at to infer channels and size

@@ -11,16 +11,22 @@ The kinds here:
 * ``diffusers``: a generator folder (``model_index.json``, ``unet/``, ``scheduler/``):
   :class:`~timm_csm.generation.SemanticMixingPipeline` with the configuration's scheduler, steps, guidance and
   real-anchored start. It takes any generator no other kind claims.
+
+Whether a path holds a generator of its kind (:func:`find_generator`) is decided here too, so that every front end
+that takes a generator (the pipeline's ``--generator``, ``timm-csm-generate``, ``timm-csm-evaluate-generator``)
+accepts the same things and names them (:func:`accepted_generators`) when given something else.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .config import MixingConfig
 
-__all__ = ["GeneratorKind", "register_generator", "list_generators", "generator_kind", "create_generator"]
+__all__ = ["GeneratorKind", "register_generator", "list_generators", "generator_kind", "find_generator",
+           "accepted_generators", "still_training", "create_generator", "GENERATOR_INDEX"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,11 @@ class GeneratorKind:
         digest: the digest of the weights a generation of it is keyed on.
         is_file: the generator is one file, which must exist (a folder kind may name a shipped generator).
         names_classes: it takes the class names in label order (its weights carry none).
+        holds: whether a path holds a usable generator of this kind (default: the file exists, for a file kind;
+            the path exists, for a folder kind).
+        accepts: what the kind accepts, in words, for the line that lists the accepted generators.
+        records: what a generator of the kind records of itself (``class_names``, ``dataset``, ``name``,
+            ``num_train_images``: those it has; default none).
     """
 
     name: str
@@ -44,6 +55,19 @@ class GeneratorKind:
     digest: Callable[[Path], str]
     is_file: bool = False
     names_classes: bool = False
+    holds: Optional[Callable[[Path], bool]] = None
+    accepts: str = ""
+    records: Optional[Callable[[Path], Dict]] = None
+
+    def holds_generator(self, path: Path) -> bool:
+        """Whether ``path`` holds a usable generator of this kind."""
+        if self.holds is not None:
+            return self.holds(path)
+        return path.is_file() if self.is_file else path.exists()
+
+    def record(self, path: Path) -> Dict:
+        """What the generator at ``path`` records of itself (empty when the kind records nothing)."""
+        return self.records(path) if self.records is not None else {}
 
 
 _KINDS: Dict[str, GeneratorKind] = {}
@@ -72,6 +96,18 @@ def generator_kind(generator) -> GeneratorKind:
         if kind.matches is not None and kind.matches(path):
             return kind
     return next(k for k in _KINDS.values() if k.matches is None)
+
+
+def find_generator(generator) -> Optional[GeneratorKind]:
+    """The kind of ``generator`` when the path holds a usable generator of that kind, else None."""
+    path = Path(str(generator))
+    kind = generator_kind(path)
+    return kind if kind.holds_generator(path) else None
+
+
+def accepted_generators() -> List[str]:
+    """What the registered kinds accept, in words, one entry a kind (in registration order)."""
+    return [kind.accepts or f"a {name} generator" for name, kind in _KINDS.items()]
 
 
 def create_generator(generator, mixing: MixingConfig = MixingConfig(), class_names: Optional[Sequence[str]] = None,
@@ -123,6 +159,37 @@ def _weights_digest(path: Path) -> str:
     return weights_digest(path)
 
 
+#: the file whose presence makes a folder a finished generator (a folder with only ``last.safetensors`` is still
+#: training)
+GENERATOR_INDEX = "model_index.json"
+
+
+def still_training(generator) -> bool:
+    """Whether ``generator`` is a generator folder whose training has not finished: a checkpoint, no
+    :data:`GENERATOR_INDEX` yet."""
+    from ..io import CHECKPOINT_LAST
+
+    path = Path(str(generator))
+    return (path / CHECKPOINT_LAST).is_file() and not (path / GENERATOR_INDEX).is_file()
+
+
+def _is_generator_folder(path: Path) -> bool:
+    return (path / GENERATOR_INDEX).is_file() and (path / "unet" / "config.json").is_file()
+
+
+def _folder_records(path: Path) -> Dict:
+    index = json.loads((path / GENERATOR_INDEX).read_text())
+    meta = index.get("metadata") or {}
+    record = {k: meta[k] for k in ("dataset", "name", "num_train_images") if meta.get(k) is not None}
+    if index.get("class_names"):
+        record["class_names"] = [str(c) for c in index["class_names"]]
+    return record
+
+
 register_generator(GeneratorKind("edm", lambda path: path.suffix.lower() == ".pkl", _edm_create, _edm_check,
-                                 _file_digest, is_file=True, names_classes=True))
-register_generator(GeneratorKind("diffusers", None, _folder_create, lambda mixing: None, _weights_digest))
+                                 _file_digest, is_file=True, names_classes=True,
+                                 accepts="an NVlabs EDM network pickle (an existing .pkl file)"))
+register_generator(GeneratorKind("diffusers", None, _folder_create, lambda mixing: None, _weights_digest,
+                                 holds=_is_generator_folder, records=_folder_records,
+                                 accepts=f"a generator folder ({GENERATOR_INDEX}, unet/, scheduler/: written by "
+                                         "timm-csm-train-generator or timm-csm-pipeline)"))

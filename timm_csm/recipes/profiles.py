@@ -44,7 +44,8 @@ class RecipeProfile:
     :class:`~timm_csm.annotation.AnnotationConfig`, which :meth:`mixing` and :meth:`annotation` build."""
 
     dataset: str = "fashion_mnist"
-    # generator: "shipped" (package weights for the dataset), a generator-training profile name, or the path of an
+    # generator: "shipped" (package weights for the dataset), a generator-training profile name, the path of a
+    # generator folder (timm-csm-train-generator's, used as it is), or the path of an
     # NVlabs EDM network pickle (*.pkl: EDM's Heun sampler, no guidance; scheduler does not apply)
     generator: str = "shipped"
     generator_steps: Optional[int] = None

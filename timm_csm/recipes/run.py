@@ -9,7 +9,8 @@ Fashion-MNIST, the shipped generator, a reference encoder trained here in place 
 with CE and with CSM), ``smoke`` (the same stages at toy size; CI runs it) and ``full`` (the paper's GPU recipe on
 CIFAR-100; see the README for its commands).
 
-``--generator`` / ``--encoder`` / ``--dataset`` point a profile at other files, and ``--rehearse`` runs it at toy
+``--generator`` / ``--encoder`` / ``--dataset`` point a profile at other files (``--generator`` a generator folder
+of ``timm-csm-train-generator`` is used as it is, not trained again), and ``--rehearse`` runs it at toy
 size (:func:`~timm_csm.recipes.profiles.rehearsal_profile`: every stage, in minutes, into ``runs/<profile>-rehearsal``)
 before the long run:
 
@@ -37,6 +38,7 @@ def run_recipe(profile: RecipeProfile, output, log: Callable[[str], None] = prin
     """Run (or resume) every stage of ``profile`` under ``output``; returns the comparison (``table``,
     ``results``, ``figures``) and writes ``<output>/report.md``."""
     profile = resolve_dataset(profile, log)
+    stages.generator_source(profile)  # a --generator that names nothing stops the run before anything is written
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     cache = StageCache(output, log)
@@ -65,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="demo", choices=list_profiles(), help="the registered profile to run")
     p.add_argument("--output", default=None, help="default: runs/<profile>, runs/<profile>-rehearsal with --rehearse")
     p.add_argument("--generator", default=None,
-                   help="'shipped', a generator-training profile (retrains from scratch, e.g. fmnist) or an NVlabs "
-                        "EDM network pickle (a .pkl path)")
+                   help="'shipped', a generator folder (written by timm-csm-train-generator or an earlier "
+                        "pipeline: used as it is), a generator-training profile (trained here from scratch, e.g. "
+                        "fmnist) or an NVlabs EDM network pickle (a .pkl path)")
     p.add_argument("--encoder", default=None,
                    help="'reference' or open_clip:<model>:<tag or weights file>, e.g. open_clip:ViT-B-32-quickgelu:"
                         "openai (downloaded when online) or open_clip:ViT-B-32-quickgelu:/path/to/weights.safetensors")

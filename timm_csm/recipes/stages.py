@@ -25,8 +25,8 @@ from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
 
-__all__ = ["real_splits", "generator", "generate", "encoder_config", "open_clip_spec", "check_encoder", "encoder",
-           "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
+__all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "open_clip_spec",
+           "check_encoder", "encoder", "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
 
 
 def held_out_test(profile: RecipeProfile) -> Optional[float]:
@@ -55,29 +55,68 @@ def real_splits(profile: RecipeProfile, log: Callable[[str], None]):
     return train, test, dataclasses.replace(profile, train_extra=extra)
 
 
-def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
-    """The generator: a generator file (an EDM network pickle, ``*.pkl``, which must exist), the shipped weights, or a
-    generator folder trained on ``train_real`` with the generator-training profile ``profile.generator`` (at the
-    real images' size and channels)."""
-    from ..generation.registry import generator_kind
+def generator_source(profile: RecipeProfile) -> Tuple[str, Optional[Path]]:
+    """What ``profile.generator`` names, checked before any stage runs: ``("shipped", folder)``; ``("given",
+    path)`` for a path that holds a generator (:func:`~timm_csm.generation.registry.find_generator`: a generator
+    folder written by ``timm-csm-train-generator`` or an earlier pipeline, an EDM network pickle), used as it is and
+    never trained again; ``("train", None)`` for a generator-training profile
+    (:data:`~timm_csm.generation.GENERATOR_PROFILES`), trained here. Anything else is one line listing these."""
+    from ..generation.models import GENERATOR_PROFILES
+    from ..generation.registry import find_generator, generator_kind
 
-    kind = generator_kind(profile.generator)
-    if kind.is_file:
-        path = Path(profile.generator)
-        if not path.is_file():
-            raise FileNotFoundError(f"generator file {profile.generator} not found: download it (the full "
-                                    f"profile's CIFAR-100 network: {FULL_EDM_PICKLE_URL}) or give the path of your "
-                                    "copy with --generator")
-        log(f"[generator] {kind.name} generator file: {path}")
-        return path
     if profile.generator == "shipped":
         shipped = steps.shipped_generator(profile.dataset)
         if shipped is None:
-            raise FileNotFoundError(f"no generator is shipped for {profile.dataset!r}: train one here with a "
+            raise FileNotFoundError(f"no generator is shipped for {profile.dataset!r}: give a generator folder "
+                                    "trained on it (timm-csm-train-generator), or train one here with a "
                                     "generator-training profile: --generator digits (8 px), fmnist (up to 32 px, "
                                     "CPU), cifar10 or cifar100 (32 px colour, GPU)")
-        log(f"[generator] shipped weights: {shipped}")
-        return shipped
+        return "shipped", shipped
+    if find_generator(profile.generator) is not None:
+        return "given", Path(profile.generator)
+    if profile.generator in GENERATOR_PROFILES:
+        return "train", None
+    if generator_kind(profile.generator).is_file:
+        raise FileNotFoundError(f"generator file {profile.generator} not found: download it (the full "
+                                f"profile's CIFAR-100 network: {FULL_EDM_PICKLE_URL}) or give the path of your "
+                                "copy with --generator")
+    raise ValueError(steps.unknown_generator(profile.generator, also=[
+        "'shipped'", f"a generator-training profile, trained here ({', '.join(sorted(GENERATOR_PROFILES))})"]))
+
+
+def _given_generator(path: Path, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
+    """A generator given by its path, checked against the real dataset before anything is generated: the classes
+    it records (a generator folder's) must be the dataset's, in order."""
+    from ..data.csm_format import check_class_names
+    from ..data.sources import same_dataset
+    from ..generation.registry import generator_kind
+
+    kind = generator_kind(path)
+    record = kind.record(path)
+    if "class_names" in record:
+        check_class_names(record["class_names"], train_real.class_names, f"generator {path}",
+                          f"the dataset {profile.dataset}")
+    learned = (f", trained on {record['num_train_images']} images of {record.get('dataset', 'its dataset')}"
+               if "num_train_images" in record else "")
+    log(f"[generator] {kind.name} generator {path}{learned}: used as it is, not trained here")
+    if (held_out_test(profile) is not None and same_dataset(record.get("dataset"), profile.dataset)
+            and record.get("num_train_images", 0) > len(train_real)):
+        log(f"[generator] warning: it learned from more images of {profile.dataset} than the {len(train_real)} "
+            "left after the held-out test split, so it may have seen test images; train one with this command's "
+            "--generator <profile> to keep them out")
+    return path
+
+
+def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callable[[str], None]) -> Path:
+    """The generator (:func:`generator_source`): the shipped weights, a generator given by its path (a generator
+    folder or an EDM network pickle, reused as it is), or a generator folder trained on ``train_real`` with the
+    generator-training profile ``profile.generator`` (at the real images' size and channels)."""
+    source, path = generator_source(profile)
+    if source == "shipped":
+        log(f"[generator] shipped weights: {path}")
+        return path
+    if source == "given":
+        return _given_generator(path, profile, train_real, log)
     config = {"dataset": profile.dataset, "generator": profile.generator, "steps": profile.generator_steps}
     if held_out_test(profile) is not None:
         config["test_fraction"] = held_out_test(profile)

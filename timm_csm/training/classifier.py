@@ -214,8 +214,7 @@ def _run_classifier(path: Path, checkpoint, names, given: Dict[str, Any], log) -
     loaded, eval_tf, meta = load_trained_classifier(path, **({"checkpoint": checkpoint} if checkpoint else {}))
     _check_against_run(given, meta, path)
     log(f"model: {meta['model']} from {path} ({meta['num_classes']} classes, input {meta['in_chans']}x"
-        f"{meta['img_size']}, mean {meta['mean']}, std {meta['std']}, class names from the checkpoint); "
-        "nothing else of its training run is used")
+        f"{meta['img_size']}, mean {meta['mean']}, std {meta['std']}, class names from the checkpoint)")
     stored = meta.get("class_names")
     if names is not None and stored is not None and names != list(stored):
         raise ValueError(f"--class-names {names[:5]} differ from the checkpoint's {list(stored)[:5]}")

@@ -27,7 +27,8 @@ from ..data import EMBEDDED_DATASETS, derive_seed
 from .config import TrainConfig
 from .model import fixed_input_size
 
-__all__ = ["DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",
+__all__ = ["DataSplits", "apply_input_size", "load_data", "held_out_digests", "run_held_out_splits",
+           "HELD_OUT_DIGESTS", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",
            "eval_loader", "TIMM_TRANSFORM_FLAGS"]
 
 _HUB_ALIASES = ("cifar10", "cifar100")
@@ -186,6 +187,52 @@ def load_data(config: TrainConfig) -> DataSplits:
     if len(train) == 0:
         raise ValueError("no training images left after the validation split")
     return DataSplits(train, val, test, list(train.class_names))
+
+
+#: the key of a model file's metadata under which its run records its held-out images (:func:`held_out_digests`)
+HELD_OUT_DIGESTS = "held_out_digests"
+
+
+def held_out_digests(data: DataSplits) -> Dict[str, Optional[str]]:
+    """The :func:`~timm_csm.data.split_digest` of a run's validation and test images (None: it holds none), which
+    its model files record so that :func:`run_held_out_splits` can find the same images again."""
+    from ..data import split_digest
+
+    return {"validation": split_digest(data.val) if len(data.val) else None,
+            "test": split_digest(data.test) if data.test is not None else None}
+
+
+def run_held_out_splits(meta: Dict[str, Any], data_dir: Optional[str] = None):
+    """``(validation, test, rule)`` of the training run whose model file carries ``meta``: drawn again by
+    :func:`load_data` from the run's data options (dataset, splits, held-out fractions, sample limits, data seed:
+    its seeded rule, described in ``rule``) and checked against the digests the run recorded. ValueError, one line,
+    when the run records no digests (a run of an earlier version), held out no test images, or the images drawn
+    are no longer those it held out (the dataset changed since)."""
+    from .args import RUN_META_KEYS
+    from .config import upgrade_stored_config
+
+    meta = upgrade_stored_config(meta)
+    recorded = meta.get(HELD_OUT_DIGESTS)
+    if recorded is None:
+        raise ValueError("the run records no digest of its held-out images (a run of an earlier version): name the "
+                         "images to use (--dataset with --test-split, and --calibration-split or "
+                         "--calibration-fraction)")
+    if recorded.get("test") is None:
+        raise ValueError(f"the run held out no test images of {meta['dataset']} (it reported on its validation "
+                         "images): name the images to score (--dataset with --test-split)")
+    options = {k: meta[k] for k in RUN_META_KEYS if meta.get(k) is not None}
+    data = load_data(TrainConfig.from_dict(dict(options, data_dir=data_dir), "the run's data options"))
+    for name, digest in held_out_digests(data).items():
+        if digest != recorded.get(name):
+            raise ValueError(f"the {name} images drawn from {meta['dataset']} by the run's seeded rule are no longer "
+                             f"those it held out (digest {digest}, recorded {recorded.get(name)}): the dataset "
+                             "changed since it trained; name the images to use (--test-split)")
+    if meta.get("test_fraction") is not None:
+        rule = f"held out as a seeded {meta['test_fraction']:g} of {meta['dataset']}"
+    else:
+        rule = f"its {meta['test_split']!r} split of {meta['dataset']}"
+    seed = meta.get("data_seed") if meta.get("data_seed") is not None else meta.get("seed")
+    return data.val, data.test, f"{rule}, data seed {seed}"
 
 
 def load_csm_groups(config: TrainConfig, class_names):

@@ -146,6 +146,13 @@ def _calibrated_folder_files(folder: Path, checkpoint: str):
     return folder / checkpoint, found
 
 
+def trained_model_file(path, checkpoint: str = "model_best.safetensors") -> Path:
+    """The model file of a run folder (``checkpoint`` in it) or of a ``timm-csm-calibrate`` output folder (the one
+    its ``calibrated_model.json`` names); ``path`` itself when it is a file."""
+    path = Path(path)
+    return _calibrated_folder_files(path, checkpoint)[0] if path.is_dir() else path
+
+
 def load_trained_classifier(path, checkpoint: str = "model_best.safetensors", calibrated: bool = False):
     """(model, eval transform, meta) of a finished run: ``path`` is its folder (``checkpoint`` in it, the best
     model by default) or a model / training-state file written by ``train.py``; or a ``timm-csm-calibrate`` output
