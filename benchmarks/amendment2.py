@@ -63,23 +63,23 @@ LABEL_CACHE = Path("benchmarks/cells_a2_labels.json")
 
 
 def a2_cells(setting: str, output: Path = Path(method_table.A2_OUTPUT), committed: Path = method_table.COMMITTED_A2,
-             data_seed: int = 0) -> Dict[str, Dict[int, Dict[str, Any]]]:
-    """``{method: {seed: {"results", "seconds", "dir", "record", "config"}}}`` of the finished amendment-2 cells of
-    ``setting`` on the real subset of ``data_seed``: those shared by every setting and the setting's own; committed
-    ones first."""
+             data_seed: int = 0, amendment: int = 2) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``{method: {seed: {"results", "seconds", "dir", "record", "config"}}}`` of the finished cells of
+    ``amendment`` (2 by default) of ``setting`` on the real subset of ``data_seed``: those shared by every setting
+    and the setting's own; committed ones first."""
     found: Dict[str, Dict[int, Dict[str, Any]]] = {}
     for root in [r for r in (committed, Path(output) / "cells") if Path(r).is_dir()]:
         for d in sorted(Path(root).iterdir()):
             if not ((d / CELL_META).exists() and (d / RESULTS).exists()):
                 continue
             meta = read_json(d / CELL_META)
-            if meta.get("record", {}).get("amendment") != 2 or meta.get("setting") not in (None, setting):
+            if meta.get("record", {}).get("amendment") != amendment or meta.get("setting") not in (None, setting):
                 continue
             if (meta["config"].get("data_seed") or 0) != data_seed:
                 continue
             found.setdefault(meta["method"], {}).setdefault(int(meta["seed"]), {
                 "results": read_json(d / RESULTS), "seconds": meta.get("seconds"), "dir": d,
-                "record": meta["record"], "config": meta["config"]})
+                "record": meta["record"], "config": meta["config"], "cpu_seconds": meta.get("cpu_seconds")})
     return found
 
 
@@ -104,12 +104,14 @@ def choose(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str], pha
     return min(tied, key=lambda m: (_mean(rows[m], f"val_nll_{phase}", seeds), candidates.index(m)))
 
 
-def _csm_search(rows, method: str = "csm") -> Tuple[Dict[str, Any], List[Tuple[str, List[str], Optional[str]]]]:
-    """CSM's coordinate-wise search: the values chosen so far and, per step, (axis, configurations, choice)."""
+def _csm_search(rows, method: str = "csm", search=method_table.CSM_TUNING_STEPS
+                ) -> Tuple[Dict[str, Any], List[Tuple[str, List[str], Optional[str]]]]:
+    """CSM's coordinate-wise ``search`` (amendment 2's by default): the values chosen so far and, per step, (axis,
+    configurations, choice)."""
     chosen: Dict[str, Any] = {}
     steps = []
-    for i, (axis, _) in enumerate(method_table.CSM_TUNING_STEPS):
-        names = method_table.csm_step_methods(i, chosen, method)
+    for i, (axis, _) in enumerate(search):
+        names = method_table.csm_step_methods(i, chosen, method, search)
         pick = choose(rows, names)
         steps.append((axis, names, pick))
         if pick is None:
@@ -128,14 +130,15 @@ def axis_value(name: str, axis: str) -> Any:
     return options.get(axis, method_table.AXIS_DEFAULTS.get(axis))
 
 
-def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]], baselines: Sequence[str] = BASELINES,
+                   search=method_table.CSM_TUNING_STEPS) -> Dict[str, Any]:
     """Stage 1's choices of ``setting``, each None while pending: every baseline's configuration, CSM's steps and
-    row, and the best other method before and after TS."""
-    families = list(BASELINES) + (["kd"] if setting in method_table.METHODS["kd"].recipes else [])
+    row, and the best other method before and after TS (amendment 2's baselines and CSM search by default)."""
+    families = list(baselines) + (["kd"] if setting in method_table.METHODS["kd"].recipes else [])
     grids = {base: method_table.grid_methods(base) for base in families}
     chosen = {base: choose(rows, names) for base, names in grids.items()}
-    values, steps = _csm_search(rows)
-    csm_row = steps[-1][2] if len(steps) == len(method_table.CSM_TUNING_STEPS) else None
+    values, steps = _csm_search(rows, search=search)
+    csm_row = steps[-1][2] if len(steps) == len(search) else None
     ready = [chosen[b] for b in families]
     best = {phase: (choose(rows, ready, phase) if all(ready) else None) for phase in ("pre_ts", "post_ts")}
     return {"grids": grids, "chosen": chosen, "csm_steps": steps, "csm": csm_row, "best_other": best}
@@ -247,10 +250,11 @@ def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
     return out
 
 
-def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+def primary_decisions(summaries: Dict[str, Dict[str, Any]], seeds: Sequence[int] = method_table.A2_SEEDS
+                      ) -> Dict[str, Any]:
     """Stage 2's four primary comparisons (CSM row minus CE and minus the best other method, test ECE before TS,
     ``matched`` and ``annotated``), Holm-corrected as one family; per setting "holds", "does not hold" or
-    "pending" (below 15 paired seeds, or a choice still open)."""
+    "pending" (below ``len(seeds)`` paired seeds, amendment 2's 15 by default, or a choice still open)."""
     tests, keys = [], []
     for setting in DECISION_SETTINGS:
         sm = summaries[setting]
@@ -261,7 +265,7 @@ def primary_decisions(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
                 test = paired_t_interval(pages.by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
                                          pages.by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
             keys.append((setting, other))
-            tests.append(test if test is not None and test.n >= len(method_table.A2_SEEDS) else None)
+            tests.append(test if test is not None and test.n >= len(seeds) else None)
     out: Dict[str, Any] = {"comparisons": [], "verdicts": {}}
     if any(t is None for t in tests):
         out["verdicts"] = dict.fromkeys(DECISION_SETTINGS, "pending")

@@ -1,0 +1,177 @@
+"""Amendment 4 (``benchmarks/PROTOCOL.md``): CSM on the pilot's timm backbone (``benchmarks/pilot_a4.md``), with
+amendment 2's data, settings, generated sets and choice rules (:mod:`amendment2`), every method at most 4
+configurations, 10 decision seeds.
+
+    python benchmarks/amendment4.py --next      # the cells that can run now, each as its command, in order
+    python benchmarks/amendment4.py --report    # benchmarks/calibration_a4.md and calibration_a4.json
+
+A cell runs with ``python benchmarks/calibration_bench.py --amendment 4 ...`` (the instruction-set pins in its
+environment) from a worktree of the amendment's commit; finished cells are committed under
+``benchmarks/cells_a4/``, their checkpoints kept under ``runs/protocol_a4/cells/``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import amendment2 as a2
+import calibration_methods as method_table
+import calibration_pages as pages
+from timm_csm.io import write_json_atomic, write_text_atomic
+from timm_csm.metrics import interval_text
+from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
+
+__all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
+
+PAGE = Path("benchmarks/calibration_a4.md")
+JSON = Path("benchmarks/calibration_a4.json")
+OUTPUT = Path(method_table.A4_OUTPUT)
+
+
+def a4_cells(setting: str, output: Path = OUTPUT, committed: Path = method_table.COMMITTED_A4
+             ) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """The finished amendment-4 cells of ``setting`` (shared and its own), committed ones first."""
+    return a2.a2_cells(setting, output, committed, amendment=4)
+
+
+def a4_rows(setting: str, output: Path = OUTPUT) -> Dict[str, List[Dict[str, Any]]]:
+    return a2._rows(a4_cells(setting, output))
+
+
+def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Amendment 2's choices (validation ECE over seeds 0-2, ties by NLL) over amendment 4's grids and CSM search."""
+    return a2.stage1_choices(setting, rows, method_table.A4_BASELINES, method_table.A4_CSM_STEPS)
+
+
+def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> List[Tuple[str, int]]:
+    """The cells of ``setting`` that can run now: stage 1's grids and CSM's current step at seeds 0-2, then each
+    stage-2 method's seeds 3-9 once its own choice is made (no choice reads a stage-2 cell)."""
+    done = a2._done(rows)
+    choices = stage1_choices(setting, rows)
+    wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
+    todo = [(m, s) for s in method_table.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
+    stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
+                                        choices["csm"]]) if m is not None]
+    return todo + [(m, s) for s in method_table.A4_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
+
+
+def cell_command(setting: str, method: str) -> str:
+    pins = " ".join(f"{k}={v}" for k, v in INSTRUCTION_SET_PINS.items())
+    return (f"{pins} OMP_NUM_THREADS=1 python benchmarks/calibration_bench.py --amendment 4 --recipe {setting} "
+            f"--methods '{method}' --seeds")
+
+
+def _cost_lines(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
+    """CPU minutes per method family: its cells, their sum and their mean (one thread each)."""
+    families: Dict[str, List[float]] = {}
+    for method, runs in cells.items():
+        cpu = [c["cpu_seconds"] for c in runs.values() if c.get("cpu_seconds") is not None]
+        families.setdefault(method_table.get_method(method).label.split(" (")[0], []).extend(cpu)
+    lines = ["| method | cells | CPU minutes, all cells | CPU minutes per cell |", "|---|---|---|---|"]
+    for label, cpu in sorted(families.items()):
+        if cpu:
+            lines.append(f"| {label} | {len(cpu)} | {sum(cpu) / 60:.1f} | {sum(cpu) / 60 / len(cpu):.1f} |")
+    return lines
+
+
+def _set_lines(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> List[str]:
+    """Each generated set and teacher the setting's cells read, beside the fingerprint amendment 2's cells of the
+    same configuration recorded (the sets are rebuilt at amendment 2's build commit)."""
+    earlier = a2.a2_cells(setting)
+    lines = []
+    for method, runs in sorted(cells.items()):
+        record = next(iter(runs.values()))["record"]
+        for key, what in (("generated_set", "generated set"), ("teacher", "teacher")):
+            if key not in record:
+                continue
+            before = {c["record"].get(key) for c in earlier.get(method, {}).values()} - {None}
+            verdict = ("byte-identical to amendment 2's" if before == {record[key]} else
+                       "differs from amendment 2's " + ", ".join(sorted(v[:12] for v in before)) if before else
+                       "no amendment-2 cell of this configuration")
+            lines.append(f"- `{method}`: {what} `{record[key][:12]}`, {verdict}")
+    return lines
+
+
+def setting_lines(setting: str, cells, rows, choices) -> List[str]:
+    header = ("| configuration | seeds (of 0-2) | val ECE before TS | val NLL before TS | val ECE after TS | "
+              "test ECE before TS (reported only) | test ECE after TS (reported only) |")
+    lines = [f"### `{setting}`: stage 1 (seeds 0-2, chosen on validation)", "", header, "|---|---|---|---|---|---|---|"]
+    for base, names in choices["grids"].items():
+        lines += a2._grid_lines(rows, names, choices["chosen"][base])
+    lines += ["", "CSM's coordinate-wise search:", "", header, "|---|---|---|---|---|---|---|"]
+    for axis, names, pick in choices["csm_steps"]:
+        lines += [f"| *step: {axis}* | | | | | | |"] + a2._grid_lines(rows, names, pick)
+    label = (lambda m: method_table.get_method(m).label if m else "pending")
+    lines += ["", f"Choices: CSM row {label(choices['csm'])}; best other method before TS "
+              f"{label(choices['best_other']['pre_ts'])}, after TS {label(choices['best_other']['post_ts'])}.", ""]
+    return lines + (_set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]) + [""]
+
+
+def decision_lines(summaries: Dict[str, Dict[str, Any]]) -> List[str]:
+    decisions = a2.primary_decisions(summaries, method_table.A4_SEEDS)
+    lines = ["## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 10 seeds, "
+             "Holm over the 4 primary comparisons)", "",
+             "| setting | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | detectable "
+             f"at 80% power (alpha 0.05 / {a2.FAMILY_ALPHA / a2.PRIMARY_COMPARISONS:g}) |", "|---|---|---|---|---|---|"]
+    for c in decisions["comparisons"]:
+        other = method_table.get_method(c["other"]).label if c["other"] else "pending"
+        p = f"{c['p_holm']:.4f}" if "p_holm" in c else "-"
+        lines.append(f"| `{c['setting']}` | {other} | {a2._test_text(c['test'])} | {p} | {a2._power_text(c['test'])} |")
+    lines += [""] + [f"- `{s}`: \"CSM calibrates better on {method_table.A4_BACKBONE['model']}\" **{v}**"
+                     for s, v in decisions["verdicts"].items()]
+    return lines + [""]
+
+
+def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
+               committed: Path = method_table.COMMITTED_A4) -> str:
+    cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
+    rows = {s: a2._rows(c) for s, c in cells.items()}
+    summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
+                 for s in method_table.A4_SETTINGS}
+    records = [c["record"] for found in cells.values() for runs in found.values() for c in runs.values()]
+    commits = sorted({r["commit"][:7] for r in records})
+    capabilities = sorted({r.get("cpu_capability") for r in records} - {None})
+    backbone = method_table.A4_BACKBONE
+    lines = ["# Calibration benchmark, amendment 4: CSM on a timm backbone", "",
+             f"Protocol: [PROTOCOL.md](PROTOCOL.md), amendment 4, committed before its cells; backbone chosen by "
+             f"[the pilot](pilot_a4.md) on validation only: `{backbone['model']}`, {backbone['epochs']} epochs "
+             f"(lr x0.1 at {' and '.join(map(str, backbone['decay_milestones']))}), amendment 2's recipe otherwise. "
+             "Metrics in %, the test split read only by each cell's final evaluation; every choice on the 2 000 "
+             "validation images.", "",
+             f"Cells: {len(records)} finished, at commit(s) {', '.join(commits) or '-'}, one torch thread, torch's "
+             f"CPU capability {', '.join(capabilities) or '-'} (pinned). Command: `python benchmarks/amendment4.py "
+             "--report`.", ""]
+    lines += decision_lines(summaries)
+    for setting in method_table.A4_SETTINGS:
+        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"])
+    shared = {m: runs for found in cells.values() for m, runs in found.items()}
+    lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side)", ""] + _cost_lines(shared)
+    todo = {s: next_cells(s, rows[s]) for s in method_table.A4_SETTINGS}
+    lines += ["", "## Pending", ""] + [f"- `{s}`: {len(t)} cell(s) can run now" + (
+        f", next `{t[0][0]}` seed {t[0][1]}" if t else "") for s, t in todo.items()]
+    text = "\n".join(lines) + "\n"
+    write_text_atomic(path, text)
+    write_json_atomic(json_path, [pages.per_seed_json_row(m, r, setting=s) for s in method_table.A4_SETTINGS
+                                  for m, r in sorted(rows[s].items())], indent=1)
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--next", action="store_true", help="list the cells that can run now, with their commands")
+    p.add_argument("--report", action="store_true", help=f"write {PAGE} and {JSON}")
+    p.add_argument("--output", type=Path, default=OUTPUT, help="the cell cache (default %(default)s)")
+    args = p.parse_args(argv)
+    if not (args.next or args.report):
+        p.error("give --next, --report or both")
+    if args.next:
+        for setting in method_table.A4_SETTINGS:
+            for method, seed in next_cells(setting, a4_rows(setting, args.output)):
+                print(f"{cell_command(setting, method)} {seed}")
+    if args.report:
+        print(write_page(output=args.output))
+
+
+if __name__ == "__main__":
+    main()

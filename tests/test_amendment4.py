@@ -1,0 +1,50 @@
+"""Amendment 4's cells, choices and page (benchmarks/amendment4.py) on constructed per-seed rows: amendment 2's
+rules over amendment 4's grids (at most 4 configurations a method) and 10 decision seeds."""
+from benchmark_scripts import load_benchmark
+
+a4 = load_benchmark("amendment4")
+table = a4.method_table
+
+
+def _rows(values, seeds=(0, 1, 2)):
+    return {m: [{"seed": s, "val_ece_pre_ts": v[0], "val_nll_pre_ts": v[1], "val_ece_post_ts": v[0],
+                 "val_nll_post_ts": v[1], "ece_pre_ts": v[2] + 0.1 * (s % 3), "ece_post_ts": v[2]} for s in seeds]
+            for m, v in values.items()}
+
+
+def test_stage1_runs_amendment4s_grids_then_the_filter_step_at_the_chosen_scale():
+    first = a4.next_cells("matched", {})
+    names = {m for m, s in first if s <= 2}
+    assert {s for m, s in first if s > 2} == set(range(3, 10)) and {m for m, s in first if s > 2} == {"ce"}
+    assert names == set(table.stage1_methods("matched", amendment=4))
+    assert not {"mbls", "brier", "kd"} & {m.partition("@")[0] for m in names}
+    assert "kd@alpha=0.5,temperature=2" in {m for m, _ in a4.next_cells("annotated", {})}
+    values = {m: (3.0, 0.4, 0.5) for m in names}
+    values["csm@s=8"] = (1.0, 0.3, 9.0)  # chosen on validation, whatever its test ECE
+    nxt = a4.next_cells("matched", _rows(values))
+    assert sorted({m for m, s in nxt if s <= 2}) == ["csm@filtered=1,s=8"]
+    values["csm@filtered=1,s=8"] = (1.2, 0.3, 0.0)
+    choices = a4.stage1_choices("matched", _rows(values))
+    assert choices["csm"] == "csm@s=8"
+    stage2 = {m for m, s in a4.next_cells("matched", _rows(values)) if s > 2}
+    assert stage2 == {"ce", choices["chosen"]["regmixup"], *choices["best_other"].values(), "csm@s=8"}
+    assert max(s for _, s in a4.next_cells("matched", _rows(values))) == 9
+
+
+def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
+    values = {m: (3.0, 0.4, 3.0) for m in table.stage1_methods("matched", amendment=4)}
+    values["csm@s=8"] = (1.0, 0.3, 1.0)
+    values["csm@filtered=1,s=8"] = (1.2, 0.3, 1.0)
+    rows = _rows(values, seeds=range(10))
+    summaries = {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+    decided = a4.a2.primary_decisions(summaries, table.A4_SEEDS)
+    assert decided["verdicts"] == {"matched": "holds", "annotated": "holds"}
+    short = {m: r[:9] for m, r in rows.items()}
+    summaries = {s: {"rows": short, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+    assert set(a4.a2.primary_decisions(summaries, table.A4_SEEDS)["verdicts"].values()) == {"pending"}
+
+
+def test_page_states_pending_cells_without_any_cell(tmp_path):
+    text = a4.write_page(tmp_path / "page.md", tmp_path / "rows.json", tmp_path / "none", tmp_path / "committed")
+    assert "Cells: 0 finished" in text and "**pending**" in text and "can run now, next `ce` seed 0" in text
+    assert (tmp_path / "rows.json").read_text().strip() == "[]"
