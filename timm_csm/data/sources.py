@@ -27,7 +27,7 @@ __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_sp
            "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits", "mnist5k")
-#: the embedded datasets read from a Python package (always available once it is installed)
+#: the embedded datasets read from a Python package (the [data] extra installs both)
 _PACKAGED = {"digits": load_digits, "mnist5k": load_mnist5k}
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "png")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "coarse_label", "target")
