@@ -2,6 +2,7 @@
 the saved predictions and calibrators, the calibrated model loaded back as one module, the flat layout, and every
 refusal as one line with no folder left behind."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -225,6 +226,10 @@ def test_data_sources_a_timm_user_meets(tmp_path):
                  lambda: dataset_split_names(str(tmp_path / "labels.csv"))):
         with pytest.raises(ValueError, match="labels.csv is a file, not a folder"):
             read()
+    for path in ("../no_such_folder", "a/b/no_such_folder", "~/no_such_folder"):  # a Hub id has one '/'
+        for read in (open_image_split, dataset_split_names):
+            with pytest.raises(ValueError, match=f"^no such folder: {re.escape(path)}$"):
+                read(path)
 
 
 def test_eval_only_refuses_a_checkpoint_that_is_not_safetensors(tmp_path):

@@ -142,6 +142,27 @@ def test_a_packaged_dataset_without_its_package_names_the_data_extra_as_dataset_
     assert not out.exists()
 
 
+def test_a_missing_relative_path_is_no_such_folder_never_a_hub_lookup(tmp_path, capsys, monkeypatch):
+    """``--dataset ./does_not_exist`` (and ``--ood``) used to be looked up on the Hub: ``Couldn't reach`` offline,
+    ``Repo id must use alphanumeric chars`` online."""
+    from timm_csm.commands.calibrate import main as calibrate
+    from timm_csm.train import main as train
+
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", "small_cnn", "--epochs", "1", "--output", "out", "--no-progress"]
+    for main, argv in ((train, ["--dataset", "./does_not_exist", *common]),
+                       (train, ["--dataset", "digits", "--ood", "./does_not_exist", *common]),
+                       (calibrate, ["--model", "small_cnn", "--dataset", "./does_not_exist", "--test-split", "test",
+                                    "--calibration-fraction", "0.5", "--output", "out"])):
+        try:
+            status = main(argv)
+        except SystemExit as e:  # timm-csm-train ends bad input itself (its name as the launcher ran it)
+            status = e.code
+        err = capsys.readouterr().err
+        assert status == 2 and err.count("\n") == 1 and err.endswith(": error: no such folder: ./does_not_exist\n"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path, capsys, monkeypatch):
     """The Quickstart's ``--calibrators temperature_scaling,dirichlet,isotonic`` without SciPy: one line before the
     model loads (it used to be a traceback after two calibrators had printed)."""
