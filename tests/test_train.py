@@ -138,7 +138,7 @@ def test_a_run_shorter_than_the_default_milestones_still_decays_and_records_them
     del config["decay_milestones"]  # the defaults, 80 and 120 of 200 epochs: 2 and 2 of 3
     res = run(config)
     assert [row["lr"] for row in res["history"]] == pytest.approx([0.05, 0.0005, 0.0005])  # timm: from epoch m - 1
-    assert "scaled to 2 2, the same share of the run" in capsys.readouterr().err
+    assert "scaled to 2 2, the same share of the run" in capsys.readouterr().out
     assert "decay_milestones:\n- 2\n- 2\n" in (Path(res["output_dir"]) / "args.yaml").read_text()
     with pytest.raises(ValueError, match=r"^--decay-milestones 1 4 lies beyond --epochs 3"):
         run(_config(tmp_path, "refused", epochs=3, decay_milestones=[1, 4]))

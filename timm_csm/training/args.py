@@ -19,7 +19,6 @@ from typing import Any, Dict, Optional, Sequence
 from ..io import CHECKPOINT_LAST, read_model_meta, safetensors_metadata
 from ..options import add_options
 from .config import CONFIG_MARKER, PAPER_SEED, TrainConfig, read_yaml_options, upgrade_stored_config
-from .optim import fit_decay_to_epochs
 from .prepare import check_training_options
 from .run_dir import experiment_dir, load_resumed
 from .timm_args import TIMM_TRAIN_KEYS
@@ -123,8 +122,7 @@ def model_meta(config: TrainConfig, data_info: Dict[str, Any]) -> Dict[str, Any]
 
 def prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
     """Complete and check ``config`` before anything is built: a checkpoint's metadata (eval-only), the configuration
-    of a resumed run (``--resume``, or ``--auto-resume`` finding one), a new run's learning-rate decay fitted to its
-    ``--epochs`` (:func:`~timm_csm.training.optim.fit_decay_to_epochs`); returns the resumed state (None: new run)."""
+    of a resumed run (``--resume``, or ``--auto-resume`` finding one); returns the resumed state (None: new run)."""
     if config.eval_only:
         if not config.checkpoint:
             raise ValueError("--eval-only needs --checkpoint PATH")
@@ -148,10 +146,6 @@ def prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
         if value is None or value < least:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     check_training_options(config)
-    if not config.eval_only and resume_state is None:  # a resumed run keeps the schedule it was trained with
-        note = fit_decay_to_epochs(config)
-        if note and os.environ.get("RANK", "0") == "0":
-            print(f"train.py: {note}", file=sys.stderr)
     return resume_state
 
 
