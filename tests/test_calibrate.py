@@ -87,10 +87,14 @@ def _first_batch(split, transform):
 
 def test_a_flat_folder_with_a_held_out_fraction(user_files, tmp_path):
     data = write_image_folder(tmp_path / "flat", splits=(None,), n_per_class=20)
+    logged = []
     report = run_calibrate((data, user_files[1]), tmp_path / "out", calibration_split=None, calibration_fraction=0.5,
-                           test_split="train", calibrators=["histogram_binning"], conformal=["lac"])
+                           test_split="train", calibrators=["histogram_binning"], conformal=["lac"], log=logged.append)
     assert report["calibration"]["n"] == 30 and report["test"]["n"] == 30
     assert report["class_names"] == CLASS_NAMES
+    # the folder's one split is named 'train' (as the docs pass it): the warning names the folder's images instead
+    assert any(line.endswith(f"is unknown: make sure it was not trained on the images of {data}") for line in logged)
+    assert not any("'train'" in line for line in logged), logged
 
 
 def run_model_file(user_files, tmp_path, train_split):
