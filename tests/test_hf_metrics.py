@@ -200,6 +200,16 @@ def test_a_classwise_module_cached_by_an_earlier_release_under_its_earlier_name_
     assert "cwece" not in METRIC_NAMES and "cece" in METRIC_NAMES
 
 
+def test_the_renamed_classwise_module_loads_under_its_old_name_with_a_warning(tmp_path):
+    """CHANGELOG.md: ``cwece`` is ``cece``; the old name gives the new module, saying so."""
+    with pytest.warns(FutureWarning, match="the metric 'cwece' is named 'cece' now"):
+        assert metric_path("cwece") == metric_path("cece")
+    with pytest.warns(FutureWarning):
+        (written, _) = install_evaluate_modules(["cwece"], cache_dir=tmp_path)
+    assert written.name == "cece.py"
+    assert "`cwece`" in (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
+
+
 def stale_copy(cache: Path, name: str, ahead_s: float) -> Path:
     """A cached copy of another version of module `name` (its value is -1), modified `ahead_s` seconds from now."""
     line = f'    metric_name = "{name}"\n'

@@ -273,6 +273,9 @@ def test_the_command_line_points_a_profile_at_other_files():
     rehearsal = profile_from_args(build_parser().parse_args(["--profile", "demo", "--rehearse"]))
     assert rehearsal == rehearsal_profile(get_profile("demo"))
     assert rehearsal.train_extra["decay_milestones"] == [1, 1] and rehearsal.epochs == 1
+    shorter = profile_from_args(build_parser().parse_args(["--profile", "demo", "--epochs", "20"]))
+    assert (shorter.epochs, shorter.train_extra["decay_milestones"]) == (20, [10, 15])  # 30, 45 of 60: still decays
+    assert get_profile("demo").train_extra["decay_milestones"] == [30, 45]
     with pytest.raises(ValueError, match="changes only the sizes"):
         rehearsal_profile(get_profile("demo"), lr=1.0)
 

@@ -133,6 +133,18 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
     assert lr_log == pytest.approx([0.05, 0.005])  # milestone at epoch 1, decay 0.1
 
 
+def test_a_run_shorter_than_the_default_milestones_still_decays_and_records_them(tmp_path, capsys):
+    config = _config(tmp_path, "short", epochs=3, max_train_samples=64, max_test_samples=32, bootstrap=0)
+    del config["decay_milestones"]  # the defaults, 80 and 120 of 200 epochs: 2 and 2 of 3
+    res = run(config)
+    assert [row["lr"] for row in res["history"]] == pytest.approx([0.05, 0.0005, 0.0005])  # timm: from epoch m - 1
+    assert "scaled to 2 2, the same share of the run" in capsys.readouterr().out
+    assert "decay_milestones:\n- 2\n- 2\n" in (Path(res["output_dir"]) / "args.yaml").read_text()
+    with pytest.raises(ValueError, match=r"^--decay-milestones 1 4 lies beyond --epochs 3"):
+        run(_config(tmp_path, "refused", epochs=3, decay_milestones=[1, 4]))
+    assert not (tmp_path / "refused").exists()
+
+
 def test_csm_end_to_end(tmp_path, csm_folder):
     res = run(_config(tmp_path / "csm", ".", loss="csm", csm_dataset=csm_folder, n_aug=2))
     assert (tmp_path / "csm" / "results.json").exists() and res["output_dir"] == str(tmp_path / "csm")

@@ -206,8 +206,12 @@ def test_test_fraction_holds_out_the_same_seeded_test_split_of_a_flat_folder(tmp
     from csm_fixtures import write_image_folder
 
     flat = str(write_image_folder(tmp_path / "images", splits=(None,), n_per_class=20))
-    data = load_data(parse_args(["--dataset", flat, "--test-fraction", "0.2", "--val-fraction", "0.25"]))
+    config = parse_args(["--dataset", flat, "--test-fraction", "0.2", "--val-fraction", "0.25"])
+    data = load_data(config)
     assert (len(data.test), len(data.train), len(data.val)) == (12, 36, 12)
+    from timm_csm.training.results import _shown_split
+
+    assert config.test_split is None and _shown_split(config, True) == "held-out test (0.2)"  # the diagrams' title
     other = load_data(parse_args(["--dataset", flat, "--test-fraction", "0.2", "--max-train-samples", "20"]))
     assert np.array_equal(other.test.images.rows, data.test.images.rows) and len(other.train) == 18
     seen = set(data.train.images.rows) | set(data.val.images.rows)

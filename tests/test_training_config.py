@@ -40,6 +40,27 @@ def test_parsed_flags_are_typed_and_explicit():
     assert parse_args([]).options() == TrainConfig().options()
 
 
+def test_a_decay_beyond_epochs_is_scaled_from_the_defaults_and_refused_when_given():
+    """docs/own_folder.md's ``--epochs 60 --lr 0.1`` kept the milestones 80 and 120 of 200 epochs: lr 0.1 to the
+    end. Defaults are scaled to the run (one line says so); values the user gave are refused."""
+    from timm_csm.training.optim import fit_decay_to_epochs
+
+    documented = parse_args(["--epochs", "60", "--lr", "0.1"])
+    assert fit_decay_to_epochs(documented) == (
+        "the default --decay-milestones 80 120 (of 200 epochs) lies beyond --epochs 60: scaled to 24 36, the same "
+        "share of the run (give --decay-milestones to choose)")
+    assert documented.decay_milestones == [24, 36]
+    step = parse_args(["--sched", "step", "--epochs", "30"])
+    assert "--decay-epochs 100 (of 200 epochs)" in fit_decay_to_epochs(step) and step.decay_epochs == 15
+    for argv in ([], ["--epochs", "120"], ["--epochs", "10", "--sched", "cosine"]):  # inside the run, or no decay
+        config = parse_args(argv)
+        assert fit_decay_to_epochs(config) is None and config.options() == parse_args(argv).options()
+    for argv, flag in ((["--epochs", "60", "--decay-milestones", "30", "80"], "--decay-milestones 30 80"),
+                       (["--sched", "step", "--epochs", "30", "--decay-epochs", "40"], "--decay-epochs 40")):
+        with pytest.raises(ValueError, match=f"^{flag} lies beyond --epochs (60|30): the learning rate would never"):
+            fit_decay_to_epochs(parse_args(argv))
+
+
 def test_a_config_built_in_python_counts_what_differs_from_the_defaults():
     config = TrainConfig(dataset="digits", epochs=2, lr=0.1)  # lr is the default: not explicit
     assert config.explicit == {"dataset", "epochs"}

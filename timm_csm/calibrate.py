@@ -85,7 +85,7 @@ def _open(dataset, split, image_column, label_column, data_dir):
     try:
         return open_image_split(str(dataset), split, image_column=image_column, label_column=label_column,
                                 data_dir=data_dir)
-    except ValueError:
+    except (ValueError, ImportError):  # bad input, a missing optional package: their own one line
         raise
     except Exception as e:  # a missing dataset, an offline Hub: one line
         raise ValueError(f"dataset {str(dataset)!r}, split {split!r} could not be opened: {type(e).__name__}: "

@@ -76,12 +76,14 @@ def check_splits(classifier: Classifier, dataset, test_split: Optional[str], cal
                  allow_training_split: bool, log) -> None:
     if test_split is None:  # the run's own held-out images (training.data.run_held_out_splits)
         return
-    from .data.sources import same_dataset
+    from .data.sources import dataset_split_names, same_dataset
 
     meta = classifier.meta or {}
     if not meta.get("dataset"):
-        log(f"the training data of {classifier.description} is unknown: make sure {test_split!r} was not used "
-            "to train it")
+        # a flat <class>/<image> folder's one split is named 'train' whatever the images are: name the folder
+        flat = Path(str(dataset)).is_dir() and dataset_split_names(str(dataset)) == ["train"]
+        scored = f"the images of {dataset}" if flat else f"split {test_split!r} of {dataset}"
+        log(f"the training data of {classifier.description} is unknown: make sure it was not trained on {scored}")
         return
     if not same_dataset(meta["dataset"], dataset):
         return

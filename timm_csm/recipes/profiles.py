@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -26,7 +25,7 @@ from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
-           "resolve_dataset", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
+           "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
            "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
 
 
@@ -177,19 +176,30 @@ REHEARSAL_SIZES = {"generator_steps": 2, "num_groups": 100, "sampler_steps": 2, 
 REHEARSAL_VAL_FRACTION = 0.9
 
 
+def with_epochs(profile: RecipeProfile, epochs: int) -> RecipeProfile:
+    """``profile`` training its classifier for ``epochs`` epochs, the milestones of ``train_extra["decay_milestones"]``
+    keeping their share of the run (:func:`~timm_csm.training.optim.scale_milestones`: 30 and 45 of 60 are 10 and
+    15 of 20), so that a shorter run still decays its learning rate."""
+    from ..training.optim import scale_milestones
+
+    extra = copy.deepcopy(profile.train_extra)
+    if "decay_milestones" in extra:
+        extra["decay_milestones"] = scale_milestones(extra["decay_milestones"], profile.epochs, epochs)
+    return dataclasses.replace(profile, epochs=epochs, train_extra=extra)
+
+
 def rehearsal_profile(profile: RecipeProfile, **sizes) -> RecipeProfile:
     """``profile`` at toy size: :data:`REHEARSAL_SIZES` (``sizes`` replaces any of them) and the validation share
     :data:`REHEARSAL_VAL_FRACTION`, every other field kept, so that each stage runs the same code path in minutes;
     its generator of 2 steps is poor by design, so the generator check warns instead of stopping the run.
-    The epoch milestones of ``train_extra["decay_milestones"]`` keep their share of the run: milestone m of E epochs
-    becomes ``ceil(m * E' / E)`` of E' (80 and 120 of 200 are epochs 1 and 2 of 2, and both epoch 1 of 1)."""
+    The epoch milestones keep their share of the run (:func:`with_epochs`: 80 and 120 of 200 are epochs 1 and 2 of 2,
+    and both epoch 1 of 1)."""
     unknown = sorted(set(sizes) - set(REHEARSAL_SIZES))
     if unknown:
         raise ValueError(f"a rehearsal changes only the sizes {sorted(REHEARSAL_SIZES)}; got {unknown}")
     sizes = {**REHEARSAL_SIZES, **sizes}
-    extra = dict(copy.deepcopy(profile.train_extra), val_fraction=REHEARSAL_VAL_FRACTION)
-    if "decay_milestones" in extra:
-        extra["decay_milestones"] = [math.ceil(m * sizes["epochs"] / profile.epochs) for m in extra["decay_milestones"]]
+    profile = with_epochs(profile, sizes["epochs"])
+    extra = dict(profile.train_extra, val_fraction=REHEARSAL_VAL_FRACTION)
     return dataclasses.replace(profile, train_extra=extra, accept_poor_generator=True, **sizes)
 
 

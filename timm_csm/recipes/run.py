@@ -28,7 +28,7 @@ from . import stages
 from ..cli import console_command
 from ..training.args import HelpFormatter
 from .cache import StageCache
-from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset
+from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset, with_epochs
 from .report import write_report
 
 __all__ = ["run_recipe", "build_parser", "profile_from_args", "main"]
@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-poor-generator", action="store_true",
                    help="build the CSM dataset even when the annotation checks find the generator poor (pure-class "
                         "images recognised near chance, or most groups flagged), with a warning")
-    p.add_argument("--epochs", type=int, default=None, help="classifier epochs (default: the profile's)")
+    p.add_argument("--epochs", type=int, default=None, help="classifier epochs, the profile's learning-rate "
+                                                            "milestones scaled to keep their share of the run "
+                                                            "(default: the profile's)")
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the profile's, 0)")
     p.add_argument("--rehearse", action="store_true",
                    help="run every stage of the profile at toy size (groups, steps, epochs, image counts) first")
@@ -92,11 +94,13 @@ def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
     """The registered profile ``args.profile`` with ``--generator``, ``--encoder``, ``--dataset``, ``--epochs``,
     ``--seed``, ``--test-fraction`` and ``--accept-poor-generator`` replaced where given, then at rehearsal size with
     ``--rehearse``."""
-    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "epochs", "seed", "test_fraction")
+    overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "seed", "test_fraction")
                  if getattr(args, k) is not None}
     if args.accept_poor_generator:
         overrides["accept_poor_generator"] = True
     profile = dataclasses.replace(get_profile(args.profile), **overrides)
+    if args.epochs is not None:
+        profile = with_epochs(profile, args.epochs)
     return rehearsal_profile(profile) if args.rehearse else profile
 
 

@@ -58,8 +58,8 @@ def _from_source(config: TrainConfig, what: str, load):
     known = name in EMBEDDED_DATASETS or name in _HUB_ALIASES or os.path.isdir(name) or "/" in name
     try:
         return load()
-    except ValueError:
-        raise  # missing / undetectable column, bad images: already a clear message
+    except (ValueError, ImportError):
+        raise  # missing / undetectable column, bad images, a missing optional package: already a clear message
     except Exception as e:  # not found locally, on the Hub, or offline
         if not known:
             raise ValueError(f"unknown dataset {name!r}; available: {', '.join(EMBEDDED_DATASETS)} (embedded), "

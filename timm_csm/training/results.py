@@ -52,5 +52,13 @@ def evaluate_run(config: TrainConfig, model, val_loader, test_loader, accelerato
                                  resamples=config.bootstrap, log=accelerator.print))
     if accelerator.is_main_process:
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
-                                        split=config.test_split if test is not None else "validation"))
+                                        split=_shown_split(config, test is not None)))
     return results
+
+
+def _shown_split(config: TrainConfig, has_test: bool) -> str:
+    """The name of the split the reports show: ``--test-split``, the images ``--test-fraction`` held out (no split of
+    the dataset: ``test_split`` is None), else the validation images."""
+    if not has_test:
+        return "validation"
+    return config.test_split or f"held-out test ({config.test_fraction:g})"

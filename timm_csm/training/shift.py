@@ -96,7 +96,7 @@ def open_ood_split(source: str, split: Optional[str], in_dataset, class_names: S
     try:
         split = split or detect_test_split(dataset_split_names(source)) or "train"
         data = open_image_split(str(source), split, **read_options)
-    except ValueError:
+    except (ValueError, ImportError):  # bad input, a missing optional package: their own one line
         raise
     except Exception as e:  # a missing dataset, an offline Hub: one line
         raise ValueError(f"--ood {source!r} could not be opened: {type(e).__name__}: "
