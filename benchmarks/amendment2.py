@@ -421,8 +421,14 @@ def _differences_text(differences: Sequence[str]) -> str:
     return text
 
 
+#: the verify runs at 7b127d9, whose ``--verify`` printed its verdict but did not yet append to the log: their
+#: entries were transcribed from the printed result, and the page says so
+TRANSCRIBED_VERIFY_COMMIT = "7b127d9"
+
+
 def _verify_lines() -> List[str]:
-    """The verify runs of committed cells (``calibration_bench.py --verify CELL``), as the protocol asks."""
+    """The verify runs of committed cells (``calibration_bench.py --verify CELL``), as the protocol asks; a run the
+    tool did not log itself is marked as transcribed."""
     runs = read_json(method_table.A2_VERIFY_LOG) if method_table.A2_VERIFY_LOG.exists() else []
     if not runs:
         return ["No cell has been re-run with `--verify` yet.", ""]
@@ -430,8 +436,10 @@ def _verify_lines() -> List[str]:
     for r in runs:
         what = "reproduced exactly" if r["reproduced"] else _differences_text(r["differences"])
         extra = f"; reported now, not compared: {', '.join(r['not_compared'])}" if r.get("not_compared") else ""
+        transcribed = (" (transcribed from the command's printed result: the code at this commit did not write "
+                       "the log)" if (r["commit"] or "").startswith(TRANSCRIBED_VERIFY_COMMIT) else "")
         lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}: "
-                     f"{what}{extra}.")
+                     f"{what}{extra}{transcribed}.")
     return lines + [""]
 
 
