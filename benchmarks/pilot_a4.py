@@ -253,6 +253,9 @@ def report(record: Dict[str, Any]) -> str:
               (f"`{choice['model']}` at {choice['epochs']} epochs: the first candidate in budget whose CE cell "
                f"reaches validation ECE >= {MIN_VAL_ECE:g}% before TS." if choice else
                "None: no candidate met the rule.")]
+    if choice and not any(k.startswith("real_copies-") for k in record.get("cells", {})):
+        lines += ["", "The chosen backbone's measured CSM cell (the real-copies control) is pending: it did not finish "
+                  "before amendment 4's cells took the machine; amendment 4's CSM cells record their CPU seconds."]
     text = "\n".join(lines) + "\n"
     PAGE.write_text(text)
     return text
