@@ -39,7 +39,7 @@ from timm_csm.io import write_json_atomic
 from timm_csm.recipes.cache import MARKER, KeyedFolder
 
 __all__ = ["DATA_OPTIONS", "GENERATION", "SETTINGS", "stage_commands", "real_subset", "borrowed_encoder_overlap",
-           "export_real", "main"]
+           "save_image_splits", "export_real", "main"]
 
 #: the data options every cell of the benchmark trains with (PROTOCOL.md): one real subset and one validation set
 DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--val-size", "2000",
@@ -109,17 +109,15 @@ def images_digest(arrays) -> str:
     return images_labels_hash(arrays.images, arrays.labels, with_shape=False).hexdigest()
 
 
-def export_real(folder: Path) -> Dict:
-    """The classifier's 2 500 training images and the test split as a ``save_to_disk`` DatasetDict at ``folder``
-    (written beside it, then renamed into place)."""
+def save_image_splits(folder: Path, splits: Dict[str, object], class_names: Sequence[str]) -> None:
+    """``{split name: ImageArrays}`` as a ``save_to_disk`` DatasetDict of PNG images and class labels at ``folder``,
+    written beside it, then renamed into place (a killed export leaves no half-written folder)."""
     import shutil
 
     import datasets
     import numpy as np
 
-    splits = real_subset()
-    names = list(splits.class_names)
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(class_names))})
 
     def to_dataset(arrays):
         imgs = [np.ascontiguousarray(x.transpose(1, 2, 0).squeeze(-1)) for x in np.asarray(arrays.images)]
@@ -128,9 +126,15 @@ def export_real(folder: Path) -> Dict:
 
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    datasets.DatasetDict({"train": to_dataset(splits.train), "test": to_dataset(splits.test)}).save_to_disk(str(tmp))
+    datasets.DatasetDict({name: to_dataset(arrays) for name, arrays in splits.items()}).save_to_disk(str(tmp))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+
+
+def export_real(folder: Path) -> Dict:
+    """The classifier's 2 500 training images and the test split as a ``save_to_disk`` DatasetDict at ``folder``."""
+    splits = real_subset()
+    save_image_splits(folder, {"train": splits.train, "test": splits.test}, splits.class_names)
     return {"train_images": len(splits.train), "train_digest": images_digest(splits.train),
             "validation_images": len(splits.val), "validation_digest": images_digest(splits.val),
             "data_options": DATA_OPTIONS}

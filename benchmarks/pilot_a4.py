@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration_methods import base_recipe  # noqa: E402
-from matched_setting import images_digest, real_subset  # noqa: E402
+from matched_setting import images_digest, real_subset, save_image_splits  # noqa: E402
 
 OUTPUT = Path("runs/pilot_a4")
 PAGE = Path("benchmarks/pilot_a4.md")
@@ -62,10 +62,7 @@ MIN_VAL_ECE = 4.0
 def export_pilot_data(folder: Path) -> Dict[str, Any]:
     """The benchmark's 2 500 training and 2 000 validation images as a ``save_to_disk`` DatasetDict with the splits
     ``train`` and ``validation`` and no test split, so that no pilot cell can read a test image."""
-    import shutil
-
     import datasets
-    import numpy as np
 
     marker = folder / "pilot_data.json"
     if marker.exists():
@@ -77,20 +74,7 @@ def export_pilot_data(folder: Path) -> Dict[str, Any]:
     digests = {"train": images_digest(splits.train), "validation": images_digest(splits.val)}
     if digests != DIGESTS:
         raise SystemExit(f"the real subset's digests {digests} are not the protocol's {DIGESTS}")
-    features = datasets.Features({"image": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=list(splits.class_names))})
-
-    def to_dataset(arrays):
-        images = [np.ascontiguousarray(x.transpose(1, 2, 0).squeeze(-1)) for x in np.asarray(arrays.images)]
-        return datasets.Dataset.from_dict({"image": images, "label": [int(v) for v in arrays.labels]},
-                                          features=features)
-
-    tmp = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    datasets.DatasetDict({"train": to_dataset(splits.train), "validation": to_dataset(splits.val)}).save_to_disk(
-        str(tmp))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    save_image_splits(folder, {"train": splits.train, "validation": splits.val}, splits.class_names)
     info = {"train_images": len(splits.train), "validation_images": len(splits.val), "digests": digests}
     marker.write_text(json.dumps(info, indent=1))
     return info
