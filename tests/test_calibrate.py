@@ -64,6 +64,10 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     raps = report["conformal"]["none"]["raps"]
     assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
     assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
+    # on top of a calibrator, the sets refit it on half the calibration images and take the quantile on the rest
+    on_ts = report["conformal"]["temperature_scaling"]["lac"]
+    assert on_ts["n_calibrator"] == 45 and on_ts["n_calibration"] == 45 and on_ts["n_tuning"] == 0
+    assert "| temperature_scaling | lac | - | 45 / - / 45 |" in (out / "report.md").read_text()
     # the model to take away: one module, the model then the calibrator of the lowest cross-validated NLL
     chosen, selection = report["calibrated_model"], report["selection"]
     assert chosen["kind"] == selection["chosen"] == min(selection["mean"], key=selection["mean"].get)
