@@ -29,6 +29,7 @@ from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_met
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
+from .shift_report import ood_reading
 
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
            "check_severities", "open_ood_split", "evaluate_ood"]
@@ -221,9 +222,8 @@ class ShiftEvaluation:
             out["ood"] = {"source": str(self.ood_source), "split": self.ood_split, "n_in": len(test[1]),
                           "n_out": len(logits), "scores": list(OOD_SCORES),
                           **evaluate_ood(test[0], logits, calibrators, resamples, self.seed)}
-            best = max(out["ood"]["methods"]["uncalibrated"].items(), key=lambda kv: kv[1]["auroc"])
-            log(f"OOD {self.ood_source}: {len(logits)} images, best AUROC {best[1]['auroc']:.4f} ({best[0]}, "
-                "uncalibrated)")
+            for line in ood_reading(out["ood"]):
+                log(line)
         return out
 
     def _shift(self, predict_split, test_split, test, calibration, calibrators, n_bins, conformal, alpha, resamples,
