@@ -13,7 +13,7 @@ from timm_csm.calibrate import calibrate
 from timm_csm.commands.calibrate import main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
-from timm_csm.metrics import calibration_metrics
+from timm_csm.metrics import calibration_metrics, debiased_ce
 from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
 
 
@@ -53,6 +53,8 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     logits, targets = saved["logits"], saved["targets"]
     before = calibration_metrics(logits, targets)
     assert report["uncalibrated"]["test"]["ece"] == pytest.approx(before["ece"], abs=1e-12)
+    assert report["uncalibrated"]["test"]["debiased_ce"] == pytest.approx(debiased_ce(logits, targets), abs=1e-12)
+    assert "| calibrator | accuracy | ece | aece | cece | mce | debiased_ce | nll |" in (out / "report.md").read_text()
     for name, row in report["calibrators"].items():
         calibrator = load_calibrator(out / "calibrators" / f"{name}.safetensors")
         after = calibration_metrics(calibrator.transform(logits), targets)

@@ -82,7 +82,7 @@ def test_state_is_bins_by_classes_without_kept_confidences():
         acc.update(z[a:a + 500], y[a:a + 500])
     st = acc.state
     assert st.conf_points == [] and st.acc_points == []
-    assert sum(t.numel() for t in st.sum_tensors()) == 3 * 10 + 5 + 3 * 40 * 10
+    assert sum(t.numel() for t in st.sum_tensors()) == 4 * 10 + 5 + 3 * 40 * 10
     assert all(t.dtype == torch.float64 for t in st.sum_tensors())
     got = acc.compute()
     assert "aece" not in got

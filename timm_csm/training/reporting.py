@@ -23,7 +23,7 @@ SUMMARY_FILE = "summary.csv"
 
 
 #: the metrics a training report shows, in its order (the shift table's are :data:`~.shift.SHIFT_METRICS`)
-REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier", "piece")
+REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "debiased_ce", "nll", "brier", "piece")
 
 
 def _report_row(name: str):

@@ -11,8 +11,9 @@ command's seed) the caller's own prediction loop gives the logits, scored by the
 (:func:`prediction_scores`: :func:`~timm_csm.metrics.calibration_metrics` and the selective metrics) before and after
 each calibrator fitted on the clean calibration split (Ovadia et al., NeurIPS 2019: calibrators are fitted in
 distribution), with split-conformal sets fitted there too (their coverage under shift is what they promise in
-distribution; on top of a calibrator, a copy of it fitted on one part of the split and the quantile on the other). The OOD source's images, none of the model's classes, are scored against the test images by the
-maximum softmax probability, the maximum logit, the energy and the negative entropy
+distribution; on top of a calibrator, a copy of it fitted on one part of the split and the quantile on the other).
+The OOD source's images, none of the model's classes, are scored against the test images by the maximum softmax
+probability, the maximum logit, the energy and the negative entropy
 (:mod:`timm_csm.metrics.ood`), before and after each calibrator. Reports: :mod:`~timm_csm.training.shift_report`.
 """
 from __future__ import annotations
