@@ -66,6 +66,13 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     raps = report["conformal"]["none"]["raps"]
     assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
     assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
+    # the temperature with its interval over refits on resampled calibration images; 90 of them: how far it moves
+    ts = report["calibrators"]["temperature_scaling"]
+    assert ts["temperature_interval"]["low"] <= ts["temperature"] <= ts["temperature_interval"]["high"]
+    assert ts["post_ts_spread"]["n_val"] == 90 and "temperature_interval" not in report["calibrators"]["isotonic"]
+    assert (f"temperature_scaling: T = {ts['temperature']:.2f} [{ts['temperature_interval']['low']:.2f}, "
+            f"{ts['temperature_interval']['high']:.2f}], refitted on 200 resamples of the calibration images. Only "
+            "90 calibration images:") in (out / "report.md").read_text()
     # on top of a calibrator, the sets refit it on half the calibration images and take the quantile on the rest
     on_ts = report["conformal"]["temperature_scaling"]["lac"]
     assert on_ts["n_calibrator"] == 45 and on_ts["n_calibration"] == 45 and on_ts["n_tuning"] == 0

@@ -100,11 +100,18 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
         assert res["test"]["pre_ts"][key] == pytest.approx(ref[key], abs=1e-5), key
     best_epoch = max(range(2), key=lambda e: (res["history"][e]["val_accuracy"], -e))
     assert res["checkpoint_epoch"] == best_epoch
-    # temperature scaling: accuracy unchanged, T from the paper grid, NLL-consistent transform
+    # temperature scaling: accuracy unchanged, T by NLL (a training run's default), NLL-consistent transform, with
+    # its bootstrap interval; 80 validation images: the report says how far the after-TS numbers move with T
     post = res["test"]["post_ts"]
     assert post["accuracy"] == res["test"]["pre_ts"]["accuracy"]
-    t = res["temperature"]
-    assert 0.1 <= t <= 10.0 and abs(t * 10 - round(t * 10)) < 1e-9
+    t, interval, spread = res["temperature"], res["temperature_interval"], res["post_ts_spread"]
+    assert res["ts_method"] == "nll" and interval["low"] <= t <= interval["high"] and interval["resamples"] == 200
+    assert spread["n_val"] == 80 and spread["ece"]["low"] <= spread["ece"]["high"]
+    text = (out / "results.md").read_text()
+    assert f"temperature {t:.2f} [{interval['low']:.2f}, {interval['high']:.2f}] fitted on 80 validation" in text
+    assert f"Only 80 validation images: refitted on 200 resamples of them, the temperature moves within " \
+        f"[{interval['low']:.2f}, {interval['high']:.2f}], and with it the test ECE after TS within " \
+        f"[{spread['ece']['low'] * 100:.2f}, {spread['ece']['high'] * 100:.2f}] %" in text
     from timm_csm.metrics import calibration_metrics
 
     assert post["nll"] == pytest.approx(calibration_metrics(logits / t, labels)["nll"], abs=1e-5)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .calibrate_report import prediction_curves
-from .calibration import auto_candidates, calibrator_spec, create_calibrator, fold_table_markdown, select_calibrator
+from .calibration import (TemperatureScaling, auto_candidates, calibrator_spec, create_calibrator, fold_table_markdown,
+                          select_calibrator)
 from .calibration.conformal import CALIBRATOR_FRACTION, coverage_outside_range, fit_conformal_sets
+from .training.evaluation import TEMPERATURE_RESAMPLES, temperature_spread
 from .training.shift import prediction_intervals, prediction_scores
 
 __all__ = ["create_with_penalties", "fit_candidates", "choose_export", "fit_and_score", "conformal_on_each",
@@ -40,6 +42,9 @@ def fit_and_score(names: Sequence[str], cal, test, n_bins: int, alpha: float, co
         if bootstrap:
             rows[name]["intervals"] = {split: prediction_intervals(*pair, n_bins, bootstrap, seed)
                                        for split, pair in scored.items()}
+            if isinstance(calibrator, TemperatureScaling):  # how far its temperature moves with the images
+                rows[name].update(temperature=calibrator.temperature, **temperature_spread(
+                    calibrator, cal, test, n_bins, min(bootstrap, TEMPERATURE_RESAMPLES)))
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets, left_out = conformal_on_each(names, cal, test, alpha, conformal, seed, log, odir, bootstrap)

@@ -23,7 +23,8 @@ from .one_vs_rest import HistogramBinning, IsotonicCalibration
 from .registry import (CalibratorSpec, calibrator_spec, check_calibration_samples, create_calibrator,
                        list_calibrators, register_calibrator)
 from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
-from .temperature import DEFAULT_TEMPERATURE_METHOD, TEMPERATURE_METHODS, TemperatureScaling, temperature_grid
+from .temperature import (DEFAULT_TEMPERATURE_METHOD, PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS,
+                          TemperatureScaling, bootstrap_temperatures, temperature_grid)
 from .vector import VectorScaling
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
     "create_calibrator", "list_calibrators", "load_calibrator", "register_calibrator", "calibrator_spec",
     "CalibratorSpec", "check_calibration_samples", "ConformalClassifier", "fit_conformal_sets",
-    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "select_calibrator",
+    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD",
+    "bootstrap_temperatures", "select_calibrator",
     "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

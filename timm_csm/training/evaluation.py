@@ -11,11 +11,18 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import DEFAULT_TEMPERATURE_METHOD, TemperatureScaling
-from ..metrics import DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, piece, proximity
+from ..calibration import DEFAULT_TEMPERATURE_METHOD, TemperatureScaling, bootstrap_temperatures
+from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
+                       proximity)
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
-__all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
+__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread", "SMALL_VALIDATION",
+           "TEMPERATURE_RESAMPLES"]
+
+#: below this many validation images a report says how far the after-TS test numbers move with the temperature
+SMALL_VALIDATION = 1000
+#: the most resamples behind the temperature's interval (each one a fit of the temperature)
+TEMPERATURE_RESAMPLES = 200
 
 
 class _Scored(NamedTuple):
@@ -65,6 +72,12 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       {metric: {"low", "high"}}}}``, from ``bootstrap`` resamples of the split's samples
       (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
+    * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,
+      refitted on up to :data:`TEMPERATURE_RESAMPLES` resamples of the validation images
+      (:func:`~timm_csm.calibration.bootstrap_temperatures`); with fewer than :data:`SMALL_VALIDATION` of them,
+      ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
+      (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers move with the temperature
+      alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
     * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
       paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
       warning;
@@ -91,7 +104,27 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
                 for phase, logits in phases.items() if logits is not None}
         metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
                                 "interval": "percentile", "resampled": "the samples of each split"}
+        if scored.scaler is not None and val is not None:
+            metrics.update(temperature_spread(scored.scaler, val, test, n_bins, min(bootstrap, TEMPERATURE_RESAMPLES)))
     return Evaluation(metrics, scored.post_logits, scored.scaler)
+
+
+def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, resamples: int) -> Dict[str, Any]:
+    """``{"temperature_interval"[, "post_ts_spread"]}``: the interval of ``scaler``'s temperature over ``resamples``
+    refits on resampled validation (or calibration) images ``val``, and with fewer than :data:`SMALL_VALIDATION` of
+    them the range of the ``test`` ECE and NLL after TS over the resampled temperatures (see
+    :func:`evaluate_calibration`)."""
+    temperatures = bootstrap_temperatures(val[0], val[1], scaler.method, n_bins, resamples=resamples)
+    low, high = percentile_interval(temperatures)
+    out: Dict[str, Any] = {"temperature_interval": {"low": low, "high": high, "resamples": resamples}}
+    if test is None or len(val[1]) >= SMALL_VALIDATION:
+        return out
+    distinct, which = temperatures.unique(return_inverse=True)  # the grid's fits repeat: score each T once
+    scores = torch.tensor([[ece(test[0] / t, test[1], n_bins), nll(test[0] / t, test[1])] for t in distinct.tolist()],
+                          dtype=torch.float64)[which]
+    out["post_ts_spread"] = {"n_val": len(val[1]), **{key: dict(zip(("low", "high"), percentile_interval(scores[:, i])))
+                                                      for i, key in enumerate(("ece", "nll"))}}
+    return out
 
 
 def _evaluate(val, test, n_bins: int, ts_method: str, with_piece: bool,
