@@ -11,10 +11,11 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import DEFAULT_TEMPERATURE_METHOD, TemperatureScaling, bootstrap_temperatures
+from ..calibration import TemperatureScaling, bootstrap_temperatures
 from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
                        proximity)
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from .config import TRAINING_TEMPERATURE_METHOD
 
 __all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread", "SMALL_VALIDATION",
            "TEMPERATURE_RESAMPLES"]
@@ -59,7 +60,7 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
-                         n_bins: int = DEFAULT_N_BINS, ts_method: str = DEFAULT_TEMPERATURE_METHOD,
+                         n_bins: int = DEFAULT_N_BINS, ts_method: str = TRAINING_TEMPERATURE_METHOD,
                          with_piece: bool = False,
                          fitted: Optional[TemperatureScaling] = None,
                          bootstrap: int = DEFAULT_RESAMPLES) -> Evaluation:
@@ -78,9 +79,9 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
       (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers move with the temperature
       alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
-    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
-      paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
-      warning;
+    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: NLL as Guo et al., a training run's
+      default, or the grid 0.1..10 by ECE of the CSM paper); a fit that fails (e.g. fewer validation samples than
+      classes) is skipped with a warning;
     * ``test`` None (a dataset with no test split): ``metrics["test"]`` is None, the validation metrics are the
       report (after TS in-sample) and ``post_logits`` are the scaled validation logits;
     * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
