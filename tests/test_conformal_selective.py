@@ -277,3 +277,18 @@ def test_a_coverage_outside_its_expected_range_is_a_warning_in_the_report():
     row = next(line for line in lines if line.startswith("| temperature_scaling_nll | lac |"))
     assert "| 1000 / - / 1000 |" in row and "(outside)" in row
     assert not any(line.startswith("**Warning** (none)") for line in lines)
+
+
+def test_no_sets_on_a_calibrator_its_part_of_the_split_is_too_small_for():
+    from timm_csm.calibrate_fit import conformal_on_each
+
+    z, y = exchangeable(220, c=3, seed=9)
+    logged = []
+    sets, left_out = conformal_on_each(["dirichlet", "temperature_scaling"], (z[:20], y[:20]), (z[20:], y[20:]), 0.1,
+                                       ["lac"], 0, logged.append, {}, 0)
+    # Dirichlet calibration of 3 classes needs 12 samples; its half of 20 calibration images holds 10
+    assert left_out == {"dirichlet": "needs at least 12 samples for 3 classes, its part of the calibration split "
+                                     "has 10"}
+    assert set(sets) == {"none", "temperature_scaling", "set_size_temperature"}
+    assert sets["temperature_scaling"]["lac"]["n_calibrator"] == 10
+    assert logged[0] == f"no conformal sets on dirichlet: it {left_out['dirichlet']}"

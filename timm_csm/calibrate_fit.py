@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .calibrate_report import prediction_curves
 from .calibration import (TemperatureScaling, auto_candidates, calibrator_spec, create_calibrator, fold_table_markdown,
                           select_calibrator)
-from .calibration.conformal import CALIBRATOR_FRACTION, coverage_outside_range, fit_conformal_sets
+from .calibration.conformal import calibrator_part_unmet, coverage_outside_range, fit_conformal_sets
 from .training.evaluation import TEMPERATURE_RESAMPLES, temperature_spread
 from .training.shift import prediction_intervals, prediction_scores
 
@@ -54,23 +54,23 @@ def fit_and_score(names: Sequence[str], cal, test, n_bins: int, alpha: float, co
 def conformal_on_each(names: Sequence[str], cal, test, alpha: float, conformal: Sequence[str], seed: int, log,
                       odir: Dict[str, float], bootstrap: int) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """(``{base: {method: evaluation on test}}``, ``{calibrator: why no sets}``): conformal sets on the raw logits,
-    on top of each calibrator of ``names`` (a copy fitted on its :data:`CALIBRATOR_FRACTION` of ``cal``, the
-    quantile on the rest) and with their own temperature (:data:`OWN_TEMPERATURE`); a coverage outside its
+    on top of each calibrator of ``names`` (a copy fitted on its part of ``cal``, the quantile on the rest; none where
+    that part is too small for it: :func:`~timm_csm.calibration.conformal.calibrator_part_unmet`) and with their own temperature (:data:`OWN_TEMPERATURE`); a coverage outside its
     expected range is logged as a warning."""
     sets: Dict[str, Dict[str, Any]] = {}
     left_out: Dict[str, str] = {}
-    n_part, k = round(CALIBRATOR_FRACTION * len(cal[1])), cal[0].shape[1]
     for base in ["none", *names, OWN_TEMPERATURE] if conformal else []:
-        unfitted = create_with_penalties(base, odir) if base in names else None
-        why = calibrator_spec(base).unmet(k, n_part, "its part of the calibration split") if unfitted else None
+        why = calibrator_part_unmet(base, len(cal[1]), cal[0].shape[1]) if base in names else None
         if why is not None:
             left_out[base] = why
             log(f"no conformal sets on {base}: it {why}")
             continue
+        unfitted = create_with_penalties(base, odir) if base in names else None
         temperature = "set_size" if base == OWN_TEMPERATURE else None
-        fitted = fit_conformal_sets(conformal, *cal, calibrator=unfitted, alpha=alpha, seed=seed,
-                                    temperature=temperature)
-        sets[base] = {method: cp.evaluate(*test, bootstrap=bootstrap, seed=seed) for method, cp in fitted.items()}
+        classifiers = fit_conformal_sets(conformal, *cal, calibrator=unfitted, alpha=alpha, seed=seed,
+                                         temperature=temperature)
+        sets[base] = {method: classifier.evaluate(*test, bootstrap=bootstrap, seed=seed)
+                      for method, classifier in classifiers.items()}
         for result in sets[base].values():
             warning = coverage_outside_range(result)
             if warning is not None:

@@ -57,11 +57,12 @@ import torch
 from ..metrics import bootstrap_columns
 from ._checks import as_logits, as_targets
 from .base import PostHocCalibrator
-from .registry import create_calibrator
+from .registry import calibrator_spec, create_calibrator
 from .temperature import temperature_grid
 
 __all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile", "coverage_range",
-           "RAPS_PENALTY_GRID", "fit_conformal_sets", "coverage_outside_range", "CALIBRATOR_FRACTION"]
+           "RAPS_PENALTY_GRID", "fit_conformal_sets", "calibrator_part_unmet", "coverage_outside_range",
+           "CALIBRATOR_FRACTION"]
 
 CONFORMAL_METHODS = ("lac", "aps", "raps")
 #: the penalties RAPS's automatic tuning tries (Angelopoulos et al., 2021, Appendix E)
@@ -298,6 +299,15 @@ def fit_conformal_sets(methods: Sequence[str], logits, targets, calibrator: Unio
         shared = next(iter(sets.values())).calibrator if sets else None
         sets[method] = ConformalClassifier(method, calibrator=calibrator, **options)._fit(logits, targets, shared)
     return sets
+
+
+def calibrator_part_unmet(kind: str, n_calibration: int, num_classes: int,
+                          fraction: float = CALIBRATOR_FRACTION) -> Optional[str]:
+    """Why calibrator ``kind`` (a registered name) cannot be fitted on its ``fraction`` of a calibration split of
+    ``n_calibration`` samples of ``num_classes`` classes (:meth:`~timm_csm.calibration.CalibratorSpec.unmet`), or
+    None: the front ends leave out the sets on top of it instead of failing."""
+    return calibrator_spec(kind).unmet(num_classes, round(fraction * n_calibration),
+                                       "its part of the calibration split")
 
 
 def coverage_outside_range(result: dict) -> Optional[str]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
-from ..calibration.conformal import fit_conformal_sets
+from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
 from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
 from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
 from ..metrics.intervals import intervals_from_distribution
@@ -233,8 +233,10 @@ class ShiftEvaluation:
         if calibration is not None:  # each calibrator refitted on its part of the split, the quantile on the rest
             for method in ["uncalibrated", *calibrators]:
                 base = calibrators.get(method)
-                sets[method] = fit_conformal_sets(conformal, *calibration, alpha=alpha, seed=self.seed,
-                                                  calibrator=base.unfitted() if base is not None else None)
+                if base is None or calibrator_part_unmet(base.kind, len(calibration[1]),
+                                                         calibration[0].shape[1]) is None:
+                    sets[method] = fit_conformal_sets(conformal, *calibration, alpha=alpha, seed=self.seed,
+                                                      calibrator=base.unfitted() if base is not None else None)
         clean = _cell(test[0], test[1], calibrators, sets, n_bins, resamples, self.seed)[0]
         table: Dict[str, Dict[str, Any]] = {}
         resampled: Dict[str, Dict[str, Any]] = {}

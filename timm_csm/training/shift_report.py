@@ -54,7 +54,8 @@ def _shift_lines(shift: Dict[str, Any]) -> List[str]:
         vals = [_with(_pct(cells[methods[0]]["accuracy"]), iv(methods[0], "accuracy"))]
         vals += [_with(_pct(cells[m]["ece"]), iv(m, "ece")) for m in methods]
         vals += [_with(f"{cells[m]['nll']:.4f}", iv(m, "nll"), lambda v: f"{v:.4f}") for m in methods]
-        vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" for m in methods] if cover else []
+        vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" if cover in cells[m]["conformal"] else "-"
+                 for m in methods] if cover else []  # "-": no sets on a calibrator too large for its part
         return f"| {label} | " + " | ".join(vals + [worst]) + " |"
 
     clean = shift["clean"]
