@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from ..annotation import default_scale
-from ..training.config import PAPER_TEMPERATURE_METHOD
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
+from ..training.config import PAPER_TEMPERATURE_METHOD
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
            "paper_protocol", "resolve_dataset", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
