@@ -9,7 +9,7 @@ from .calibrate_report import prediction_curves
 from .calibration import (TemperatureScaling, auto_candidates, calibrator_spec, create_calibrator, fold_table_markdown,
                           select_calibrator)
 from .calibration.conformal import calibrator_part_unmet, coverage_outside_range, fit_conformal_sets
-from .training.evaluation import TEMPERATURE_RESAMPLES, temperature_spread
+from .training.evaluation import temperature_spread
 from .training.shift import prediction_intervals, prediction_scores
 
 __all__ = ["create_with_penalties", "fit_candidates", "choose_export", "fit_and_score", "conformal_on_each",
@@ -43,8 +43,8 @@ def fit_and_score(names: Sequence[str], cal, test, n_bins: int, alpha: float, co
             rows[name]["intervals"] = {split: prediction_intervals(*pair, n_bins, bootstrap, seed)
                                        for split, pair in scored.items()}
             if isinstance(calibrator, TemperatureScaling):  # how far its temperature moves with the images
-                rows[name].update(temperature=calibrator.temperature, **temperature_spread(
-                    calibrator, cal, test, n_bins, min(bootstrap, TEMPERATURE_RESAMPLES)))
+                rows[name].update(temperature=calibrator.temperature,
+                                  **temperature_spread(calibrator, cal, test, n_bins, bootstrap))
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
     sets, left_out = conformal_on_each(names, cal, test, alpha, conformal, seed, log, odir, bootstrap)
@@ -55,8 +55,8 @@ def conformal_on_each(names: Sequence[str], cal, test, alpha: float, conformal: 
                       odir: Dict[str, float], bootstrap: int) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """(``{base: {method: evaluation on test}}``, ``{calibrator: why no sets}``): conformal sets on the raw logits,
     on top of each calibrator of ``names`` (a copy fitted on its part of ``cal``, the quantile on the rest; none where
-    that part is too small for it: :func:`~timm_csm.calibration.conformal.calibrator_part_unmet`) and with their own temperature (:data:`OWN_TEMPERATURE`); a coverage outside its
-    expected range is logged as a warning."""
+    that part is too small for it: :func:`~timm_csm.calibration.conformal.calibrator_part_unmet`) and with their own
+    temperature (:data:`OWN_TEMPERATURE`); a coverage outside its expected range is logged as a warning."""
     sets: Dict[str, Dict[str, Any]] = {}
     left_out: Dict[str, str] = {}
     for base in ["none", *names, OWN_TEMPERATURE] if conformal else []:

@@ -10,6 +10,7 @@ import torch
 
 from .calibration import fold_table_markdown
 from .calibration.conformal import coverage_outside_range
+from .calibration.temperature import SMALL_VALIDATION
 from .extras import missing_extra
 from .metrics import list_metrics, reliability_table
 from .metrics.plots import RELIABILITY_KINDS, kind_diagrams, reliability_diagrams, risk_coverage_diagram
@@ -57,8 +58,8 @@ def _temperature_lines(report: Dict[str, Any]) -> List[str]:
         if spread:
             line += (f" Only {spread['n_val']} calibration images: with T in that range the test ECE moves within "
                      f"[{spread['ece']['low']:.4f}, {spread['ece']['high']:.4f}] and the NLL within "
-                     f"[{spread['nll']['low']:.4f}, {spread['nll']['high']:.4f}]; 1 000 images or more give a "
-                     "steadier temperature.")
+                     f"[{spread['nll']['low']:.4f}, {spread['nll']['high']:.4f}]; {SMALL_VALIDATION} images or more "
+                     "give a steadier temperature.")
         lines += [line, ""]
     return lines
 

@@ -14,7 +14,8 @@ from .base import PostHocCalibrator
 from .registry import register_calibrator
 
 __all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature", "bootstrap_temperatures",
-           "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD"]
+           "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "TEMPERATURE_RESAMPLES",
+           "SMALL_VALIDATION"]
 
 #: the fitting rules of the temperature
 TEMPERATURE_METHODS = ("grid_ece", "nll")
@@ -23,6 +24,10 @@ TEMPERATURE_METHODS = ("grid_ece", "nll")
 #: steadier on a few hundred validation images
 PAPER_TEMPERATURE_METHOD = "grid_ece"
 DEFAULT_TEMPERATURE_METHOD = PAPER_TEMPERATURE_METHOD
+#: the most resamples behind a reported temperature's interval (each one a fit: :func:`bootstrap_temperatures`)
+TEMPERATURE_RESAMPLES = 200
+#: below this many fitting images a report says how far the after-TS numbers move with the temperature
+SMALL_VALIDATION = 1000
 _T_BOUNDS = (1e-2, 1e2)  # NLL fits on (near-)separable data run off towards 0; keep T in a sane range
 
 
@@ -239,7 +244,7 @@ register_calibrator("temperature_scaling_nll", preset={"method": "nll"},
 
 
 def bootstrap_temperatures(logits, targets, method: str = DEFAULT_TEMPERATURE_METHOD, n_bins: int = DEFAULT_N_BINS,
-                           resamples: int = 200, seed: int = 0) -> torch.Tensor:
+                           resamples: int = TEMPERATURE_RESAMPLES, seed: int = 0) -> torch.Tensor:
     """(resamples,) float64: the temperature of :class:`TemperatureScaling` (``method``, ``n_bins``) refitted on each
     bootstrap resample of ``(logits, targets)`` (:func:`~timm_csm.metrics.resample_indices`, ``seed``): how far a
     temperature fitted on these images can move (its percentile interval:

@@ -12,18 +12,13 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from ..calibration import TemperatureScaling, bootstrap_temperatures
+from ..calibration.temperature import SMALL_VALIDATION, TEMPERATURE_RESAMPLES
 from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
                        proximity)
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .config import TRAINING_TEMPERATURE_METHOD
 
-__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread", "SMALL_VALIDATION",
-           "TEMPERATURE_RESAMPLES"]
-
-#: below this many validation images a report says how far the after-TS test numbers move with the temperature
-SMALL_VALIDATION = 1000
-#: the most resamples behind the temperature's interval (each one a fit of the temperature)
-TEMPERATURE_RESAMPLES = 200
+__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread"]
 
 
 class _Scored(NamedTuple):
@@ -74,9 +69,8 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
     * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,
-      refitted on up to :data:`TEMPERATURE_RESAMPLES` resamples of the validation images
-      (:func:`~timm_csm.calibration.bootstrap_temperatures`); with fewer than :data:`SMALL_VALIDATION` of them,
-      ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
+      refitted on resamples of the validation images (:func:`temperature_spread`); with few of them (below
+      ``SMALL_VALIDATION``), ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
       (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers move with the temperature
       alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
     * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: NLL as Guo et al., a training run's
@@ -106,15 +100,17 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
         metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
                                 "interval": "percentile", "resampled": "the samples of each split"}
         if scored.scaler is not None and val is not None:
-            metrics.update(temperature_spread(scored.scaler, val, test, n_bins, min(bootstrap, TEMPERATURE_RESAMPLES)))
+            metrics.update(temperature_spread(scored.scaler, val, test, n_bins, bootstrap))
     return Evaluation(metrics, scored.post_logits, scored.scaler)
 
 
-def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, resamples: int) -> Dict[str, Any]:
-    """``{"temperature_interval"[, "post_ts_spread"]}``: the interval of ``scaler``'s temperature over ``resamples``
-    refits on resampled validation (or calibration) images ``val``, and with fewer than :data:`SMALL_VALIDATION` of
-    them the range of the ``test`` ECE and NLL after TS over the resampled temperatures (see
-    :func:`evaluate_calibration`)."""
+def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, bootstrap: int) -> Dict[str, Any]:
+    """``{"temperature_interval"[, "post_ts_spread"]}``: the interval of ``scaler``'s temperature over refits on
+    resampled validation (or calibration) images ``val`` (``bootstrap`` resamples, at most
+    :data:`~timm_csm.calibration.temperature.TEMPERATURE_RESAMPLES`), and with fewer than
+    :data:`~timm_csm.calibration.temperature.SMALL_VALIDATION` of them the range of the ``test`` ECE and NLL after
+    TS over the resampled temperatures (see :func:`evaluate_calibration`)."""
+    resamples = min(bootstrap, TEMPERATURE_RESAMPLES)
     temperatures = bootstrap_temperatures(val[0], val[1], scaler.method, n_bins, resamples=resamples)
     low, high = percentile_interval(temperatures)
     out: Dict[str, Any] = {"temperature_interval": {"low": low, "high": high, "resamples": resamples}}

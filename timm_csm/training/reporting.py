@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
+from ..calibration.temperature import SMALL_VALIDATION
 from ..metrics.table import metric_spec
 from .shift_report import shift_figure, shift_markdown
 
@@ -93,8 +94,8 @@ def _small_validation_line(results: Dict[str, Any]) -> str:
     return (f"Only {spread['n_val']} validation images: refitted on {interval['resamples']} resamples of them, the "
             f"temperature moves within [{interval['low']:.2f}, {interval['high']:.2f}], and with it the test ECE after "
             f"TS within [{_fmt(spread['ece']['low'], 100)}, {_fmt(spread['ece']['high'], 100)}] % and the NLL within "
-            f"[{spread['nll']['low']:.4f}, {spread['nll']['high']:.4f}]; 1 000 validation images or more give a "
-            "steadier temperature (docs/own_folder.md).")
+            f"[{spread['nll']['low']:.4f}, {spread['nll']['high']:.4f}]; {SMALL_VALIDATION} validation images or "
+            "more give a steadier temperature (docs/own_folder.md).")
 
 
 def _checkpoint_line(results: Dict[str, Any]) -> str:
