@@ -32,6 +32,8 @@ PAGE = Path("benchmarks/shift_a3.md")
 SEVERITIES = (1, 2, 3, 4, 5)
 #: the amendment-2 cells' data options, and each of a shift cell's two runs (PROTOCOL.md amendment 3)
 DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--val-size", "2000", "--data-seed", "0"]
+#: the temperature of amendment 2's protocol (the paper's grid by validation ECE; training runs default to NLL)
+TS_OPTIONS = ["--ts-method", "grid_ece"]
 RUNS = {"shift": ["--max-test-samples", "2000", "--eval-shift", "all", "--ood", "mnist5k"],
         "digits": ["--max-test-samples", "2000", "--ood", "digits"]}
 OOD_SOURCES = ("mnist5k", "digits")
@@ -106,8 +108,8 @@ def run_cell(cell: str, a2_output: Path = Path(method_table.A2_OUTPUT), output: 
     commands, seconds = {}, {}
     for tag, options in RUNS.items():
         folder = Path(output) / cell / tag
-        cmd = [sys.executable, "train.py", "--eval-only", "--checkpoint", str(checkpoint), *DATA_OPTIONS, *options,
-               "--no-progress"]
+        cmd = [sys.executable, "train.py", "--eval-only", "--checkpoint", str(checkpoint), *DATA_OPTIONS, *TS_OPTIONS,
+               *options, "--no-progress"]
         commands[tag] = ["train.py", *cmd[2:]]
         if (folder / "DONE.json").exists():
             seconds[tag] = read_json(folder / "DONE.json")["seconds"]

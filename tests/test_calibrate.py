@@ -14,7 +14,7 @@ from timm_csm.calibrate import calibrate
 from timm_csm.commands.calibrate import main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
-from timm_csm.metrics import calibration_metrics
+from timm_csm.metrics import calibration_metrics, debiased_ce
 from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
 
 
@@ -54,6 +54,8 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     logits, targets = saved["logits"], saved["targets"]
     before = calibration_metrics(logits, targets)
     assert report["uncalibrated"]["test"]["ece"] == pytest.approx(before["ece"], abs=1e-12)
+    assert report["uncalibrated"]["test"]["debiased_ce"] == pytest.approx(debiased_ce(logits, targets), abs=1e-12)
+    assert "| calibrator | accuracy | ece | aece | cece | mce | debiased_ce | nll |" in (out / "report.md").read_text()
     for name, row in report["calibrators"].items():
         calibrator = load_calibrator(out / "calibrators" / f"{name}.safetensors")
         after = calibration_metrics(calibrator.transform(logits), targets)
@@ -65,6 +67,17 @@ def test_report_numbers_and_the_calibrated_model(user_files, tmp_path):
     raps = report["conformal"]["none"]["raps"]
     assert raps["n_tuning"] == 27 and raps["n_calibration"] == 63 and raps["penalty"] > 0
     assert f"k_reg {raps['k_reg']} and penalty {raps['penalty']:g} tuned on 27" in (out / "report.md").read_text()
+    # the temperature with its interval over refits on resampled calibration images; 90 of them: how far it moves
+    ts = report["calibrators"]["temperature_scaling"]
+    assert ts["temperature_interval"]["low"] <= ts["temperature"] <= ts["temperature_interval"]["high"]
+    assert ts["post_ts_spread"]["n_val"] == 90 and "temperature_interval" not in report["calibrators"]["isotonic"]
+    assert (f"temperature_scaling: T = {ts['temperature']:.2f} [{ts['temperature_interval']['low']:.2f}, "
+            f"{ts['temperature_interval']['high']:.2f}], refitted on 200 resamples of the calibration images. Only "
+            "90 calibration images:") in (out / "report.md").read_text()
+    # on top of a calibrator, the sets refit it on half the calibration images and take the quantile on the rest
+    on_ts = report["conformal"]["temperature_scaling"]["lac"]
+    assert on_ts["n_calibrator"] == 45 and on_ts["n_calibration"] == 45 and on_ts["n_tuning"] == 0
+    assert "| temperature_scaling | lac | - | 45 / - / 45 |" in (out / "report.md").read_text()
     # the model to take away: one module, the model then the calibrator of the lowest cross-validated NLL
     chosen, selection = report["calibrated_model"], report["selection"]
     assert chosen["kind"] == selection["chosen"] == min(selection["mean"], key=selection["mean"].get)

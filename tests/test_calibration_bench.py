@@ -361,6 +361,9 @@ def test_amendment_cells_record_what_they_depend_on_and_reproduce(tmp_path, csm_
                     setting="matched", committed=home, amendment=2)
     ls = json.loads((home / "ls@smoothing=0.1-s0" / CELL_META).read_text())
     assert ls["config"]["loss_kwargs"] == {"smoothing": 0.1}
+    # the cells fit the temperature by the paper's grid (training runs default to NLL), not a keyed option
+    assert "ts_method" not in ls["config"]
+    assert json.loads((home / "ls@smoothing=0.1-s0" / RESULTS).read_text())["ts_method"] == "grid_ece"
     record = ls["record"]
     assert record["amendment"] == 2 and record["torch_threads"] == torch.get_num_threads()
     assert record["torch"] == torch.__version__ and len(record["commit"]) == 40 and "generated_set" not in record

@@ -59,7 +59,8 @@ def test_conformal_sets_with_their_own_temperature_keep_coverage_and_are_smaller
     z, y = exchangeable(9000, seed=5)  # over-confident logits: temperature scaling finds T near 2.5
     ts = TemperatureScaling(method="nll").fit(z[:3000], y[:3000])
     cal, test = (z[3000:6000], y[3000:6000]), (z[6000:], y[6000:])
-    with_ts = ConformalClassifier("aps", alpha=0.1, calibrator=ts).fit(*cal).evaluate(*test)
+    with_ts = ConformalClassifier("aps", alpha=0.1).fit(ts.transform(cal[0]), cal[1]).evaluate(ts.transform(test[0]),
+                                                                                               test[1])
     own = ConformalClassifier("aps", alpha=0.1, temperature="set_size").fit(*cal)
     result = own.evaluate(*test, bootstrap=200)
     assert ts.temperature > 2 and own.temperature != pytest.approx(ts.temperature, abs=0.5)
@@ -70,6 +71,6 @@ def test_conformal_sets_with_their_own_temperature_keep_coverage_and_are_smaller
     assert iv["coverage"]["low"] < result["coverage"] < iv["coverage"]["high"]
     assert iv["mean_set_size"]["low"] < result["mean_set_size"] < iv["mean_set_size"]["high"]
     with pytest.raises(ValueError, match="not both"):
-        ConformalClassifier(calibrator=ts, temperature="set_size")
+        ConformalClassifier(calibrator="temperature_scaling", temperature="set_size")
     with pytest.raises(ValueError, match="temperature must be None, a positive number or 'set_size'"):
         ConformalClassifier(temperature="nll")

@@ -59,3 +59,12 @@ def test_differences_name_every_changed_leaf_but_where_a_cell_ran():
     now = {"test": {"pre_ts": {"ece": 0.2, "nll": 0.3}}, "history": [1, 3], "seconds": 9, "run_id": "b"}
     assert cells.differences(committed, now) == ["history[1]: committed 2, now 3",
                                                  "test.pre_ts.ece: committed 0.1, now 0.2"]
+
+
+def test_keys_the_committed_results_lack_are_added_not_differences():
+    committed = {"test": {"pre_ts": {"ece": 0.1}}, "n_val": 20}
+    now = {"test": {"pre_ts": {"ece": 0.1, "debiased_ce": 0.05}}, "n_val": 20, "temperature_interval": {"low": 1}}
+    assert cells.differences(committed, now) == []
+    assert cells.added_keys(committed, now) == ["temperature_interval", "test.pre_ts.debiased_ce"]
+    assert cells.differences(now, committed) == ["temperature_interval: committed {'low': 1}, now None",
+                                                 "test.pre_ts.debiased_ce: committed 0.05, now None"]

@@ -58,7 +58,7 @@ def write_run(folder: Path, seed: int, ece: float, dataset: str = "digits", n_te
     record = dict(config_record(TrainConfig.from_dict(dict(options, dataset=dataset, seed=seed))),
                   run_id=f"run{seed}", output=str(folder.parent), experiment=folder.name)
     (folder / "args.yaml").write_text(yaml.safe_dump(record))
-    scores = {"accuracy": 0.9, "ece": ece, "nll": 0.3 + ece}
+    scores = {"accuracy": 0.9, "ece": ece, "debiased_ce": ece / 2, "nll": 0.3 + ece}
     results = {"dataset": dataset, "n_test": n_test, "n_val": 20, "test": {"pre_ts": scores, "post_ts": scores}}
     (folder / "results.json").write_text(json.dumps(results))
     return str(folder)
@@ -94,12 +94,14 @@ def test_compare_end_to_end_on_run_folders(tmp_path, capsys):
         got = pair["intervals"]["ece_pre_ts"]
         assert (got["mean"], got["low"], got["high"]) == pytest.approx((100 * iv.mean, 100 * iv.low, 100 * iv.high))
         assert pair["intervals"]["nll_pre_ts"]["mean"] == pytest.approx(iv.mean)  # NLL unscaled
+        assert pair["intervals"]["debiased_ce_pre_ts"]["mean"] == pytest.approx(100 * iv.mean / 2)  # in points
         p_values.append(got["p_value"])
     adjusted, reject = holm(p_values)
     assert [p["holm_p"] for p in result["pairs"]] == pytest.approx(adjusted)
     assert reject == [True, False, True]
     assert [p["decision"] for p in result["pairs"]] == ["ce higher", "no difference shown", "ce (mixup=0.4) lower"]
     assert "Holm's correction over 3 pair(s)" in printed and "| ce minus smoothed |" in printed
+    assert "| Debiased CE (points), before TS |" in printed
 
 
 @pytest.mark.parametrize("case, match", [

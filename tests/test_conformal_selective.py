@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from timm_csm.calibration import ConformalClassifier, TemperatureScaling
+from timm_csm.calibration import ConformalClassifier, TemperatureScaling, list_calibrators
 from timm_csm.calibration.conformal import conformal_quantile, conformal_scores
 from timm_csm.metrics import augrc, aurc, eaurc, risk_coverage_curve
 from timm_csm.metrics.selective import risk_coverage_from_points, selective_metrics_from_points
@@ -127,17 +127,85 @@ def test_quantile_rule_and_sets():
 
 def test_conformal_on_top_of_a_calibrator_keeps_coverage():
     z, y = exchangeable(6000, seed=5)
-    ts = TemperatureScaling(method="nll").fit(z[:2000], y[:2000])
     raw = ConformalClassifier("aps", alpha=0.1).fit(z[2000:4000], y[2000:4000]).evaluate(z[4000:], y[4000:])
-    calibrated = ConformalClassifier("aps", alpha=0.1, calibrator=ts).fit(z[2000:4000], y[2000:4000])
+    calibrated = ConformalClassifier("aps", alpha=0.1, calibrator="temperature_scaling_nll").fit(z[:4000], y[:4000])
     result = calibrated.evaluate(z[4000:], y[4000:])
     assert abs(result["coverage"] - 0.9) < 0.03 and abs(raw["coverage"] - 0.9) < 0.03
-    # the calibrator is applied before the scores: the same as conformal on the calibrated logits
-    direct = ConformalClassifier("aps", alpha=0.1).fit(ts.transform(z[2000:4000]), y[2000:4000])
+    assert result["n_calibrator"] == 2000 and result["n_calibration"] == 2000 and result["n_tuning"] == 0
+    # the calibrator is fitted on a seeded half and applied before the scores; the quantile comes from the other
+    # half: the same as conformal sets on the calibrated logits of that half
+    part = torch.randperm(4000, generator=torch.Generator().manual_seed(0))
+    ts = TemperatureScaling(method="nll").fit(z[part[:2000]], y[part[:2000]])
+    assert ts.temperature == calibrated.calibrator.temperature
+    direct = ConformalClassifier("aps", alpha=0.1).fit(ts.transform(z[part[2000:]]), y[part[2000:]])
     assert direct.quantile == calibrated.quantile != raw["quantile"] is not None
-    assert direct.evaluate(ts.transform(z[4000:]), y[4000:]) == result
+    assert direct.evaluate(ts.transform(z[4000:]), y[4000:]) == dict(result, n_calibrator=0)
+    with pytest.raises(ValueError, match="fits its calibrator itself"):
+        ConformalClassifier("aps", calibrator=ts)  # fitted: the quantile could see the images it was fitted on
+    unfitted = ts.unfitted()
+    assert not unfitted.is_fitted and unfitted.config() == ts.config()
+    with pytest.raises(ValueError, match="calibrator_fraction"):
+        ConformalClassifier("aps", calibrator=unfitted, calibrator_fraction=1.0)
 
 
+def _exchangeable_splits(splits, n, c, seed):
+    """``splits`` independent draws of :func:`exchangeable` at once: logits (splits, n, c) and labels."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(splits, n, c, generator=g, dtype=torch.float64) * 1.5
+    y = torch.multinomial(torch.softmax(z, -1).view(-1, c), 1, generator=g).view(splits, n)
+    return z * 2.5, y
+
+
+def _coverages(name, splits, n_cal, n_test, alpha, apart=True):
+    """LAC and APS coverage on the test part of each split, on top of calibrator ``name``: fitted by the sets
+    themselves (``apart``), or fitted on the very images the quantile is computed on (what breaks the guarantee)."""
+    from timm_csm.calibration import calibrator_spec, create_calibrator, fit_conformal_sets
+    from timm_csm.calibration.conformal import CALIBRATOR_FRACTION
+
+    c = 2 if calibrator_spec(name).binary_only else 4
+    z, y = _exchangeable_splits(splits, n_cal + n_test, c, seed=11)
+    out = {"lac": [], "aps": []}
+    for s in range(splits):
+        cal, test = (z[s, :n_cal], y[s, :n_cal]), (z[s, n_cal:], y[s, n_cal:])
+        if not apart:  # the calibrator fitted on the same images as the quantile (as many as the quantile's part)
+            n = round((1 - CALIBRATOR_FRACTION) * n_cal)
+            fitted = create_calibrator(name).fit(cal[0][:n], cal[1][:n])
+            cal, test = (fitted.transform(cal[0][:n]), cal[1][:n]), (fitted.transform(test[0]), test[1])
+        sets = fit_conformal_sets(("lac", "aps"), *cal, calibrator=name if apart else None, alpha=alpha, seed=s)
+        for method, cp in sets.items():
+            out[method].append(cp.evaluate(*test))
+    return out
+
+
+@pytest.mark.parametrize("name", list_calibrators())
+def test_coverage_on_top_of_every_calibrator_within_the_expected_range_over_200_splits(name):
+    """Sets on top of each registered calibrator (refitted on half the calibration images, the quantile on the
+    other half) over 200 random splits: the mean coverage is the beta law's, and about nine splits in ten lie
+    inside the report's expected range, few below it."""
+    splits, n_cal, n_test, alpha = 200, 600, 1000, 0.1
+    for method, results in _coverages(name, splits, n_cal, n_test, alpha).items():
+        coverage = np.array([r["coverage"] for r in results])
+        lo, hi = results[0]["coverage_range"]
+        n = results[0]["n_calibration"]
+        assert n == n_cal - round(0.5 * n_cal) and results[0]["n_calibrator"] == n_cal - n
+        l = math.floor((n + 1) * alpha)
+        a, b = n + 1 - l, l
+        mean = a / (a + b)
+        sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)) + mean * (1 - mean) / n_test)
+        assert abs(coverage.mean() - mean) < 4 * sd / math.sqrt(splits), (method, coverage.mean(), mean)
+        inside, below = ((coverage >= lo) & (coverage <= hi)).mean(), (coverage < lo).mean()
+        three_sd = 3 * math.sqrt(0.9 * 0.1 / splits)  # a share of splits, 0.9 inside on average
+        assert inside >= 0.9 - three_sd and below <= 0.05 + three_sd, (method, inside, below)
+
+
+def test_a_calibrator_fitted_on_the_quantiles_images_breaks_coverage():
+    """The control of the test above: isotonic regression fitted on the images the quantile is computed on puts
+    most splits below their expected range (what the calibrator part prevents)."""
+    splits, n_cal, n_test, alpha = 200, 600, 1000, 0.1
+    for method, results in _coverages("isotonic", splits, n_cal, n_test, alpha, apart=False).items():
+        coverage = np.array([r["coverage"] for r in results])
+        lo = results[0]["coverage_range"][0]
+        assert coverage.mean() < 0.88 and (coverage < lo).mean() > 0.4, (method, coverage.mean())
 def brute_force_selective(conf, acc):
     """Average of the curve over every order of tied samples (the definition the ties rule implements)."""
     n = len(conf)
@@ -188,3 +256,39 @@ def test_functional_metrics_read_logits():
     assert curve.coverage[-1] == 1.0 and curve.risk[-1].item() == pytest.approx(1 - (pred == y).double().mean())
     points = curve.to_dict(max_points=50)
     assert len(points["coverage"]) == 50 and points["coverage"][-1] == 1.0
+
+
+def test_a_coverage_outside_its_expected_range_is_a_warning_in_the_report():
+    from timm_csm.calibrate_report import _conformal_lines
+    from timm_csm.calibration.conformal import coverage_outside_range
+
+    z, y = exchangeable(4000, seed=8)
+    cp = ConformalClassifier("lac", alpha=0.1, calibrator="temperature_scaling_nll").fit(z[:2000], y[:2000])
+    same = cp.evaluate(z[2000:], y[2000:])
+    sharper = cp.evaluate(z[2000:] * 3, y[2000:])  # test images the model is more confident on: not exchangeable
+    lo = sharper["coverage_range"][0]
+    assert sharper["coverage"] < lo and coverage_outside_range(same) is None
+    warning = coverage_outside_range(sharper)
+    assert warning == (f"lac coverage {sharper['coverage']:.4f} lies below its expected range {lo:.3f}-"
+                       f"{sharper['coverage_range'][1]:.3f} (quantile on 1000 images)")
+    lines = _conformal_lines({"alpha": 0.1, "conformal": {"none": {"lac": same},
+                                                          "temperature_scaling_nll": {"lac": sharper}}})
+    assert f"**Warning** (temperature_scaling_nll): {warning}." in lines
+    row = next(line for line in lines if line.startswith("| temperature_scaling_nll | lac |"))
+    assert "| 1000 / - / 1000 |" in row and "(outside)" in row
+    assert not any(line.startswith("**Warning** (none)") for line in lines)
+
+
+def test_no_sets_on_a_calibrator_its_part_of_the_split_is_too_small_for():
+    from timm_csm.calibrate_fit import conformal_on_each
+
+    z, y = exchangeable(220, c=3, seed=9)
+    logged = []
+    sets, left_out = conformal_on_each(["dirichlet", "temperature_scaling"], (z[:20], y[:20]), (z[20:], y[20:]), 0.1,
+                                       ["lac"], 0, logged.append, {}, 0)
+    # Dirichlet calibration of 3 classes needs 12 samples; its half of 20 calibration images holds 10
+    assert left_out == {"dirichlet": "needs at least 12 samples for 3 classes, its part of the calibration split "
+                                     "has 10"}
+    assert set(sets) == {"none", "temperature_scaling", "set_size_temperature"}
+    assert sets["temperature_scaling"]["lac"]["n_calibrator"] == 10
+    assert logged[0] == f"no conformal sets on dirichlet: it {left_out['dirichlet']}"

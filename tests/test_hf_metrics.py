@@ -16,14 +16,15 @@ import torch
 import evaluate  # imported once for the module (slow)
 from timm_csm import hf_metrics
 from timm_csm.hf_metrics import METRIC_NAMES, install_evaluate_modules, load_metric, metric_path
-from timm_csm.metrics import (adaptive_ece, augrc, aurc, brier_score, classwise_ece, eaurc, ece, mce, nll,
-                              smooth_ece)
+from timm_csm.metrics import (adaptive_ece, augrc, aurc, brier_score, classwise_ece, debiased_ce, eaurc, ece, mce,
+                              nll, smooth_ece)
 
 REFERENCE = {
     "ece": lambda p, y, **kw: ece(p, y, **kw),
     "aece": lambda p, y, **kw: adaptive_ece(p, y, **kw),
     "cece": lambda p, y, **kw: classwise_ece(p, y, **kw),
     "mce": lambda p, y, **kw: mce(p, y, **kw),
+    "debiased_ce": lambda p, y, **kw: debiased_ce(p, y, **kw),
     "nll": lambda p, y, n_bins=15, **kw: nll(p, y, **kw),
     "brier": lambda p, y, n_bins=15, **kw: brier_score(p, y, **kw),
     "smece": lambda p, y, n_bins=15, **kw: smooth_ece(p, y, **kw),
@@ -76,7 +77,8 @@ def test_the_modules_use_the_public_metrics_api_and_one_description(modules):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("timm_csm.metrics"):
             assert node.module == "timm_csm.metrics", node.module
             assert {a.name for a in node.names} <= set(metrics.__all__)
-    functions = {"ece": ece, "aece": adaptive_ece, "cece": classwise_ece, "mce": mce, "nll": nll,
+    functions = {"ece": ece, "aece": adaptive_ece, "cece": classwise_ece, "mce": mce, "debiased_ce": debiased_ce,
+                 "nll": nll,
                  "brier": brier_score, "smece": smooth_ece, "aurc": aurc, "eaurc": eaurc, "augrc": augrc}
     for name, module in modules.items():
         assert module.description.startswith(inspect.cleandoc(functions[name].__doc__))

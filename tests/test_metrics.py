@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from timm_csm.metrics import (METRIC_KEYS, adaptive_ece, bin_edges, bin_index, brier_score, calibration_metrics,
-                              classwise_ece, ece, mce, nll, overconfidence_error, piece, proximity, reliability_table,
-                              smooth_ece, underconfidence_error)
+                              classwise_ece, debiased_ce, ece, mce, nll, overconfidence_error, piece, proximity,
+                              reliability_table, smooth_ece, underconfidence_error)
+from timm_csm.metrics.binning import bin_sums, calibration_error_from_bins, debiased_error_from_bins
 from timm_csm.metrics.inputs import prepare_inputs
 from timm_csm.metrics.state import accumulate
 
@@ -77,6 +78,23 @@ def ref_cece(p, t, n_bins=15):
     return np.mean([ref_ece(p[:, k], t[:, k], n_bins) for k in range(p.shape[1])])
 
 
+def ref_debiased_ce(conf, acc, n_bins=15):
+    """Kumar, Liang & Ma (2019), Section 5: sqrt(max(sum_b p_b [(acc_b - conf_b)^2 - acc_b (1 - acc_b) / (n_b - 1)],
+    0)) over the bins of n_b >= 2 samples, p_b = n_b / n, for correctness in {0, 1}; for soft accuracies the
+    variance of the bin mean is the sample variance over n_b."""
+    edges, n, total = np.linspace(0, 1, n_bins + 1), len(conf), 0.0
+    for b in range(n_bins):
+        m = ref_members(conf, edges, b)
+        n_b = int(m.sum())
+        if n_b < 2:
+            continue
+        a, c = acc[m].mean(), conf[m].mean()
+        hard = np.all((acc[m] == 0) | (acc[m] == 1))
+        variance = a * (1 - a) / (n_b - 1) if hard else acc[m].var(ddof=1) / n_b
+        total += n_b / n * ((a - c) ** 2 - variance)
+    return math.sqrt(max(total, 0.0))
+
+
 def ref_nll(p, t):
     return float(-(t * np.log(np.maximum(p, 1e-12))).sum(1).mean())
 
@@ -90,7 +108,8 @@ def ref_all(p, t, n_bins=15):
     oe, ue = ref_oe_ue(conf, acc, n_bins)
     return {"accuracy": acc.mean(), "confidence": conf.mean(), "ece": ref_ece(conf, acc, n_bins),
             "aece": ref_aece(conf, acc, n_bins), "cece": ref_cece(p, t, n_bins),
-            "mce": ref_ece(conf, acc, n_bins, "max"), "oe": oe, "ue": ue, "nll": ref_nll(p, t),
+            "mce": ref_ece(conf, acc, n_bins, "max"), "oe": oe, "ue": ue,
+            "debiased_ce": ref_debiased_ce(conf, acc, n_bins), "nll": ref_nll(p, t),
             "brier": ref_brier(p, t)}
 
 
@@ -128,6 +147,7 @@ def test_all_metrics_match_numpy_reference(input_type):
     assert classwise_ece(preds, y, input_type=input_type) == pytest.approx(got["cece"], abs=1e-15)
     assert overconfidence_error(preds, y, input_type=input_type) == pytest.approx(got["oe"], abs=1e-15)
     assert underconfidence_error(preds, y, input_type=input_type) == pytest.approx(got["ue"], abs=1e-15)
+    assert debiased_ce(preds, y, input_type=input_type) == pytest.approx(got["debiased_ce"], abs=1e-15)
     assert nll(preds, y, input_type=input_type) == pytest.approx(got["nll"], abs=1e-12)
     assert brier_score(preds, y, input_type=input_type) == pytest.approx(got["brier"], abs=1e-12)
 
@@ -566,3 +586,26 @@ def test_piece_bad_input_names_the_problem():
         piece(z, y, feats, n_prox_bins=0)
     with pytest.raises(ValueError, match=r"shape \(N, C\)"):
         piece(z.view(20, 3, 1), y.view(20, 1), feats)
+
+
+def test_the_debiased_ce_removes_the_binned_estimates_bias():
+    """Labels drawn from the confidences themselves (a calibrated model): over many draws the binned squared l2
+    error stays above 0 (the bins' noise), the debiased estimate averages 0; a miscalibrated model's squared error
+    (known in closed form here) is recovered without the upward bias."""
+    g = torch.Generator().manual_seed(0)
+    draws, n = 400, 300
+    conf = 0.5 + 0.5 * torch.rand(draws, n, generator=g, dtype=torch.float64)
+    for shift in (0.0, 0.1):  # accuracy = confidence - shift
+        correct = (torch.rand(draws, n, generator=g, dtype=torch.float64) < conf - shift).double()
+        sums = [bin_sums(bin_index(conf[d], bin_edges(15)), 15, conf[d], correct[d], correct[d]) for d in range(draws)]
+        plug_in = torch.tensor([calibration_error_from_bins(*s[:3], "l2") ** 2 for s in sums])
+        debiased = torch.tensor([float(debiased_error_from_bins(*s, squared=True)) for s in sums], dtype=torch.float64)
+        sd_mean = float(debiased.std()) / math.sqrt(draws)
+        assert abs(float(debiased.mean()) - shift ** 2) < 4 * sd_mean
+        assert float(plug_in.mean()) - shift ** 2 > 10 * sd_mean  # the bias the estimator removes
+        # the same on a batch of bins (the bootstrap's resamples), and the one-pass function on the confidences
+        assert torch.allclose(debiased_error_from_bins(*map(torch.stack, zip(*sums)), squared=True), debiased,
+                              atol=1e-15)
+    probs = torch.stack([conf[0], 1 - conf[0]], 1)  # two classes: the confidence is the first class's probability
+    assert debiased_ce(probs, 1 - correct[0].long(), input_type="probs") == pytest.approx(
+        ref_debiased_ce(conf[0].numpy(), correct[0].numpy()), abs=1e-12)

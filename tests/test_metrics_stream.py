@@ -82,7 +82,7 @@ def test_state_is_bins_by_classes_without_kept_confidences():
         acc.update(z[a:a + 500], y[a:a + 500])
     st = acc.state
     assert st.conf_points == [] and st.acc_points == []
-    assert sum(t.numel() for t in st.sum_tensors()) == 3 * 10 + 5 + 3 * 40 * 10
+    assert sum(t.numel() for t in st.sum_tensors()) == 4 * 10 + 5 + 3 * 40 * 10
     assert all(t.dtype == torch.float64 for t in st.sum_tensors())
     got = acc.compute()
     assert "aece" not in got
@@ -113,6 +113,8 @@ def test_state_dict_round_trip_and_reset():
     acc = CalibrationAccumulator(num_classes=6).update(z, y)
     restored = CalibrationAccumulator(num_classes=6).load_state_dict(acc.state_dict())
     assert_same(restored.compute(smooth=True), acc.compute(smooth=True), 0.0)
+    earlier = {k: v for k, v in acc.state_dict().items() if k != "acc_sq_sum"}  # saved before the debiased CE
+    assert CalibrationAccumulator(num_classes=6).load_state_dict(earlier).compute() == acc.compute()  # hard labels
     broken = acc.state_dict()
     del broken["cw_count"]
     with pytest.raises(ValueError, match="cw_count"):

@@ -69,10 +69,70 @@ def test_each_bootstrap_resample_equals_the_metrics_of_the_resampled_scores(deci
     s_out = torch.randn(200, generator=g, dtype=torch.float64).round(decimals=decimals)
     dist = bootstrap_ood_distribution(s_in, s_out, resamples=40, seed=3)
     rows_in, rows_out = resample_indices(300, 40, 3), resample_indices(200, 40, 4)  # out: seed + 1
+    scores = torch.cat([s_in, s_out])
+    unique = (scores[:, None] == scores[None, :]).sum(1) == 1  # a score no other sample of the data has
+    gap = torch.diff(scores.unique()).min()
+
+    def copies_apart(s, rows, offset):
+        """The resampled scores, the copies of a sample with a score of its own moved apart by less than any gap
+        of the data (distinct scores, as the data's), those of tied samples left tied."""
+        copy = torch.zeros(len(rows), dtype=torch.float64)
+        for i in range(len(rows)):
+            copy[i] = (rows[:i] == rows[i]).sum()
+        return s[rows] + torch.where(unique[rows + offset], copy * gap / (2 * len(rows)), torch.zeros_like(copy))
+
     for r in range(40):
         expected = ood_metrics(s_in[rows_in[r]], s_out[rows_out[r]])
-        assert {k: dist[k][r].item() for k in expected} == pytest.approx(expected, abs=1e-12)
+        apart = ood_metrics(copies_apart(s_in, rows_in[r], 0), copies_apart(s_out, rows_out[r], 300))
+        assert apart["auroc"] == pytest.approx(expected["auroc"], abs=1e-12)  # copies of one sample: no in-out tie
+        assert apart["fpr95"] == expected["fpr95"]
+        assert {k: dist[k][r].item() for k in apart} == pytest.approx(apart, abs=1e-12)
     iv = bootstrap_ood_metrics(s_in, s_out, resamples=40, seed=3)
     assert iv["auroc"]["low"] == pytest.approx(float(np.quantile(dist["auroc"].numpy(), 0.025)), abs=1e-12)
     with pytest.raises(ValueError, match="OOD scores must be finite"):
         bootstrap_ood_distribution(torch.tensor([0.1, float("nan")]), s_out)
+
+
+def test_the_aupr_interval_holds_its_estimate_when_the_ood_images_score_higher():
+    """Every OOD image scored above every test image (an AUROC near 0): a resample's copies counted as one tie gave
+    an AUPR-out interval above its estimate (0.0885, [0.08855, 0.08857]); counted as distinct scores, it holds it."""
+    from timm_csm.metrics.ood import bootstrap_ood_metrics
+
+    g = torch.Generator().manual_seed(0)
+    s_in = torch.rand(5000, generator=g, dtype=torch.float64) * 0.5
+    s_out = 0.5 + torch.rand(1000, generator=g, dtype=torch.float64) * 0.5
+    s_out[0] = 0.1  # one OOD image among the test images: the AUPRs vary from resample to resample
+    estimate = ood_metrics(s_in, s_out)
+    assert 0 < estimate["auroc"] < 0.001
+    intervals = bootstrap_ood_metrics(s_in, s_out, resamples=200, seed=0)
+    for key in ("aupr_in", "aupr_out"):
+        assert intervals[key]["low"] < estimate[key] < intervals[key]["high"], key
+
+
+def test_the_ood_reading_names_the_best_score_and_says_what_an_auroc_below_half_means():
+    from timm_csm.calibration import TemperatureScaling
+    from timm_csm.training.shift import evaluate_ood
+    from timm_csm.training.shift_report import ood_markdown, ood_reading
+
+    g = torch.Generator().manual_seed(0)
+    test = torch.randn(400, 5, generator=g, dtype=torch.float64)
+    # sharper on the OOD images (their softmax is surer) but with lower logits (their energy is lower)
+    foreign = torch.randn(100, 5, generator=g, dtype=torch.float64) * 6 - 30
+    scaler = TemperatureScaling(method="nll").fit(test, test.argmax(1))
+    ood = dict(evaluate_ood(test, foreign, {"temperature_scaling": scaler}), source="foreign", split="test",
+               n_in=400, n_out=100)
+    aurocs = {(method, kind): m["auroc"] for method, scores in ood["methods"].items() for kind, m in scores.items()}
+    best = max(aurocs, key=aurocs.get)
+    lowest = min(aurocs, key=aurocs.get)
+    assert aurocs[lowest] < 0.5 < aurocs[best] and best[1] in ("max_logit", "energy")
+    assert aurocs[("uncalibrated", "msp")] < 0.5
+    labels = {"msp": "max softmax", "max_logit": "max logit", "energy": "energy", "entropy": "neg. entropy"}
+    below = sum(a < 0.5 for a in aurocs.values())
+    assert ood_reading(ood) == [
+        f"OOD foreign: 100 images, best AUROC {aurocs[best]:.4f} ({labels[best[1]]}, {best[0]}).",
+        f"AUROC below 0.5 for {below} of 8 scores (lowest {aurocs[lowest]:.4f}, {labels[lowest[1]]}, {lowest[0]}): "
+        "the model is more confident on the OOD images than on its own test images, so these scores take the OOD "
+        "images for the known ones."]
+    assert ood_markdown(ood).endswith("\n".join(ood_reading(ood)) + "\n")
+    ood["methods"] = {"uncalibrated": {"msp": {"auroc": 0.7}}}
+    assert len(ood_reading(ood)) == 1  # no score below 0.5: no such line

@@ -23,6 +23,7 @@ def test_smoke_pipeline_end_to_end_and_cached_rerun(tmp_path):
     assert stages == ["annotated", "encoder", "generated", "generator", "quality", "train-ce", "train-csm"]
     ce = json.loads(next(out.glob("train-ce-*/results.json")).read_text())
     assert 0.0 <= ce["test"]["pre_ts"]["ece"] <= 1.0 and ce["temperature"] is not None
+    assert ce["ts_method"] == "grid_ece"  # the profiles keep the paper's temperature rule (training runs: NLL)
 
     # the generated dataset is installed under its bare name: loadable from any directory, offline
     probe = ("import datasets; d = datasets.load_dataset('csm-fmnist-aug'); t = d['train'];"

@@ -293,3 +293,12 @@ def test_report_says_what_the_generator_learned_from(tmp_path):
     (gen / "model_index.json").write_text(json.dumps({"metadata": {"num_train_images": 2250}}))
     assert "not a fair" not in knowledge_line(gen, {"csm": {"n_train": 2250}})
     assert "not recorded" in knowledge_line(tmp_path / "missing", {"csm": {"n_train": 2250}})
+
+
+def test_the_recipes_run_with_the_papers_temperature_unless_told_otherwise():
+    from timm_csm.recipes import paper_protocol
+    from timm_csm.training import TrainConfig
+
+    assert TrainConfig().ts_method == "nll"  # a training run's own default
+    assert paper_protocol({"loss": "ce"}) == {"loss": "ce", "ts_method": "grid_ece"}
+    assert paper_protocol({"loss": "ce", "ts_method": "nll"})["ts_method"] == "nll"

@@ -41,7 +41,8 @@ limits, splits) is reused.
 Output (written into a temporary folder renamed to ``output`` at the end, so a failure leaves nothing behind;
 folders with the umask's mode, 0755 usually): ``report.json`` (every number: the metrics of
 :func:`timm_csm.metrics.calibration_metrics`, classwise and adaptive ECE included, AURC / E-AURC / AUGRC, the
-reliability tables and risk-coverage curves, conformal coverage with its expected range and set sizes, also with
+reliability tables and risk-coverage curves, conformal coverage with its expected range and set sizes (on top of
+each calibrator: a copy of it fitted on half the calibration split, the quantile on the other half), also with
 the sets' own temperature fitted for set size, the preprocessing; each number's 95% bootstrap interval under
 ``intervals``; the fold table of the calibrator's choice under ``selection``), ``report.md``, ``reliability.png``
 (before and after each calibrator, four panels a row; ``reliability_adaptive.png`` / ``reliability_classwise.png``
@@ -247,6 +248,8 @@ def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, 
                          "curves": prediction_curves(test[0], test[1], n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
+    if results["conformal_left_out"]:
+        report["conformal_left_out"] = results["conformal_left_out"]
     if bootstrap:
         report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, n_bins, bootstrap, seed)}
         report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": "percentile",

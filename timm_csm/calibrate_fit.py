@@ -1,16 +1,19 @@
 """The calibrators of ``timm-csm-calibrate`` (:func:`timm_csm.calibrate.calibrate`): which ones to fit, which one
 to export (never by a test-split number), and each one fitted on the calibration split and scored on both splits,
-with conformal sets on top."""
+with conformal sets on top (the calibrator refitted on a part of the calibration split, the quantile on the rest)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .calibrate_report import prediction_curves
-from .calibration import (ConformalClassifier, auto_candidates, calibrator_spec, create_calibrator,
-                          fold_table_markdown, select_calibrator)
+from .calibration import (TemperatureScaling, auto_candidates, calibrator_spec, create_calibrator, fold_table_markdown,
+                          select_calibrator)
+from .calibration.conformal import calibrator_part_unmet, coverage_outside_range, fit_conformal_sets
+from .training.evaluation import temperature_spread
 from .training.shift import prediction_intervals, prediction_scores
 
-__all__ = ["create_with_penalties", "fit_candidates", "choose_export", "fit_and_score", "OWN_TEMPERATURE"]
+__all__ = ["create_with_penalties", "fit_candidates", "choose_export", "fit_and_score", "conformal_on_each",
+           "OWN_TEMPERATURE"]
 
 
 def create_with_penalties(name: str, penalties: Dict[str, float]):
@@ -26,7 +29,7 @@ def fit_and_score(names: Sequence[str], cal, test, n_bins: int, alpha: float, co
                   log, odir: Dict[str, float], bootstrap: int) -> Dict[str, Any]:
     """Fit each calibrator on ``cal`` (``odir``: the ODIR penalty strengths, for those that take them), score it on
     ``test`` and ``cal`` (with ``bootstrap`` resamples: the interval of every number); conformal sets on top of
-    each (and of none), and with their own temperature fitted for set size (:data:`OWN_TEMPERATURE`)."""
+    each (and of none), and with their own temperature fitted for set size (:func:`conformal_on_each`)."""
     fitted, rows = {}, {}
     for name in names:
         calibrator = create_with_penalties(name, odir).fit(*cal)
@@ -39,17 +42,40 @@ def fit_and_score(names: Sequence[str], cal, test, n_bins: int, alpha: float, co
         if bootstrap:
             rows[name]["intervals"] = {split: prediction_intervals(*pair, n_bins, bootstrap, seed)
                                        for split, pair in scored.items()}
+            if isinstance(calibrator, TemperatureScaling):  # how far its temperature moves with the images
+                rows[name].update(temperature=calibrator.temperature,
+                                  **temperature_spread(calibrator, cal, test, n_bins, bootstrap))
         log(f"{name}: test ECE {rows[name]['test']['ece']:.4f}, NLL {rows[name]['test']['nll']:.4f}, "
             f"accuracy {rows[name]['test']['accuracy']:.4f}")
+    sets, left_out = conformal_on_each(names, cal, test, alpha, conformal, seed, log, odir, bootstrap)
+    return {"fitted": fitted, "rows": rows, "conformal": sets, "conformal_left_out": left_out}
+
+
+def conformal_on_each(names: Sequence[str], cal, test, alpha: float, conformal: Sequence[str], seed: int, log,
+                      odir: Dict[str, float], bootstrap: int) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """(``{base: {method: evaluation on test}}``, ``{calibrator: why no sets}``): conformal sets on the raw logits,
+    on top of each calibrator of ``names`` (a copy fitted on its part of ``cal``, the quantile on the rest; none where
+    that part is too small for it: :func:`~timm_csm.calibration.conformal.calibrator_part_unmet`) and with their own
+    temperature (:data:`OWN_TEMPERATURE`); a coverage outside its expected range is logged as a warning."""
     sets: Dict[str, Dict[str, Any]] = {}
-    for base in ["none", *names, OWN_TEMPERATURE]:
-        calibrator = fitted[base][0] if base in fitted else None
+    left_out: Dict[str, str] = {}
+    for base in ["none", *names, OWN_TEMPERATURE] if conformal else []:
+        why = calibrator_part_unmet(base, len(cal[1]), cal[0].shape[1]) if base in names else None
+        if why is not None:
+            left_out[base] = why
+            log(f"no conformal sets on {base}: it {why}")
+            continue
+        unfitted = create_with_penalties(base, odir) if base in names else None
         temperature = "set_size" if base == OWN_TEMPERATURE else None
-        for method in conformal:
-            cp = ConformalClassifier(method, alpha=alpha, calibrator=calibrator, seed=seed,
-                                     temperature=temperature).fit(*cal)
-            sets.setdefault(base, {})[method] = cp.evaluate(*test, bootstrap=bootstrap, seed=seed)
-    return {"fitted": fitted, "rows": rows, "conformal": sets}
+        classifiers = fit_conformal_sets(conformal, *cal, calibrator=unfitted, alpha=alpha, seed=seed,
+                                         temperature=temperature)
+        sets[base] = {method: classifier.evaluate(*test, bootstrap=bootstrap, seed=seed)
+                      for method, classifier in classifiers.items()}
+        for result in sets[base].values():
+            warning = coverage_outside_range(result)
+            if warning is not None:
+                log(f"warning: conformal sets on {base}: {warning}")
+    return sets, left_out
 
 
 def fit_candidates(calibrators: List[str], export: Optional[str], k: int, n_cal: int, folds: int):

@@ -11,26 +11,28 @@ its capabilities (two-class only, penalties, minimum samples, fitted by default)
 Every calibrator maps logits to calibrated logits (``transform``) with one ``fit / transform / save / load``
 interface: temperature, vector and matrix scaling, Dirichlet calibration, one-vs-rest isotonic regression and
 histogram binning, and (two-class models) Platt scaling and beta calibration. Split-conformal prediction sets
-(LAC, APS, RAPS) on top of any of them, or with their own temperature fitted for set size:
-:class:`ConformalClassifier`. One of several calibrators chosen on the calibration split alone, by k-fold
-cross-validated NLL or ECE: :func:`select_calibrator`.
+(LAC, APS, RAPS) on top of any of them (refitted on a part of the calibration split that the quantile never
+sees), or with their own temperature fitted for set size: :class:`ConformalClassifier`. One of several
+calibrators chosen on the calibration split alone, by k-fold cross-validated NLL or ECE: :func:`select_calibrator`.
 """
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
-from .conformal import CONFORMAL_METHODS, ConformalClassifier
+from .conformal import CONFORMAL_METHODS, ConformalClassifier, fit_conformal_sets
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
 from .registry import (CalibratorSpec, calibrator_spec, check_calibration_samples, create_calibrator,
                        list_calibrators, register_calibrator)
 from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
-from .temperature import DEFAULT_TEMPERATURE_METHOD, TEMPERATURE_METHODS, TemperatureScaling, temperature_grid
+from .temperature import (DEFAULT_TEMPERATURE_METHOD, PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS,
+                          TemperatureScaling, bootstrap_temperatures, temperature_grid)
 from .vector import VectorScaling
 
 __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
     "create_calibrator", "list_calibrators", "load_calibrator", "register_calibrator", "calibrator_spec",
-    "CalibratorSpec", "check_calibration_samples", "ConformalClassifier",
-    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "select_calibrator",
+    "CalibratorSpec", "check_calibration_samples", "ConformalClassifier", "fit_conformal_sets",
+    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD",
+    "bootstrap_temperatures", "select_calibrator",
     "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

@@ -91,6 +91,11 @@ class PostHocCalibrator:
     def config(self) -> dict:
         raise NotImplementedError
 
+    def unfitted(self) -> "PostHocCalibrator":
+        """A new calibrator of the same kind and options (:meth:`config`), not fitted: what a procedure that must
+        fit its own copy on other images (:class:`~timm_csm.calibration.ConformalClassifier`) takes."""
+        return type(self)(**self.config())
+
     def state_dict(self) -> Dict[str, torch.Tensor]:
         raise NotImplementedError
 

@@ -13,12 +13,21 @@ from ._kernels import NARROW_CLASSES, row_blocks
 from .base import PostHocCalibrator
 from .registry import register_calibrator
 
-__all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature", "TEMPERATURE_METHODS",
-           "DEFAULT_TEMPERATURE_METHOD"]
+__all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature", "bootstrap_temperatures",
+           "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "TEMPERATURE_RESAMPLES",
+           "SMALL_VALIDATION"]
 
-#: the fitting rules of the temperature; the default is the protocol of the calibration-loss papers and CSM
+#: the fitting rules of the temperature
 TEMPERATURE_METHODS = ("grid_ece", "nll")
-DEFAULT_TEMPERATURE_METHOD = "grid_ece"
+#: the protocol of the calibration-loss papers and CSM (the grid by validation ECE): the calibrator's default, the
+#: rule of the recipes' profiles and of the benchmark cells; training runs default to NLL (Guo et al.), which is
+#: steadier on a few hundred validation images
+PAPER_TEMPERATURE_METHOD = "grid_ece"
+DEFAULT_TEMPERATURE_METHOD = PAPER_TEMPERATURE_METHOD
+#: the most resamples behind a reported temperature's interval (each one a fit: :func:`bootstrap_temperatures`)
+TEMPERATURE_RESAMPLES = 200
+#: below this many fitting images a report says how far the after-TS numbers move with the temperature
+SMALL_VALIDATION = 1000
 _T_BOUNDS = (1e-2, 1e2)  # NLL fits on (near-)separable data run off towards 0; keep T in a sane range
 
 
@@ -232,3 +241,16 @@ class TemperatureScaling(PostHocCalibrator):
 
 register_calibrator("temperature_scaling_nll", preset={"method": "nll"},
                     summary="one temperature by validation NLL (Guo et al., 2017)")(TemperatureScaling)
+
+
+def bootstrap_temperatures(logits, targets, method: str = DEFAULT_TEMPERATURE_METHOD, n_bins: int = DEFAULT_N_BINS,
+                           resamples: int = TEMPERATURE_RESAMPLES, seed: int = 0) -> torch.Tensor:
+    """(resamples,) float64: the temperature of :class:`TemperatureScaling` (``method``, ``n_bins``) refitted on each
+    bootstrap resample of ``(logits, targets)`` (:func:`~timm_csm.metrics.resample_indices`, ``seed``): how far a
+    temperature fitted on these images can move (its percentile interval:
+    :func:`~timm_csm.metrics.percentile_interval`). One fit per resample, by the calibrator's own code."""
+    from ..metrics.intervals import resample_indices
+
+    n = len(targets)
+    return torch.tensor([TemperatureScaling(method=method, n_bins=n_bins).fit(logits[idx], targets[idx]).temperature
+                         for idx in resample_indices(n, resamples, seed)], dtype=torch.float64)

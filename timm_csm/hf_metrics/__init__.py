@@ -1,6 +1,6 @@
 """Hugging Face ``evaluate`` modules for the calibration metrics, shipped as package data.
 
-One folder per module (``ece``, ``aece``, ``cece``, ``mce``, ``nll``, ``brier``, ``smece`` and the
+One folder per module (``ece``, ``aece``, ``cece``, ``mce``, ``debiased_ce``, ``nll``, ``brier``, ``smece`` and the
 selective-prediction ``aurc``, ``eaurc``, ``augrc``: the metrics of the table :mod:`timm_csm.metrics.table`
 registered with ``evaluate=True``), each holding ``<name>/<name>.py``, a thin :class:`evaluate.Metric` over
 :mod:`timm_csm.metrics`.

@@ -176,6 +176,8 @@ class CalibrationAccumulator:
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> "CalibrationAccumulator":
         st = self._empty_state(next(iter(state_dict.values())).device)
         names = CalibrationState._SUM_FIELDS + (CalibrationState._CW_FIELDS if st.flags["classwise"] else ())
+        if "acc_sq_sum" not in state_dict and "acc_sum" in state_dict:  # saved before the debiased CE: exact for
+            state_dict = dict(state_dict, acc_sq_sum=state_dict["acc_sum"])  # hard labels, whose acc^2 = acc
         for name in names:
             if name not in state_dict:
                 raise ValueError(f"state_dict is missing {name!r}")

@@ -14,6 +14,9 @@ mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`
 * MCE (max) = max_b |a_b - c_b|
 * OE = Σ_b w_b c_b max(c_b - a_b, 0)           (over-confidence, Thulasidasan et al., 2019)
 * UE = Σ_b w_b c_b max(a_b - c_b, 0)           (the mirror image, weighted by c_b as in the CSM evaluation code)
+* debiased CE = sqrt(max(Σ_b w_b [(a_b - c_b)^2 - s_b^2 / count_b], 0)), over bins of two samples or more
+  (Kumar, Liang & Ma, NeurIPS 2019): the l2 error with the binned estimate's upward bias removed; see
+  :func:`debiased_error_from_bins`
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 
 __all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
-           "classwise_error_from_bins", "check_n_bins"]
+           "classwise_error_from_bins", "debiased_error_from_bins", "check_n_bins"]
 
 #: the equal-width bins of ECE-type metrics and reliability tables unless told otherwise (15, as Guo et al. 2017)
 DEFAULT_N_BINS = 15
@@ -188,3 +191,27 @@ def classwise_error_from_bins(count: torch.Tensor, prob_sum: torch.Tensor, label
     per_class = (count / n * gap).sum(dim=1)
     return float(per_class.mean())
 
+
+
+def debiased_error_from_bins(count: torch.Tensor, conf_sum: torch.Tensor, acc_sum: torch.Tensor,
+                             acc_sq_sum: torch.Tensor, squared: bool = False) -> torch.Tensor:
+    """The debiased l2 calibration error of Kumar, Liang & Ma ("Verified Uncertainty Calibration", NeurIPS 2019)
+    from per-bin sums (last dimension: the bins; leading ones, e.g. bootstrap resamples, are kept).
+
+    The binned estimate Σ_b w_b (a_b - c_b)^2 of the squared l2 error is biased upwards by the variance of each
+    bin's accuracy a_b, which the paper's estimator subtracts: Σ_b w_b [(a_b - c_b)^2 - a_b (1 - a_b) / (n_b - 1)]
+    for correctness in {0, 1}, over the bins of n_b >= 2 samples (a bin of one sample has no variance estimate and
+    adds nothing). Here the variance of a_b is s_b^2 / n_b with s_b^2 = (Σ acc^2 - n_b a_b^2) / (n_b - 1), the sample
+    variance of the bin's accuracies (``acc_sq_sum``: Σ acc^2): the paper's term for hard labels, and unbiased as
+    well for soft targets (accuracy = the target mass on the predicted class). Returns sqrt(max(estimate, 0)), or
+    with ``squared`` the estimate of the squared error itself (unbiased, so it can be negative)."""
+    total = count.sum(-1, keepdim=True)
+    if bool((total <= 0).any()):
+        raise ValueError("no samples: the calibration error of an empty set is undefined")
+    several = count > 1.5  # float counts (resampled weights): at least two samples
+    n = torch.where(several, count, torch.full_like(count, 2.0))
+    a, c = acc_sum / n, conf_sum / n
+    variance = ((acc_sq_sum - n * a * a) / (n - 1.0)).clamp(min=0.0)
+    terms = torch.where(several, count / total * ((a - c) ** 2 - variance / n), torch.zeros_like(count))
+    estimate = terms.sum(-1)
+    return estimate if squared else estimate.clamp(min=0.0).sqrt()

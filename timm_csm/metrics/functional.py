@@ -25,15 +25,15 @@ from typing import Dict, Optional
 import torch
 
 from .binning import (DEFAULT_N_BINS, NORMS, bin_edges, bin_index, bin_sums, calibration_error_from_bins, check_n_bins,
-                      classwise_error_from_bins, equal_mass_edges, overconfidence_from_bins,
-                      underconfidence_from_bins)
+                      classwise_error_from_bins, debiased_error_from_bins, equal_mass_edges,
+                      overconfidence_from_bins, underconfidence_from_bins)
 from .inputs import prepare_inputs
 from .smooth import smooth_calibration_error
 from .state import CalibrationState, accumulate
 
 __all__ = ["ece", "mce", "adaptive_ece", "classwise_ece", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "reliability_table", "ReliabilityTable", "adaptive_ece_from_points",
-           "reliability_table_from_points", "DEFAULT_N_BINS"]
+           "brier_score", "smooth_ece", "debiased_ce", "reliability_table", "ReliabilityTable",
+           "adaptive_ece_from_points", "reliability_table_from_points", "DEFAULT_N_BINS"]
 
 _NONE = dict(binned=False, classwise=False, nll=False, brier=False, points=False)
 
@@ -140,11 +140,13 @@ def ece(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logit
                       input_type, task, num_classes, ignore_index)
 
 
-def _from_bins(from_bins, what: str, preds, target, n_bins, input_type, task, num_classes, ignore_index) -> float:
-    """``from_bins(count, conf_sum, acc_sum)`` of the equal-width bins of one pass over the inputs."""
+def _from_bins(from_bins, what: str, preds, target, n_bins, input_type, task, num_classes, ignore_index,
+               squares: bool = False) -> float:
+    """``from_bins(count, conf_sum, acc_sum)`` of the equal-width bins of one pass over the inputs (with
+    ``squares``, also the bins' sums of squared accuracies)."""
     st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, binned=True)
     st.require("binned", what)
-    return from_bins(st.count, st.conf_sum, st.acc_sum)
+    return from_bins(st.count, st.conf_sum, st.acc_sum, *((st.acc_sq_sum,) if squares else ()))
 
 
 def mce(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", task: str = "multiclass",
@@ -194,6 +196,20 @@ def classwise_ece(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: st
     st = _state(preds, target, n_bins, input_type, task, num_classes, ignore_index, classwise=True)
     st.require("classwise", "classwise ECE")
     return classwise_error_from_bins(st.cw_count, st.cw_prob_sum, st.cw_label_sum, float(st.n))
+
+
+def debiased_ce(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits", task: str = "multiclass",
+                num_classes: Optional[int] = None, ignore_index: Optional[int] = None, squared: bool = False) -> float:
+    """Debiased top-label l2 calibration error (Kumar, Liang & Ma, "Verified Uncertainty Calibration", NeurIPS 2019).
+
+    In ECE's equal-width bins, the squared l2 error Σ_b (|B_b| / N) (acc_b - conf_b)^2 less each bin's estimated
+    variance of acc_b, acc_b (1 - acc_b) / (|B_b| - 1) (bins of two samples or more), then sqrt(max(., 0)); with
+    ``squared`` the unbiased estimate of the squared error itself (it can be negative). A binned ECE of a well
+    calibrated model is dominated by the noise of its bins; this estimate is not, so it tells small errors apart
+    with fewer samples (the paper's Section 5).
+    """
+    return _from_bins(lambda *sums: float(debiased_error_from_bins(*sums, squared=squared)), "debiased CE", preds,
+                      target, n_bins, input_type, task, num_classes, ignore_index, squares=True)
 
 
 def nll(preds, target, *, input_type: str = "logits", task: str = "multiclass", num_classes: Optional[int] = None,

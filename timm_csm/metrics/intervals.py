@@ -18,8 +18,9 @@ How one block of resamples is computed (a resample is a weight per sample: how o
 
 * the samples are sorted once by confidence; each resample's weights in that order are cumulated, so every bin
   over a range of confidences is a difference of two cumulative sums: the equal-width bins of ECE / MCE / OE / UE
-  at fixed positions, the equal-mass bins of AECE at the positions of each resample's own edges
-  (:func:`~timm_csm.metrics.binning.equal_mass_positions` read off the cumulated weights);
+  at fixed positions (the debiased CE also reads the cumulated squared accuracies), the equal-mass bins of AECE at
+  the positions of each resample's own edges (:func:`~timm_csm.metrics.binning.equal_mass_positions` read off the
+  cumulated weights);
 * AURC and AUGRC sum the tie-averaged risk-coverage curve of :mod:`timm_csm.metrics.selective` run by run of tied
   confidences, in closed form with harmonic numbers;
 * accuracy, confidence, NLL and Brier are one matrix product with the per-sample values; classwise ECE is a sparse
@@ -36,7 +37,7 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins, equal_mass_positions
+from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins, debiased_error_from_bins, equal_mass_positions
 from .inputs import PreparedInputs, prepare_inputs
 from .state import SampleValues, accumulate, sample_values
 from .table import list_metrics, metric_spec
@@ -99,6 +100,7 @@ class _Sorted:
         self.conf, self.acc = conf[order], values.accuracy.cpu()[order]
         zero = torch.zeros(1, dtype=_F64)
         self.conf_pad, self.acc_pad = torch.cat([zero, self.conf]), torch.cat([zero, self.acc])
+        self.acc_sq_pad = self.acc_pad * self.acc_pad  # the debiased CE's per-bin variance of the accuracy
         self.ones = torch.ones(1, dtype=_F64)
         self.means = torch.stack([self.acc, self.conf, values.nll.cpu()[order], values.brier.cpu()[order]], 1)
         edges = bin_edges(n_bins)
@@ -231,16 +233,19 @@ def _block(s: _Sorted, idx: torch.Tensor, selective: bool) -> Dict[str, torch.Te
     # weights in confidence order after a leading 0, so that the cumulated sums start at 0
     w = torch.zeros(rows, n + 1, dtype=_F64).scatter_add_(1, s.column[idx], s.ones.expand(rows, n))
     cum_w, cum_conf, cum_acc = w.cumsum(1), (w * s.conf_pad).cumsum(1), (w * s.acc_pad).cumsum(1)
+    cum_acc_sq = (w * s.acc_sq_pad).cumsum(1)
     w = w[:, 1:]
     means = (w @ s.means) / n
-    top = _bin_errors(*[_between(c, s.width_bounds) for c in (cum_w, cum_conf, cum_acc)], n)
+    width_sums = [_between(c, s.width_bounds) for c in (cum_w, cum_conf, cum_acc)]
+    top = _bin_errors(*width_sums, n)
+    debiased = debiased_error_from_bins(*width_sums, _between(cum_acc_sq, s.width_bounds))
     edges = s.equal_mass_edges(s.conf, cum_w, s.n_bins, quantile=False)
     inner = torch.searchsorted(s.conf, edges[:, 1:-1].contiguous(), right=True)
     bounds = torch.cat([torch.zeros(rows, 1, dtype=torch.long), inner, torch.full((rows, 1), n)], 1)
     adaptive = _bin_errors(*[_between(c, bounds) for c in (cum_w, cum_conf, cum_acc)], n)
     out = {"accuracy": means[:, 0], "confidence": means[:, 1], "ece": top["ece"], "aece": adaptive["ece"],
-           "cece": _classwise_ece(s, w), "mce": top["mce"], "oe": top["oe"], "ue": top["ue"], "nll": means[:, 2],
-           "brier": means[:, 3]}
+           "cece": _classwise_ece(s, w), "mce": top["mce"], "oe": top["oe"], "ue": top["ue"],
+           "debiased_ce": debiased, "nll": means[:, 2], "brier": means[:, 3]}
     if selective:
         out.update(_selective(s, cum_w, cum_acc))
     if s.prox is not None:

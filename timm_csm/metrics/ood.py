@@ -135,18 +135,31 @@ def _sorted_weights(rank: torch.Tensor, n_total: int, resamples: int, seed: int)
         yield torch.zeros(block.shape[0], n_total).scatter_add_(1, block, torch.ones(block.shape))
 
 
-def _average_precision(tps: torch.Tensor, fps: torch.Tensor, n_pos: int) -> torch.Tensor:
-    """Average precision per row from the curves' counts at each threshold (a threshold adding no positive adds
-    nothing, whatever its precision)."""
-    steps = torch.diff(tps, dim=1, prepend=tps.new_zeros(tps.shape[0], 1))
-    return (steps * tps / (tps + fps).clamp_min(1.0)).sum(1) / n_pos
+def _average_precision(tps: torch.Tensor, fps: torch.Tensor, n_pos: int, single: torch.Tensor) -> torch.Tensor:
+    """Average precision per row from the resampled curves' counts at each threshold (a threshold adding no
+    positive adds nothing, whatever its precision).
+
+    A threshold holding one sample of the data (``single``) that a resample drew w times counts the w copies as w
+    thresholds in a row, as the data's own distinct scores are counted: sum_{j=1..w} (T + j) / (T + j + F) with T,
+    F the counts above it, = w - F (digamma(T + F + w + 1) - digamma(T + F + 1)). Counted as one tie instead, every
+    copy would take the precision of the last, and the resampled values would all lie above the estimate (its
+    interval could miss it: 0.1258 with [0.1262, 0.1263]). Ties of the data stay ties."""
+    zero = tps.new_zeros(tps.shape[0], 1)
+    above_tps, above_fps = torch.cat([zero, tps[:, :-1]], 1), torch.cat([zero, fps[:, :-1]], 1)
+    steps = tps - above_tps
+    tied = steps * tps / (tps + fps).clamp_min(1.0)
+    above = above_tps + above_fps + 1
+    copies = steps - above_fps * (torch.digamma(above + steps) - torch.digamma(above))
+    return torch.where(single, copies, tied).sum(1) / n_pos
 
 
 def bootstrap_ood_distribution(scores_in, scores_out, *, resamples: int = 1000, seed: int = 0,
                                tpr: float = 0.95) -> Dict[str, torch.Tensor]:
     """``{"auroc", "aupr_in", "aupr_out", "fpr95"}``, each (resamples,) float64: the metrics of :func:`ood_metrics`
     of each resample, the in-distribution samples drawn with ``seed`` and the out-of-distribution ones with
-    ``seed + 1``; each value equals :func:`ood_metrics` of the resampled scores up to float64 rounding."""
+    ``seed + 1``; each value equals :func:`ood_metrics` of the resampled scores up to float64 rounding, the copies
+    of a sample drawn more than once counted as distinct scores in the average precisions (as the data's own
+    distinct scores are; :func:`_average_precision`)."""
     s_in, s_out = _pair(scores_in, scores_out)
     n_in, n_out = s_in.numel(), s_out.numel()
     scores = torch.cat([s_in, s_out])
@@ -157,6 +170,8 @@ def bootstrap_ood_distribution(scores_in, scores_out, *, resamples: int = 1000, 
     last = torch.ones_like(ranked, dtype=torch.bool)
     last[:-1] = ranked[1:] != ranked[:-1]  # the thresholds: the last sample of each run of tied scores
     runs = None if bool(last.all()) else last
+    ends = torch.nonzero(last).squeeze(1)
+    single = torch.diff(ends, prepend=ends.new_full((1,), -1)) == 1  # thresholds holding one sample of the data
     n = n_in + n_out
     out: Dict[str, list] = {k: [] for k in OOD_KEYS}
     for w_in, w_out in zip(_sorted_weights(rank[:n_in], n, resamples, seed),
@@ -168,12 +183,13 @@ def bootstrap_ood_distribution(scores_in, scores_out, *, resamples: int = 1000, 
         zero = tps.new_zeros(tps.shape[0], 1)
         prev_tps, prev_fps = torch.cat([zero, tps[:, :-1]], 1), torch.cat([zero, fps[:, :-1]], 1)
         out["auroc"].append(((fps - prev_fps) * (tps + prev_tps)).sum(1) / (2.0 * n_in * n_out))  # trapezoids
-        out["aupr_in"].append(_average_precision(tps, fps, n_in))
+        out["aupr_in"].append(_average_precision(tps, fps, n_in, single))
         reached = tps >= (float(tpr) - 1e-12) * n_in  # the last threshold always reaches it (all samples accepted)
         out["fpr95"].append(fps.gather(1, reached.to(torch.int8).argmax(1, keepdim=True)).squeeze(1) / n_out)
         # the out-of-distribution samples as positives, scores negated: the same runs from the lowest up, each
         # threshold accepting what the in-distribution curve had not yet accepted one run above it
-        out["aupr_out"].append(_average_precision((n_out - prev_fps).flip(1), (n_in - prev_tps).flip(1), n_out))
+        out["aupr_out"].append(_average_precision((n_out - prev_fps).flip(1), (n_in - prev_tps).flip(1), n_out,
+                                                  single.flip(0)))
     return {k: torch.cat(v) for k, v in out.items()}
 
 

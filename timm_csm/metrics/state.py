@@ -42,7 +42,8 @@ _F64 = torch.float64
 class CalibrationState:
     """Float64 sums that merge by addition (plus optional concatenated per-sample points)."""
 
-    _SUM_FIELDS = ("count", "conf_sum", "acc_sum", "n", "correct", "confidence", "nll", "brier")
+    # acc_sq_sum: the per-bin sum of squared accuracies, the variance term of the debiased CE
+    _SUM_FIELDS = ("count", "conf_sum", "acc_sum", "acc_sq_sum", "n", "correct", "confidence", "nll", "brier")
     _CW_FIELDS = ("cw_count", "cw_prob_sum", "cw_label_sum")
 
     def __init__(self, n_bins: int, num_classes: int, device=None, *, binned: bool = True, classwise: bool = True,
@@ -52,7 +53,7 @@ class CalibrationState:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.flags = dict(binned=binned, classwise=classwise, nll=nll, brier=brier, points=points)
         z = lambda *shape: torch.zeros(shape, dtype=_F64, device=self.device)  # noqa: E731
-        self.count, self.conf_sum, self.acc_sum = z(n_bins), z(n_bins), z(n_bins)
+        self.count, self.conf_sum, self.acc_sum, self.acc_sq_sum = z(n_bins), z(n_bins), z(n_bins), z(n_bins)
         self.n, self.correct, self.confidence, self.nll, self.brier = z(), z(), z(), z(), z()
         if classwise:
             self.cw_count, self.cw_prob_sum, self.cw_label_sum = (z(num_classes, n_bins) for _ in range(3))
@@ -191,7 +192,8 @@ class _PerSample:
         if self.brier:
             st.brier += torch.cat(self.brier).sum()
         if st.flags["binned"]:
-            bin_sums(bin_index(conf, edges), st.n_bins, conf, acc, out=(st.count, st.conf_sum, st.acc_sum))
+            bin_sums(bin_index(conf, edges), st.n_bins, conf, acc, acc * acc,
+                     out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .binning import (DEFAULT_N_BINS, calibration_error_from_bins, classwise_error_from_bins,
-                      overconfidence_from_bins, underconfidence_from_bins)
-from .functional import (_state, adaptive_ece, adaptive_ece_from_points, brier_score, classwise_ece,
+                      debiased_error_from_bins, overconfidence_from_bins, underconfidence_from_bins)
+from .functional import (_state, adaptive_ece, adaptive_ece_from_points, brier_score, classwise_ece, debiased_ce,
                          ece, mce, nll, overconfidence_error, smooth_ece, underconfidence_error)
 from .proximity import piece
 from .selective import augrc, aurc, eaurc, selective_metrics_from_points
@@ -155,7 +155,7 @@ def calibration_metrics(preds, target, n_bins: int = DEFAULT_N_BINS, input_type:
                         task: str = "multiclass", num_classes: Optional[int] = None,
                         ignore_index: Optional[int] = None, smooth: bool = False) -> Dict[str, float]:
     """All metrics of the table's ``"calibration"`` family in one pass: ``accuracy, confidence, ece, aece, cece,
-    mce, oe, ue, nll, brier`` and any registered since (+ ``smece`` with ``smooth``).
+    mce, oe, ue, debiased_ce, nll, brier`` and any registered since (+ ``smece`` with ``smooth``).
 
     Values are fractions (multiply by 100 for the percent tables of the papers).
     """
@@ -186,6 +186,13 @@ _GEIFMAN = """\
   booktitle={ICLR}, year={2019}
 }
 """
+_KUMAR = """\
+@inproceedings{kumar2019verified,
+  title={Verified Uncertainty Calibration},
+  author={Kumar, Ananya and Liang, Percy and Ma, Tengyu},
+  booktitle={NeurIPS}, year={2019}
+}
+"""
 _BINNED, _POINTS = ("binned",), ("points",)
 
 for _spec in (
@@ -209,6 +216,10 @@ for _spec in (
                function=overconfidence_error, description="over-confidence error", headline=False),
     MetricSpec("ue", "Under-confidence", "UE", 100, from_state=_bins(underconfidence_from_bins), needs=_BINNED,
                function=underconfidence_error, description="under-confidence error", headline=False),
+    MetricSpec("debiased_ce", "Debiased CE", "dCE", 100, needs=_BINNED, function=debiased_ce, evaluate=True,
+               citation=_KUMAR,
+               from_state=lambda st: float(debiased_error_from_bins(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum)),
+               description="debiased l2 calibration error (Kumar et al., 2019; ECE's bins)"),
     MetricSpec("nll", "NLL", from_state=lambda st: float(st.nll) / float(st.n), needs=("nll",), function=nll,
                evaluate=True, citation=_GUO, description="negative log-likelihood"),
     MetricSpec("brier", "Brier", from_state=lambda st: float(st.brier) / float(st.n), needs=("brier",),

@@ -11,11 +11,11 @@
 * :mod:`.run`: :func:`run_recipe` and the command line, ``python -m timm_csm.recipes --profile demo``.
 """
 from .cache import KeyedFolder, Stage, StageCache, stage_key
-from .profiles import (RecipeProfile, get_profile, list_profiles, register_profile, rehearsal_profile, resolve_dataset,
-                       training_options)
+from .profiles import (RecipeProfile, get_profile, list_profiles, paper_protocol, register_profile, rehearsal_profile,
+                       resolve_dataset, training_options)
 from .report import save_group_figure, write_report
 from .run import main, run_recipe
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "rehearsal_profile", "resolve_dataset",
-           "training_options", "KeyedFolder", "Stage",
+           "training_options", "paper_protocol", "KeyedFolder", "Stage",
            "StageCache", "stage_key", "run_recipe", "write_report", "save_group_figure", "main"]

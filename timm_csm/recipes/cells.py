@@ -20,10 +20,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..io import file_sha256, write_json_atomic
 from .cache import KeyedFolder
+from .profiles import paper_protocol
 
 __all__ = ["RESULTS", "CELL_META", "PREDICTIONS", "INSTRUCTION_SET_PINS", "read_json", "keyed_options",
-           "cell_folder", "cell_state", "run_cell", "git", "cpu_model", "real_images_digests", "instruction_set_problem", "cell_record", "differences", "verify_cell", "verify_and_log", "collect_cells",
-           "per_seed_row"]
+           "cell_folder", "cell_state", "run_cell", "git", "cpu_model", "real_images_digests", "instruction_set_problem",
+           "cell_record", "differences", "added_keys", "verify_cell", "verify_and_log", "collect_cells", "per_seed_row"]
 
 RESULTS = "results.json"
 CELL_META = "cell.json"
@@ -110,7 +111,8 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         meta["record"] = dict(cell_record(cfg, amendment, repo), **({"resumed": True} if state == "partial" else {}))
     folder.write(dict(meta, finished=False))
     t0, cpu0 = time.time(), time.process_time()
-    results = run(dict(cfg, auto_resume=True))  # also takes over a cell killed before its first epoch ended
+    # auto_resume: also takes over a cell killed before its first epoch ended
+    results = run(paper_protocol(dict(cfg, auto_resume=True)))
     meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
     if amendment is not None and amendment >= 4:
         # what a shift cell evaluates is traced to this cell by the digest of the checkpoint it kept
@@ -200,20 +202,29 @@ def cell_record(cfg: Dict[str, Any], amendment: int, repo: Optional[Path] = None
 
 def differences(a: Any, b: Any, where: str = "") -> List[str]:
     """Every leaf where ``a`` (committed) and ``b`` (now) differ, as ``"path: committed x, now y"``, the keys that
-    say where and how fast a cell ran left out."""
+    say where and how fast a cell ran left out, and those ``a`` lacks at any depth (a number later code adds, as a
+    new metric: :func:`added_keys`, not compared)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) if k not in _WHERE
-                for d in differences(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+        return [d for k in sorted(a) if k not in _WHERE
+                for d in differences(a[k], b.get(k), f"{where}.{k}" if where else k)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
     return [] if a == b else [f"{where}: committed {a!r}, now {b!r}"]
 
 
+def added_keys(a: Any, b: Any, where: str = "") -> List[str]:
+    """The paths of the keys of ``b`` (now) that ``a`` (committed) lacks, at any depth."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return []
+    paths = {k: f"{where}.{k}" if where else k for k in b if k not in _WHERE}
+    return [p for k in sorted(paths) for p in ([paths[k]] if k not in a else added_keys(a[k], b[k], paths[k]))]
+
+
 def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = print,
                 repo: Optional[Path] = None) -> Dict[str, List[str]]:
     """Re-run the committed cell ``name`` (the first of ``roots`` that holds it) from its recorded options on the
-    current code, in a temporary folder. Returns ``{"results": every difference of what it computed, "added": keys
-    the current code reports that the committed results.json lacks (not compared), "record": how its record differs
+    current code, in a temporary folder. Returns ``{"results": every difference of what it computed, "added": the
+    paths of the keys the current code reports that the committed results.json lacks (not compared), "record": how its record differs
     (commit, versions, threads, generated set), where it has one}``; the cell reproduces when ``results`` is
     empty."""
     from ..train import run
@@ -225,11 +236,9 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
     cfg = dict(meta["config"])
     with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as tmp:
         log(f"[verify] re-running {name} in {tmp}")
-        results = json.loads(json.dumps(run(dict(cfg, output=tmp, experiment=".", progress=False))))
+        results = json.loads(json.dumps(run(paper_protocol(dict(cfg, output=tmp, experiment=".", progress=False)))))
     committed = read_json(home / RESULTS)
-    added = sorted(k for k in results if k not in committed)
-    out = {"results": differences(committed, {k: v for k, v in results.items() if k not in added}),
-           "added": added, "record": []}
+    out = {"results": differences(committed, results), "added": added_keys(committed, results), "record": []}
     if "record" in meta:
         now = cell_record(cfg, meta["record"]["amendment"], repo)
         out["record"] = differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)

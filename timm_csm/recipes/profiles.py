@@ -23,9 +23,11 @@ from ..annotation import default_scale
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
+from ..training.config import PAPER_TEMPERATURE_METHOD
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
-           "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES", "REHEARSAL_VAL_FRACTION",
+           "paper_protocol", "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES",
+           "REHEARSAL_VAL_FRACTION",
            "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
 
 
@@ -112,6 +114,14 @@ def get_profile(name: str) -> RecipeProfile:
     if name not in _PROFILES:
         raise ValueError(f"unknown recipe profile {name!r}; known profiles: {', '.join(list_profiles())}")
     return copy.deepcopy(_PROFILES[name])
+
+
+def paper_protocol(options: Dict) -> Dict:
+    """:func:`timm_csm.train.run` ``options`` as the recipes and the benchmark cells run them: the temperature fitted
+    by the paper's grid-ECE rule (``PAPER_TEMPERATURE_METHOD``) unless they name a rule.
+    Applied when a run starts, not stored in the options: the cells and stages recorded before training runs
+    defaulted to NLL keep their keys and their numbers."""
+    return dict(options, ts_method=options.get("ts_method", PAPER_TEMPERATURE_METHOD))
 
 
 def training_options(profile: RecipeProfile) -> Dict:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .. import steps
 from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
-from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, training_options
+from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, paper_protocol, training_options
 
 __all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "open_clip_spec",
            "check_encoder", "encoder", "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
@@ -300,7 +300,7 @@ def train(cache: StageCache, profile: RecipeProfile, loss: str, annotated: Stage
         if not stage.done:
             from ..train import run
 
-            run(dict(cfg, output=str(stage.folder), auto_resume=True))
+            run(paper_protocol(dict(cfg, output=str(stage.folder), auto_resume=True)))
     results = json.loads((stage.folder / "results.json").read_text())
     results["output"] = str(stage.folder)
     return results

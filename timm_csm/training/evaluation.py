@@ -11,11 +11,14 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import DEFAULT_TEMPERATURE_METHOD, TemperatureScaling
-from ..metrics import DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, piece, proximity
+from ..calibration import TemperatureScaling, bootstrap_temperatures
+from ..calibration.temperature import SMALL_VALIDATION, TEMPERATURE_RESAMPLES
+from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
+                       proximity)
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from .config import TRAINING_TEMPERATURE_METHOD
 
-__all__ = ["Evaluation", "evaluate_calibration", "metric_row"]
+__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread"]
 
 
 class _Scored(NamedTuple):
@@ -52,7 +55,7 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
-                         n_bins: int = DEFAULT_N_BINS, ts_method: str = DEFAULT_TEMPERATURE_METHOD,
+                         n_bins: int = DEFAULT_N_BINS, ts_method: str = TRAINING_TEMPERATURE_METHOD,
                          with_piece: bool = False,
                          fitted: Optional[TemperatureScaling] = None,
                          bootstrap: int = DEFAULT_RESAMPLES) -> Evaluation:
@@ -65,9 +68,14 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       {metric: {"low", "high"}}}}``, from ``bootstrap`` resamples of the split's samples
       (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
-    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: the grid 0.1..10 by ECE of the CSM
-      paper, or NLL as Guo et al.); a fit that fails (e.g. fewer validation samples than classes) is skipped with a
-      warning;
+    * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,
+      refitted on resamples of the validation images (:func:`temperature_spread`); with few of them (below
+      ``SMALL_VALIDATION``), ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
+      (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers move with the temperature
+      alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
+    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: NLL as Guo et al., a training run's
+      default, or the grid 0.1..10 by ECE of the CSM paper); a fit that fails (e.g. fewer validation samples than
+      classes) is skipped with a warning;
     * ``test`` None (a dataset with no test split): ``metrics["test"]`` is None, the validation metrics are the
       report (after TS in-sample) and ``post_logits`` are the scaled validation logits;
     * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
@@ -91,7 +99,29 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
                 for phase, logits in phases.items() if logits is not None}
         metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
                                 "interval": "percentile", "resampled": "the samples of each split"}
+        if scored.scaler is not None and val is not None:
+            metrics.update(temperature_spread(scored.scaler, val, test, n_bins, bootstrap))
     return Evaluation(metrics, scored.post_logits, scored.scaler)
+
+
+def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, bootstrap: int) -> Dict[str, Any]:
+    """``{"temperature_interval"[, "post_ts_spread"]}``: the interval of ``scaler``'s temperature over refits on
+    resampled validation (or calibration) images ``val`` (``bootstrap`` resamples, at most
+    :data:`~timm_csm.calibration.temperature.TEMPERATURE_RESAMPLES`), and with fewer than
+    :data:`~timm_csm.calibration.temperature.SMALL_VALIDATION` of them the range of the ``test`` ECE and NLL after
+    TS over the resampled temperatures (see :func:`evaluate_calibration`)."""
+    resamples = min(bootstrap, TEMPERATURE_RESAMPLES)
+    temperatures = bootstrap_temperatures(val[0], val[1], scaler.method, n_bins, resamples=resamples)
+    low, high = percentile_interval(temperatures)
+    out: Dict[str, Any] = {"temperature_interval": {"low": low, "high": high, "resamples": resamples}}
+    if test is None or len(val[1]) >= SMALL_VALIDATION:
+        return out
+    distinct, which = temperatures.unique(return_inverse=True)  # the grid's fits repeat: score each T once
+    scores = torch.tensor([[ece(test[0] / t, test[1], n_bins), nll(test[0] / t, test[1])] for t in distinct.tolist()],
+                          dtype=torch.float64)[which]
+    out["post_ts_spread"] = {"n_val": len(val[1]), **{key: dict(zip(("low", "high"), percentile_interval(scores[:, i])))
+                                                      for i, key in enumerate(("ece", "nll"))}}
+    return out
 
 
 def _evaluate(val, test, n_bins: int, ts_method: str, with_piece: bool,

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
+from ..calibration.temperature import SMALL_VALIDATION
 from ..metrics.table import metric_spec
 from .shift_report import shift_figure, shift_markdown
 
@@ -23,7 +24,7 @@ SUMMARY_FILE = "summary.csv"
 
 
 #: the metrics a training report shows, in its order (the shift table's are :data:`~.shift.SHIFT_METRICS`)
-REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "nll", "brier", "piece")
+REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "debiased_ce", "nll", "brier", "piece")
 
 
 def _report_row(name: str):
@@ -53,6 +54,8 @@ def results_markdown(results: Dict[str, Any]) -> str:
               f"{'-' if t is None else f'{t:.2f}'} |", ""]
     lines += [f"{_scored_line(results)}; {_temperature_line(results)}; {results['n_bins']} bins; "
               f"{_checkpoint_line(results)}; run {results.get('run_id')}.", ""]
+    if results.get("post_ts_spread"):
+        lines += [_small_validation_line(results), ""]
     intervals = (results.get("intervals") or {}).get("test" if results["test"] else "val") or {}
     if intervals:
         boot = results["bootstrap"]
@@ -80,7 +83,19 @@ def _temperature_line(results: Dict[str, Any]) -> str:
             "temperature scaling skipped")
     if results.get("temperature_source"):
         return f"temperature {results['temperature']:.2f} {results['temperature_source']}"
-    return f"temperature fitted on {results['n_val']} validation images ({results['ts_method']})"
+    interval = results.get("temperature_interval")
+    shown = (f" {results['temperature']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]" if interval else "")
+    return f"temperature{shown} fitted on {results['n_val']} validation images ({results['ts_method']})"
+
+
+def _small_validation_line(results: Dict[str, Any]) -> str:
+    """How far the after-TS test numbers move with a temperature fitted on few validation images."""
+    spread, interval = results["post_ts_spread"], results["temperature_interval"]
+    return (f"Only {spread['n_val']} validation images: refitted on {interval['resamples']} resamples of them, the "
+            f"temperature moves within [{interval['low']:.2f}, {interval['high']:.2f}], and with it the test ECE after "
+            f"TS within [{_fmt(spread['ece']['low'], 100)}, {_fmt(spread['ece']['high'], 100)}] % and the NLL within "
+            f"[{spread['nll']['low']:.4f}, {spread['nll']['high']:.4f}]; {SMALL_VALIDATION} validation images or "
+            "more give a steadier temperature (docs/own_folder.md).")
 
 
 def _checkpoint_line(results: Dict[str, Any]) -> str:

@@ -11,8 +11,9 @@ command's seed) the caller's own prediction loop gives the logits, scored by the
 (:func:`prediction_scores`: :func:`~timm_csm.metrics.calibration_metrics` and the selective metrics) before and after
 each calibrator fitted on the clean calibration split (Ovadia et al., NeurIPS 2019: calibrators are fitted in
 distribution), with split-conformal sets fitted there too (their coverage under shift is what they promise in
-distribution). The OOD source's images, none of the model's classes, are scored against the test images by the
-maximum softmax probability, the maximum logit, the energy and the negative entropy
+distribution; on top of a calibrator, a copy of it fitted on one part of the split and the quantile on the other).
+The OOD source's images, none of the model's classes, are scored against the test images by the maximum softmax
+probability, the maximum logit, the energy and the negative entropy
 (:mod:`timm_csm.metrics.ood`), before and after each calibrator. Reports: :mod:`~timm_csm.training.shift_report`.
 """
 from __future__ import annotations
@@ -23,11 +24,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
+from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
 from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
 from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
+from .shift_report import ood_reading
 
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
            "check_severities", "open_ood_split", "evaluate_ood"]
@@ -220,19 +223,20 @@ class ShiftEvaluation:
             out["ood"] = {"source": str(self.ood_source), "split": self.ood_split, "n_in": len(test[1]),
                           "n_out": len(logits), "scores": list(OOD_SCORES),
                           **evaluate_ood(test[0], logits, calibrators, resamples, self.seed)}
-            best = max(out["ood"]["methods"]["uncalibrated"].items(), key=lambda kv: kv[1]["auroc"])
-            log(f"OOD {self.ood_source}: {len(logits)} images, best AUROC {best[1]['auroc']:.4f} ({best[0]}, "
-                "uncalibrated)")
+            for line in ood_reading(out["ood"]):
+                log(line)
         return out
 
     def _shift(self, predict_split, test_split, test, calibration, calibrators, n_bins, conformal, alpha, resamples,
                log):
         sets: Dict[str, Dict[str, ConformalClassifier]] = {}
-        if calibration is not None:
+        if calibration is not None:  # each calibrator refitted on its part of the split, the quantile on the rest
             for method in ["uncalibrated", *calibrators]:
                 base = calibrators.get(method)
-                sets[method] = {c: ConformalClassifier(c, alpha=alpha, calibrator=base, seed=self.seed)
-                                .fit(*calibration) for c in conformal}
+                if base is None or calibrator_part_unmet(base.kind, len(calibration[1]),
+                                                         calibration[0].shape[1]) is None:
+                    sets[method] = fit_conformal_sets(conformal, *calibration, alpha=alpha, seed=self.seed,
+                                                      calibrator=base.unfitted() if base is not None else None)
         clean = _cell(test[0], test[1], calibrators, sets, n_bins, resamples, self.seed)[0]
         table: Dict[str, Dict[str, Any]] = {}
         resampled: Dict[str, Dict[str, Any]] = {}

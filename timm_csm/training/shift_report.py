@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-__all__ = ["shift_markdown", "ood_markdown", "shift_figure", "SHIFT_FIGURE"]
+__all__ = ["shift_markdown", "ood_markdown", "ood_reading", "shift_figure", "SHIFT_FIGURE"]
 
 SHIFT_FIGURE = "shift.png"
 _OOD_LABELS = {"msp": "max softmax", "max_logit": "max logit", "energy": "energy", "entropy": "neg. entropy"}
@@ -54,7 +54,8 @@ def _shift_lines(shift: Dict[str, Any]) -> List[str]:
         vals = [_with(_pct(cells[methods[0]]["accuracy"]), iv(methods[0], "accuracy"))]
         vals += [_with(_pct(cells[m]["ece"]), iv(m, "ece")) for m in methods]
         vals += [_with(f"{cells[m]['nll']:.4f}", iv(m, "nll"), lambda v: f"{v:.4f}") for m in methods]
-        vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" for m in methods] if cover else []
+        vals += [f"{cells[m]['conformal'][cover]['coverage']:.3f}" if cover in cells[m]["conformal"] else "-"
+                 for m in methods] if cover else []  # "-": no sets on a calibrator too large for its part
         return f"| {label} | " + " | ".join(vals + [worst]) + " |"
 
     clean = shift["clean"]
@@ -83,7 +84,24 @@ def ood_markdown(ood: Dict[str, Any]) -> str:
             iv = ood.get("intervals", {}).get(method, {}).get(kind, {})
             cells = [_with(four(m[k]), iv.get(k), four) for k in ("auroc", "aupr_in", "aupr_out", "fpr95")]
             lines.append(f"| {method} | {_OOD_LABELS.get(kind, kind)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + ood_reading(ood)) + "\n"
+
+
+def ood_reading(ood: Dict[str, Any]) -> List[str]:
+    """What a user reads first: the score (method and kind) with the highest AUROC, and, when a score's AUROC lies
+    below 0.5, one line saying what that means: the model is more confident on the OOD images than on its own."""
+    ranked = sorted(((m["auroc"], method, kind) for method, scores in ood["methods"].items()
+                     for kind, m in scores.items()), reverse=True)
+    auroc, method, kind = ranked[0]
+    lines = [f"OOD {ood['source']}: {ood['n_out']} images, best AUROC {auroc:.4f} ({_OOD_LABELS.get(kind, kind)}, "
+             f"{method})."]
+    below = [(a, m, k) for a, m, k in ranked if a < 0.5]
+    if below:
+        a, m, k = below[-1]
+        lines.append(f"AUROC below 0.5 for {len(below)} of {len(ranked)} scores (lowest {a:.4f}, "
+                     f"{_OOD_LABELS.get(k, k)}, {m}): the model is more confident on the OOD images than on its own "
+                     "test images, so these scores take the OOD images for the known ones.")
+    return lines
 
 
 def shift_figure(folder: Path, results: Dict[str, Any], log: Callable[[str], None] = print) -> None:
