@@ -27,8 +27,7 @@ from ..training.config import PAPER_TEMPERATURE_METHOD
 
 __all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
            "paper_protocol", "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES",
-           "REHEARSAL_VAL_FRACTION",
-           "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
+           "REHEARSAL_VAL_FRACTION", "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
 
 
 _MIXING, _ANNOTATION = MixingConfig(), AnnotationConfig()
