@@ -32,25 +32,24 @@ from timm_csm.hub import content_fingerprint, csm_dataset_problem
 from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.metrics import PairedInterval, detectable_difference, interval_text, paired_t_interval
 from timm_csm.recipes.cells import read_json
-from timm_csm.study import choose as choice_rule
-from timm_csm.study import template
+from timm_csm.study import load_spec
 from timm_csm.study.cells import cell_rows, finished_cells
 from timm_csm.study.choose import axis_value, seed_mean
-from timm_csm.study.decide import BEST_OTHER, Decision, comparison_pairs, decide
+from timm_csm.study.decide import Decision, comparison_pairs, decide
+from timm_csm.study.plan import setting_plan
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
            "primary_decisions", "label_confidence", "json_rows", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a2.md")
-#: amendment 2's baselines, in the order of its tables (the library's template of a study is amendment 2's design)
-BASELINES = template.BASELINES
-#: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them)
-DECISION_SETTINGS = ("matched", "annotated")
-FAMILY_ALPHA = 0.05
-#: the CSM row of each decision setting minus CE and minus the best other method (before TS); Holm's strictest
-#: level is alpha over their number
-PRIMARY_OTHERS = ("ce", BEST_OTHER)
-PRIMARY_COMPARISONS = len(PRIMARY_OTHERS) * len(DECISION_SETTINGS)
+#: stages 1 and 2 of amendment 2 as a study spec (a test holds it to PROTOCOL.md's grids, seeds and decision)
+SPEC = load_spec(Path(__file__).resolve().with_name("study_fmnist_a2.toml"))
+#: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them): the CSM row of
+#: each decision setting minus CE and minus the best other method (before TS); Holm's strictest level is alpha over
+#: their number
+DECISION_SETTINGS = SPEC.decision.settings
+FAMILY_ALPHA = SPEC.decision.family_alpha
+PRIMARY_COMPARISONS = SPEC.decision.comparisons()
 #: the training seeds of stages 3 and 5, and stage 5's data seeds (real subsets)
 LATER_SEEDS = (0, 1, 2, 3, 4)
 DATA_SEEDS = (0, 1, 2)
@@ -81,15 +80,11 @@ def a2_cells(setting: str, output: Path = Path(method_table.A2_OUTPUT), committe
 _rows = cell_rows
 
 
-def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]], baselines: Sequence[str] = BASELINES,
-                   search=method_table.CSM_TUNING_STEPS) -> Dict[str, Any]:
-    """Stage 1's choices of ``setting`` (:func:`timm_csm.study.choose.stage1_choices`), each None while pending:
-    every baseline's configuration on amendment 2's grid (KD's too where the setting's annotator is its teacher),
-    CSM's steps and row, and the best other method before and after TS (amendment 2's baselines and CSM search by
-    default)."""
-    families = list(baselines) + (["kd"] if setting in method_table.METHODS["kd"].recipes else [])
-    return choice_rule.stage1_choices(rows, {base: method_table.grid_methods(base) for base in families}, search,
-                                      seeds=method_table.A2_TUNING_SEEDS)
+def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Stage 1's choices of ``setting`` on the spec's grids and CSM search (:func:`timm_csm.study.plan.setting_plan`),
+    each None while pending: every baseline's configuration (KD's too where the setting's annotator is its teacher),
+    CSM's steps and row, and the best other method before and after TS."""
+    return setting_plan(SPEC, setting, rows).choices
 
 
 def _done(rows) -> set:
@@ -97,19 +92,12 @@ def _done(rows) -> set:
 
 
 def _stage12_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Tuple[List[Tuple[str, int]], bool]:
-    """Stage 1's and 2's cells of ``setting`` still to run (stage 2's once stage 1's choices are made), and whether
+    """Stage 1's and 2's cells of ``setting`` still to run (stage 2's once stage 1's choices are made; no choice
+    reads a stage-2 cell, so CE, RegMixup and the best other method need not wait for CSM's search), and whether
     stage 2 has finished."""
-    done = _done(rows)
-    choices = stage1_choices(setting, rows)
-    wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
-    todo = [(m, s) for s in method_table.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
-    # a stage-2 method runs its seeds 3-14 once its own choice is made: no choice reads stage 2's cells, so CE,
-    # RegMixup and the best other method need not wait for CSM's search (listed after stage 1's cells)
-    stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
-                                        choices["csm"]]) if m is not None]
-    todo += [(m, s) for s in method_table.A2_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
-    finished = not todo and choices["csm"] is not None and None not in choices["best_other"].values()
-    return todo, finished
+    plan = setting_plan(SPEC, setting, rows)
+    todo, choices = plan.ready(), plan.choices
+    return todo, not todo and choices["csm"] is not None and None not in choices["best_other"].values()
 
 
 def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]],
@@ -206,8 +194,9 @@ def primary_decisions(summaries: Dict[str, Dict[str, Any]], seeds: Sequence[int]
     "holds", "does not hold" or "pending" (below ``len(seeds)`` paired seeds, amendment 2's 15 by default, or a
     choice still open)."""
     choices = {setting: summaries[setting]["choices"] for setting in DECISION_SETTINGS}
-    return decide(comparison_pairs(choices, PRIMARY_OTHERS), {s: summaries[s]["rows"] for s in DECISION_SETTINGS},
-                  len(seeds), alpha=FAMILY_ALPHA)
+    return decide(comparison_pairs(choices, SPEC.decision.others, SPEC.decision.metric),
+                  {s: summaries[s]["rows"] for s in DECISION_SETTINGS}, len(seeds), SPEC.decision.metric,
+                  FAMILY_ALPHA)
 
 
 def _fmt(value: Optional[float], digits: int = 2) -> str:

@@ -47,6 +47,18 @@ def test_the_a4_spec_states_amendment_4s_grids_seeds_and_backbone():
     assert spec.shift.severities == (1, 2, 3, 4, 5) and spec.shift.ood == ("mnist5k", "digits")
 
 
+def test_the_a2_spec_states_amendment_2s_stages_1_and_2():
+    table = load_benchmark("calibration_methods")
+    spec = load_spec(A4_SPEC.with_name("study_fmnist_a2.toml"))
+    assert spec.settings == table.A2_SETTINGS and spec.decision.settings == ("matched", "annotated")
+    assert spec.model.name == table.base_recipe(name="matched")["model"] and spec.model.options == ()
+    assert spec.seeds.tuning == table.A2_TUNING_SEEDS and spec.seeds.decision == table.A2_SEEDS
+    assert {m.name: m.configurations() for m in spec.methods} == {
+        base: table.grid_methods(base) for base in ("ce", "brier", "ls", "mbls", "mixup", "regmixup", "kd")}
+    assert spec.method("kd").settings == ("annotated", "borrowed") and spec.search.steps == table.CSM_TUNING_STEPS
+    assert spec.search.size() == 9 and spec.decision.comparisons() == 4 and spec.decision.family_alpha == 0.05
+
+
 def test_init_writes_amendment_2s_design_and_it_reads_back():
     table = load_benchmark("calibration_methods")
     spec = parse_spec(BASE)
