@@ -18,9 +18,8 @@ from timm_csm.study.template import CSM_TUNING_STEPS, TUNING_GRIDS
 
 # the library's method table, re-exported: the benchmark's scripts read it here
 __all__ = ["BenchMethod", "METHODS", "TUNING_AXES", "AXIS_DEFAULTS", "LABELS", "VOLUMES", "TUNING_GRIDS",
-           "CSM_TUNING_STEPS", "get_method", "tuned_name",
-           "grid_methods", "csm_step_methods", "stage1_methods", "base_recipe", "cell_name", "cell_config",
-           "plan_cells", "every_seed"]
+           "CSM_TUNING_STEPS", "get_method", "tuned_name", "grid_methods", "csm_step_methods", "stage1_methods",
+           "base_recipe", "cell_name", "cell_config", "plan_cells", "every_seed"]
 
 DEFAULT_JSON = Path("benchmarks/calibration.json")
 

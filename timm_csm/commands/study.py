@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 
 from timm_csm.cli import console_command
 from timm_csm.io import write_text_atomic
-from timm_csm.study import load_spec
+from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import cell_rows, finished_cells
 from timm_csm.study.decide import decision_power
 from timm_csm.study.plan import plan_cells
@@ -37,13 +37,12 @@ __all__ = ["power_text", "plan_text", "build_parser", "main"]
 _INIT_ONLY = ("dataset", "model")
 
 
-def power_text(spec: StudySpec, sd: Optional[float] = None) -> str:
-    """What the spec's decision seeds resolve at paired sd ``sd`` (the spec's planning sd by default), in one line."""
-    sd = spec.decision.planning_sd if sd is None else sd
-    if sd is None:
-        raise ValueError("the spec states no decision.planning_sd: give --planning-sd")
+def power_text(spec: StudySpec) -> str:
+    """What the spec's decision seeds resolve at its planning sd (``decision.planning_sd``), in one line."""
     d = spec.decision
-    p = decision_power(sd, len(spec.seeds.decision), d.comparisons(), d.family_alpha, d.power)
+    if d.planning_sd is None:
+        raise ValueError("the spec states no decision.planning_sd, the paired sd its power assumes")
+    p = decision_power(d.planning_sd, len(spec.seeds.decision), d.comparisons(), d.family_alpha, d.power)
     return (f"power: {p.n} decision seeds at paired sd {p.sd:g} give a 95% half-width of {p.half_width:.2f}; the "
             f"smallest true difference detected with {d.power:.0%} power is {p.detectable:.2f} at alpha {p.alpha:g} "
             f"and {p.detectable_strictest:.2f} at Holm's strictest level {p.strictest_alpha:g} ({d.comparisons()} "
@@ -100,12 +99,11 @@ def _init(args: argparse.Namespace) -> None:
     text = template_text(f"{args.dataset}-{args.model}", args.dataset, args.model, args.recipe, args.train_size,
                          args.val_size, args.data_seed, args.settings, range(args.tuning_seeds),
                          range(args.decision_seeds), args.planning_sd)
-    from timm_csm.study.spec import parse_spec
-
     spec = parse_spec(text)  # what is written reads back: a bad flag is refused before the file exists
     write_text_atomic(path, text)
     print(f"wrote {path}: {len(spec.methods)} methods and CSM's search over {', '.join(spec.settings)}")
     print(power_text(spec))
+    print(f"next: timm-csm-study plan {path}")
 
 
 @console_command("timm-csm-study", build_parser)

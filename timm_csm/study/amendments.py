@@ -36,7 +36,8 @@ __all__ = ["SpecError", "Amendment", "SAME", "AMENDED", "CHANGED", "SpecStatus",
 
 SAME, AMENDED, CHANGED = "same", "amended", "changed"
 _AMENDMENT_LINE = re.compile(r"^[ \t]*\[\[[ \t]*amendment[ \t]*\]\][ \t]*(#.*)?$", re.MULTILINE)
-_HEADER_LINE = re.compile(r"^[ \t]*\[{1,2}[ \t]*([^\]]+?)[ \t]*\]{1,2}[ \t]*(#.*)?$", re.MULTILINE)
+#: a table header: a key (bare, dotted or quoted) in one or two brackets, not an array value on a line of its own
+_HEADER_LINE = re.compile(r"^[ \t]*\[{1,2}[ \t]*([A-Za-z0-9_\-.\"' ]+?)[ \t]*\]{1,2}[ \t]*(#.*)?$", re.MULTILINE)
 _AMENDMENT_KEYS = ("date", "reason", "set")
 
 
