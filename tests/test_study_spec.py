@@ -114,6 +114,9 @@ def test_an_amendment_changes_the_fields_it_sets_and_keeps_the_history():
     # the original ends where the amendments begin: a section after them is not part of it
     with pytest.raises(SpecError, match=r"table \[shift\] comes after the first \[\[amendment\]\]"):
         parse_spec(BASE + AMENDMENT + "\n[shift]\nood = []\n")
+    # an array on a line of its own inside an amendment is no table header
+    nested = AMENDMENT + "[amendment.set.model.options]\ndecay_milestones = [\n[30, 45]\n]\n"
+    assert split_spec_text(BASE + nested)[1] == [nested[1:]]
 
 
 def test_the_first_cells_digest_allows_appended_amendments_and_refuses_any_other_change():
