@@ -172,19 +172,48 @@ def test_study_init_writes_a_spec_that_reads_back_and_states_its_power(tmp_path,
     assert "model.name: 'no_such_model' is not a timm model" in err[2] and not (tmp_path / "new.toml").exists()
 
 
+#: the training options amendment 4's cells record (a cell.json's "config"), as far as the spec states them
+A4_CONFIG = {"dataset": "fashion_mnist", "max_train_samples": 2500, "val_size": 2000, "data_seed": 0,
+             "model": "resnet18", "epochs": 60, "decay_milestones": [30, 45], "lr": 0.1}
+
+
+def _write_cell(folder, method, seed, config):
+    folder.mkdir(parents=True)
+    (folder / "cell.json").write_text(json.dumps({"method": method, "seed": seed, "setting": None,
+                                                  "config": config}))
+    (folder / "results.json").write_text(json.dumps({"test": {"pre_ts": {"ece": 0.05}},
+                                                     "val": {"pre_ts": {"ece": 0.04, "nll": 0.3}}}))
+
+
 def test_study_plan_reads_finished_cells_and_lists_what_they_leave(tmp_path, capsys):
     from timm_csm.commands.study import main
 
     cells = tmp_path / "cells"
     for seed in (0, 1, 2):
-        d = cells / f"ce-s{seed}"
-        d.mkdir(parents=True)
-        (d / "cell.json").write_text(json.dumps({"method": "ce", "seed": seed, "setting": None,
-                                                 "config": {"data_seed": 0}}))
-        (d / "results.json").write_text(json.dumps({"test": {"pre_ts": {"ece": 0.05}},
-                                                    "val": {"pre_ts": {"ece": 0.04, "nll": 0.3}}}))
+        _write_cell(cells / f"ce-s{seed}", "ce", seed, dict(A4_CONFIG, data_seed=None if seed else 0))
     assert main(["plan", str(A4_SPEC), "--cells", str(cells)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "stage 1: 63 cell(s) known, 3 done, 60 ready"
     assert "1  done   ce-s0" in lines and "1  ready  ls-s0" in lines and "2  ready  ce-s9" in lines
     assert lines[-1].startswith("pending: annotated:")
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"model": "small_cnn"}, "model: the cell has 'small_cnn', the spec states 'resnet18'"),
+    ({"decay_milestones": [30, 40]}, "decay_milestones: the cell has [30, 40], the spec states (30, 45)"),
+    ({"data_seed": 1}, None),  # another real subset: not this study's cell, and not read
+])
+def test_study_plan_refuses_a_cell_of_another_study_and_a_folder_without_cells(change, error, tmp_path, capsys):
+    from timm_csm.commands.study import main
+
+    _write_cell(tmp_path / "cells" / "ce-s0", "ce", 0, dict(A4_CONFIG, **change))
+    status = main(["plan", str(A4_SPEC), "--cells", str(tmp_path / "cells")])
+    out, err = capsys.readouterr()
+    if error is None:
+        assert status == 0 and "1  ready  ce-s0" in out.splitlines()
+    else:
+        assert status == 2 and err.startswith("timm-csm-study: error: ") and error in err and not out
+        assert "is not a cell of study 'fmnist-a4-resnet18'" in err
+    for folder in (tmp_path / "no-such-folder", tmp_path):  # tmp_path holds the cells' folder, not cell folders
+        assert main(["plan", str(A4_SPEC), "--cells", str(folder)]) == 2
+        assert "holds no finished cell folder" in capsys.readouterr().err

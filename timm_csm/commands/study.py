@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 from timm_csm.cli import console_command
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
-from timm_csm.study.cells import cell_rows, finished_cells
+from timm_csm.study.cells import study_rows
 from timm_csm.study.decide import decision_power
 from timm_csm.study.plan import plan_cells
 from timm_csm.study.spec import StudySpec
@@ -50,10 +50,9 @@ def power_text(spec: StudySpec) -> str:
 
 
 def plan_text(spec: StudySpec, cells_roots: Sequence[Path] = ()) -> str:
-    """The plan of ``spec`` given the finished cells under ``cells_roots``: a summary line per stage, one line per
-    cell (stage, status, name), then the pending lines."""
-    rows = {s: cell_rows(finished_cells(cells_roots, s, spec.data.data_seed)) for s in spec.settings}
-    cells, pending = plan_cells(spec, rows)
+    """The plan of ``spec`` given the finished cells under ``cells_roots`` (:func:`timm_csm.study.cells.study_rows`):
+    a summary line per stage, one line per cell (stage, status, name), then the pending lines."""
+    cells, pending = plan_cells(spec, study_rows(spec, cells_roots))
     lines: List[str] = []
     for stage in (1, 2):
         found = [c for c in cells if c.stage == stage]

@@ -6,7 +6,8 @@
 * :mod:`.methods`: the methods a study compares, their tuning axes and the names of their configurations and cells;
 * :mod:`.choose`: stage 1, every choice on the validation split alone;
 * :mod:`.decide`: stage 2, the primary comparisons and Holm's decision;
-* :mod:`.plan`: the cells a spec runs, stage by stage.
+* :mod:`.plan`: the cells a spec runs, stage by stage; :mod:`.cells`: its finished cells, read from their folders;
+* :mod:`.template`: the spec ``timm-csm-study init`` writes, amendment 2's design.
 """
 from .amendments import SpecStatus, spec_digest, spec_status
 from .choose import coordinate_search, stage1_choices
