@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from timm_csm.recipes import derive
 from timm_csm.study.methods import (AXIS_DEFAULTS, LABELS, METHODS, TUNING_AXES, VOLUMES, BenchMethod, cell_name,
                                     get_method, grid_configurations, step_configurations, tuned_name)
-from timm_csm.study.template import CSM_TUNING_STEPS, TUNING_GRIDS
+from timm_csm.study.template import CSM_TUNING_STEPS, DECISION_SEEDS, TUNING_GRIDS, TUNING_SEEDS
 
 # the library's method table, re-exported: the benchmark's scripts read it here
 __all__ = ["BenchMethod", "METHODS", "TUNING_AXES", "AXIS_DEFAULTS", "LABELS", "VOLUMES", "TUNING_GRIDS",
@@ -66,8 +66,8 @@ BOUNDARY_METHODS = ("csm_groups25", "csm_groups50", "csm_gen2000")
 UNTUNED_A2 = ("ce", "brier")
 A2_SETTINGS = ("matched", "annotated", "borrowed")
 A2_OUTPUT = "runs/protocol_a2"
-A2_SEEDS = tuple(range(15))
-A2_TUNING_SEEDS = (0, 1, 2)
+A2_SEEDS = DECISION_SEEDS
+A2_TUNING_SEEDS = TUNING_SEEDS
 #: finished amendment-2 cells, committed (with their record: commit, versions, threads, generated set)
 COMMITTED_A2 = Path("benchmarks/cells_a2")
 #: each --verify of an amendment-2 cell: the cell, the commit it ran at, whether it reproduced

@@ -19,10 +19,12 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 from ..extras import require
 from ..metrics import PairedInterval, detectable_difference, holm, paired_t_interval
 
-__all__ = ["HOLDS", "DOES_NOT_HOLD", "PENDING", "ROW_METRICS", "BEST_OTHER", "Comparison", "Decision", "values_by_seed",
-           "metric_phase", "comparison_pairs", "decide", "Power", "decision_power"]
+__all__ = ["HOLDS", "DOES_NOT_HOLD", "PENDING", "FAMILY_ALPHA", "POWER", "ROW_METRICS", "BEST_OTHER", "Comparison",
+           "Decision", "values_by_seed", "metric_phase", "comparison_pairs", "decide", "Power", "decision_power"]
 
 HOLDS, DOES_NOT_HOLD, PENDING = "holds", "does not hold", "pending"
+#: the family-wise error rate of Holm's correction, and the power a detectable difference is stated at (PROTOCOL.md)
+FAMILY_ALPHA, POWER = 0.05, 0.8
 #: the metrics of a per-seed row (:func:`timm_csm.recipes.cells.per_seed_row`; ``acc`` is accuracy)
 ROW_METRICS = ("acc", "ece", "aece", "cece", "nll", "brier")
 #: the role that stands for the best other method of a setting (stage 1's choice in the metric's phase)
@@ -79,7 +81,7 @@ def comparison_pairs(choices: Mapping[str, Mapping[str, Any]], others: Sequence[
 
 def decide(pairs: Sequence[Tuple[str, Optional[str], Optional[str]]],
            rows: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], required_seeds: int,
-           metric: str = "ece_pre_ts", alpha: float = 0.05) -> Decision:
+           metric: str = "ece_pre_ts", alpha: float = FAMILY_ALPHA) -> Decision:
     """The decision over the primary comparisons ``pairs`` (``(setting, method, other)``), read from each setting's
     per-seed ``rows`` (``{setting: {configuration: rows}}``): the paired interval of ``metric`` over the common
     seeds, a comparison pending below ``required_seeds`` of them; Holm over the family at ``alpha`` once none is
@@ -120,7 +122,7 @@ class Power(NamedTuple):
     detectable_strictest: float
 
 
-def decision_power(sd: float, n: int, comparisons: int, alpha: float = 0.05, power: float = 0.8) -> Power:
+def decision_power(sd: float, n: int, comparisons: int, alpha: float = FAMILY_ALPHA, power: float = POWER) -> Power:
     """The :class:`Power` of a decision over ``n`` seeds whose Holm family has ``comparisons`` tests at family-wise
     ``alpha`` (:func:`timm_csm.metrics.detectable_difference`)."""
     if comparisons < 1:

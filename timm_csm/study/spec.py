@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import amendments as history
 from .amendments import Amendment, SpecError
-from .decide import BEST_OTHER, metric_phase
+from .decide import BEST_OTHER, FAMILY_ALPHA, POWER, metric_phase
 from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
@@ -117,7 +117,7 @@ class DecisionSpec:
     others: Tuple[str, ...]
     family_alpha: float
     planning_sd: Optional[float] = None
-    power: float = 0.8
+    power: float = POWER
     secondary: Tuple[str, ...] = ()
 
     def comparisons(self) -> int:
@@ -286,9 +286,9 @@ def _decision(table: _Table, settings: Tuple[str, ...], methods: Sequence[Method
         raise SpecError(f"decision.metric: {e}") from None
     configurations = [c for m in methods for c in m.configurations()]
     others = table.names("others", [*configurations, BEST_OTHER])
-    alpha = table.get("family_alpha", float, 0.05)
+    alpha = table.get("family_alpha", float, FAMILY_ALPHA)
     sd = table.get("planning_sd", float, None)
-    power = table.get("power", float, 0.8)
+    power = table.get("power", float, POWER)
     secondary = table.names("secondary", [m.name for m in methods], [])
     spec = DecisionSpec(table.names("settings", settings, settings), metric, others, alpha, sd, power, secondary)
     table.done()

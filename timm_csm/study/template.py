@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
+from .decide import FAMILY_ALPHA
 from .methods import METHODS
 
 __all__ = ["BASELINES", "TUNING_GRIDS", "CSM_TUNING_STEPS", "TUNING_SEEDS", "DECISION_SEEDS", "PLANNING_SD",
@@ -72,6 +73,6 @@ def template_text(name: str, dataset: str, model: str, recipe: str = "demo", tra
     lines += ["", "[search]  # coordinate-wise: each step at the values the steps before it chose", 'method = "csm"',
               "steps = [", *steps, "]", "",
               "[decision]", 'metric = "ece_pre_ts"', 'others = ["ce", "best_other"]', 'secondary = ["regmixup"]',
-              "family_alpha = 0.05", f"planning_sd = {planning_sd!r}", "",
+              f"family_alpha = {FAMILY_ALPHA!r}", f"planning_sd = {planning_sd!r}", "",
               "[calibrators]", 'fit = ["temperature_scaling"]', ""]
     return "\n".join(lines)
