@@ -30,21 +30,26 @@ import calibration_methods as method_table
 import calibration_pages as pages
 from timm_csm.hub import content_fingerprint, csm_dataset_problem
 from timm_csm.io import write_json_atomic, write_text_atomic
-from timm_csm.metrics import PairedInterval, detectable_difference, holm, interval_text, paired_t_interval
-from timm_csm.recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
+from timm_csm.metrics import PairedInterval, detectable_difference, interval_text, paired_t_interval
+from timm_csm.recipes.cells import read_json
+from timm_csm.study import load_spec
+from timm_csm.study.cells import cell_rows, finished_cells
+from timm_csm.study.choose import axis_value, seed_mean
+from timm_csm.study.decide import Decision, comparison_pairs, decide
+from timm_csm.study.plan import setting_plan
 
 __all__ = ["a2_cells", "stage1_choices", "next_cells", "later_stage_cells", "stage3_setting", "stage3_variants",
            "primary_decisions", "label_confidence", "json_rows", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a2.md")
-#: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
-TIE = 0.01
-BASELINES = ("ce", "brier", "ls", "mbls", "mixup", "regmixup")
-#: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them)
-DECISION_SETTINGS = ("matched", "annotated")
-FAMILY_ALPHA = 0.05
-#: CE and the best other method in each decision setting; Holm's strictest level is alpha over their number
-PRIMARY_COMPARISONS = 2 * len(DECISION_SETTINGS)
+#: stages 1 and 2 of amendment 2 as a study spec (a test holds it to PROTOCOL.md's grids, seeds and decision)
+SPEC = load_spec(Path(__file__).resolve().with_name("study_fmnist_a2.toml"))
+#: the settings of stage 2's decision, and its family of primary comparisons (Holm over all of them): the CSM row of
+#: each decision setting minus CE and minus the best other method (before TS); Holm's strictest level is alpha over
+#: their number
+DECISION_SETTINGS = SPEC.decision.settings
+FAMILY_ALPHA = SPEC.decision.family_alpha
+PRIMARY_COMPARISONS = SPEC.decision.comparisons()
 #: the training seeds of stages 3 and 5, and stage 5's data seeds (real subsets)
 LATER_SEEDS = (0, 1, 2, 3, 4)
 DATA_SEEDS = (0, 1, 2)
@@ -66,82 +71,20 @@ def a2_cells(setting: str, output: Path = Path(method_table.A2_OUTPUT), committe
              data_seed: int = 0, amendment: int = 2) -> Dict[str, Dict[int, Dict[str, Any]]]:
     """``{method: {seed: {"results", "seconds", "dir", "record", "config"}}}`` of the finished cells of
     ``amendment`` (2 by default) of ``setting`` on the real subset of ``data_seed``: those shared by every setting
-    and the setting's own; committed ones first."""
-    found: Dict[str, Dict[int, Dict[str, Any]]] = {}
-    for root in [r for r in (committed, Path(output) / "cells") if Path(r).is_dir()]:
-        for d in sorted(Path(root).iterdir()):
-            if not ((d / CELL_META).exists() and (d / RESULTS).exists()):
-                continue
-            meta = read_json(d / CELL_META)
-            if meta.get("record", {}).get("amendment") != amendment or meta.get("setting") not in (None, setting):
-                continue
-            if (meta["config"].get("data_seed") or 0) != data_seed:
-                continue
-            found.setdefault(meta["method"], {}).setdefault(int(meta["seed"]), {
-                "results": read_json(d / RESULTS), "seconds": meta.get("seconds"), "dir": d,
-                "record": meta["record"], "config": meta["config"], "cpu_seconds": meta.get("cpu_seconds")})
-    return found
+    and the setting's own; committed ones first (:func:`timm_csm.study.cells.finished_cells`)."""
+    return finished_cells([committed, Path(output) / "cells"], setting, data_seed,
+                          lambda meta: meta.get("record", {}).get("amendment") == amendment)
 
 
-def _rows(cells) -> Dict[str, List[Dict[str, Any]]]:
-    return {m: [per_seed_row(s, c) for s, c in sorted(runs.items())] for m, runs in cells.items()}
+#: each method's per-seed rows of :func:`a2_cells` (amendments 3 and 4 read them by this name)
+_rows = cell_rows
 
 
-def _mean(rows: List[Dict[str, Any]], key: str, seeds: Sequence[int]) -> Optional[float]:
-    values = [r[key] for r in rows if r["seed"] in seeds and r.get(key) is not None]
-    return sum(values) / len(values) if len(values) == len(seeds) else None
-
-
-def choose(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str], phase: str = "pre_ts",
-           seeds: Sequence[int] = method_table.A2_TUNING_SEEDS) -> Optional[str]:
-    """The candidate with the lowest mean validation ECE over ``seeds``; means within :data:`TIE` points are
-    broken by the lower mean validation NLL. None while any candidate lacks one of the seeds."""
-    ece = {m: _mean(rows.get(m, []), f"val_ece_{phase}", seeds) for m in candidates}
-    if not candidates or any(v is None for v in ece.values()):
-        return None
-    lowest = min(ece.values())
-    tied = [m for m in candidates if ece[m] - lowest < TIE]
-    return min(tied, key=lambda m: (_mean(rows[m], f"val_nll_{phase}", seeds), candidates.index(m)))
-
-
-def _csm_search(rows, method: str = "csm", search=method_table.CSM_TUNING_STEPS
-                ) -> Tuple[Dict[str, Any], List[Tuple[str, List[str], Optional[str]]]]:
-    """CSM's coordinate-wise ``search`` (amendment 2's by default): the values chosen so far and, per step, (axis,
-    configurations, choice)."""
-    chosen: Dict[str, Any] = {}
-    steps = []
-    for i, (axis, _) in enumerate(search):
-        names = method_table.csm_step_methods(i, chosen, method, search)
-        pick = choose(rows, names)
-        steps.append((axis, names, pick))
-        if pick is None:
-            break
-        chosen[axis] = axis_value(pick, axis)
-    return chosen, steps
-
-
-def axis_value(name: str, axis: str) -> Any:
-    """The value of ``axis`` in the configuration ``name`` (the inverse of :func:`calibration_methods.tuned_name`)."""
-    method = method_table.get_method(name)
-    kind = method_table.TUNING_AXES[axis]
-    if kind == "data":
-        return dict(method.derive).get(axis, method_table.AXIS_DEFAULTS[axis])
-    options = method.options.get("loss_kwargs", {}) if kind == "loss" else method.options
-    return options.get(axis, method_table.AXIS_DEFAULTS.get(axis))
-
-
-def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]], baselines: Sequence[str] = BASELINES,
-                   search=method_table.CSM_TUNING_STEPS) -> Dict[str, Any]:
-    """Stage 1's choices of ``setting``, each None while pending: every baseline's configuration, CSM's steps and
-    row, and the best other method before and after TS (amendment 2's baselines and CSM search by default)."""
-    families = list(baselines) + (["kd"] if setting in method_table.METHODS["kd"].recipes else [])
-    grids = {base: method_table.grid_methods(base) for base in families}
-    chosen = {base: choose(rows, names) for base, names in grids.items()}
-    values, steps = _csm_search(rows, search=search)
-    csm_row = steps[-1][2] if len(steps) == len(search) else None
-    ready = [chosen[b] for b in families]
-    best = {phase: (choose(rows, ready, phase) if all(ready) else None) for phase in ("pre_ts", "post_ts")}
-    return {"grids": grids, "chosen": chosen, "csm_steps": steps, "csm": csm_row, "best_other": best}
+def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Stage 1's choices of ``setting`` on the spec's grids and CSM search (:func:`timm_csm.study.plan.setting_plan`),
+    each None while pending: every baseline's configuration (KD's too where the setting's annotator is its teacher),
+    CSM's steps and row, and the best other method before and after TS."""
+    return setting_plan(SPEC, setting, rows).choices
 
 
 def _done(rows) -> set:
@@ -149,19 +92,12 @@ def _done(rows) -> set:
 
 
 def _stage12_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Tuple[List[Tuple[str, int]], bool]:
-    """Stage 1's and 2's cells of ``setting`` still to run (stage 2's once stage 1's choices are made), and whether
+    """Stage 1's and 2's cells of ``setting`` still to run (stage 2's once stage 1's choices are made; no choice
+    reads a stage-2 cell, so CE, RegMixup and the best other method need not wait for CSM's search), and whether
     stage 2 has finished."""
-    done = _done(rows)
-    choices = stage1_choices(setting, rows)
-    wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
-    todo = [(m, s) for s in method_table.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
-    # a stage-2 method runs its seeds 3-14 once its own choice is made: no choice reads stage 2's cells, so CE,
-    # RegMixup and the best other method need not wait for CSM's search (listed after stage 1's cells)
-    stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
-                                        choices["csm"]]) if m is not None]
-    todo += [(m, s) for s in method_table.A2_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
-    finished = not todo and choices["csm"] is not None and None not in choices["best_other"].values()
-    return todo, finished
+    plan = setting_plan(SPEC, setting, rows)
+    todo, choices = plan.ready(), plan.choices
+    return todo, not todo and choices["csm"] is not None and None not in choices["best_other"].values()
 
 
 def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]],
@@ -196,7 +132,8 @@ def stage3_setting(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> Opti
     csm = {s: stage1_choices(s, r)["csm"] for s, r in rows.items()}
     if None in csm.values():
         return None
-    return min(DECISION_SETTINGS, key=lambda s: _mean(rows[s][csm[s]], "val_ece_pre_ts", method_table.A2_TUNING_SEEDS))
+    return min(DECISION_SETTINGS, key=lambda s: seed_mean(rows[s][csm[s]], "val_ece_pre_ts",
+                                                          method_table.A2_TUNING_SEEDS))
 
 
 def stage3_variants(csm_row: str) -> List[Tuple[str, str]]:
@@ -251,34 +188,15 @@ def later_stage_cells(all_rows: Dict[str, Dict[str, List[Dict[str, Any]]]]
 
 
 def primary_decisions(summaries: Dict[str, Dict[str, Any]], seeds: Sequence[int] = method_table.A2_SEEDS
-                      ) -> Dict[str, Any]:
+                      ) -> Decision:
     """Stage 2's four primary comparisons (CSM row minus CE and minus the best other method, test ECE before TS,
-    ``matched`` and ``annotated``), Holm-corrected as one family; per setting "holds", "does not hold" or
-    "pending" (below ``len(seeds)`` paired seeds, amendment 2's 15 by default, or a choice still open)."""
-    tests, keys = [], []
-    for setting in DECISION_SETTINGS:
-        sm = summaries[setting]
-        csm, best = sm["choices"]["csm"], sm["choices"]["best_other"]["pre_ts"]
-        for other in ("ce", best):
-            test = None
-            if csm and other:
-                test = paired_t_interval(pages.by_seed(sm["rows"].get(csm, []), "ece_pre_ts"),
-                                         pages.by_seed(sm["rows"].get(other, []), "ece_pre_ts"))
-            keys.append((setting, other))
-            tests.append(test if test is not None and test.n >= len(seeds) else None)
-    out: Dict[str, Any] = {"comparisons": [], "verdicts": {}}
-    if any(t is None for t in tests):
-        out["verdicts"] = dict.fromkeys(DECISION_SETTINGS, "pending")
-        out["comparisons"] = [{"setting": s, "other": o, "test": t} for (s, o), t in zip(keys, tests)]
-        return out
-    adjusted, rejections = holm([t.p_value for t in tests], FAMILY_ALPHA)
-    for (setting, other), test, p_adj, rejected in zip(keys, tests, adjusted, rejections):
-        out["comparisons"].append({"setting": setting, "other": other, "test": test, "p_holm": p_adj,
-                                   "lower": rejected and test.mean < 0})
-    for setting in DECISION_SETTINGS:
-        both = [c["lower"] for c in out["comparisons"] if c["setting"] == setting]
-        out["verdicts"][setting] = "holds" if all(both) else "does not hold"
-    return out
+    ``matched`` and ``annotated``), Holm-corrected as one family (:func:`timm_csm.study.decide.decide`); per setting
+    "holds", "does not hold" or "pending" (below ``len(seeds)`` paired seeds, amendment 2's 15 by default, or a
+    choice still open)."""
+    choices = {setting: summaries[setting]["choices"] for setting in DECISION_SETTINGS}
+    return decide(comparison_pairs(choices, SPEC.decision.others, SPEC.decision.metric),
+                  {s: summaries[s]["rows"] for s in DECISION_SETTINGS}, len(seeds), SPEC.decision.metric,
+                  FAMILY_ALPHA)
 
 
 def _fmt(value: Optional[float], digits: int = 2) -> str:
@@ -291,8 +209,8 @@ def _grid_lines(rows, names: Sequence[str], pick: Optional[str]) -> List[str]:
         r = rows.get(m, [])
         seeds = [x["seed"] for x in r if x["seed"] in method_table.A2_TUNING_SEEDS]
         # the means over the seeds finished so far (a choice waits for all three)
-        means = [_mean(r, k, seeds) if seeds else None for k in ("val_ece_pre_ts", "val_nll_pre_ts",
-                                                                  "val_ece_post_ts", "ece_pre_ts", "ece_post_ts")]
+        means = [seed_mean(r, k, seeds) if seeds else None for k in ("val_ece_pre_ts", "val_nll_pre_ts",
+                                                                      "val_ece_post_ts", "ece_pre_ts", "ece_post_ts")]
         label = method_table.get_method(m).label + (" **(chosen)**" if m == pick else "")
         lines.append(f"| {label} | {len(seeds)} | " + " | ".join(
             _fmt(v, 4 if i == 1 else 2) for i, v in enumerate(means)) + " |")
@@ -483,11 +401,11 @@ def write_page(path: Path = PAGE, output: Path = Path(method_table.A2_OUTPUT),
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm | "
              f"paired sd | detectable at 80% power (alpha 0.05 / {FAMILY_ALPHA / PRIMARY_COMPARISONS:g}) |",
              "|---|---|---|---|---|---|---|"]
-    for c in decisions["comparisons"]:
-        other = method_table.get_method(c["other"]).label if c["other"] else "pending"
-        lines.append(f"| {c['setting']} | {other} | {_test_text(c['test'])} | {_fmt(c.get('p_holm'), 4)} | "
-                     f"{'-' if 'lower' not in c else 'yes' if c['lower'] else 'no'} | {_power_text(c['test'])} |")
-    lines += [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decisions["verdicts"].items()] + [""]
+    for c in decisions.comparisons:
+        other = method_table.get_method(c.other).label if c.other else "pending"
+        lines.append(f"| {c.setting} | {other} | {_test_text(c.test)} | {_fmt(c.p_holm, 4)} | "
+                     f"{'-' if c.lower is None else 'yes' if c.lower else 'no'} | {_power_text(c.test)} |")
+    lines += [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decisions.verdicts.items()] + [""]
     figure = Path(path).with_name(Path(path).stem + "_decision.png")
     lines += stage2_section(summaries, figure)
     for setting in method_table.A2_SETTINGS:

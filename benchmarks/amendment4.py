@@ -1,6 +1,7 @@
 """Amendment 4 (``benchmarks/PROTOCOL.md``): CSM on the pilot's timm backbone (``benchmarks/pilot_a4.md``), with
 amendment 2's data, settings, generated sets and choice rules (:mod:`amendment2`), every method at most 4
-configurations, 10 decision seeds.
+configurations, 10 decision seeds. Its design is the study spec ``benchmarks/study_fmnist_a4.toml``: the choices and
+the cells that can run come from it through :mod:`timm_csm.study`.
 
     python benchmarks/amendment4.py --next      # the cells that can run now, each as its command, in order
     python benchmarks/amendment4.py --report    # benchmarks/calibration_a4.md and calibration_a4.json
@@ -21,12 +22,16 @@ import calibration_pages as pages
 from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.metrics import interval_text
 from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
+from timm_csm.study import load_spec
+from timm_csm.study.plan import setting_plan
 
 __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
 
 PAGE = Path("benchmarks/calibration_a4.md")
 JSON = Path("benchmarks/calibration_a4.json")
 OUTPUT = Path(method_table.A4_OUTPUT)
+#: amendment 4's design as a study spec (a test holds it to PROTOCOL.md's grids, seeds and backbone)
+SPEC = load_spec(Path(__file__).resolve().with_name("study_fmnist_a4.toml"))
 
 
 def a4_cells(setting: str, output: Path = OUTPUT, committed: Path = method_table.COMMITTED_A4
@@ -40,20 +45,15 @@ def a4_rows(setting: str, output: Path = OUTPUT) -> Dict[str, List[Dict[str, Any
 
 
 def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-    """Amendment 2's choices (validation ECE over seeds 0-2, ties by NLL) over amendment 4's grids and CSM search."""
-    return a2.stage1_choices(setting, rows, method_table.A4_BASELINES, method_table.A4_CSM_STEPS)
+    """Amendment 2's choices (validation ECE over seeds 0-2, ties by NLL) over the spec's grids and CSM search."""
+    return setting_plan(SPEC, setting, rows).choices
 
 
 def next_cells(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> List[Tuple[str, int]]:
-    """The cells of ``setting`` that can run now: stage 1's grids and CSM's current step at seeds 0-2, then each
-    stage-2 method's seeds 3-9 once its own choice is made (no choice reads a stage-2 cell)."""
-    done = a2._done(rows)
-    choices = stage1_choices(setting, rows)
-    wanted = [m for names in choices["grids"].values() for m in names] + choices["csm_steps"][-1][1]
-    todo = [(m, s) for s in method_table.A2_TUNING_SEEDS for m in dict.fromkeys(wanted) if (m, s) not in done]
-    stage2 = [m for m in dict.fromkeys(["ce", choices["chosen"]["regmixup"], *choices["best_other"].values(),
-                                        choices["csm"]]) if m is not None]
-    return todo + [(m, s) for s in method_table.A4_SEEDS for m in stage2 if (m, s) not in done and (m, s) not in todo]
+    """The cells of ``setting`` that can run now (:func:`timm_csm.study.plan.setting_plan`): stage 1's grids and
+    CSM's current step at seeds 0-2, then each stage-2 method's seeds 3-9 once its own choice is made (no choice reads
+    a stage-2 cell)."""
+    return setting_plan(SPEC, setting, rows).ready()
 
 
 def cell_command(setting: str, method: str) -> str:
@@ -114,12 +114,12 @@ def decision_lines(summaries: Dict[str, Dict[str, Any]]) -> List[str]:
              "Holm over the 4 primary comparisons)", "",
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | detectable "
              f"at 80% power (alpha 0.05 / {a2.FAMILY_ALPHA / a2.PRIMARY_COMPARISONS:g}) |", "|---|---|---|---|---|---|"]
-    for c in decisions["comparisons"]:
-        other = method_table.get_method(c["other"]).label if c["other"] else "pending"
-        p = f"{c['p_holm']:.4f}" if "p_holm" in c else "-"
-        lines.append(f"| `{c['setting']}` | {other} | {a2._test_text(c['test'])} | {p} | {a2._power_text(c['test'])} |")
+    for c in decisions.comparisons:
+        other = method_table.get_method(c.other).label if c.other else "pending"
+        p = "-" if c.p_holm is None else f"{c.p_holm:.4f}"
+        lines.append(f"| `{c.setting}` | {other} | {a2._test_text(c.test)} | {p} | {a2._power_text(c.test)} |")
     lines += [""] + [f"- `{s}`: \"CSM calibrates better on {method_table.A4_BACKBONE['model']}\" **{v}**"
-                     for s, v in decisions["verdicts"].items()]
+                     for s, v in decisions.verdicts.items()]
     return lines + [""]
 
 

@@ -18,6 +18,7 @@ from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.metrics import interval_text, mean_std, paired_outcome, paired_t_interval
 from timm_csm.recipes.cells import (CELL_META, PREDICTIONS, RESULTS, collect_cells, keyed_options, per_seed_row,
                                    read_json)
+from timm_csm.study.decide import values_by_seed
 
 _COLUMNS = (("accuracy", "Acc (%)", 100.0), ("ece", "ECE (%)", 100.0), ("aece", "AECE (%)", 100.0),
             ("cece", "CECE (%)", 100.0), ("nll", "NLL", 1.0))
@@ -296,9 +297,8 @@ def protocol_cells(output: Path, setting: str, committed: Optional[Path] = COMMI
     return found
 
 
-def by_seed(rows: Sequence[Dict[str, Any]], key: str) -> Dict[int, float]:
-    """``{seed: value of key}`` of the per-seed rows that have it."""
-    return {r["seed"]: r[key] for r in rows if r.get(key) is not None}
+#: ``{seed: value of key}`` of the per-seed rows that have it
+by_seed = values_by_seed
 
 
 def lowest_mean(rows: Dict[str, List[Dict[str, Any]]], candidates: Sequence[str], key: str) -> Optional[str]:

@@ -38,10 +38,10 @@ def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
     rows = _rows(values, seeds=range(10))
     summaries = {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
     decided = a4.a2.primary_decisions(summaries, table.A4_SEEDS)
-    assert decided["verdicts"] == {"matched": "holds", "annotated": "holds"}
+    assert decided.verdicts == {"matched": "holds", "annotated": "holds"}
     short = {m: r[:9] for m, r in rows.items()}
     summaries = {s: {"rows": short, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
-    assert set(a4.a2.primary_decisions(summaries, table.A4_SEEDS)["verdicts"].values()) == {"pending"}
+    assert set(a4.a2.primary_decisions(summaries, table.A4_SEEDS).verdicts.values()) == {"pending"}
 
 
 def test_page_states_pending_cells_without_any_cell(tmp_path):

@@ -17,7 +17,7 @@ from build_hooks import console_scripts as _console_scripts  # noqa: E402  setup
 COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
                    "timm_csm.commands.evaluate_generator", "timm_csm.commands.calibrate",
-                   "timm_csm.commands.install_metrics", "timm_csm.commands.compare")
+                   "timm_csm.commands.install_metrics", "timm_csm.commands.compare", "timm_csm.commands.study")
 
 
 def _main(target: str):
@@ -31,7 +31,7 @@ def test_console_scripts_are_the_commands_main_functions():
     scripts = _console_scripts()
     for name in ("timm-csm-train", "timm-csm-generate", "timm-csm-annotate", "timm-csm-publish", "timm-csm-pipeline",
                  "timm-csm-install-metrics", "timm-csm-calibrate", "timm-csm-train-generator",
-                 "timm-csm-evaluate-generator", "timm-csm-compare"):
+                 "timm-csm-evaluate-generator", "timm-csm-compare", "timm-csm-study"):
         assert name in scripts, name
     assert {target.split(":")[0] for target in scripts.values()} >= set(COMMAND_MODULES) - {"timm_csm.recipes.run"}
     for name, target in scripts.items():

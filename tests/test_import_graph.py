@@ -36,8 +36,9 @@ ALLOWED = {
     "calibrate_report": {"calibration", "metrics", "extras"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
     "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
+    "study": {"recipes", "training", "calibration", "data", "metrics", "io", "extras"},
     "commands": {"calibrate", "calibration", "hf_metrics", "steps", "train", "training", "annotation", "generation",
-                 "hub", "data", "metrics", "io", "options", "timm_csm", "cli"},
+                 "hub", "data", "metrics", "io", "options", "timm_csm", "cli", "study"},
     "timm_csm": {"models", "hf_metrics"},
 }
 

@@ -14,6 +14,8 @@
 - ``timm-csm-install-metrics`` (:mod:`.install_metrics`): make ``evaluate.load(name)`` find the metrics.
 - ``timm-csm-compare`` (:mod:`.compare`): paired differences between methods run at matching seeds, with
   t-intervals and Holm-corrected decisions.
+- ``timm-csm-study`` (:mod:`.study`, the library's :mod:`timm_csm.study`): a pre-registered calibration study from
+  its spec file: ``init`` writes one and states its power, ``plan`` lists its cells.
 
 Each module here is argparse plus library calls: ``build_parser()`` and ``main(argv=None)``, a
 :func:`timm_csm.cli.console_command` (exit status 0 on success, one-line errors). ``python -m

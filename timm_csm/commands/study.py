@@ -1,0 +1,122 @@
+"""``timm-csm-study``: a pre-registered calibration study from its spec file (:mod:`timm_csm.study`).
+
+    timm-csm-study init study.toml --dataset fashion_mnist --model resnet18      # write a spec, print its power
+    timm-csm-study plan study.toml                                               # the cells the spec runs
+    timm-csm-study plan benchmarks/study_fmnist_a4.toml --cells benchmarks/cells_a4
+
+``init`` writes amendment 2's design of ``benchmarks/PROTOCOL.md`` (its baselines and grids, CSM's coordinate-wise
+search, 3 tuning seeds, CSM minus CE and minus the best other method under Holm) for a dataset, a real-image budget
+and a timm model, then prints what its decision seeds resolve at ``--planning-sd``: the 95% half-width and the
+smallest true difference detected with 80% power at the family-wise alpha and at Holm's strictest level
+(:func:`timm_csm.study.decide.decision_power`).
+
+``plan`` lists the spec's cells, one a line: the stage, ``done`` or ``ready``, and the cell's name as the calibration
+benchmark names it (``<configuration>[-<setting>][-d<data seed>]-s<seed>``). Stage 1's search steps and stage 2's
+cells are listed once the choices they need are made on the finished cells of ``--cells`` (folders of cell folders);
+what still waits is listed last.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from timm_csm.cli import console_command
+from timm_csm.io import write_text_atomic
+from timm_csm.study import load_spec, parse_spec
+from timm_csm.study.cells import study_rows
+from timm_csm.study.decide import decision_power
+from timm_csm.study.plan import plan_cells
+from timm_csm.study.spec import StudySpec
+from timm_csm.study.template import PLANNING_SD, template_text
+from timm_csm.training.args import HelpFormatter
+
+__all__ = ["power_text", "plan_text", "build_parser", "main"]
+
+#: the options of ``init`` alone
+_INIT_ONLY = ("dataset", "model")
+
+
+def power_text(spec: StudySpec) -> str:
+    """What the spec's decision seeds resolve at its planning sd (``decision.planning_sd``), in one line."""
+    d = spec.decision
+    if d.planning_sd is None:
+        raise ValueError("the spec states no decision.planning_sd, the paired sd its power assumes")
+    p = decision_power(d.planning_sd, len(spec.seeds.decision), d.comparisons(), d.family_alpha, d.power)
+    return (f"power: {p.n} decision seeds at paired sd {p.sd:g} give a 95% half-width of {p.half_width:.2f}; the "
+            f"smallest true difference detected with {d.power:.0%} power is {p.detectable:.2f} at alpha {p.alpha:g} "
+            f"and {p.detectable_strictest:.2f} at Holm's strictest level {p.strictest_alpha:g} ({d.comparisons()} "
+            "primary comparisons)")
+
+
+def plan_text(spec: StudySpec, cells_roots: Sequence[Path] = ()) -> str:
+    """The plan of ``spec`` given the finished cells under ``cells_roots`` (:func:`timm_csm.study.cells.study_rows`):
+    a summary line per stage, one line per cell (stage, status, name), then the pending lines."""
+    cells, pending = plan_cells(spec, study_rows(spec, cells_roots))
+    lines: List[str] = []
+    for stage in (1, 2):
+        found = [c for c in cells if c.stage == stage]
+        done = sum(c.status == "done" for c in found)
+        lines.append(f"stage {stage}: {len(found)} cell(s) known, {done} done, {len(found) - done} ready")
+    lines += [f"{c.stage}  {c.status:5}  {c.name}" for c in cells]
+    lines += [f"pending: {line}" for line in pending]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="timm-csm-study", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("verb", choices=("init", "plan"), help="init: write a spec; plan: list the spec's cells")
+    p.add_argument("spec", help="the study's spec file (TOML)")
+    init = p.add_argument_group("init")
+    init.add_argument("--dataset", default=None, help="the dataset (init; required there)")
+    init.add_argument("--model", default=None, help="the timm model (init; required there)")
+    init.add_argument("--recipe", default="demo", help="the recipe profile the classifier trains with")
+    init.add_argument("--train-size", type=int, default=2500, help="the real-image budget: training images")
+    init.add_argument("--val-size", type=int, default=2000, help="validation images, where every choice is made")
+    init.add_argument("--data-seed", type=int, default=0, help="the seed of the real subset")
+    init.add_argument("--settings", nargs="+", default=["matched"],
+                      help="the generated sets the methods read (matched, annotated, borrowed)")
+    init.add_argument("--tuning-seeds", type=int, default=3, help="stage 1's seeds: 0 .. N-1")
+    init.add_argument("--decision-seeds", type=int, default=15, help="stage 2's seeds: 0 .. N-1")
+    init.add_argument("--planning-sd", type=float, default=PLANNING_SD,
+                      help="the paired sd (ECE points) the power statement assumes")
+    init.add_argument("--force", action="store_true", help="overwrite an existing spec file")
+    plan = p.add_argument_group("plan")
+    plan.add_argument("--cells", nargs="+", type=Path, default=[], metavar="DIR",
+                      help="folders of finished cell folders, whose choices decide the later cells")
+    return p
+
+
+def _init(args: argparse.Namespace) -> None:
+    missing = [f"--{k}" for k in _INIT_ONLY if getattr(args, k) is None]
+    if missing:
+        raise ValueError(f"init needs {' and '.join(missing)}")
+    path = Path(args.spec)
+    if path.exists() and not args.force:
+        raise ValueError(f"{path} exists: a spec is not overwritten once written (--force to do so)")
+    text = template_text(f"{args.dataset}-{args.model}", args.dataset, args.model, args.recipe, args.train_size,
+                         args.val_size, args.data_seed, args.settings, range(args.tuning_seeds),
+                         range(args.decision_seeds), args.planning_sd)
+    spec = parse_spec(text)  # what is written reads back: a bad flag is refused before the file exists
+    write_text_atomic(path, text)
+    print(f"wrote {path}: {len(spec.methods)} methods and CSM's search over {', '.join(spec.settings)}")
+    print(power_text(spec))
+    print(f"next: timm-csm-study plan {path}")
+
+
+@console_command("timm-csm-study", build_parser)
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``timm-csm-study``: bad input (a spec that does not validate, a missing flag) is one line and exit status 2."""
+    args = build_parser().parse_args(argv)
+    if args.verb == "init":
+        _init(args)
+        return
+    given = [f"--{k}" for k in _INIT_ONLY if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"{' and '.join(given)} belong to init; plan reads the spec")
+    print(plan_text(load_spec(args.spec), args.cells), end="")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
