@@ -129,7 +129,9 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     rows = {s: a2._rows(c) for s, c in cells.items()}
     summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
                  for s in method_table.A4_SETTINGS}
-    records = [c["record"] for found in cells.values() for runs in found.values() for c in runs.values()]
+    # a cell the settings share is found under each; counted once
+    records = list({str(c["dir"]): c["record"] for found in cells.values() for runs in found.values()
+                    for c in runs.values()}.values())
     commits = sorted({r["commit"][:7] for r in records})
     capabilities = sorted({r.get("cpu_capability") for r in records} - {None})
     backbone = method_table.A4_BACKBONE
