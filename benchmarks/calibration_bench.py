@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per cell (default 1 with --amendment: a cell's numbers depend on it)")
     p.add_argument("--verify", default=None, metavar="CELL",
-                   help="re-run one committed cell (e.g. ce-s0, csm@s=2.3-matched-s1) from its recorded options on "
+                   help="re-run one committed cell (e.g. ce-s0 --amendment 2, csm@s=2.3-matched-s1; --amendment "
+                        "says whose cell where amendments share a name) from its recorded options on "
                         "the current code and print every difference from its results.json and record; exits 1 "
                         "when any")
     p.add_argument("--report-only", action="store_true", help="only re-assemble the report from finished cells")
@@ -274,7 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         build_parser().error(f"--amendment {args.amendment} runs the settings {', '.join(settings)}")
     if args.data_seed is not None and args.amendment == 4:
         build_parser().error("amendment 4 trains on data seed 0 only")
-    a4_cell = args.amendment == 4 or (args.verify is not None and (COMMITTED_A4 / args.verify).is_dir())
+    verify_root = _verify_root(args) if args.verify else None
+    a4_cell = args.amendment == 4 or verify_root == COMMITTED_A4
     if a4_cell and instruction_set_problem():
         build_parser().error(instruction_set_problem())
     if args.data_seed is not None and args.amendment is None:
@@ -285,9 +287,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
         torch.set_num_threads(threads)
     if args.verify:
-        log_path = next((log for root, log in ((COMMITTED_A4, A4_VERIFY_LOG), (COMMITTED_A2, A2_VERIFY_LOG))
-                         if (root / args.verify).is_dir()), None)  # the page lists each run
-        text, reproduced = verify_and_log(args.verify, (COMMITTED_A4, COMMITTED_A2, COMMITTED_CELLS), log_path, REPO)
+        log_path = VERIFY_LOGS.get(verify_root)  # the amendment's page lists each run
+        text, reproduced = verify_and_log(args.verify, (verify_root,), log_path, REPO)
         print(text)
         if not reproduced:
             raise SystemExit(1)
@@ -339,6 +340,29 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                               skipped=skipped, methods=methods, recipe_name=args.recipe, json_path=json_path)
     print(text)
     return text
+
+
+#: the committed cells of each amendment (the protocol's own without one), and the log of their verify runs
+VERIFY_ROOTS = {4: COMMITTED_A4, 2: COMMITTED_A2, None: COMMITTED_CELLS}
+VERIFY_LOGS = {COMMITTED_A4: A4_VERIFY_LOG, COMMITTED_A2: A2_VERIFY_LOG}
+
+
+def _verify_root(args: argparse.Namespace) -> Path:
+    """The folder of committed cells that holds ``--verify``'s cell: ``--amendment``'s, else the one folder that has
+    a cell of that name (amendments reuse names such as ``ce-s0``: then ``--amendment`` must say which)."""
+    if args.amendment is not None:
+        root = VERIFY_ROOTS[args.amendment]
+        if not (root / args.verify).is_dir():
+            build_parser().error(f"amendment {args.amendment} has no committed cell {args.verify!r} (under {root})")
+        return root
+    found = [(a, root) for a, root in VERIFY_ROOTS.items() if (root / args.verify).is_dir()]
+    if len(found) > 1:
+        owners = " and ".join(f"amendment {a}" if a else "the protocol" for a, _ in found)
+        build_parser().error(f"{args.verify!r} names a cell of {owners}: give --amendment N")
+    if not found:
+        roots = ", ".join(str(r) for r in VERIFY_ROOTS.values())
+        build_parser().error(f"no committed cell {args.verify!r} under {roots}")
+    return found[0][1]
 
 
 def run_amendment(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:

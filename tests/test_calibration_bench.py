@@ -528,3 +528,15 @@ def test_amendment4_recipe_and_grids():
         csm_search = 1 + sum(len(values) - 1 for _, values in table.A4_CSM_STEPS)
         assert max(max(per_method.values()), csm_search) == 4  # no method searches more configurations
         assert ("kd" in per_method) == (setting == "annotated") and "mbls" not in per_method
+
+
+def test_verify_names_whose_cell_where_amendments_share_a_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for root in (table.COMMITTED_A2, table.COMMITTED_A4):
+        (root / "ce-s0").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        bench.main(["--verify", "ce-s0"])
+    assert "names a cell of amendment 4 and amendment 2: give --amendment N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--verify", "ce-s1", "--amendment", "2"])
+    assert "amendment 2 has no committed cell 'ce-s1'" in capsys.readouterr().err
