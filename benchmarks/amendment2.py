@@ -356,7 +356,8 @@ def _verify_lines() -> List[str]:
         extra = f"; reported now, not compared: {', '.join(r['not_compared'])}" if r.get("not_compared") else ""
         transcribed = (" (transcribed from the command's printed result: the code at this commit did not write "
                        "the log)" if (r["commit"] or "").startswith(TRANSCRIBED_VERIFY_COMMIT) else "")
-        lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}: "
+        where = f", torch's CPU capability {r['cpu_capability']}" if r.get("cpu_capability") else ""
+        lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}{where}: "
                      f"{what}{extra}{transcribed}.")
     return lines + [""]
 

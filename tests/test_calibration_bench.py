@@ -512,6 +512,13 @@ def test_amendment4_cells_record_the_machine_the_pins_and_their_checkpoint(tmp_p
     assert 0 < meta["cpu_seconds"]
     found = verify_cell("ce-s0", roots=[home])
     assert found["results"] == [] and found["record"] == []
+    from timm_csm.recipes.cells import verify_and_log
+
+    text, reproduced = verify_and_log("ce-s0", [home], tmp_path / "verify.json")
+    entry = json.loads((tmp_path / "verify.json").read_text())[-1]
+    assert reproduced and text == "ce-s0: reproduced exactly" and entry["reproduced"]
+    assert entry["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # where the verdict holds
+    assert entry["pins"] == {k: None for k in INSTRUCTION_SET_PINS}
 
 
 def test_amendment4_recipe_and_grids():

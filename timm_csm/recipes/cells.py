@@ -295,8 +295,14 @@ def verify_and_log(name: str, roots: Sequence[Path], log_path: Optional[Path] = 
                      * bool(found["added"]) + [f"record: {d}" for d in found["record"]])
     if log_path is not None:
         runs = read_json(log_path) if Path(log_path).exists() else []
+        import torch
+
+        # the machine's vector units decide the last bits of float64 reductions: a verdict holds on the capability
+        # it ran at
         write_json_atomic(Path(log_path), runs + [{
             "cell": name, "commit": git("rev-parse", "HEAD", repo=repo),
             "clean": git("status", "--porcelain", "--untracked-files=no", repo=repo) == "", "reproduced": not diffs,
-            "differences": diffs, "not_compared": found["added"]}], indent=1)
+            "differences": diffs, "not_compared": found["added"], "cpu": cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "pins": {k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}}], indent=1)
     return text, not diffs
