@@ -277,8 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         build_parser().error("amendment 4 trains on data seed 0 only")
     verify_root = _verify_root(args) if args.verify else None
     a4_cell = args.amendment == 4 or verify_root == COMMITTED_A4
-    if a4_cell and instruction_set_problem():
-        build_parser().error(instruction_set_problem())
+    problem = instruction_set_problem() if a4_cell else None
+    if problem:
+        build_parser().error(problem)
     if args.data_seed is not None and args.amendment is None:
         build_parser().error("--data-seed names amendment 2's cells; give --amendment 2")
     threads = args.threads if args.threads is not None else (1 if args.amendment or args.verify else None)
