@@ -134,7 +134,7 @@ def _report(spec: StudySpec, path: Path, args: argparse.Namespace) -> None:
 
 
 def _verify(spec: StudySpec, path: Path, args: argparse.Namespace) -> None:
-    from timm_csm.recipes.cells import verify_and_log
+    from timm_csm.study.cells import verify_and_log
 
     if not args.cells:
         raise ValueError("verify needs --cells: the folders that hold the committed cell")

@@ -53,6 +53,20 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f}"
 
 
+def _method_line(method: str, cells: List[Tuple[Optional[float], str]], built: List[Dict[str, Any]]) -> str:
+    """A method's cost line: its cells and their seconds; where it reads a generated set (CSM) the images and build
+    time of the sets of its settings, where it reads a teacher (KD) the annotation stage that trains it."""
+    seconds = [s for s, _ in cells if s is not None]
+    base = get_method(method)
+    total = f"{_hours(sum(seconds))} | {sum(seconds) / 60 / len(seconds):.1f}" if seconds else "- | -"
+    stages = [sum(b.get(stage, 0.0) for b in built) for stage, _ in BUILD_STAGES]
+    if base.csm is None:  # KD reads the annotator's encoder, trained in the annotation stage
+        stages = [0.0, 0.0, stages[2]] if base.teacher else []
+    images = sum(b.get("images") or 0 for b in built) if base.csm else 0
+    return (f"| {base.label.split(' (')[0]} | {len(cells)} | {total} | {f'{images:,}' if images else '-'} | "
+            + (" / ".join(map(_hours, stages)) if stages and built else "-") + " |")
+
+
 def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: Optional[Path]) -> List[str]:
     """Per method (its configurations together): its cells, their seconds in all and per cell; for a method that
     reads a generated set or a teacher, the build time of the sets of the settings it runs in (the set's own
@@ -76,19 +90,8 @@ def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: 
              "| method | cells | cell hours, all | cell minutes, mean | generated images read | set build hours "
              "(generator / generation / annotation) |", "|---|---|---|---|---|---|"]
     for method in sorted(per_method):
-        seconds = [s for s, _ in per_method[method] if s is not None]
-        base = get_method(method)
-        reads = base.csm is not None or base.teacher
-        built = [sets[s] for s in sorted(settings_of.get(method, ())) if s in sets] if reads else []
-        images = sum(b.get("images") or 0 for b in built) if base.csm else 0
-        stages = [sum(b.get(stage, 0.0) for b in built) for stage, _ in BUILD_STAGES]
-        if base.teacher and not base.csm:  # KD reads the annotator's encoder, trained in the annotation stage
-            stages = [0.0, 0.0, stages[2]]
-        lines.append(f"| {base.label.split(' (')[0]} | {len(per_method[method])} | "
-                     f"{_hours(sum(seconds)) if seconds else '-'} | "
-                     f"{sum(seconds) / 60 / len(seconds):.1f} | " if seconds else "- | ")
-        lines[-1] += (f"{images:,} | " if images else "- | ") + (
-            " / ".join(_hours(s) for s in stages) + " |" if built else "- |")
+        lines.append(_method_line(method, per_method[method], [sets[s] for s in sorted(settings_of[method])
+                                                               if s in sets]))
     if sets:
         lines += ["", "| setting | images generated | " + " | ".join(name for _, name in BUILD_STAGES)
                   + " (hours) |", "|---|---|" + "---|" * len(BUILD_STAGES)]

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..io import write_json_atomic
 from ..metrics import interval_text, paired_t_interval
 from ..recipes.cells import read_json
+from ..recipes.derive import label_confidence as derived_label_confidence
 from .decide import values_by_seed
 from .later_stages import data_seed_methods, label_setting, label_variants, volume_points, volume_settings
 from .report_figures import volume_figure
@@ -38,17 +39,10 @@ def label_confidence(cells: Mapping[int, Mapping[str, Any]], cache: Optional[Pat
     key = cell["record"]["generated_set"]
     known = read_json(cache) if Path(cache).exists() else {}
     if key not in known:
-        import numpy as np
-
-        from ..annotation import soft_label_confidence
-        from ..hub import content_fingerprint, csm_dataset_problem, load_csm_dataset
-
-        path = cell["config"].get("csm_dataset")
-        if not path or csm_dataset_problem(path) is not None or content_fingerprint(path) != key:
+        found = derived_label_confidence(cell["config"].get("csm_dataset"), key)
+        if found is None:
             return None
-        dd = load_csm_dataset(str(path))
-        ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
-        known[key] = soft_label_confidence(np.asarray(ds["soft_label"]))["mean"]
+        known[key] = found
         write_json_atomic(Path(cache), known, indent=1)
     return known[key]
 
