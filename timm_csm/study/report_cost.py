@@ -86,7 +86,8 @@ def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: 
     lines = ["## Cost", "", f"Cells: {measure}. A method that reads a generated set (CSM) or a teacher (KD) also "
              "costs the sets of the settings it ran in, built once and shared by its configurations: "
              + (f"their build times from [{Path(builds).name}]({Path(builds).name})." if sets else
-                "no build record is given (`[report] builds`)."), "",
+                "no build record is given (`[report] builds`).")
+             + " Sets derived from them (other labels, filtered groups, larger volumes) are not counted.", "",
              "| method | cells | cell hours, all | cell minutes, mean | generated images read | set build hours "
              "(generator / generation / annotation) |", "|---|---|---|---|---|---|"]
     for method in sorted(per_method):
@@ -96,7 +97,8 @@ def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: 
         lines += ["", "| setting | images generated | " + " | ".join(name for _, name in BUILD_STAGES)
                   + " (hours) |", "|---|---|" + "---|" * len(BUILD_STAGES)]
         for setting, entry in sets.items():
-            lines.append(f"| {setting} | {entry['images'] or 0:,} | " + " | ".join(
+            images = f"{entry['images']:,}" if entry["images"] else "- (another setting's images)"
+            lines.append(f"| {setting} | {images} | " + " | ".join(
                 _hours(entry[stage]) if stage in entry else "-" for stage, _ in BUILD_STAGES) + " |")
     return lines + [""]
 
