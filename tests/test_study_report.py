@@ -100,10 +100,11 @@ def test_a_cell_of_another_study_is_refused_by_name(tmp_path):
 
 def test_verify_appends_its_own_record_and_a_changed_result_shows_as_a_difference(tmp_path):
     table = load_benchmark("calibration_methods")
+    # one epoch on 96 digits, no bootstrap: seconds per run
     recipe = table.base_recipe({"dataset": "digits", "model": "small_cnn", "model_kwargs": {"widths": [8, 16]},
                                 "epochs": 1, "batch_size": 32, "lr": 0.05, "max_train_samples": 96,
                                 "max_test_samples": 64, "val_fraction": 0.25, "hflip": 0.0, "crop_pad": 1,
-                                "progress": False}, "noaug")
+                                "bootstrap": 0, "progress": False}, "noaug")
     home = tmp_path / "committed"
     cfg = table.cell_config(recipe, table.get_method("ce"), 0, tmp_path / "cache" / "ce-s0")
     run_cell(cfg, tmp_path / "cache" / "ce-s0", "ce", 0, committed=home / "ce-s0", amendment=2)

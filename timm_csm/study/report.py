@@ -230,8 +230,8 @@ def _records_line(cells: Mapping[Tuple[str, int], Cells]) -> str:
     commits = sorted({(r.get("commit") or "?")[:7] + ("" if r.get("clean") else " (modified)") for r in records})
     threads = sorted({r.get("torch_threads") for r in records})
     return (f"Cells finished: {len(records)}; commits: {', '.join(commits) or '-'}; torch threads: "
-            f"{', '.join(map(str, threads)) or '-'}. `python benchmarks/calibration_bench.py --verify CELL` re-runs "
-            "one from its record.")
+            f"{', '.join(map(str, threads)) or '-'}. `timm-csm-study verify SPEC CELL --cells DIR` re-runs one from "
+            "its record and appends what differs to the verify log.")
 
 
 def render_page(spec: StudySpec, cells: Mapping[Tuple[str, int], Cells], page: Path,
