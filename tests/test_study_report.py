@@ -141,3 +141,14 @@ def test_report_and_verify_refuse_bad_input_in_one_line(tmp_path, capsys):
         assert message in err and len(err.strip().splitlines()) == 1
     with pytest.raises(Exception, match="report.sections: unknown section 'costs'"):
         parse_spec(SPEC + 'sections = ["costs"]\n')
+
+
+def test_amendment_2s_page_and_rows_regenerate_byte_for_byte_from_the_committed_cells(tmp_path):
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    page = tmp_path / "calibration_a2.md"
+    assert main(["report", str(bench / "study_fmnist_a2.toml"), "--cells", str(bench / "cells_a2"),
+                 "--page", str(page)]) in (None, 0)
+    assert page.read_bytes() == (bench / "calibration_a2.md").read_bytes()
+    assert page.with_suffix(".json").read_bytes() == (bench / "calibration_a2.json").read_bytes()
