@@ -70,6 +70,9 @@ def test_the_page_of_a_few_cell_folders_states_the_decision_they_make(tmp_path):
         for seed in spec.seeds.tuning:
             _write_cell(root, spec, method, seed, val, test)
     main(["plan", str(spec_path), "--cells", str(root)])  # stage 2's cells are known once stage 1 has chosen
+    main(["report", str(spec_path), "--cells", str(root)])
+    text = (tmp_path / "tiny.md").read_text()
+    assert "- `matched`: 6 cell(s) can run now, next `ce` seed 2" in text and ": pending.**" in text
     for method in ("ce", "ls@smoothing=0.1", "csm@s=4"):
         for seed in spec.seeds.decision[len(spec.seeds.tuning):]:
             _write_cell(root, spec, method, seed, *VALUES[method])

@@ -266,7 +266,7 @@ def render_page(spec: StudySpec, cells: Mapping[Tuple[str, int], Cells], page: P
         elif section == "cost":
             lines += cost_section(spec, cells, where(report.builds))
         elif section == "pending":
-            lines += pending_section(spec, {s: sm["rows"] for s, sm in summaries.items()})
+            lines += pending_section(spec, cells)
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..recipes.cells import read_json
+from .cells import cell_rows
 from .later_stages import later_stage_cells
 from .methods import get_method
 from .plan import setting_plan
@@ -103,19 +104,20 @@ def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: 
     return lines + [""]
 
 
-def pending_section(spec: StudySpec, rows: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]) -> List[str]:
-    """Per setting, the stage-1 and stage-2 cells that can run now and the first of them; then the later stages'
-    cells not yet run (:func:`.later_stages.later_stage_cells`)."""
+def pending_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Mapping[str, Any]]) -> List[str]:
+    """Per setting, the stage-1 and stage-2 cells that can run now and the first of them; then, per setting and
+    data seed, the later stages' cells not yet run (:func:`.later_stages.later_stage_cells`)."""
+    rows = {key: cell_rows(found) for key, found in cells.items()}
+    study_rows = {setting: rows.get((setting, spec.data.data_seed), {}) for setting in spec.settings}
     lines = ["## Pending", ""]
     for setting in spec.settings:
-        ready = setting_plan(spec, setting, rows.get(setting)).ready()
+        ready = setting_plan(spec, setting, study_rows[setting]).ready()
         lines.append(f"- `{setting}`: {len(ready)} cell(s) can run now"
                      + (f", next `{ready[0][0]}` seed {ready[0][1]}" if ready else ""))
-    later = later_stage_cells(spec, rows)
-    for (setting, data_seed), entries in sorted(later.items()):
-        done = {(m, r["seed"]) for m, found in rows.get(setting, {}).items() for r in found} if data_seed == \
-            spec.data.data_seed else set()
+    for (setting, data_seed), entries in sorted(later_stage_cells(spec, study_rows).items()):
+        done = {(m, r["seed"]) for m, found in rows.get((setting, data_seed), {}).items() for r in found}
         todo = [(m, s) for m, seeds in entries for s in seeds if (m, s) not in done]
-        if todo and data_seed == spec.data.data_seed:
-            lines.append(f"- `{setting}`, later stages: {len(todo)} cell(s) not yet run")
+        if todo:
+            lines.append(f"- `{setting}`, data seed {data_seed}, later stages: {len(todo)} cell(s) not yet run, "
+                         f"next `{todo[0][0]}` seed {todo[0][1]}")
     return lines + [""]
