@@ -94,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--planning-sd", type=float, default=PLANNING_SD,
                       help="the paired sd (ECE points) the power statement assumes")
     init.add_argument("--force", action="store_true", help="overwrite an existing spec file")
-    plan = p.add_argument_group("plan, report and verify")
+    plan = p.add_argument_group("plan")
     plan.add_argument("--cells", nargs="+", type=Path, default=[], metavar="DIR",
-                      help="folders of finished cell folders, whose choices decide the later cells (earlier first)")
-    report = p.add_argument_group("report and verify")
+                      help="folders of finished cell folders, whose choices decide the later cells")
+    report = p.add_argument_group("report and verify (--cells: the folders of the cells, earlier ones first)")
     report.add_argument("--page", type=Path, default=None,
                         help="report: the page to write (default: the spec's [report] page, else <spec>.md)")
     report.add_argument("--log", type=Path, default=None,
@@ -160,13 +160,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if (args.cell is not None) != (args.verb == "verify"):
         raise ValueError("verify needs the cell's name after the spec" if args.verb == "verify" else
                          f"{args.verb} takes the spec alone; a cell name belongs to verify")
-    spec = load_spec(args.spec)
-    if args.verb == "plan":
-        print(plan_text(spec, args.cells), end="")
-    elif args.verb == "report":
-        _report(spec, Path(args.spec), args)
-    else:
-        _verify(spec, Path(args.spec), args)
+    if args.verb in ("report", "verify"):
+        (_report if args.verb == "report" else _verify)(load_spec(args.spec), Path(args.spec), args)
+        return
+    print(plan_text(load_spec(args.spec), args.cells), end="")
 
 
 if __name__ == "__main__":
