@@ -100,7 +100,7 @@ def verify_lines(log: Optional[Path]) -> List[str]:
     ``transcribed`` (copied from a command's printed result, not written by the tool) says so."""
     runs = read_json(log) if log is not None and Path(log).exists() else []
     if not runs:
-        return ["No cell has been re-run with `--verify` yet.", ""]
+        return ["No cell has been re-run with `timm-csm-study verify` yet.", ""]
     lines = ["Verify runs (a committed cell re-run from its record at a commit):", ""]
     for r in runs:
         what = "reproduced exactly" if r["reproduced"] else differences_text(r["differences"])
