@@ -25,9 +25,9 @@ from .methods import get_method
 from .plan import setting_plan
 from .report_cost import cost_section, pending_section
 from .report_figures import decision_figure
-from .report_stages import data_seeds_section, labels_section, seed_range, volume_section
+from .report_stages import data_seeds_section, labels_section, volume_section
 from .report_tables import differences_text, grid_lines, mean_cell, only_seeds, paired, per_seed_json_row, \
-    power_text, test_text
+    power_text, seed_range, test_text
 from .spec import StudySpec
 
 __all__ = ["study_cells", "setting_summaries", "primary_decision", "verify_lines", "json_rows", "render_page",

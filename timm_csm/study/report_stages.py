@@ -13,20 +13,12 @@ from ..recipes.derive import label_confidence as derived_label_confidence
 from .decide import values_by_seed
 from .later_stages import data_seed_methods, label_setting, label_variants, volume_points, volume_settings
 from .report_figures import volume_figure
-from .report_tables import fmt, mean_cell, only_seeds, paired, spread
+from .report_tables import fmt, mean_cell, only_seeds, paired, seed_range, spread
 from .spec import StudySpec
 
-__all__ = ["seed_range", "label_confidence", "labels_section", "volume_section", "data_seeds_section"]
+__all__ = ["label_confidence", "labels_section", "volume_section", "data_seeds_section"]
 
 Summaries = Mapping[str, Mapping[str, Any]]
-
-
-def seed_range(seeds: Sequence[int]) -> str:
-    """``0-14`` for a run of seeds, else the seeds listed."""
-    seeds = sorted(seeds)
-    if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1:
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds))
 
 
 def label_confidence(cells: Mapping[int, Mapping[str, Any]], cache: Optional[Path]) -> Optional[float]:

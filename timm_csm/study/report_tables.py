@@ -11,7 +11,7 @@ from .choose import seed_mean
 from .decide import values_by_seed
 from .methods import get_method
 
-__all__ = ["fmt", "mean_cell", "only_seeds", "paired", "spread", "grid_lines", "test_text", "power_text",
+__all__ = ["fmt", "seed_range", "mean_cell", "only_seeds", "paired", "spread", "grid_lines", "test_text", "power_text",
            "differences_text", "per_seed_json_row"]
 
 Rows = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -19,6 +19,14 @@ Rows = Mapping[str, Sequence[Mapping[str, Any]]]
 
 def fmt(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def seed_range(seeds: Sequence[int]) -> str:
+    """``0-14`` for a run of seeds, else the seeds listed."""
+    seeds = sorted(seeds)
+    if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def mean_cell(rows: Sequence[Mapping[str, Any]], key: str, digits: int) -> str:
