@@ -11,7 +11,8 @@ from .choose import seed_mean
 from .decide import values_by_seed
 from .methods import get_method
 
-__all__ = ["fmt", "seed_range", "mean_cell", "only_seeds", "paired", "spread", "grid_lines", "test_text", "power_text",
+__all__ = ["fmt", "seed_range", "mean_cell", "only_seeds", "paired", "spread", "grid_lines", "test_text",
+           "power_text",
            "differences_text", "per_seed_json_row"]
 
 Rows = Mapping[str, Sequence[Mapping[str, Any]]]
