@@ -18,12 +18,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import amendment2 as a2
 import calibration_methods as method_table
-import calibration_pages as pages
 from timm_csm.io import write_json_atomic, write_text_atomic
-from timm_csm.metrics import interval_text
 from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
 from timm_csm.study import load_spec
+from timm_csm.study.cells import cell_rows
 from timm_csm.study.plan import setting_plan
+from timm_csm.study.report import primary_decision
+from timm_csm.study.report_tables import grid_lines, per_seed_json_row, power_text, test_text
 
 __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
 
@@ -41,7 +42,7 @@ def a4_cells(setting: str, output: Path = OUTPUT, committed: Path = method_table
 
 
 def a4_rows(setting: str, output: Path = OUTPUT) -> Dict[str, List[Dict[str, Any]]]:
-    return a2._rows(a4_cells(setting, output))
+    return cell_rows(a4_cells(setting, output))
 
 
 def stage1_choices(setting: str, rows: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
@@ -98,10 +99,10 @@ def setting_lines(setting: str, cells, rows, choices) -> List[str]:
               "test ECE before TS (reported only) | test ECE after TS (reported only) |")
     lines = [f"### `{setting}`: stage 1 (seeds 0-2, chosen on validation)", "", header, "|---|---|---|---|---|---|---|"]
     for base, names in choices["grids"].items():
-        lines += a2._grid_lines(rows, names, choices["chosen"][base])
+        lines += grid_lines(rows, names, choices["chosen"][base], SPEC.seeds.tuning)
     lines += ["", "CSM's coordinate-wise search:", "", header, "|---|---|---|---|---|---|---|"]
     for axis, names, pick in choices["csm_steps"]:
-        lines += [f"| *step: {axis}* | | | | | | |"] + a2._grid_lines(rows, names, pick)
+        lines += [f"| *step: {axis}* | | | | | | |"] + grid_lines(rows, names, pick, SPEC.seeds.tuning)
     label = (lambda m: method_table.get_method(m).label if m else "pending")
     lines += ["", f"Choices: CSM row {label(choices['csm'])}; best other method before TS "
               f"{label(choices['best_other']['pre_ts'])}, after TS {label(choices['best_other']['post_ts'])}.", ""]
@@ -109,15 +110,16 @@ def setting_lines(setting: str, cells, rows, choices) -> List[str]:
 
 
 def decision_lines(summaries: Dict[str, Dict[str, Any]]) -> List[str]:
-    decisions = a2.primary_decisions(summaries, method_table.A4_SEEDS)
+    decisions = primary_decision(SPEC, summaries)
+    alpha, n = SPEC.decision.family_alpha, SPEC.decision.comparisons()
     lines = ["## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 10 seeds, "
              "Holm over the 4 primary comparisons)", "",
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | detectable "
-             f"at 80% power (alpha 0.05 / {a2.FAMILY_ALPHA / a2.PRIMARY_COMPARISONS:g}) |", "|---|---|---|---|---|---|"]
+             f"at 80% power (alpha 0.05 / {alpha / n:g}) |", "|---|---|---|---|---|---|"]
     for c in decisions.comparisons:
         other = method_table.get_method(c.other).label if c.other else "pending"
         p = "-" if c.p_holm is None else f"{c.p_holm:.4f}"
-        lines.append(f"| `{c.setting}` | {other} | {a2._test_text(c.test)} | {p} | {a2._power_text(c.test)} |")
+        lines.append(f"| `{c.setting}` | {other} | {test_text(c.test)} | {p} | {power_text(c.test, alpha, n)} |")
     lines += [""] + [f"- `{s}`: \"CSM calibrates better on {method_table.A4_BACKBONE['model']}\" **{v}**"
                      for s, v in decisions.verdicts.items()]
     return lines + [""]
@@ -126,7 +128,7 @@ def decision_lines(summaries: Dict[str, Dict[str, Any]]) -> List[str]:
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
                committed: Path = method_table.COMMITTED_A4) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
-    rows = {s: a2._rows(c) for s, c in cells.items()}
+    rows = {s: cell_rows(c) for s, c in cells.items()}
     summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
                  for s in method_table.A4_SETTINGS}
     # a cell the settings share is found under each; counted once
@@ -154,7 +156,7 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
         f", next `{t[0][0]}` seed {t[0][1]}" if t else "") for s, t in todo.items()]
     text = "\n".join(lines) + "\n"
     write_text_atomic(path, text)
-    write_json_atomic(json_path, [pages.per_seed_json_row(m, r, setting=s) for s in method_table.A4_SETTINGS
+    write_json_atomic(json_path, [per_seed_json_row(m, r, setting=s) for s in method_table.A4_SETTINGS
                                   for m, r in sorted(rows[s].items())], indent=1)
     return text
 

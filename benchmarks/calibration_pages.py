@@ -19,6 +19,8 @@ from timm_csm.metrics import interval_text, mean_std, paired_outcome, paired_t_i
 from timm_csm.recipes.cells import (CELL_META, PREDICTIONS, RESULTS, collect_cells, keyed_options, per_seed_row,
                                    read_json)
 from timm_csm.study.decide import values_by_seed
+# a study page's pieces, shared with the study report (one implementation)
+from timm_csm.study.report_tables import mean_cell, per_seed_json_row
 
 _COLUMNS = (("accuracy", "Acc (%)", 100.0), ("ece", "ECE (%)", 100.0), ("aece", "AECE (%)", 100.0),
             ("cece", "CECE (%)", 100.0), ("nll", "NLL", 1.0))
@@ -162,20 +164,6 @@ def json_rows(summary: Dict[str, Dict[str, Any]], recipe_name: str, recipe: Dict
         out["T"] = None if temp is None else {"mean": temp[0], "std": temp[1]}
         rows.append(out)
     return rows
-
-
-def per_seed_json_row(method: str, rows: List[Dict[str, Any]], **fields: Any) -> Dict[str, Any]:
-    """The JSON row of ``method``'s per-seed rows (:func:`per_seed_row`): ``method``, ``label``, ``fields``,
-    ``seeds``, ``per_seed``, then each numeric field of the rows as ``{"mean", "std"}`` over the seeds (std None for
-    one seed)."""
-    out: Dict[str, Any] = {"method": method, "label": get_method(method).label, **fields,
-                           "seeds": [r["seed"] for r in rows], "per_seed": rows}
-    for key in [k for k in rows[0] if k != "seed"]:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        if values:
-            mean, sd = mean_std(values)
-            out[key] = {"mean": mean, "std": sd}
-    return out
 
 
 def write_json_rows(path: Path, recipe_name: str, rows: List[Dict[str, Any]]) -> None:
@@ -358,15 +346,6 @@ def statement(outcomes: Sequence[Optional[str]]) -> str:
     if any(o is None for o in outcomes):
         return "pending"
     return "holds" if all(o == "lower" for o in outcomes) else "does not hold"
-
-
-def mean_cell(rows: List[Dict[str, Any]], key: str, digits: int) -> str:
-    """``mean ± sd`` of ``key`` over the rows that have it, ``-`` where none has."""
-    values = [r[key] for r in rows if r.get(key) is not None]
-    if not values:
-        return "-"
-    mean, sd = mean_std(values)
-    return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
 
 
 def protocol_section(setting: str, summary: Dict[str, Any], recipe: Dict[str, Any]) -> List[str]:

@@ -3,6 +3,8 @@
     timm-csm-study init study.toml --dataset fashion_mnist --model resnet18      # write a spec, print its power
     timm-csm-study plan study.toml                                               # the cells the spec runs
     timm-csm-study plan benchmarks/study_fmnist_a4.toml --cells benchmarks/cells_a4
+    timm-csm-study report benchmarks/study_fmnist_a2.toml --cells benchmarks/cells_a2    # the page, its JSON, figures
+    timm-csm-study verify benchmarks/study_fmnist_a2.toml ce-s0 --cells benchmarks/cells_a2   # re-run one cell
 
 ``init`` writes amendment 2's design of ``benchmarks/PROTOCOL.md`` (its baselines and grids, CSM's coordinate-wise
 search, 3 tuning seeds, CSM minus CE and minus the best other method under Holm) for a dataset, a real-image budget
@@ -14,6 +16,13 @@ smallest true difference detected with 80% power at the family-wise alpha and at
 benchmark names it (``<configuration>[-<setting>][-d<data seed>]-s<seed>``). Stage 1's search steps and stage 2's
 cells are listed once the choices they need are made on the finished cells of ``--cells`` (folders of cell folders);
 what still waits is listed last.
+
+``report`` writes the study's page (:mod:`timm_csm.study.report`): markdown at ``--page`` (default: the spec's
+``[report] page``, else ``<spec>.md`` beside it), its rows with every seed's numbers at ``<page>.json`` and the
+decision figure beside it, from the finished cells alone (nothing re-runs). ``verify`` re-runs one committed cell
+from its record on the current code and appends what it found (the commit, whether the tree was clean, every
+difference) to the spec's verify log (``[report] verify_log``, else ``--log``): a verify record is only written
+this way.
 """
 from __future__ import annotations
 
@@ -66,8 +75,11 @@ def plan_text(spec: StudySpec, cells_roots: Sequence[Path] = ()) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-study", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("verb", choices=("init", "plan"), help="init: write a spec; plan: list the spec's cells")
+    p.add_argument("verb", choices=("init", "plan", "report", "verify"),
+                   help="init: write a spec; plan: list the spec's cells; report: write the study's page; verify: "
+                        "re-run one cell and log what differs")
     p.add_argument("spec", help="the study's spec file (TOML)")
+    p.add_argument("cell", nargs="?", default=None, help="verify: the cell's name (its folder under --cells)")
     init = p.add_argument_group("init")
     init.add_argument("--dataset", default=None, help="the dataset (init; required there)")
     init.add_argument("--model", default=None, help="the timm model (init; required there)")
@@ -85,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = p.add_argument_group("plan")
     plan.add_argument("--cells", nargs="+", type=Path, default=[], metavar="DIR",
                       help="folders of finished cell folders, whose choices decide the later cells")
+    report = p.add_argument_group("report and verify (--cells: the folders of the cells, earlier ones first)")
+    report.add_argument("--page", type=Path, default=None,
+                        help="report: the page to write (default: the spec's [report] page, else <spec>.md)")
+    report.add_argument("--log", type=Path, default=None,
+                        help="verify: the log to append to (default: the spec's [report] verify_log)")
     return p
 
 
@@ -105,6 +122,31 @@ def _init(args: argparse.Namespace) -> None:
     print(f"next: timm-csm-study plan {path}")
 
 
+def _report(spec: StudySpec, path: Path, args: argparse.Namespace) -> None:
+    from timm_csm.study.report import write_report
+
+    if not args.cells:
+        raise ValueError("report needs --cells: the folders of the study's finished cell folders")
+    page = args.page or path.parent / (spec.report.page or f"{path.stem}.md")
+    write_report(spec, args.cells, page, base=path.parent)
+    print(f"wrote {page} and {page.with_suffix('.json')} from the cells under {', '.join(map(str, args.cells))}")
+    print(f"next: timm-csm-study verify {path} CELL --cells {' '.join(map(str, args.cells))}  (re-run one cell)")
+
+
+def _verify(spec: StudySpec, path: Path, args: argparse.Namespace) -> None:
+    from timm_csm.study.cells import verify_and_log
+
+    if not args.cells:
+        raise ValueError("verify needs --cells: the folders that hold the committed cell")
+    log = args.log or (path.parent / spec.report.verify_log if spec.report.verify_log else None)
+    if log is None:
+        raise ValueError("verify needs a log to append to: --log, or verify_log in the spec's [report] table")
+    text, reproduced = verify_and_log(args.cell, args.cells, log)
+    print(text)
+    print(f"appended to {log}: {args.cell} {'reproduced' if reproduced else 'differs'}")
+    print(f"next: timm-csm-study report {path} --cells {' '.join(map(str, args.cells))}")
+
+
 @console_command("timm-csm-study", build_parser)
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``timm-csm-study``: bad input (a spec that does not validate, a missing flag) is one line and exit status 2."""
@@ -114,7 +156,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     given = [f"--{k}" for k in _INIT_ONLY if getattr(args, k) is not None]
     if given:
-        raise ValueError(f"{' and '.join(given)} belong to init; plan reads the spec")
+        raise ValueError(f"{' and '.join(given)} belong to init; {args.verb} reads the spec")
+    if (args.cell is not None) != (args.verb == "verify"):
+        raise ValueError("verify needs the cell's name after the spec" if args.verb == "verify" else
+                         f"{args.verb} takes the spec alone; a cell name belongs to verify")
+    if args.verb in ("report", "verify"):
+        (_report if args.verb == "report" else _verify)(load_spec(args.spec), Path(args.spec), args)
+        return
     print(plan_text(load_spec(args.spec), args.cells), end="")
 
 

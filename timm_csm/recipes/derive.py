@@ -27,7 +27,7 @@ from .cache import KeyedFolder
 
 __all__ = ["DERIVED_LABELS", "DERIVED_MARKER", "derived_copy", "derive_hard_label_dataset",
            "derive_filtered_dataset", "derive_group_subset", "derive_rescaled_dataset",
-           "derive_lambda_label_dataset", "derive_softmax_label_dataset", "derive_label_dataset",
+           "derive_lambda_label_dataset", "derive_softmax_label_dataset", "derive_label_dataset", "label_confidence",
            "real_copies_columns", "derive_real_copies_dataset", "split_data_key", "join_data_key",
            "derived_set_folder", "resolve_data_key"]
 
@@ -318,3 +318,18 @@ def resolve_data_key(key: str, output: Path, setting: Optional[str], paths: Dict
                        f"{annotator!r}"
     else:
         paths[key] = str(derive_label_dataset(source, folder, value, annotator))
+
+
+def label_confidence(path, fingerprint: str) -> Optional[float]:
+    """The mean over a CSM dataset's training images of its label's largest class probability
+    (:func:`timm_csm.annotation.soft_label_confidence`; 1: one-hot), None unless a set at ``path`` has the content
+    ``fingerprint`` (:func:`timm_csm.hub.content_fingerprint`): what a study's page shows of a derived set's labels."""
+    from ..annotation import soft_label_confidence
+    from ..hub import content_fingerprint, csm_dataset_problem, load_csm_dataset
+
+    if not path or csm_dataset_problem(path) is not None or content_fingerprint(path) != fingerprint:
+        return None
+    dd = load_csm_dataset(str(path))
+    ds = dd["train"] if hasattr(dd, "keys") and "train" in dd else dd
+    return soft_label_confidence(np.asarray(ds["soft_label"]))["mean"]
+

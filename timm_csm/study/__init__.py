@@ -7,7 +7,10 @@
 * :mod:`.choose`: stage 1, every choice on the validation split alone;
 * :mod:`.decide`: stage 2, the primary comparisons and Holm's decision;
 * :mod:`.plan`: the cells a spec runs, stage by stage; :mod:`.cells`: its finished cells, read from their folders;
-* :mod:`.template`: the spec ``timm-csm-study init`` writes, amendment 2's design.
+* :mod:`.template`: the spec ``timm-csm-study init`` writes, amendment 2's design;
+* :mod:`.later_stages`: the stages after the decision (label variants, volume, other real subsets);
+* :mod:`.report`: the study's page from its cells (``timm-csm-study report``), with :mod:`.report_spec` (the spec's
+  ``[report]`` table), :mod:`.report_tables`, :mod:`.report_stages`, :mod:`.report_cost` and :mod:`.report_figures`.
 """
 from .amendments import SpecStatus, spec_digest, spec_status
 from .choose import coordinate_search, stage1_choices

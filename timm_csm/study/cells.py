@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..recipes.cells import CELL_META, RESULTS, per_seed_row, read_json
+from ..recipes.cells import CELL_META, RESULTS, per_seed_row, read_json, verify_and_log
 from .spec import StudySpec
 
-__all__ = ["finished_cells", "cell_rows", "config_mismatch", "study_rows"]
+# the logging verify of one committed cell, as the study command runs it
+__all__ = ["finished_cells", "cell_rows", "config_mismatch", "study_rows", "verify_and_log"]
 
 Cells = Dict[str, Dict[int, Dict[str, Any]]]
 

@@ -54,6 +54,7 @@ from . import amendments as history
 from .amendments import Amendment, SpecError
 from .decide import BEST_OTHER, FAMILY_ALPHA, POWER, metric_phase
 from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
+from .report_spec import ReportSpec, read_report
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
            "StudySpec", "SpecError", "parse_spec", "load_spec"]
@@ -146,6 +147,8 @@ class StudySpec:
     calibrators: Tuple[str, ...]
     shift: Optional[ShiftSpec] = None
     amendments: Tuple[Amendment, ...] = ()
+    #: what the study's page shows (:mod:`.report_spec`); no cell or choice reads it
+    report: ReportSpec = ReportSpec()
 
     def method(self, name: str) -> MethodSpec:
         return next(m for m in self.methods if m.name == name)
@@ -348,8 +351,10 @@ def _study(raw: Dict[str, Any]) -> StudySpec:
     fit = calibrators.names("fit", list_calibrators(), ["temperature_scaling"])
     calibrators.done()
     shift = _shift(top.table("shift")) if "shift" in raw else None
+    report = read_report(top.get("report", dict, {}, "a table"), settings, tuple(m.name for m in methods))
     top.done()
-    return StudySpec(name, settings, data_spec, model_spec, seeds, methods, search, decision, fit, shift)
+    return StudySpec(name, settings, data_spec, model_spec, seeds, methods, search, decision, fit, shift,
+                     report=report)
 
 
 def _model(table: _Table) -> ModelSpec:
