@@ -3,6 +3,8 @@
     timm-csm-study init study.toml --dataset fashion_mnist --model resnet18      # write a spec, print its power
     timm-csm-study plan study.toml                                               # the cells the spec runs
     timm-csm-study plan benchmarks/study_fmnist_a4.toml --cells benchmarks/cells_a4
+    timm-csm-study run study.toml --output runs/study --lanes 2                  # run it: stage 1, choices, stage 2
+    timm-csm-study run study.toml --output runs/study --executor ray --address auto   # each cell a Ray task
 
 ``init`` writes amendment 2's design of ``benchmarks/PROTOCOL.md`` (its baselines and grids, CSM's coordinate-wise
 search, 3 tuning seeds, CSM minus CE and minus the best other method under Holm) for a dataset, a real-image budget
@@ -14,6 +16,13 @@ smallest true difference detected with 80% power at the family-wise alpha and at
 benchmark names it (``<configuration>[-<setting>][-d<data seed>]-s<seed>``). Stage 1's search steps and stage 2's
 cells are listed once the choices they need are made on the finished cells of ``--cells`` (folders of cell folders);
 what still waits is listed last.
+
+``run`` runs the spec's cells into ``--output`` (:func:`timm_csm.study.engine.run_study`): stage 1, each choice made
+on the validation split, then stage 2, round by round until nothing is left that can run, on local worker processes
+(``--lanes``, ``--threads`` torch threads each) or as Ray tasks (``--executor ray``, the ``[ray]`` extra). Killed at
+any point, the same command resumes it. A spec changed after its first cell is refused unless the change is a dated
+amendment appended to it. ``--generated SETTING=DIR`` and ``--teacher SETTING=DIR`` give the sets and the teacher
+that CSM's and KD's cells read.
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
 from timm_csm.study.decide import decision_power
+from timm_csm.study.executors import list_executors
 from timm_csm.study.plan import plan_cells
 from timm_csm.study.spec import StudySpec
 from timm_csm.study.template import PLANNING_SD, template_text
@@ -66,7 +76,8 @@ def plan_text(spec: StudySpec, cells_roots: Sequence[Path] = ()) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-study", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("verb", choices=("init", "plan"), help="init: write a spec; plan: list the spec's cells")
+    p.add_argument("verb", choices=("init", "plan", "run"),
+                   help="init: write a spec; plan: list the spec's cells; run: run them")
     p.add_argument("spec", help="the study's spec file (TOML)")
     init = p.add_argument_group("init")
     init.add_argument("--dataset", default=None, help="the dataset (init; required there)")
@@ -85,7 +96,53 @@ def build_parser() -> argparse.ArgumentParser:
     plan = p.add_argument_group("plan")
     plan.add_argument("--cells", nargs="+", type=Path, default=[], metavar="DIR",
                       help="folders of finished cell folders, whose choices decide the later cells")
+    run = p.add_argument_group("run")
+    run.add_argument("--output", type=Path, default=None, metavar="DIR",
+                     help="the study's folder: <DIR>/cells/<cell>/ (run; required there)")
+    run.add_argument("--executor", default="local", choices=list_executors(),
+                     help="local: worker processes on this machine; ray: each cell a Ray task")
+    run.add_argument("--lanes", type=int, default=1, help="cells run side by side (local; ray: a new local instance)")
+    run.add_argument("--threads", type=int, default=1, help="torch threads of each cell (its numbers depend on it)")
+    run.add_argument("--address", default=None, help="the Ray cluster's address (ray; default: a local instance)")
+    run.add_argument("--gpus", type=float, default=0.0, help="GPUs of each cell's Ray task (ray)")
+    run.add_argument("--generated", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
+                     help="each setting's generated CSM dataset, which CSM's configurations read and derive from")
+    run.add_argument("--teacher", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
+                     help="each setting's teacher (a reference encoder folder), which KD reads")
     return p
+
+
+def _setting_path(text: str):
+    setting, eq, path = text.partition("=")
+    if not eq or not setting or not path:
+        raise argparse.ArgumentTypeError(f"expected SETTING=DIR, got {text!r}")
+    return setting, path
+
+
+def _run(args: argparse.Namespace) -> None:
+    from timm_csm.study.engine import run_study  # torch and the recipes: not for --help
+
+    if args.output is None:
+        raise ValueError("run needs --output DIR, the study's folder")
+    options = {"lanes": args.lanes, "threads": args.threads}
+    if args.executor == "ray":
+        options.update(address=args.address, gpus=args.gpus)
+    elif args.address is not None or args.gpus:
+        raise ValueError("--address and --gpus belong to --executor ray")
+    sources: dict = {}
+    for key, pairs in (("soft", args.generated), ("teacher", args.teacher)):
+        for setting, path in pairs:
+            sources.setdefault(setting, {})[key] = path
+    print(f"study {args.spec}: cells in {args.output / 'cells'}")
+    done = run_study(args.spec, args.output, args.executor, options, sources)
+    print(f"ran {done.ran} cell(s); {done.done} of the {done.known} known are done, in {done.output / 'cells'}")
+    for name, why in sorted(done.blocked.items()):
+        print(f"not run: {name}: {why}")
+    for line in done.pending:
+        print(f"pending: {line}")
+    again = " ".join(["timm-csm-study run", str(args.spec), "--output", str(args.output)])
+    print(f"killed or extended by an amendment, it resumes with: {again} (the same options); "
+          f"next: timm-csm-study plan {args.spec} --cells {args.output / 'cells'}")
 
 
 def _init(args: argparse.Namespace) -> None:
@@ -114,7 +171,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     given = [f"--{k}" for k in _INIT_ONLY if getattr(args, k) is not None]
     if given:
-        raise ValueError(f"{' and '.join(given)} belong to init; plan reads the spec")
+        raise ValueError(f"{' and '.join(given)} belong to init; {args.verb} reads the spec")
+    if args.verb == "run":
+        _run(args)
+        return
     print(plan_text(load_spec(args.spec), args.cells), end="")
 
 

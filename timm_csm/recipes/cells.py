@@ -198,7 +198,8 @@ def cell_record(cfg: Dict[str, Any], amendment: Optional[int] = None, repo: Opti
         import diffusers
         import numpy
 
-        record.update(numpy=numpy.__version__, diffusers=diffusers.__version__, device=(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"), cpu=cpu_model(),
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        record.update(numpy=numpy.__version__, diffusers=diffusers.__version__, device=device, cpu=cpu_model(),
                       cpu_capability=torch.backends.cpu.get_cpu_capability(),
                       pins={k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}, real_images=real_images_digests(cfg))
     if cfg.get("csm_dataset"):
