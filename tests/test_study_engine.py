@@ -34,7 +34,13 @@ val_size = 48
 [model]
 name = "small_cnn"
 recipe = "smoke"
-options = { model_kwargs = { widths = [8, 16] }, batch_size = 16, max_test_samples = 64, bootstrap = 0 }
+
+[model.options]
+model_kwargs = { widths = [8, 16] }
+batch_size = 16
+max_test_samples = 64
+bootstrap = 0
+reliability_diagrams = false
 
 [seeds]
 tuning = [0]
