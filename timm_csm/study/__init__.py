@@ -7,7 +7,10 @@
 * :mod:`.choose`: stage 1, every choice on the validation split alone;
 * :mod:`.decide`: stage 2, the primary comparisons and Holm's decision;
 * :mod:`.plan`: the cells a spec runs, stage by stage; :mod:`.cells`: its finished cells, read from their folders;
-* :mod:`.template`: the spec ``timm-csm-study init`` writes, amendment 2's design.
+* :mod:`.template`: the spec ``timm-csm-study init`` writes, amendment 2's design;
+* :mod:`.options`: each cell's training options, from the spec's recipe and the cell's method;
+* :mod:`.engine`: :func:`~.engine.run_study`, the spec run stage by stage (``timm-csm-study run``), resumable, its
+  cells run by one of :mod:`.executors` (local worker processes; Ray tasks); imported on use (torch, the recipes).
 """
 from .amendments import SpecStatus, spec_digest, spec_status
 from .choose import coordinate_search, stage1_choices
