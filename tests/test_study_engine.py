@@ -5,15 +5,18 @@ amendments' cells ran with."""
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmark_scripts import load_benchmark
+from timm_csm.extras import MissingExtra
 from timm_csm.recipes.cells import CELL_META, RESULTS, differences, keyed_options, read_json
 from timm_csm.study import load_spec, spec_digest
 from timm_csm.study.amendments import SpecError
 from timm_csm.study.engine import STUDY_FILE, choice_rows, run_study, study_choices
+from timm_csm.study.executors import create_executor
 from timm_csm.study.methods import get_method
 from timm_csm.study.options import cell_options, study_recipe
 
@@ -117,7 +120,8 @@ def test_a_study_runs_both_stages_and_ray_gives_every_number_the_local_run_gives
     assert (again.ran, again.done) == (0, 5)
 
 
-def test_a_changed_spec_is_refused_and_a_dated_amendment_accepted(local_study, spec_path, tmp_path, capsys):
+def test_a_changed_spec_is_refused_and_a_dated_amendment_accepted(local_study, spec_path, tmp_path, capsys,
+                                                                   monkeypatch):
     from timm_csm.commands.study import main
 
     output, _ = local_study
@@ -135,6 +139,11 @@ def test_a_changed_spec_is_refused_and_a_dated_amendment_accepted(local_study, s
     assert main(["run", str(amended), "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert "ran 0 cell(s); 5 of the 5 known are done" in out and f"timm-csm-study run {amended}" in out
+    # without Ray, the ray executor is one line naming its extra, before anything runs
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(MissingExtra, match=r"the ray executor needs ray \(the \[ray\] extra\).*timm-csm\[ray\]"):
+        with create_executor("ray"):
+            pass
 
     # a cell recorded under another spec: refused, naming it
     foreign = tmp_path / "foreign"
@@ -205,3 +214,23 @@ def test_a_spec_of_an_amendment_gives_the_options_its_cells_ran_with(spec_file, 
     paths = {"soft@s=4": "sets/csm-soft-matched-s4"}
     assert table.cell_config(amendment_recipe, get_method("csm@s=4"), 0, tmp_path, paths) == cell_options(
         recipe, get_method("csm@s=4"), 0, tmp_path, paths)
+
+
+def test_a_setting_s_generated_set_and_teacher_reach_the_methods_that_read_them(tmp_path):
+    from csm_testdata import save_digits_csm_folder
+
+    from timm_csm.study.engine import setting_data
+
+    soft = save_digits_csm_folder(tmp_path / "csm-digits-aug")
+    sources = {"matched": {"soft": str(soft), "teacher": str(tmp_path / "encoder")}}
+    recipe = {"dataset": "digits"}
+    assert setting_data(get_method("ce"), None, sources, tmp_path, recipe) == ({}, None)
+    assert setting_data(get_method("csm"), "matched", sources, tmp_path, recipe) == ({"soft": str(soft)}, None)
+    paths, why = setting_data(get_method("csm@filtered=1"), "matched", sources, tmp_path, recipe)
+    assert why is None and paths == {"filtered": str(tmp_path / "csm-filtered-matched")}
+    assert (tmp_path / "csm-filtered-matched").is_dir()  # derived once, under the study's folder
+    assert setting_data(get_method("kd"), "matched", sources, tmp_path, recipe) == ({"teacher": sources["matched"][
+        "teacher"]}, None)
+    for method, why in (("csm", "annotated: no generated set given (--generated annotated=DIR)"),
+                        ("kd", "annotated: no teacher given (--teacher annotated=DIR)")):
+        assert setting_data(get_method(method), "annotated", sources, tmp_path, recipe) == ({}, why)

@@ -30,7 +30,8 @@ import argparse
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from timm_csm.cli import console_command
+from timm_csm.cli import console_command, exit_interrupted
+from timm_csm.extras import require_installed
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
@@ -126,6 +127,7 @@ def _run(args: argparse.Namespace) -> None:
         raise ValueError("run needs --output DIR, the study's folder")
     options = {"lanes": args.lanes, "threads": args.threads}
     if args.executor == "ray":
+        require_installed("ray", "timm-csm-study run --executor ray")
         options.update(address=args.address, gpus=args.gpus)
     elif args.address is not None or args.gpus:
         raise ValueError("--address and --gpus belong to --executor ray")
@@ -133,15 +135,18 @@ def _run(args: argparse.Namespace) -> None:
     for key, pairs in (("soft", args.generated), ("teacher", args.teacher)):
         for setting, path in pairs:
             sources.setdefault(setting, {})[key] = path
-    print(f"study {args.spec}: cells in {args.output / 'cells'}")
-    done = run_study(args.spec, args.output, args.executor, options, sources)
+    again = f"timm-csm-study run {args.spec} --output {args.output}"
+    print(f"study {args.spec}: cells in {args.output / 'cells'} (stopped at any point, `{again}` resumes it)")
+    try:
+        done = run_study(args.spec, args.output, args.executor, options, sources)
+    except KeyboardInterrupt:
+        exit_interrupted(f"the finished cells are in {args.output / 'cells'}; `{again}` resumes the study")
     print(f"ran {done.ran} cell(s); {done.done} of the {done.known} known are done, in {done.output / 'cells'}")
     for name, why in sorted(done.blocked.items()):
         print(f"not run: {name}: {why}")
     for line in done.pending:
         print(f"pending: {line}")
-    again = " ".join(["timm-csm-study run", str(args.spec), "--output", str(args.output)])
-    print(f"killed or extended by an amendment, it resumes with: {again} (the same options); "
+    print(f"an amendment appended to the spec runs with the same command ({again}); "
           f"next: timm-csm-study plan {args.spec} --cells {args.output / 'cells'}")
 
 

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from .methods import AXIS_DEFAULTS, TUNING_AXES, get_method, step_configurations
 
-__all__ = ["TIE", "PHASES", "choice_keys", "validation_rows", "seed_mean", "choose", "axis_value", "SearchStep", "coordinate_search",
-           "stage1_choices"]
+__all__ = ["TIE", "PHASES", "choice_keys", "validation_rows", "seed_mean", "choose", "axis_value", "SearchStep",
+           "coordinate_search", "stage1_choices"]
 
 #: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
 TIE = 0.01

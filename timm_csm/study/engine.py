@@ -136,14 +136,15 @@ def setting_data(method: BenchMethod, setting: Optional[str], sources: Sources, 
     if not given.get("soft"):
         return {}, f"{setting}: no generated set given (--generated {setting}=DIR)"
     known, blocked = {"soft": str(given["soft"])}, {}
-    base = derive.split_data_key(key)[0]
+    base, output = derive.split_data_key(key)[0], Path(output)
+    # the benchmark's folder names of the derived sets (benchmarks/calibration_methods.py's DERIVED)
     if base == "hard":
-        known["hard"] = str(derive.derive_hard_label_dataset(known["soft"], Path(output) / f"csm-hard-labels-{setting}"))
+        known["hard"] = str(derive.derive_hard_label_dataset(known["soft"], output / f"csm-hard-labels-{setting}"))
     elif base == "filtered":
-        known["filtered"] = str(derive.derive_filtered_dataset(known["soft"], Path(output) / f"csm-filtered-{setting}"))
+        known["filtered"] = str(derive.derive_filtered_dataset(known["soft"], output / f"csm-filtered-{setting}"))
     elif base != "soft":
         return {}, f"{method.name}: its set {base!r} is not one a study derives from the setting's"
-    derive.resolve_data_key(key, Path(output), setting, known, blocked, {}, given.get("annotator"))
+    derive.resolve_data_key(key, output, setting, known, blocked, {}, given.get("annotator"))
     if key in blocked:
         return {}, f"{setting}: {blocked[key]}"
     paths[key] = known[key]
