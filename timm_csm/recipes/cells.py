@@ -175,6 +175,16 @@ def instruction_set_problem() -> Optional[str]:
             + (f"; not set: {', '.join(sorted(missing))}" if missing else "") + f"): start the process with {pins}")
 
 
+def _installed_version(distribution: str) -> Optional[str]:
+    """The installed version of ``distribution``; None when it is not installed (an optional extra)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def cell_record(cfg: Dict[str, Any], amendment: Optional[int] = None, repo: Optional[Path] = None,
                 spec_digest: Optional[str] = None) -> Dict[str, Any]:
     """What a cell's numbers depend on besides its options: the amendment (a cell of the protocol's; None: a
@@ -195,12 +205,12 @@ def cell_record(cfg: Dict[str, Any], amendment: Optional[int] = None, repo: Opti
               "clean": None if status is None else status == "", "python": platform.python_version(),
               "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads()}
     if amendment is None or amendment >= 4:
-        import diffusers
         import numpy
 
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-        record.update(numpy=numpy.__version__, diffusers=diffusers.__version__, device=device, cpu=cpu_model(),
-                      cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        # where the cell trains: timm_csm.train's accelerator takes the GPU when there is one, unless told --cpu
+        device = "cpu" if cfg.get("cpu") or not torch.cuda.is_available() else torch.cuda.get_device_name(0)
+        record.update(numpy=numpy.__version__, diffusers=_installed_version("diffusers"), device=device,
+                      cpu=cpu_model(), cpu_capability=torch.backends.cpu.get_cpu_capability(),
                       pins={k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}, real_images=real_images_digests(cfg))
     if cfg.get("csm_dataset"):
         record["generated_set"] = content_fingerprint(cfg["csm_dataset"])
