@@ -4,6 +4,7 @@ amendment, the chooser given nothing of the test split, a killed cell resumed, a
 amendments' cells ran with."""
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from benchmark_scripts import load_benchmark
 from timm_csm.extras import MissingExtra
-from timm_csm.recipes.cells import CELL_META, RESULTS, differences, keyed_options, read_json
+from timm_csm.recipes.cells import CELL_META, INSTRUCTION_SET_PINS, RESULTS, differences, keyed_options, read_json
 from timm_csm.study import load_spec, spec_digest
 from timm_csm.study.amendments import SpecError
 from timm_csm.study.engine import STUDY_FILE, choice_rows, run_study, study_choices
@@ -79,7 +80,9 @@ def local_study(spec_path, tmp_path_factory):
     output = tmp_path_factory.mktemp("local")
     # one lane: a second worker's start (importing torch) costs more than these cells; Ray runs two side by side,
     # so the comparison also shows that the numbers do not depend on how many cells run at once
-    done = run_study(spec_path, output, "local", {"lanes": 1, "threads": 1}, progress=False)
+    environment = {k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}
+    done = run_study(spec_path, output, "local", {"lanes": 1, "threads": 1}, progress=False, pin_instruction_set=True)
+    assert {k: os.environ.get(k) for k in INSTRUCTION_SET_PINS} == environment  # the pins were the workers' alone
     return output, done
 
 
@@ -107,9 +110,12 @@ def test_a_study_runs_both_stages_and_ray_gives_every_number_the_local_run_gives
     assert set(local) == expected
     digest = spec_digest(TINY_SPEC)
     assert all(meta["record"]["spec_digest"] == digest and meta["finished"] for _, meta in local.values())
+    # the workers ran with the instruction set pinned
+    assert all(meta["record"]["pins"] == INSTRUCTION_SET_PINS and meta["record"]["cpu_capability"] == "AVX2"
+               for _, meta in local.values())
     assert read_json(output / STUDY_FILE)["spec"] == TINY_SPEC
 
-    on_ray = run_study(spec_path, tmp_path, "ray", {"threads": 1}, progress=False)
+    on_ray = run_study(spec_path, tmp_path, "ray", {"threads": 1}, progress=False, pin_instruction_set=True)
     assert on_ray.ran == 5
     remote = _cells(tmp_path)
     assert set(remote) == expected
@@ -192,7 +198,7 @@ def test_a_killed_cell_resumes_from_its_last_checkpoint(local_study, spec_path, 
     (cell / RESULTS).unlink()  # as a kill after the last epoch's checkpoint leaves it
     meta = read_json(cell / CELL_META)
     (cell / CELL_META).write_text(json.dumps(dict(meta, finished=False)))
-    done = run_study(spec_path, killed, "ray", {"threads": 1}, progress=False)
+    done = run_study(spec_path, killed, "ray", {"threads": 1}, progress=False, pin_instruction_set=True)
     assert (done.ran, done.done) == (1, 5)
     assert "resuming from" in (cell / "cell.log").read_text()
     assert read_json(cell / CELL_META)["record"]["resumed"] is True

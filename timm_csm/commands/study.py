@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=1, help="torch threads of each cell (its numbers depend on it)")
     run.add_argument("--address", default=None, help="the Ray cluster's address (ray; default: a local instance)")
     run.add_argument("--gpus", type=float, default=0.0, help="GPUs of each cell's Ray task (ray)")
+    run.add_argument("--pin-instruction-set", action="store_true",
+                     help="run every cell with the instruction set pinned at AVX2 (as amendment 4's cells ran): the "
+                          "same numbers on machines with other vector units")
     run.add_argument("--generated", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
                      help="each setting's generated CSM dataset, which CSM's configurations read and derive from")
     run.add_argument("--teacher", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
@@ -138,7 +141,8 @@ def _run(args: argparse.Namespace) -> None:
     again = f"timm-csm-study run {args.spec} --output {args.output}"
     print(f"study {args.spec}: cells in {args.output / 'cells'} (stopped at any point, `{again}` resumes it)")
     try:
-        done = run_study(args.spec, args.output, args.executor, options, sources)
+        done = run_study(args.spec, args.output, args.executor, options, sources,
+                         pin_instruction_set=args.pin_instruction_set)
     except KeyboardInterrupt:
         exit_interrupted(f"the finished cells are in {args.output / 'cells'}; `{again}` resumes the study")
     print(f"ran {done.ran} cell(s); {done.done} of the {done.known} known are done, in {done.output / 'cells'}")

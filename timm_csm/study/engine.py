@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 from ..io import write_json_atomic
 from ..progress import progress_bar
 from ..recipes import derive
-from ..recipes.cells import CELL_META, RESULTS, read_json, run_cell
+from ..recipes.cells import CELL_META, INSTRUCTION_SET_PINS, RESULTS, instruction_set_problem, read_json, run_cell
 from .amendments import SpecError, spec_digest, spec_status
 from .cells import study_rows
 from .choose import validation_rows
@@ -58,6 +58,8 @@ class StudyCell:
     folder: str
     options: Dict[str, Any]
     spec_digest: str
+    #: run only with the instruction-set pins in force (refused otherwise)
+    pinned: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +155,9 @@ def setting_data(method: BenchMethod, setting: Optional[str], sources: Sources, 
 
 def run_study_cell(cell: StudyCell) -> str:
     """Run one cell (resuming it where it was killed), its output into its folder's ``cell.log``; its name."""
+    problem = instruction_set_problem() if cell.pinned else None
+    if problem is not None:
+        raise RuntimeError(f"cell {cell.name}: {problem}")
     folder = Path(cell.folder)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / CELL_LOG, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -162,7 +167,7 @@ def run_study_cell(cell: StudyCell) -> str:
 
 
 def _ready_cells(spec: StudySpec, output: Path, digest: str, recipe: Mapping[str, Any], sources: Sources,
-                 blocked: Dict[str, str]) -> Tuple[List[StudyCell], int, int, Tuple[str, ...]]:
+                 blocked: Dict[str, str], pinned: bool) -> Tuple[List[StudyCell], int, int, Tuple[str, ...]]:
     """``(the cells that can run now, cells done, cells known, pending lines)``; a ready cell that cannot run is
     added to ``blocked``."""
     planned, pending = plan_cells(spec, choice_rows(spec, output))
@@ -177,7 +182,7 @@ def _ready_cells(spec: StudySpec, output: Path, digest: str, recipe: Mapping[str
             continue
         folder = Path(output) / CELLS / c.name
         ready.append(StudyCell(c.name, c.method, c.seed, c.setting, str(folder),
-                               cell_options(recipe, method, c.seed, folder, paths), digest))
+                               cell_options(recipe, method, c.seed, folder, paths), digest, pinned))
     return ready, sum(c.status != READY for c in planned), len(planned), tuple(pending)
 
 
@@ -188,9 +193,12 @@ def _record_first_spec(output: Path, text: str, digest: str, name: str) -> None:
 
 def run_study(spec_path: Union[str, Path], output: Union[str, Path], executor: str = "local",
               executor_options: Optional[Mapping[str, Any]] = None, sources: Optional[Sources] = None,
-              log: Callable[[str], None] = print, progress: bool = True) -> StudyRun:
+              log: Callable[[str], None] = print, progress: bool = True, pin_instruction_set: bool = False
+              ) -> StudyRun:
     """Run the study of the spec file ``spec_path`` into ``output``: round by round, the cells that can run, on
-    ``executor`` (:func:`~.executors.create_executor` with ``executor_options``), until none is left."""
+    ``executor`` (:func:`~.executors.create_executor` with ``executor_options``), until none is left. With
+    ``pin_instruction_set``, each cell runs with :data:`~timm_csm.recipes.cells.INSTRUCTION_SET_PINS` in its
+    worker's environment (amendment 4's cells did: the same numbers on machines with other vector units)."""
     spec_path, output = Path(spec_path), Path(output)
     if not spec_path.is_file():
         raise FileNotFoundError(f"no study spec at {spec_path}")
@@ -200,9 +208,13 @@ def run_study(spec_path: Union[str, Path], output: Union[str, Path], executor: s
     recipe = study_recipe(spec)
     blocked: Dict[str, str] = {}
     ran, round_ = 0, 0
-    with create_executor(executor, **dict(executor_options or {})) as runner:
+    options = dict(executor_options or {})
+    if pin_instruction_set:
+        options["env"] = {**options.get("env", {}), **INSTRUCTION_SET_PINS}
+    with create_executor(executor, **options) as runner:
         while True:
-            ready, done, known, _ = _ready_cells(spec, output, digest, recipe, sources or {}, blocked)
+            ready, done, known, _ = _ready_cells(spec, output, digest, recipe, sources or {}, blocked,
+                                                 pin_instruction_set)
             if not ready:
                 break
             round_ += 1
@@ -213,5 +225,5 @@ def run_study(spec_path: Union[str, Path], output: Union[str, Path], executor: s
                 ran += 1
                 bar.update(1)
             bar.close()
-    _, done, known, pending = _ready_cells(spec, output, digest, recipe, sources or {}, blocked)
+    _, done, known, pending = _ready_cells(spec, output, digest, recipe, sources or {}, blocked, pin_instruction_set)
     return StudyRun(output, ran, done, known, pending, dict(blocked))

@@ -8,7 +8,8 @@ kinds, the only runners of cells there are:
   already). Ray is the ``[ray]`` extra.
 
 Both call the same function on the same item with torch's thread count set the same way, so a cell computes the
-same numbers, and records the same thread count, on either::
+same numbers, and records the same thread count, on either. ``env`` adds variables to the workers' environment
+before torch starts in them (the instruction-set pins, :data:`timm_csm.recipes.cells.INSTRUCTION_SET_PINS`)::
 
     with create_executor("local", lanes=2, threads=1) as executor:
         for item, result in executor.map_unordered(run_one, items):   # in the order they finish
@@ -17,8 +18,9 @@ same numbers, and records the same thread count, on either::
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..extras import require
 
@@ -66,11 +68,11 @@ class CellExecutor:
 
     name = ""
 
-    def __init__(self, lanes: int = 1, threads: int = 1):
+    def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None):
         if lanes < 1 or threads < 1:
             raise ValueError(f"an executor needs at least one lane and one thread, got lanes={lanes}, "
                              f"threads={threads}")
-        self.lanes, self.threads = int(lanes), int(threads)
+        self.lanes, self.threads, self.env = int(lanes), int(threads), dict(env or {})
 
     def __enter__(self) -> "CellExecutor":
         return self
@@ -89,14 +91,22 @@ class CellExecutor:
 @register_executor("local")
 class LocalExecutor(CellExecutor):
     """``lanes`` worker processes on this machine, started fresh (``spawn``: no thread pool or CUDA state carried
-    over from this process), each running one item at a time."""
+    over from this process), each running one item at a time. A worker starts with this process's environment,
+    which holds ``env`` while the executor is open (workers start as items arrive)."""
 
     def __enter__(self) -> "LocalExecutor":
+        self._saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
         self._pool = ProcessPoolExecutor(max_workers=self.lanes, mp_context=multiprocessing.get_context("spawn"))
         return self
 
     def __exit__(self, *exc) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
     def map_unordered(self, fn, items):
         futures = {self._pool.submit(call_with_threads, fn, self.threads, item): item for item in items}
@@ -112,8 +122,9 @@ class RayExecutor(CellExecutor):
     """Each item one Ray task with ``threads`` CPUs and ``gpus`` GPUs, on the cluster at ``address`` (None: the Ray
     instance this process has initialised, else a new local one with ``lanes * threads`` CPUs, shut down on exit)."""
 
-    def __init__(self, lanes: int = 1, threads: int = 1, address: Optional[str] = None, gpus: float = 0.0):
-        super().__init__(lanes, threads)
+    def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None,
+                 address: Optional[str] = None, gpus: float = 0.0):
+        super().__init__(lanes, threads, env)
         if gpus < 0:
             raise ValueError(f"gpus must be 0 or more, got {gpus}")
         self.address, self.gpus = address, gpus
@@ -132,7 +143,8 @@ class RayExecutor(CellExecutor):
 
     def map_unordered(self, fn, items):
         ray = self._ray
-        task = ray.remote(num_cpus=self.threads, num_gpus=self.gpus, max_retries=0)(call_with_threads)
+        runtime = {"runtime_env": {"env_vars": self.env}} if self.env else {}
+        task = ray.remote(num_cpus=self.threads, num_gpus=self.gpus, max_retries=0, **runtime)(call_with_threads)
         refs = {task.remote(fn, self.threads, item): item for item in items}
         pending = list(refs)
         try:
