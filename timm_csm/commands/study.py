@@ -22,7 +22,7 @@ on the validation split, then stage 2, round by round until nothing is left that
 (``--lanes``, ``--threads`` torch threads each) or as Ray tasks (``--executor ray``, the ``[ray]`` extra). Killed at
 any point, the same command resumes it. A spec changed after its first cell is refused unless the change is a dated
 amendment appended to it. ``--generated SETTING=DIR`` and ``--teacher SETTING=DIR`` give the sets and the teacher
-that CSM's and KD's cells read.
+that CSM's and KD's cells read; ``--pin-instruction-set`` runs every cell as amendment 4's ran (AVX2).
 """
 from __future__ import annotations
 
