@@ -27,6 +27,8 @@ that CSM's and KD's cells read; ``--pin-instruction-set`` runs every cell as ame
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -123,7 +125,7 @@ def _setting_path(text: str):
     return setting, path
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from timm_csm.study.engine import run_study  # torch and the recipes: not for --help
 
     if args.output is None:
@@ -138,7 +140,7 @@ def _run(args: argparse.Namespace) -> None:
     for key, pairs in (("soft", args.generated), ("teacher", args.teacher)):
         for setting, path in pairs:
             sources.setdefault(setting, {})[key] = path
-    again = f"timm-csm-study run {args.spec} --output {args.output}"
+    again = " ".join(["timm-csm-study", *map(shlex.quote, argv)])  # the same command, its options included
     print(f"study {args.spec}: cells in {args.output / 'cells'} (stopped at any point, `{again}` resumes it)")
     try:
         done = run_study(args.spec, args.output, args.executor, options, sources,
@@ -146,8 +148,9 @@ def _run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         exit_interrupted(f"the finished cells are in {args.output / 'cells'}; `{again}` resumes the study")
     print(f"ran {done.ran} cell(s); {done.done} of the {done.known} known are done, in {done.output / 'cells'}")
-    for name, why in sorted(done.blocked.items()):
-        print(f"not run: {name}: {why}")
+    for why in sorted(set(done.blocked.values())):
+        names = sorted(name for name, reason in done.blocked.items() if reason == why)
+        print(f"not run: {len(names)} cell(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): {why}")
     for line in done.pending:
         print(f"pending: {line}")
     print(f"an amendment appended to the spec runs with the same command ({again}); "
@@ -182,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if given:
         raise ValueError(f"{' and '.join(given)} belong to init; {args.verb} reads the spec")
     if args.verb == "run":
-        _run(args)
+        _run(args, sys.argv[1:] if argv is None else argv)
         return
     print(plan_text(load_spec(args.spec), args.cells), end="")
 
