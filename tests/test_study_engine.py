@@ -6,7 +6,7 @@ import json
 import math
 import os
 import shutil
-import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -148,10 +148,12 @@ def test_a_changed_spec_is_refused_and_a_dated_amendment_accepted(local_study, s
     out = capsys.readouterr().out
     assert "ran 0 cell(s); 5 of the 5 known are done" in out and f"timm-csm-study run {amended}" in out
     # without Ray, the ray executor is one line naming its extra, before anything runs
-    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
     with pytest.raises(MissingExtra, match=r"the ray executor needs ray \(the \[ray\] extra\).*timm-csm\[ray\]"):
-        with create_executor("ray"):
-            pass
+        create_executor("ray")
+    assert main(["run", str(spec_path), "--output", str(output), "--executor", "ray"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'timm-csm[ray]'" in err[0]
 
     # a cell recorded under another spec: refused, naming it
     foreign = tmp_path / "foreign"

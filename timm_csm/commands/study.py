@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from timm_csm.cli import console_command, exit_interrupted
-from timm_csm.extras import require_installed
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
@@ -132,7 +131,6 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> None:
         raise ValueError("run needs --output DIR, the study's folder")
     options = {"lanes": args.lanes, "threads": args.threads}
     if args.executor == "ray":
-        require_installed("ray", "timm-csm-study run --executor ray")
         options.update(address=args.address, gpus=args.gpus)
     elif args.address is not None or args.gpus:
         raise ValueError("--address and --gpus belong to --executor ray")

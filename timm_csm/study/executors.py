@@ -22,7 +22,7 @@ import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from ..extras import require
+from ..extras import require, require_installed
 
 __all__ = ["CellExecutor", "LocalExecutor", "RayExecutor", "register_executor", "create_executor", "list_executors",
            "call_with_threads"]
@@ -125,6 +125,7 @@ class RayExecutor(CellExecutor):
     def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None,
                  address: Optional[str] = None, gpus: float = 0.0):
         super().__init__(lanes, threads, env)
+        require_installed("ray", "the ray executor")  # before anything runs, without importing it
         if gpus < 0:
             raise ValueError(f"gpus must be 0 or more, got {gpus}")
         self.address, self.gpus = address, gpus
