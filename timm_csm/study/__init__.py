@@ -11,6 +11,9 @@
 * :mod:`.later_stages`: the stages after the decision (label variants, volume, other real subsets);
 * :mod:`.report`: the study's page from its cells (``timm-csm-study report``), with :mod:`.report_spec` (the spec's
   ``[report]`` table), :mod:`.report_tables`, :mod:`.report_stages`, :mod:`.report_cost` and :mod:`.report_figures`.
+* :mod:`.options`: each cell's training options, from the spec's recipe and the cell's method;
+* :mod:`.engine`: :func:`~.engine.run_study`, the spec run stage by stage (``timm-csm-study run``), resumable, its
+  cells run by one of :mod:`.executors` (local worker processes; Ray tasks); imported on use (torch, the recipes).
 """
 from .amendments import SpecStatus, spec_digest, spec_status
 from .choose import coordinate_search, stage1_choices

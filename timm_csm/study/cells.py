@@ -52,7 +52,9 @@ def config_mismatch(spec: StudySpec, config: Dict[str, Any]) -> Optional[str]:
               "val_size": spec.data.val_size, "data_seed": spec.data.data_seed, "model": spec.model.name,
               **dict(spec.model.options)}
     for key, value in stated.items():
-        found = config.get(key) or (0 if key == "data_seed" else None)  # data seed 0 is recorded as 0 or None
+        found = config.get(key)
+        if found is None and key == "data_seed":  # data seed 0 is recorded as 0 or None
+            found = 0
         if (list(found) if isinstance(found, (list, tuple)) else found) != (
                 list(value) if isinstance(value, tuple) else value):
             return f"{key}: the cell has {found!r}, the spec states {value!r}"

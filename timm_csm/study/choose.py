@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from .methods import AXIS_DEFAULTS, TUNING_AXES, get_method, step_configurations
 
-__all__ = ["TIE", "PHASES", "choice_keys", "seed_mean", "choose", "axis_value", "SearchStep", "coordinate_search",
-           "stage1_choices"]
+__all__ = ["TIE", "PHASES", "choice_keys", "validation_rows", "seed_mean", "choose", "axis_value", "SearchStep",
+           "coordinate_search", "stage1_choices"]
 
 #: means of validation ECE (in points) closer than this are a tie, broken by validation NLL (PROTOCOL.md)
 TIE = 0.01
@@ -35,6 +35,13 @@ def choice_keys(phase: str = "pre_ts") -> Tuple[str, str]:
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     return f"val_ece_{phase}", f"val_nll_{phase}"
+
+
+def validation_rows(rows: Rows) -> Dict[str, List[Dict[str, Any]]]:
+    """``rows`` cut to what a choice may read: each row's ``seed`` and its validation keys (``val_...``). What a
+    study hands its chooser, so that no number of the test split is within its reach."""
+    return {m: [{k: v for k, v in r.items() if k == "seed" or k.startswith("val_")} for r in found]
+            for m, found in rows.items()}
 
 
 def seed_mean(rows: Sequence[Mapping[str, Any]], key: str, seeds: Sequence[int]) -> Optional[float]:

@@ -270,6 +270,9 @@ class TrainConfig:
     log_wandb: bool = _output(False, help="log to Weights & Biases (as --log-with wandb)")
     progress: bool = _output(
         True, action=argparse.BooleanOptionalAction, help="progress bar on the main process")
+    reliability_diagrams: bool = _output(
+        True, action=argparse.BooleanOptionalAction,
+        help="draw the reliability diagrams (PNG files beside results.json; the numbers do not depend on them)")
 
     # Run
     seed: int = _run(PAPER_SEED, help="seed of the initialisation, the validation split, augmentation and companions")

@@ -196,12 +196,12 @@ def _reliability_plots(out_dir: Path, test_logits, test_y, post_logits, results,
 
 
 def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, post_logits=None,
-                  scaler=None, split: str = "test") -> str:
+                  scaler=None, split: str = "test", diagrams: bool = True) -> str:
     """Write a run's evaluation into ``out_dir``: ``results.json``, ``results.md``, ``test_predictions.safetensors``
     (test logits and labels, so that reports can redraw or re-score them without the model; without a test split
     ``val_predictions.safetensors``, the validation ones), ``temperature.safetensors`` (with a fitted ``scaler``) and
-    the reliability diagrams, titled with the model, the loss, the dataset, the ``split`` and its size; returns the
-    markdown."""
+    the reliability diagrams (unless ``diagrams`` is False), titled with the model, the loss, the dataset, the
+    ``split`` and its size; returns the markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if scaler is not None:
         scaler.save(str(out_dir / "temperature.safetensors"))
@@ -211,6 +211,7 @@ def write_results(out_dir: Path, results: Dict[str, Any], test_logits, test_y, p
     scored = "test" if results["test"] else "val"
     save_model_file(out_dir / f"{scored}_predictions.safetensors", {"logits": test_logits, "targets": test_y},
                     {"temperature": results["temperature"], "run_id": results["run_id"]})
-    _reliability_plots(out_dir, test_logits, test_y, post_logits, results, split)
+    if diagrams:
+        _reliability_plots(out_dir, test_logits, test_y, post_logits, results, split)
     shift_figure(out_dir, results, log=warnings.warn)
     return markdown

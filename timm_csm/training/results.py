@@ -52,7 +52,8 @@ def evaluate_run(config: TrainConfig, model, val_loader, test_loader, accelerato
                                  resamples=config.bootstrap, log=accelerator.print))
     if accelerator.is_main_process:
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
-                                        split=_shown_split(config, test is not None)))
+                                        split=_shown_split(config, test is not None),
+                                        diagrams=config.reliability_diagrams))
     return results
 
 
