@@ -81,6 +81,14 @@ class ImageCollator:
         self.transform = transform
         self.seed = int(seed)
         self._calls = 0
+        from .corruptions.dataset import CorruptedImages  # here: the corruptions' import is paid when one is read
+
+        # a split under a corruption is corrupted at the model's input, between the transform's geometry and the
+        # normalisation (corrupt_at_input), not as its images are read
+        self._corrupted = isinstance(self.images, CorruptedImages)
+        if self._corrupted and transform.is_random:
+            raise ValueError(f"corrupted images are evaluated, not trained on: {transform!r} is random (training "
+                             "augmentation); give the evaluation transform")
 
     # -- batch bookkeeping -------------------------------------------------------------------------------------
     def _resolve(self, batch) -> Tuple[torch.Tensor, torch.Tensor, int, torch.Generator, torch.Generator]:
@@ -116,7 +124,10 @@ class ImageCollator:
 
     def _gather(self, batch):
         idx, slots, global_size, g_global, g_local = self._resolve(batch)
-        x = self._transform(self._take(self.images, idx), slots, global_size, g_global)
+        if self._corrupted:
+            x = self.images.model_input(idx, self.transform)
+        else:
+            x = self._transform(self._take(self.images, idx), slots, global_size, g_global)
         return idx, slots, global_size, g_global, g_local, x
 
     def __call__(self, batch) -> Dict[str, torch.Tensor]:
