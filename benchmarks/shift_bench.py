@@ -21,6 +21,13 @@ no worker process), so that other jobs on the machine do not count.
         [--batch-size 256] [--corruptions all] [--out benchmarks/shift]
 
 writes ``<out>.json`` and ``<out>.md`` (the command, the machine and the table).
+
+``--cost`` measures instead what a corruption costs per image at the model's input, where it is applied: each
+corruption at each severity on ``--cost-n`` Fashion-MNIST test images resized to each input size of
+:data:`COST_INPUTS` (grey 28 px; RGB 64 and 224 px, the grey image tinted by a seeded colour per image), in the same
+batches; default output ``benchmarks/shift_cost``.
+
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/shift_bench.py --cost [--cost-n 256]
 """
 import argparse
 import json
@@ -98,6 +105,70 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
                                        for s in report["shift"]["summary"]}}
 
 
+#: the model inputs (side, channels) the corruption cost is measured at
+COST_INPUTS = ((28, 1), (64, 3), (224, 3))
+
+
+def cost_images(n: int, side: int, channels: int) -> torch.Tensor:
+    """uint8 (n, channels, side, side): the first ``n`` Fashion-MNIST test images resized to ``side``; in RGB each
+    channel scaled by a seeded tint in [0.5, 1]."""
+    from timm_csm.data import load_fashion_mnist
+    from timm_csm.data.transforms import resize_images
+
+    grey = torch.from_numpy(load_fashion_mnist("test").images[:n]).float()
+    x = resize_images(grey, (side, side)) if side != grey.shape[-1] else grey
+    if channels == 3:
+        tint = torch.rand(len(x), 3, 1, 1, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.5
+        x = x * tint
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def corruption_cost(n: int, batch_size: int, corruptions: str, inputs=COST_INPUTS, log=print) -> dict:
+    """CPU microseconds per image of each corruption at each severity, at each model input of ``inputs``."""
+    from timm_csm.data.corruptions import SEVERITIES, create_corruption
+    from timm_csm.training.shift import resolve_corruptions
+
+    names = resolve_corruptions(corruptions)
+    out = {"n": n, "batch_size": batch_size, "severities": len(SEVERITIES), "inputs": {}}
+    for side, channels in inputs:
+        images = cost_images(n, side, channels)
+        table = {}
+        for name in names:
+            table[name] = []
+            for s in SEVERITIES:
+                c = create_corruption(name, s, seed=0)
+                _, t = _timed(lambda: [c.batch(images[i:i + batch_size], np.arange(i, min(i + batch_size, len(images))))
+                                       for i in range(0, len(images), batch_size)])
+                table[name].append(1e6 * t / len(images))
+        total = sum(sum(v) for v in table.values())
+        log(f"{side} px, {channels} channel(s): {total / 1000:.1f} ms per image for every corruption x severity")
+        out["inputs"][f"{side}x{side}x{channels}"] = {"side": side, "channels": channels, "us_per_image": table,
+                                                      "all_cells_ms_per_image": total / 1000}
+    return out
+
+
+def cost_markdown(r: dict, command: str) -> str:
+    inputs = list(r["inputs"].values())
+    head = [f"{i['side']} px {'RGB' if i['channels'] == 3 else 'grey'}" for i in inputs]
+    lines = [
+        "# Shift evaluation: the cost of a corruption per image", "",
+        f"Command: `{command}`", "",
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}. Times "
+        "are CPU seconds of the process, so that other jobs sharing the machine do not count.", "",
+        f"Each corruption at each of its {r['severities']} severities on {r['n']} Fashion-MNIST test images resized to "
+        f"the model's input size (RGB: tinted), in batches of {r['batch_size']}. Corruptions are applied at the "
+        "model's input, so their cost depends on the input size, not on the size the images are stored at.", "",
+        "| corruption (us per image, mean over the severities) | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(inputs)]
+    names = sorted(inputs[0]["us_per_image"], key=lambda k: -sum(inputs[-1]["us_per_image"][k]))
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{sum(i['us_per_image'][name]) / len(i['us_per_image'][name]):.0f}"
+                                                  for i in inputs) + " |")
+    lines.append("| **every corruption x severity (ms per image)** | "
+                 + " | ".join(f"**{i['all_cells_ms_per_image']:.1f}**" for i in inputs) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(r: dict, command: str) -> str:
     rest = 1 - r["share_forward"] - r["share_corrupt"]
     lines = [
@@ -133,13 +204,23 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="small_cnn")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--corruptions", default="all")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "shift"), help="<out>.json and <out>.md")
+    p.add_argument("--cost", action="store_true", help="the cost of each corruption per image at the input sizes "
+                   "of COST_INPUTS instead")
+    p.add_argument("--cost-n", type=int, default=256, help="test images of --cost")
+    p.add_argument("--out", default=None, help="<out>.json and <out>.md (default benchmarks/shift, with --cost "
+                   "benchmarks/shift_cost)")
     args = p.parse_args(argv)
-    result = measure(args.n, args.model, args.batch_size, args.corruptions)
-    command = "python benchmarks/shift_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    Path(f"{args.out}.json").write_text(json.dumps(dict(result, command=command.strip()), indent=1))
-    Path(f"{args.out}.md").write_text(markdown(result, command.strip()))
-    print(markdown(result, command.strip()))
+    out = args.out or str(REPO / "benchmarks" / ("shift_cost" if args.cost else "shift"))
+    command = ("python benchmarks/shift_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    if args.cost:
+        result = corruption_cost(args.cost_n, args.batch_size, args.corruptions)
+        page = cost_markdown(result, command)
+    else:
+        result = measure(args.n, args.model, args.batch_size, args.corruptions)
+        page = markdown(result, command)
+    Path(f"{out}.json").write_text(json.dumps(dict(result, command=command), indent=1))
+    Path(f"{out}.md").write_text(page)
+    print(page)
 
 
 if __name__ == "__main__":
