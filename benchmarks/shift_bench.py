@@ -105,8 +105,10 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
                                        for s in report["shift"]["summary"]}}
 
 
-#: the model inputs (side, channels) the corruption cost is measured at
+#: the model inputs (side, channels) the corruption cost is measured at, and the model whose forward pass is timed
+#: beside it (random weights: the time does not depend on them)
 COST_INPUTS = ((28, 1), (64, 3), (224, 3))
+COST_MODELS = {1: "small_cnn", 3: "resnet18"}
 
 
 def cost_images(n: int, side: int, channels: int) -> torch.Tensor:
@@ -141,10 +143,28 @@ def corruption_cost(n: int, batch_size: int, corruptions: str, inputs=COST_INPUT
                                        for i in range(0, len(images), batch_size)])
                 table[name].append(1e6 * t / len(images))
         total = sum(sum(v) for v in table.values())
-        log(f"{side} px, {channels} channel(s): {total / 1000:.1f} ms per image for every corruption x severity")
+        forward = _forward_ms_per_image(COST_MODELS[channels], images, batch_size)
+        log(f"{side} px, {channels} channel(s): {total / 1000:.1f} ms per image for every corruption x severity, "
+            f"{COST_MODELS[channels]}'s forward pass {forward:.2f} ms per image")
         out["inputs"][f"{side}x{side}x{channels}"] = {"side": side, "channels": channels, "us_per_image": table,
-                                                      "all_cells_ms_per_image": total / 1000}
+                                                      "all_cells_ms_per_image": total / 1000,
+                                                      "model": COST_MODELS[channels], "forward_ms_per_image": forward}
     return out
+
+
+def _forward_ms_per_image(model_name: str, images: torch.Tensor, batch_size: int) -> float:
+    """CPU milliseconds per image of ``model_name``'s forward pass (random weights, eval mode) on ``images``."""
+    import timm
+
+    import timm_csm  # noqa: F401  (registers small_cnn)
+
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, num_classes=10, in_chans=images.shape[1]).eval()
+    batches = [images[i:i + batch_size].float().div(255) for i in range(0, len(images), batch_size)]
+    with torch.no_grad():
+        model(batches[0][:2])  # warm-up
+        _, t = _timed(lambda: [model(x) for x in batches])
+    return 1000 * t / len(images)
 
 
 def cost_markdown(r: dict, command: str) -> str:
@@ -166,6 +186,15 @@ def cost_markdown(r: dict, command: str) -> str:
                                                   for i in inputs) + " |")
     lines.append("| **every corruption x severity (ms per image)** | "
                  + " | ".join(f"**{i['all_cells_ms_per_image']:.1f}**" for i in inputs) + " |")
+    lines.append("| a forward pass, once (ms per image) | "
+                 + " | ".join(f"{i['forward_ms_per_image']:.2f} (`{i['model']}`)" for i in inputs) + " |")
+    cells = len(inputs[0]["us_per_image"]) * r["severities"]
+    lines += ["", f"The shift evaluation of one image costs its corruptions (the bold row) and {cells} forward passes "
+              "of the model (plus reading and resizing the image once a cell, and the metrics): "
+              + "; ".join(f"{i['side']} px, `{i['model']}`: {i['all_cells_ms_per_image']:.0f} ms + {cells} x "
+                          f"{i['forward_ms_per_image']:.2f} ms = "
+                          f"{(i['all_cells_ms_per_image'] + cells * i['forward_ms_per_image']) / 1000:.2f} s"
+                          for i in inputs) + " per image."]
     return "\n".join(lines) + "\n"
 
 

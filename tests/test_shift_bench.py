@@ -21,5 +21,6 @@ def test_the_corruption_cost_at_toy_size():
         assert set(cell["us_per_image"]) == {"gaussian_noise", "stripe"}
         assert all(len(v) == 5 and min(v) > 0 for v in cell["us_per_image"].values())
         assert cell["all_cells_ms_per_image"] == sum(sum(v) for v in cell["us_per_image"].values()) / 1000
+        assert cell["forward_ms_per_image"] > 0 and cell["model"] == bench.COST_MODELS[cell["channels"]]
     page = bench.cost_markdown(r, "python benchmarks/shift_bench.py --cost --cost-n 4")
     assert "Command: `python benchmarks/shift_bench.py --cost --cost-n 4`" in page and "| 28 px grey | 40 px RGB |" in page

@@ -65,6 +65,13 @@ def prediction_intervals(logits: torch.Tensor, labels: torch.Tensor, n_bins: int
     return bootstrap_metrics(logits, labels, n_bins, resamples=resamples, seed=seed, selective=True)
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` for a person: "40 s", "3.5 min", "12 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
 def resolve_corruptions(spec: Union[str, Sequence[str], None]) -> List[str]:
     """The corruption names of ``spec``: ``"all"`` (every registered one) or names, comma-separated or a list;
     an unknown name is a one-line error listing the known ones."""
@@ -272,7 +279,7 @@ class ShiftEvaluation:
         resampled: Dict[str, Dict[str, Any]] = {}
         seconds = self.projected_seconds(predict_split, test_split)
         log(f"shift: {len(self.corruptions)} corruptions x {len(self.severities)} severities x {len(test_split)} "
-            f"images, about {seconds / 60:.1f} min projected")
+            f"images, about {_duration(seconds)} projected")
         bar = progress_bar("shift", total=len(self.corruptions) * len(self.severities), unit="cell",
                            enabled=progress)
         for name in self.corruptions:
