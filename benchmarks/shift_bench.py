@@ -7,8 +7,9 @@ temperature scaling and the three conformal methods fitted on 1 000 training ima
 (default the protocol's ``small_cnn``) with random weights: the time does not depend on them. Measured:
 
 * ``clean``: one prediction of the clean test set (loading, transform, forward passes);
-* ``shift``: the whole shift evaluation (every corruption x severity: corruption, loading, transform, forward
-  passes, every metric before and after temperature scaling, conformal sets);
+* ``shift``: the whole shift evaluation (the probe behind its projected time, then every corruption x severity:
+  corruption, loading, transform, forward passes, every metric before and after temperature scaling, conformal
+  sets);
 * ``forward``: the model alone on the transformed clean batches, once (the shift evaluation makes this pass once per
   corruption x severity);
 * ``corrupt``: each corruption alone at each severity on the whole test set, in the same batches.
@@ -82,7 +83,8 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
     scaler = TemperatureScaling().fit(*calibration)
     shift = ShiftEvaluation.create(names, SEVERITIES, seed=0)
     report, t_shift = _timed(lambda: shift.run(predict_split, test, clean, calibration,
-                                               {"temperature_scaling": scaler}, log=lambda m: None))
+                                               {"temperature_scaling": scaler}, log=lambda m: None,
+                                               transform=eval_tf, progress=False))
     images = torch.from_numpy(test.images)
     per_corruption = {}
     for name in names:

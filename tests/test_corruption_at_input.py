@@ -102,6 +102,21 @@ def test_a_folder_through_timms_transform_is_corrupted_after_its_resize_and_crop
                                    "32 x 32 px, before normalisation (as the ImageNet-C definitions assume).")
 
 
+def test_a_hugging_face_dataset_is_corrupted_at_the_input_size():
+    import datasets
+
+    from timm_csm.data import hf_split_to_lazy
+
+    images = [Image.new("RGB", (80, 80), (128, 128, 128)) for _ in range(4)]
+    ds = datasets.Dataset.from_dict({"image": images, "label": [0, 1, 0, 1]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.ClassLabel(names=["a", "b"])}))
+    split = hf_split_to_lazy(ds)
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    x = _model_input(split, BatchTransform(32, mean, std, in_chans=3), create_corruption("gaussian_noise", 5), range(4))
+    assert x.shape == (4, 3, 32, 32) and 0.09 < float((_pixels(x, mean, std) - 128 / 255).std()) < 0.11
+
+
 def test_a_transform_that_does_not_split_corrupts_the_images_as_read_and_says_so(folder):
     def to_tensor(img):  # a user's own callable: no steps to split at the model's input
         return torch.from_numpy(np.asarray(img.resize((32, 32)), dtype=np.float32)).permute(2, 0, 1) / 255
