@@ -86,9 +86,6 @@ class ImageCollator:
         # a split under a corruption is corrupted at the model's input, between the transform's geometry and the
         # normalisation (corrupt_at_input), not as its images are read
         self._corrupted = isinstance(self.images, CorruptedImages)
-        if self._corrupted and transform.is_random:
-            raise ValueError(f"corrupted images are evaluated, not trained on: {transform!r} is random (training "
-                             "augmentation); give the evaluation transform")
 
     # -- batch bookkeeping -------------------------------------------------------------------------------------
     def _resolve(self, batch) -> Tuple[torch.Tensor, torch.Tensor, int, torch.Generator, torch.Generator]:

@@ -119,5 +119,6 @@ def corruption_site(transform) -> str:
                 "not split at the model's input size), so a severity acts at the images' own size.")
     size = getattr(transform, "img_size", None)
     size = f"{size[0]} x {size[1]} px" if size else "the model's input size"
-    return (f"Corruptions are applied at the model's input: after resizing and cropping to {size}, before "
-            "normalisation (as the ImageNet-C definitions assume).")
+    geometry = "resizing and cropping" if getattr(transform, "per_sample", False) else "resizing"
+    return (f"Corruptions are applied at the model's input: after {geometry} to {size}, before normalisation (as "
+            "the ImageNet-C definitions assume).")
