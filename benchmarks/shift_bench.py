@@ -32,6 +32,7 @@ batches; default output ``benchmarks/shift_cost``.
 """
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -133,7 +134,7 @@ def corruption_cost(n: int, batch_size: int, corruptions: str, inputs=COST_INPUT
     from timm_csm.training.shift import resolve_corruptions
 
     names = resolve_corruptions(corruptions)
-    out = {"n": n, "batch_size": batch_size, "severities": len(SEVERITIES), "inputs": {}}
+    out = {"n": n, "batch_size": batch_size, "severities": len(SEVERITIES), "cpu_count": os.cpu_count(), "inputs": {}}
     for side, channels in inputs:
         images = cost_images(n, side, channels)
         table = {}
@@ -175,7 +176,8 @@ def cost_markdown(r: dict, command: str) -> str:
     lines = [
         "# Shift evaluation: the cost of a corruption per image", "",
         f"Command: `{command}`", "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}. Times "
+        f"Machine: {platform.machine()}, {r.get('cpu_count', os.cpu_count())} CPU cores, "
+        f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}. Times "
         "are CPU seconds of the process, so that other jobs sharing the machine do not count.", "",
         f"Each corruption at each of its {r['severities']} severities on {r['n']} Fashion-MNIST test images resized to "
         f"the model's input size (RGB: tinted), in batches of {r['batch_size']}. Corruptions are applied at the "
