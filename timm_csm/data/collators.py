@@ -81,11 +81,10 @@ class ImageCollator:
         self.transform = transform
         self.seed = int(seed)
         self._calls = 0
-        from .corruptions.dataset import CorruptedImages  # here: the corruptions' import is paid when one is read
-
-        # a split under a corruption is corrupted at the model's input, between the transform's geometry and the
-        # normalisation (corrupt_at_input), not as its images are read
-        self._corrupted = isinstance(self.images, CorruptedImages)
+        # a split under a corruption (CorruptedImages) is corrupted at the model's input, between the transform's
+        # geometry and its normalisation (corrupt_at_input), not as its images are read; asked by the method, so that
+        # a training run does not import the corruptions
+        self._corrupted = callable(getattr(self.images, "model_input", None))
 
     # -- batch bookkeeping -------------------------------------------------------------------------------------
     def _resolve(self, batch) -> Tuple[torch.Tensor, torch.Tensor, int, torch.Generator, torch.Generator]:
