@@ -163,6 +163,6 @@ def test_the_shift_evaluation_projects_its_time_and_says_where_it_corrupts():
                     progress=False)
     projected = [line for line in lines if "projected" in line]
     assert len(projected) == 1 and projected[0].startswith("shift: 2 corruptions x 2 severities x 40 images, about ")
-    assert lines.index(projected[0]) == 0  # before the first cell
+    assert lines[:2] == [f"shift: {corruption_site(tf)}", projected[0]]  # both before the first cell
     assert out["shift"]["applied"] == corruption_site(tf)
     assert "at the model's input: after resizing to 16 x 16 px, before normalisation" in shift_markdown(out)

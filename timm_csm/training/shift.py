@@ -233,10 +233,13 @@ class ShiftEvaluation:
         corruption x severity cells (main process)."""
         out: Dict[str, Any] = {}
         if self.corruptions:
+            applied = corruption_site(transform) if transform is not None else None
+            if applied:
+                log(f"shift: {applied}")
             out["shift"] = self._shift(predict_split, test_split, test, calibration, calibrators, n_bins, conformal,
                                        alpha, resamples, log, progress)
-            if transform is not None:
-                out["shift"]["applied"] = corruption_site(transform)
+            if applied:
+                out["shift"]["applied"] = applied
         if self.ood is not None:
             logits, _ = predict_split(self.ood)
             out["ood"] = {"source": str(self.ood_source), "split": self.ood_split, "n_in": len(test[1]),
