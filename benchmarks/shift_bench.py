@@ -7,8 +7,9 @@ temperature scaling and the three conformal methods fitted on 1 000 training ima
 (default the protocol's ``small_cnn``) with random weights: the time does not depend on them. Measured:
 
 * ``clean``: one prediction of the clean test set (loading, transform, forward passes);
-* ``shift``: the whole shift evaluation (every corruption x severity: corruption, loading, transform, forward
-  passes, every metric before and after temperature scaling, conformal sets);
+* ``shift``: the whole shift evaluation (the probe behind its projected time, then every corruption x severity:
+  corruption, loading, transform, forward passes, every metric before and after temperature scaling, conformal
+  sets);
 * ``forward``: the model alone on the transformed clean batches, once (the shift evaluation makes this pass once per
   corruption x severity);
 * ``corrupt``: each corruption alone at each severity on the whole test set, in the same batches.
@@ -21,9 +22,17 @@ no worker process), so that other jobs on the machine do not count.
         [--batch-size 256] [--corruptions all] [--out benchmarks/shift]
 
 writes ``<out>.json`` and ``<out>.md`` (the command, the machine and the table).
+
+``--cost`` measures instead what a corruption costs per image at the model's input, where it is applied: each
+corruption at each severity on ``--cost-n`` Fashion-MNIST test images resized to each input size of
+:data:`COST_INPUTS` (grey 28 px; RGB 64 and 224 px, the grey image tinted by a seeded colour per image), in the same
+batches; default output ``benchmarks/shift_cost``.
+
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/shift_bench.py --cost [--cost-n 256]
 """
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -75,7 +84,8 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
     scaler = TemperatureScaling().fit(*calibration)
     shift = ShiftEvaluation.create(names, SEVERITIES, seed=0)
     report, t_shift = _timed(lambda: shift.run(predict_split, test, clean, calibration,
-                                               {"temperature_scaling": scaler}, log=lambda m: None))
+                                               {"temperature_scaling": scaler}, log=lambda m: None,
+                                               transform=eval_tf, progress=False))
     images = torch.from_numpy(test.images)
     per_corruption = {}
     for name in names:
@@ -96,6 +106,100 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
             "corrupt_us_per_image": {k: 1e6 * v / (len(SEVERITIES) * len(test)) for k, v in per_corruption.items()},
             "shift_summary_accuracy": {s: report["shift"]["summary"][s]["uncalibrated"]["mean"]["accuracy"]
                                        for s in report["shift"]["summary"]}}
+
+
+#: the model inputs (side, channels) the corruption cost is measured at, and the model whose forward pass is timed
+#: beside it (random weights: the time does not depend on them)
+COST_INPUTS = ((28, 1), (64, 3), (224, 3))
+COST_MODELS = {1: "small_cnn", 3: "resnet18"}
+
+
+def cost_images(n: int, side: int, channels: int) -> torch.Tensor:
+    """uint8 (n, channels, side, side): the first ``n`` Fashion-MNIST test images resized to ``side``; in RGB each
+    channel scaled by a seeded tint in [0.5, 1]."""
+    from timm_csm.data import load_fashion_mnist
+    from timm_csm.data.transforms import resize_images
+
+    grey = torch.from_numpy(load_fashion_mnist("test").images[:n]).float()
+    x = resize_images(grey, (side, side)) if side != grey.shape[-1] else grey
+    if channels == 3:
+        tint = torch.rand(len(x), 3, 1, 1, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.5
+        x = x * tint
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def corruption_cost(n: int, batch_size: int, corruptions: str, inputs=COST_INPUTS, log=print) -> dict:
+    """CPU microseconds per image of each corruption at each severity, at each model input of ``inputs``."""
+    from timm_csm.data.corruptions import SEVERITIES, create_corruption
+    from timm_csm.training.shift import resolve_corruptions
+
+    names = resolve_corruptions(corruptions)
+    out = {"n": n, "batch_size": batch_size, "severities": len(SEVERITIES), "cpu_count": os.cpu_count(), "inputs": {}}
+    for side, channels in inputs:
+        images = cost_images(n, side, channels)
+        table = {}
+        for name in names:
+            table[name] = []
+            for s in SEVERITIES:
+                c = create_corruption(name, s, seed=0)
+                _, t = _timed(lambda: [c.batch(images[i:i + batch_size], np.arange(i, min(i + batch_size, len(images))))
+                                       for i in range(0, len(images), batch_size)])
+                table[name].append(1e6 * t / len(images))
+        total = sum(sum(v) for v in table.values())
+        forward = _forward_ms_per_image(COST_MODELS[channels], images, batch_size)
+        log(f"{side} px, {channels} channel(s): {total / 1000:.1f} ms per image for every corruption x severity, "
+            f"{COST_MODELS[channels]}'s forward pass {forward:.2f} ms per image")
+        out["inputs"][f"{side}x{side}x{channels}"] = {"side": side, "channels": channels, "us_per_image": table,
+                                                      "all_cells_ms_per_image": total / 1000,
+                                                      "model": COST_MODELS[channels], "forward_ms_per_image": forward}
+    return out
+
+
+def _forward_ms_per_image(model_name: str, images: torch.Tensor, batch_size: int) -> float:
+    """CPU milliseconds per image of ``model_name``'s forward pass (random weights, eval mode) on ``images``."""
+    import timm
+
+    import timm_csm  # noqa: F401  (registers small_cnn)
+
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, num_classes=10, in_chans=images.shape[1]).eval()
+    batches = [images[i:i + batch_size].float().div(255) for i in range(0, len(images), batch_size)]
+    with torch.no_grad():
+        model(batches[0][:2])  # warm-up
+        _, t = _timed(lambda: [model(x) for x in batches])
+    return 1000 * t / len(images)
+
+
+def cost_markdown(r: dict, command: str) -> str:
+    inputs = list(r["inputs"].values())
+    head = [f"{i['side']} px {'RGB' if i['channels'] == 3 else 'grey'}" for i in inputs]
+    lines = [
+        "# Shift evaluation: the cost of a corruption per image", "",
+        f"Command: `{command}`", "",
+        f"Machine: {platform.machine()}, {r.get('cpu_count', os.cpu_count())} CPU cores, "
+        f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}. Times "
+        "are CPU seconds of the process, so that other jobs sharing the machine do not count.", "",
+        f"Each corruption at each of its {r['severities']} severities on {r['n']} Fashion-MNIST test images resized to "
+        f"the model's input size (RGB: tinted), in batches of {r['batch_size']}. Corruptions are applied at the "
+        "model's input, so their cost depends on the input size, not on the size the images are stored at.", "",
+        "| corruption (us per image, mean over the severities) | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(inputs)]
+    names = sorted(inputs[0]["us_per_image"], key=lambda k: -sum(inputs[-1]["us_per_image"][k]))
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{sum(i['us_per_image'][name]) / len(i['us_per_image'][name]):.0f}"
+                                                  for i in inputs) + " |")
+    lines.append("| **every corruption x severity (ms per image)** | "
+                 + " | ".join(f"**{i['all_cells_ms_per_image']:.1f}**" for i in inputs) + " |")
+    lines.append("| a forward pass, once (ms per image) | "
+                 + " | ".join(f"{i['forward_ms_per_image']:.2f} (`{i['model']}`)" for i in inputs) + " |")
+    cells = len(inputs[0]["us_per_image"]) * r["severities"]
+    lines += ["", f"The shift evaluation of one image costs its corruptions (the bold row) and {cells} forward passes "
+              "of the model (plus reading and resizing the image once a cell, and the metrics): "
+              + "; ".join(f"{i['side']} px, `{i['model']}`: {i['all_cells_ms_per_image']:.0f} ms + {cells} x "
+                          f"{i['forward_ms_per_image']:.2f} ms = "
+                          f"{(i['all_cells_ms_per_image'] + cells * i['forward_ms_per_image']) / 1000:.2f} s"
+                          for i in inputs) + " per image."]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(r: dict, command: str) -> str:
@@ -133,13 +237,23 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="small_cnn")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--corruptions", default="all")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "shift"), help="<out>.json and <out>.md")
+    p.add_argument("--cost", action="store_true", help="the cost of each corruption per image at the input sizes "
+                   "of COST_INPUTS instead")
+    p.add_argument("--cost-n", type=int, default=256, help="test images of --cost")
+    p.add_argument("--out", default=None, help="<out>.json and <out>.md (default benchmarks/shift, with --cost "
+                   "benchmarks/shift_cost)")
     args = p.parse_args(argv)
-    result = measure(args.n, args.model, args.batch_size, args.corruptions)
-    command = "python benchmarks/shift_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    Path(f"{args.out}.json").write_text(json.dumps(dict(result, command=command.strip()), indent=1))
-    Path(f"{args.out}.md").write_text(markdown(result, command.strip()))
-    print(markdown(result, command.strip()))
+    out = args.out or str(REPO / "benchmarks" / ("shift_cost" if args.cost else "shift"))
+    command = ("python benchmarks/shift_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    if args.cost:
+        result = corruption_cost(args.cost_n, args.batch_size, args.corruptions)
+        page = cost_markdown(result, command)
+    else:
+        result = measure(args.n, args.model, args.batch_size, args.corruptions)
+        page = markdown(result, command)
+    Path(f"{out}.json").write_text(json.dumps(dict(result, command=command), indent=1))
+    Path(f"{out}.md").write_text(page)
+    print(page)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ def test_train_writes_the_shift_table_figure_and_ood_scores(tmp_path, shapes):
             assert set(m) == {"auroc", "aupr_in", "aupr_out", "fpr95"} and all(0 <= v <= 1 for v in m.values())
     text = (out / "results.md").read_text()
     assert "## Under corruption: 2 corruptions" in text and "| 5 | " in text and "## Out of distribution" in text
+    assert shift["applied"] in text and shift["applied"].startswith("Corruptions are applied at the model's input")
     assert "Brackets: 95% bootstrap intervals" in text and " [" in text.split("## Out of distribution")[1]
     assert (out / "shift.png").stat().st_size > 10_000
 
@@ -148,6 +149,7 @@ def test_calibrate_writes_the_shift_table_figure_and_ood_scores(user_files, tmp_
     assert set(report["ood"]["methods"]) == set(shift["methods"])
     text = (out / "report.md").read_text()
     assert "## Under corruption: 1 corruptions x severities [2]" in text and "| contrast (" in text
+    assert shift["applied"] in text and shift["applied"].startswith("Corruptions are applied at the model's input")
     assert "| vector_scaling | energy |" in text
     assert (out / "shift.png").is_file()
 

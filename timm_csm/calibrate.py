@@ -260,7 +260,7 @@ def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, 
         report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
                                      test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
                                      n_bins=n_bins, conformal=conformal, alpha=alpha, resamples=bootstrap,
-                                     log=log))
+                                     log=log, transform=classifier.transform))
     with staging_folder(output) as staging:
         (staging / "calibrators").mkdir()
         for name, (calibrator, _) in results["fitted"].items():

@@ -169,7 +169,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
                            channels_last=config.channels_last)[:2]
 
         results = evaluate_run(config, model, val_loader, test_loader, accelerator, out_dir, data, best,
-                               weights_path, run_id, shift, predict_split)
+                               weights_path, run_id, shift, predict_split, eval_tf)
         results["history"] = history
         log_results(accelerator, results, step=history[-1].get("step", 0) if history else 0)
         accelerator.wait_for_everyone()

@@ -81,6 +81,10 @@ class ImageCollator:
         self.transform = transform
         self.seed = int(seed)
         self._calls = 0
+        # a split under a corruption (CorruptedImages) is corrupted at the model's input, between the transform's
+        # geometry and its normalisation (corrupt_at_input), not as its images are read; asked by the method, so that
+        # a training run does not import the corruptions
+        self._corrupted = callable(getattr(self.images, "model_input", None))
 
     # -- batch bookkeeping -------------------------------------------------------------------------------------
     def _resolve(self, batch) -> Tuple[torch.Tensor, torch.Tensor, int, torch.Generator, torch.Generator]:
@@ -116,7 +120,10 @@ class ImageCollator:
 
     def _gather(self, batch):
         idx, slots, global_size, g_global, g_local = self._resolve(batch)
-        x = self._transform(self._take(self.images, idx), slots, global_size, g_global)
+        if self._corrupted:
+            x = self.images.model_input(idx, self.transform)
+        else:
+            x = self._transform(self._take(self.images, idx), slots, global_size, g_global)
         return idx, slots, global_size, g_global, g_local, x
 
     def __call__(self, batch) -> Dict[str, torch.Tensor]:

@@ -18,7 +18,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .arrays import LabelledSplit
 
@@ -62,10 +61,10 @@ def stack_images(images, mode: Optional[str] = None, size: Optional[Tuple[int, i
 def _resize_uint8(a: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
     if a.shape[1:] == tuple(size):
         return a
+    from .transforms import resize_images
+
     x = torch.from_numpy(np.array(a))[None].float()  # a copy: arrays of PIL images are read-only
-    shrink = x.shape[-2] > size[0] or x.shape[-1] > size[1]
-    x = F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False, antialias=shrink)
-    return x.round_().clamp_(0, 255).to(torch.uint8)[0].numpy()
+    return resize_images(x, size).round_().clamp_(0, 255).to(torch.uint8)[0].numpy()
 
 
 class LazyImages:

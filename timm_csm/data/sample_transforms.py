@@ -11,7 +11,7 @@ only on (run seed, epoch, step, slot): R processes of batch B see the images one
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -39,10 +39,45 @@ class SampleTransform:
         self.img_size = tuple(img_size) if img_size is not None else None
         self.mode = pil_mode(self.in_chans)
         self.random = bool(random)
+        self._tensor_step = _tensor_step(transform)
 
     @property
     def is_random(self) -> bool:
         return self.random
+
+    @property
+    def splits_at_input(self) -> bool:
+        """Whether the transform is a ``Compose`` whose steps on PIL images (resize, crop: the geometry) can be run
+        apart from the rest (the tensor conversion and normalisation): timm's and torchvision's can."""
+        return self._tensor_step is not None
+
+    def to_input_size(self, images: Sequence[Any]) -> List:
+        """The geometric part of the transform alone: each image converted to ``L`` / ``RGB`` and taken through the
+        steps before the tensor conversion (timm's eval resize and centre crop), as PIL images at the model's input
+        size. :meth:`from_input_size` finishes the transform; a transform that does not split
+        (:attr:`splits_at_input`) is refused in one line."""
+        if self._tensor_step is None:
+            raise ValueError(f"transform {self.transform!r} has no tensor conversion step to split it at the model's "
+                             "input size")
+        steps = self.transform.transforms[:self._tensor_step]
+        out = []
+        for img in images:
+            img = self._pil(img)
+            for step in steps:
+                img = step(img)
+            out.append(img)
+        return out
+
+    def from_input_size(self, images: Sequence[Any]) -> torch.Tensor:
+        """float32 (B, C, H, W): the steps of the transform from its tensor conversion on (scaling, normalisation)
+        of each image :meth:`to_input_size` gave."""
+        steps = self.transform.transforms[self._tensor_step:]
+        out = []
+        for img in images:
+            for step in steps:
+                img = step(img)
+            out.append(img)
+        return torch.stack(out)
 
     def sample_params(self, n: int, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
         """One seed per image (n,), drawn for the whole global batch."""
@@ -77,6 +112,18 @@ class SampleTransform:
 
     def __repr__(self):
         return f"SampleTransform(in_chans={self.in_chans}, img_size={self.img_size}, random={self.random})"
+
+
+#: the steps that turn a PIL image into a tensor (torchvision's, timm's): where a transform leaves the image's geometry
+_TENSOR_STEPS = ("ToTensor", "PILToTensor", "MaybeToTensor", "MaybePILToTensor", "ToImage")
+
+
+def _tensor_step(transform) -> Optional[int]:
+    """The position of the first tensor conversion among the steps of a ``Compose``; None for any other callable."""
+    steps = getattr(transform, "transforms", None)
+    if not isinstance(steps, (list, tuple)):
+        return None
+    return next((i for i, step in enumerate(steps) if type(step).__name__ in _TENSOR_STEPS), None)
 
 
 def _per_channel(values, in_chans: int, what: str) -> tuple:

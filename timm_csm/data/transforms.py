@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["BatchTransform", "convert_channels", "channel_stats", "create_transforms", "sample_crop_flip",
-           "pad_crop_flip"]
+           "pad_crop_flip", "resize_images"]
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L")
 _LUMA = (0.299, 0.587, 0.114)
@@ -39,6 +39,12 @@ def convert_channels(images: torch.Tensor, in_chans: int) -> torch.Tensor:
         grey = (images.float() * w).sum(1, keepdim=True)
         return grey.round_().clamp_(0, 255).to(images.dtype) if images.dtype == torch.uint8 else grey
     raise ValueError(f"cannot convert {c}-channel images to {in_chans} channels")
+
+
+def resize_images(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """A float (B, C, H, W) batch resized to ``size``: bilinear, antialiased when shrinking (as PIL's resize)."""
+    shrink = x.shape[-2] > size[0] or x.shape[-1] > size[1]
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False, antialias=shrink)
 
 
 def channel_stats(images, in_chans: Optional[int] = None, chunk: int = 4096) -> Tuple[tuple, tuple]:
@@ -142,19 +148,34 @@ class BatchTransform:
         """Random parameters for ``n`` images (:func:`sample_crop_flip`): crop offsets (n, 2) and flip flags (n,)."""
         return sample_crop_flip(n, self.crop_padding, self.hflip, generator)
 
-    def apply(self, images: torch.Tensor, params: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
-        """Transform ``images`` with given random ``params`` (None: no crop, no flip)."""
+    def _channels(self, images: torch.Tensor) -> torch.Tensor:
         images = torch.as_tensor(images)
         if images.ndim != 4:
             raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
         if images.dtype != torch.uint8:
             raise ValueError(f"images must be uint8, got {images.dtype}")
-        if self.in_chans is not None:
-            images = convert_channels(images, self.in_chans)
-        x = images.to(torch.float32)
+        return convert_channels(images, self.in_chans) if self.in_chans is not None else images
+
+    def to_input_size(self, images: torch.Tensor) -> torch.Tensor:
+        """The geometric part of the evaluation transform alone: uint8 ``images`` in ``in_chans`` channels, resized
+        to ``img_size`` (as :meth:`apply` resizes them) and rounded back to uint8, as an image stored at the input
+        size holds it; images already at the input size are returned as they are. :meth:`from_input_size` finishes
+        the transform (what corruptions of the model's input go between:
+        :func:`~timm_csm.data.corruptions.corrupt_at_input`)."""
+        images = self._channels(images)
+        if tuple(images.shape[-2:]) == self.img_size:
+            return images
+        return resize_images(images.to(torch.float32), self.img_size).round_().clamp_(0, 255).to(torch.uint8)
+
+    def from_input_size(self, images: torch.Tensor) -> torch.Tensor:
+        """The rest of the evaluation transform after :meth:`to_input_size`: scaling and normalisation."""
+        return self.apply(images)
+
+    def apply(self, images: torch.Tensor, params: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        """Transform ``images`` with given random ``params`` (None: no crop, no flip)."""
+        x = self._channels(images).to(torch.float32)
         if tuple(x.shape[-2:]) != self.img_size:
-            shrink = x.shape[-2] > self.img_size[0] or x.shape[-1] > self.img_size[1]
-            x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=shrink)
+            x = resize_images(x, self.img_size)
         if params is not None:
             x = pad_crop_flip(x, params, self.crop_padding)
         if self._scale.shape[1] not in (1, x.shape[1]):

@@ -18,10 +18,11 @@ __all__ = ["evaluate_run"]
 
 
 def evaluate_run(config: TrainConfig, model, val_loader, test_loader, accelerator, out_dir: Path, data,
-                 best: Dict[str, Any], weights_path, run_id: str, shift=None, predict_split=None) -> Dict[str, Any]:
+                 best: Dict[str, Any], weights_path, run_id: str, shift=None, predict_split=None,
+                 eval_transform=None) -> Dict[str, Any]:
     """Predict the test and validation splits, score them (:func:`~timm_csm.training.evaluate_calibration`), under
-    ``shift`` too (:class:`~timm_csm.training.shift.ShiftEvaluation`, with ``predict_split``), and write the reports
-    (main process); the results dict of results.json."""
+    ``shift`` too (:class:`~timm_csm.training.shift.ShiftEvaluation`, with ``predict_split`` and the
+    ``eval_transform`` it applies), and write the reports (main process); the results dict of results.json."""
     def predictions(loader):
         return (predict(model, loader, accelerator, features=bool(config.piece), channels_last=config.channels_last)
                 if loader is not None else None)
@@ -49,7 +50,8 @@ def evaluate_run(config: TrainConfig, model, val_loader, test_loader, accelerato
         calibrators = {"temperature_scaling": scores.scaler} if scores.scaler is not None else {}
         results.update(shift.run(predict_split, data.test if test is not None else data.val, shown[:2],
                                  val[:2] if val is not None else None, calibrators, n_bins=config.n_bins,
-                                 resamples=config.bootstrap, log=accelerator.print))
+                                 resamples=config.bootstrap, log=accelerator.print, transform=eval_transform,
+                                 progress=config.progress))
     if accelerator.is_main_process:
         accelerator.print(write_results(out_dir, results, shown[0], shown[1], scores.post_logits, scores.scaler,
                                         split=_shown_split(config, test is not None),

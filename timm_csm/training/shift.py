@@ -7,7 +7,8 @@
                              {"temperature_scaling": scaler}, n_bins=15))
 
 Under each corruption x severity (:mod:`timm_csm.data.corruptions`, applied lazily to the test split with the
-command's seed) the caller's own prediction loop gives the logits, scored by the one metric implementation
+command's seed, at the model's input size: :func:`~timm_csm.data.corruptions.corrupt_at_input`) the caller's own
+prediction loop gives the logits, scored by the one metric implementation
 (:func:`prediction_scores`: :func:`~timm_csm.metrics.calibration_metrics` and the selective metrics) before and after
 each calibrator fitted on the clean calibration split (Ovadia et al., NeurIPS 2019: calibrators are fitted in
 distribution), with split-conformal sets fitted there too (their coverage under shift is what they promise in
@@ -18,18 +19,22 @@ probability, the maximum logit, the energy and the negative entropy
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
-from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
+from ..data.corruptions import (SEVERITIES, corrupt_split, corruption_site, corruption_spec, create_corruption,
+                                list_corruptions)
 from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
+from ..progress import progress_bar
 from .shift_report import ood_reading
 
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
@@ -37,6 +42,8 @@ __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_
 
 #: the metrics of each cell of the shift table (besides conformal coverage and set size)
 SHIFT_METRICS = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
+#: the test images each corruption is timed on before the shift evaluation starts, for its projected time
+PROBE_IMAGES = 16
 
 Predictions = Tuple[torch.Tensor, torch.Tensor]
 
@@ -56,6 +63,13 @@ def prediction_intervals(logits: torch.Tensor, labels: torch.Tensor, n_bins: int
     :func:`prediction_scores` (the same keys), over ``resamples`` seeded resamples of the samples
     (:func:`~timm_csm.metrics.bootstrap_metrics`)."""
     return bootstrap_metrics(logits, labels, n_bins, resamples=resamples, seed=seed, selective=True)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` for a person: "40 s", "3.5 min", "12 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
 
 
 def resolve_corruptions(spec: Union[str, Sequence[str], None]) -> List[str]:
@@ -209,15 +223,23 @@ class ShiftEvaluation:
     def run(self, predict_split: Callable[[Any], Predictions], test_split, test: Predictions,
             calibration: Optional[Predictions], calibrators: Dict[str, Any], n_bins: int = 15,
             conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1, resamples: int = 0,
-            log: Callable[[str], None] = print) -> Dict[str, Any]:
+            log: Callable[[str], None] = print, transform=None, progress: bool = True) -> Dict[str, Any]:
         """``{"shift": ..., "ood": ...}`` (the keys asked for): ``predict_split(split)`` -> (logits, labels) is the
         command's prediction loop, ``test`` the clean test predictions, ``calibration`` the clean calibration
         predictions the ``calibrators`` were fitted on (the conformal sets are fitted there too; None: no sets);
-        ``resamples``: bootstrap resamples behind the 95% interval of every number (0: none)."""
+        ``resamples``: bootstrap resamples behind the 95% interval of every number (0: none); ``transform``: the
+        evaluation transform ``predict_split`` applies, for the report's line on where the corruptions are applied
+        (``shift.applied``, :func:`~timm_csm.data.corruptions.corruption_site`); ``progress``: a bar over the
+        corruption x severity cells (main process)."""
         out: Dict[str, Any] = {}
         if self.corruptions:
+            applied = corruption_site(transform) if transform is not None else None
+            if applied:
+                log(f"shift: {applied}")
             out["shift"] = self._shift(predict_split, test_split, test, calibration, calibrators, n_bins, conformal,
-                                       alpha, resamples, log)
+                                       alpha, resamples, log, progress)
+            if applied:
+                out["shift"]["applied"] = applied
         if self.ood is not None:
             logits, _ = predict_split(self.ood)
             out["ood"] = {"source": str(self.ood_source), "split": self.ood_split, "n_in": len(test[1]),
@@ -227,8 +249,26 @@ class ShiftEvaluation:
                 log(line)
         return out
 
+    def projected_seconds(self, predict_split, test_split) -> float:
+        """Wall seconds the corrupted predictions of :meth:`run` should take: each corruption timed on the first
+        :data:`PROBE_IMAGES` test images at the middle severity asked for, less a call's own cost (one image, timed
+        first), scaled to the whole split, plus that cost once per cell. Scoring the cells is not counted (it is
+        fast beside the predictions)."""
+        probe = test_split.subset(np.arange(min(len(test_split), PROBE_IMAGES)))
+        severity = self.severities[len(self.severities) // 2]
+        corruptions = [create_corruption(name, severity, seed=self.seed) for name in self.corruptions]
+        start = time.perf_counter()
+        predict_split(corrupt_split(probe.subset(np.arange(1)), corruptions[0]))
+        per_call = time.perf_counter() - start
+        per_image = 0.0
+        for corruption in corruptions:
+            start = time.perf_counter()
+            predict_split(corrupt_split(probe, corruption))
+            per_image += max(0.0, time.perf_counter() - start - per_call) / max(1, len(probe) - 1)
+        return len(self.severities) * (len(self.corruptions) * per_call + per_image * len(test_split))
+
     def _shift(self, predict_split, test_split, test, calibration, calibrators, n_bins, conformal, alpha, resamples,
-               log):
+               log, progress):
         sets: Dict[str, Dict[str, ConformalClassifier]] = {}
         if calibration is not None:  # each calibrator refitted on its part of the split, the quantile on the rest
             for method in ["uncalibrated", *calibrators]:
@@ -240,14 +280,21 @@ class ShiftEvaluation:
         clean = _cell(test[0], test[1], calibrators, sets, n_bins, resamples, self.seed)[0]
         table: Dict[str, Dict[str, Any]] = {}
         resampled: Dict[str, Dict[str, Any]] = {}
+        seconds = self.projected_seconds(predict_split, test_split)
+        log(f"shift: {len(self.corruptions)} corruptions x {len(self.severities)} severities x {len(test_split)} "
+            f"images, about {_duration(seconds)} projected")
+        bar = progress_bar("shift", total=len(self.corruptions) * len(self.severities), unit="cell",
+                           enabled=progress)
         for name in self.corruptions:
             table[name], resampled[name] = {}, {}
             for s in self.severities:
                 logits, labels = predict_split(corrupt_split(test_split, create_corruption(name, s, seed=self.seed)))
                 table[name][str(s)], resampled[name][str(s)] = _cell(logits, labels, calibrators, sets, n_bins,
                                                                      resamples, self.seed)
+                bar.update()
             shown = ", ".join(f"{table[name][str(s)]['uncalibrated']['accuracy']:.3f}" for s in self.severities)
             log(f"shift: {name}: accuracy {shown} at severities {self.severities}")
+        bar.close()
         methods = list(clean)
         return {"corruptions": self.corruptions, "severities": self.severities, "seed": self.seed,
                 "methods": methods, "metrics": list(SHIFT_METRICS), "conformal_methods": list(conformal),

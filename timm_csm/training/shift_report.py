@@ -45,6 +45,7 @@ def _shift_lines(shift: Dict[str, Any]) -> List[str]:
                                       "resamples of the images, the same for every corruption, so a severity's "
                                       "interval is that of the mean over corruptions)." if shift.get("bootstrap")
                                       else ""),
+             *(["", shift["applied"]] if shift.get("applied") else []),
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def row(label: str, cells: Dict[str, Dict[str, Any]], intervals: Dict[str, Dict[str, Any]], worst: str) -> str:
