@@ -15,6 +15,7 @@ from ..calibration import TemperatureScaling, bootstrap_temperatures
 from ..calibration.temperature import SMALL_VALIDATION, TEMPERATURE_RESAMPLES
 from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
                        proximity)
+from ..metrics.interval_methods import INTERVAL_NOTE
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .config import TRAINING_TEMPERATURE_METHOD
 
@@ -98,7 +99,7 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
                 phase: bootstrap_metrics(logits, data[1], n_bins, resamples=bootstrap, prox=prox)
                 for phase, logits in phases.items() if logits is not None}
         metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
-                                "interval": "percentile", "resampled": "the samples of each split"}
+                                "interval": INTERVAL_NOTE, "resampled": "the samples of each split"}
         if scored.scaler is not None and val is not None:
             metrics.update(temperature_spread(scored.scaler, val, test, n_bins, bootstrap))
     return Evaluation(metrics, scored.post_logits, scored.scaler)

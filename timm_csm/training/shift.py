@@ -26,7 +26,8 @@ import torch
 from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
 from ..data.corruptions import SEVERITIES, corrupt_split, corruption_spec, create_corruption, list_corruptions
-from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
+from ..metrics import bootstrap_metrics, calibration_metrics
+from ..metrics.intervals import bootstrap_with_estimates
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
@@ -149,9 +150,9 @@ def _cell(logits, labels, calibrators, sets: Dict[str, Dict[str, ConformalClassi
             r = cp.evaluate(logits, labels)  # the classifier applies its calibrator itself
             row["conformal"][name] = {"coverage": r["coverage"], "mean_set_size": r["mean_set_size"]}
         if resamples:
-            dist = bootstrap_distribution(z, labels, n_bins, resamples=resamples, seed=seed, selective=True)
+            dist, _ = bootstrap_with_estimates(z, labels, n_bins, resamples=resamples, seed=seed, selective=True)
             resampled[method] = {k: dist[k] for k in SHIFT_METRICS}
-            row["intervals"] = intervals_from_distribution(resampled[method])
+            row["intervals"] = intervals_from_distribution(resampled[method], estimates=scores)
         cell[method] = row
     return cell, resampled
 
@@ -176,7 +177,8 @@ def _summary(table: Dict[str, Dict[str, Dict[str, Any]]], severities, methods,
                                                       "accuracy": rows[worst]["accuracy"]}}
             if resampled:
                 out[str(s)][m]["intervals"] = intervals_from_distribution(
-                    {k: sum(resampled[name][str(s)][m][k] for name in rows) / len(rows) for k in SHIFT_METRICS})
+                    {k: sum(resampled[name][str(s)][m][k] for name in rows) / len(rows) for k in SHIFT_METRICS},
+                    estimates=mean)
     return out
 
 
