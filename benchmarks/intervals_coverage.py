@@ -34,7 +34,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from timm_csm.metrics.binning import bin_edges, bin_index, equal_mass_edges
-from timm_csm.metrics.interval_methods import DEFAULT_INTERVALS, interval_of, list_interval_methods
+from timm_csm.metrics.interval_methods import ONE_SIDED, DEFAULT_INTERVALS, interval_of, list_interval_methods
 from timm_csm.metrics.intervals import bootstrap_with_estimates
 from timm_csm.metrics.ood import bootstrap_ood_distribution, ood_metrics
 from timm_csm.progress import progress_bar
@@ -177,50 +177,102 @@ def read_cells(path: Path) -> Dict[str, Dict]:
     return {r["key"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
 
 
+def _tolerance(draws: int) -> float:
+    """One Monte-Carlo standard error of a coverage of 93% over ``draws`` draws."""
+    return math.sqrt(0.93 * 0.07 / draws)
+
+
 def choose(rows: List[Dict], metric: str) -> Tuple[Dict[str, float], str]:
-    """``({method: lowest coverage over the rows}, chosen)``: the method whose coverage is nearest 95% on average
-    among those never below 93% in the rows, or ``"none"``."""
+    """``({method: lowest coverage over the rows}, chosen)``: among the methods whose coverage lies in no row more
+    than one Monte-Carlo standard error below 93%, the two-sided one nearest 95% on average, else a one-sided one
+    (an upper bound); ``"none"`` if no method."""
     methods = list_interval_methods()
     lowest = {m: min(r["coverage"][metric][m] for r in rows) for m in methods}
-    ok = [m for m in methods if lowest[m] >= 0.93]
+    ok = [m for m in methods if all(r["coverage"][metric][m] >= 0.93 - _tolerance(r["draws"]) for r in rows)]
+    ok = [m for m in ok if m not in ONE_SIDED] or ok
     if not ok:
         return lowest, "none"
     return lowest, min(ok, key=lambda m: sum(abs(r["coverage"][metric][m] - LEVEL) for r in rows))
 
 
 def _row_name(r: Dict) -> str:
-    return (f"binormal | - | {r['n']}" if r["kind"] == "ood" else f"{r['model']} | {r['classes']} | {r['n']}")
+    return (f"binormal | - | {r['n']:,}" if r["kind"] == "ood" else f"{r['model']} | {r['classes']} | {r['n']:,}")
+
+
+def _prose(text: str) -> str:
+    """A docstring paragraph as the page's markdown (code in single backquotes, roles dropped)."""
+    for role in (":func:", ":mod:"):
+        text = text.replace(role, "")
+    return " ".join(text.split()).replace("``", "`")
+
+
+def _b_check(rows: List[Dict], methods: List[str]) -> List[str]:
+    """Coverage at n = 1,000 and 10 classes for each B: does it move with the number of resamples?"""
+    sub = [r for r in rows if r["kind"] == "classifier" and r["n"] == 1000 and r["classes"] == 10]
+    by_b = sorted({r["resamples"] for r in sub})
+    if len(by_b) < 2:
+        return []
+    lines = ["## Coverage against the number of resamples", "",
+             f"n = 1,000, 10 classes; each cell: the coverage (%) at B = {' / '.join(map(str, by_b))} resamples.", "",
+             "| metric | model | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    spread = []
+    for k in METRICS:
+        for model in MODELS:
+            cells = {r["resamples"]: r for r in sub if r["model"] == model}
+            if len(cells) < len(by_b):
+                continue
+            vals = {m: [100 * cells[b]["coverage"][k][m] for b in by_b] for m in methods}
+            spread += [max(v) - min(v) for v in vals.values()]
+            lines.append(f"| {k} | {model} | " + " | ".join(" / ".join(f"{x:.1f}" for x in vals[m]) for m in methods)
+                         + " |")
+    if spread:
+        lines += ["", f"Largest difference across B in a row: {max(spread):.1f} points; median "
+                      f"{sorted(spread)[len(spread) // 2]:.1f} (the Monte-Carlo standard error of one coverage: about 1 "
+                      "point).", ""]
+    return lines
 
 
 def write_page(cells: Dict[str, Dict], planned: List[Dict], page: Path, draws: int, truth_samples: int) -> None:
     rows = [cells[cell_key(c)] for c in planned if cell_key(c) in cells]
     pending = [cell_key(c) for c in planned if cell_key(c) not in cells]
     methods = list_interval_methods()
+    paragraphs = __doc__.split("\n\n")
     lines = ["# Coverage of the bootstrap intervals", "",
              "How often each interval method's 95% interval covers the true value of each metric, on synthetic "
              "classifiers whose true values are known; the study chose each metric's default interval "
-             "(`timm_csm.metrics.interval_methods.DEFAULT_INTERVALS`). Command (one thread, resumable; the page "
-             "from its cells: `--report`):", "",
+             "(`timm_csm.metrics.interval_methods.DEFAULT_INTERVALS`, the one table the reports read). Command "
+             "(one thread, resumable; `--report` writes this page from the cells, `intervals_coverage.jsonl`):", "",
              "    OMP_NUM_THREADS=1 python benchmarks/intervals_coverage.py", "",
-             __doc__.split("\n\n")[1].replace("\n", " "), "",
-             __doc__.split("\n\n")[2].replace("\n", " ").replace("--truth-samples", f"{truth_samples:,}"), "",
-             f"{draws} draws a cell (a coverage's standard error at 95%: about "
-             f"{100 * math.sqrt(LEVEL * (1 - LEVEL) / draws):.1f} points). Resamples a draw B: 200 at n = 1,000 and "
-             "10,000, 100 at n = 50,000 (the study's compute: one thread on a shared machine); the sub-grid below "
-             "(n = 1,000, 10 classes, B = 100, 200 and 1,000) shows whether the coverage moves with B. The reports "
-             "use 1,000 resamples. Methods: percentile, basic (reflected about the estimate, cut at 0 for these "
-             "non-negative metrics), bc (bias-corrected percentile); see the module docstring of "
-             "`timm_csm/metrics/interval_methods.py`. Kumar et al. (2019)'s debiased estimator is the `debiased_ce` "
-             "row; Roelofs et al. (2022) found the binned ECE most biased for a perfectly calibrated model, which "
-             "the calibrated rows show (the percentile interval's coverage of ECE 0 there).", ""]
+             _prose(paragraphs[1]), "", _prose(paragraphs[2].replace("``--truth-samples``", f"{truth_samples:,}")), "",
+             f"{draws} draws a cell: a coverage's Monte-Carlo standard error is about "
+             f"{100 * math.sqrt(LEVEL * (1 - LEVEL) / draws):.1f} points at 95%. Resamples a draw, B: 200 at n = "
+             "1,000 and 10,000, 100 at n = 50,000 (the study's compute: one thread of a shared machine), 1,000 in the "
+             "reports; the sub-grid at the end (n = 1,000, 10 classes, B = 100, 200 and 1,000) shows how far the "
+             "coverage moves with B. Methods (`timm_csm/metrics/interval_methods.py`): percentile; basic (reflected "
+             "about the estimate); bc (bias-corrected percentile); symmetric (the estimate -+ the larger distance "
+             "to the two percentile quantiles: the hull of the percentile and the basic interval); upper (one-sided: "
+             "from 0 to the 95% quantile, an upper bound, taken only where no two-sided method serves). The basic and "
+             "symmetric ones are cut at 0 (every metric here is non-negative), and every interval is widened to "
+             "hold its estimate, as the reports print it (`cover` below: the widened interval; `unwidened`: the "
+             "method's own; `holds estimate`: how often the default's own interval held the estimate). BCa needs "
+             "a jackknife of every metric (n recomputations a draw) and is left out.", "",
+             "Published set-ups: Kumar, Liang and Ma (2019)'s debiased estimator is the `debiased_ce` row (its "
+             "bootstrap intervals are the ones measured here). Roelofs et al. (2022) found the binned ECE most "
+             "biased for a perfectly calibrated model: the calibrated rows, whose true ECE is 0, show it (no "
+             "interval reaching below the estimate's noise floor covers 0). Sun, Chaudhari, Barnett and Dobriban "
+             "(2024) give asymptotically valid intervals for the debiased l2 error with separate rates for "
+             "calibrated and miscalibrated models; their variance formulas were not at hand, so their interval is "
+             "not among the methods yet, and the debiased row below is the bar it has to beat.", ""]
     if pending:
-        lines += [f"**Pending** ({len(pending)} cells, the same command completes them): "
-                  + ", ".join(f"`{k}`" for k in pending) + ".", ""]
-    main = [r for r in rows if r["resamples"] != 1000 and not (r["n"] == 1000 and r["resamples"] == 100)]
+        lines += [f"**Pending** ({len(pending)} cells; the same command completes them, skipping the finished "
+                  "ones): " + ", ".join(f"`{k}`" for k in pending) + ".", ""]
+    main = [r for r in rows if not (r["n"] == 1000 and r["resamples"] in (100, 1000))]
+    tol = 100 * _tolerance(draws)
     lines += ["## Defaults chosen", "",
-              "Per metric: the lowest coverage over its rows (B = 100 and 200) of each method, the method the rule "
-              "picks (nearest 95% on average, never below 93%; none: no interval, the reports say why) and the "
-              "package's default.", "",
+              f"Per metric: the lowest coverage (%) of each method over its rows (all but the B sub-grid), the "
+              f"method the rule picks (nearest 95% on average among those never more than one Monte-Carlo standard "
+              f"error, {tol:.1f} points, below 93%; none: no interval, and the reports say why) and the package's "
+              "default.", "",
               "| metric | rows | " + " | ".join(f"lowest {m}" for m in methods) + " | chosen | default |",
               "|---|---|" + "---|" * (len(methods) + 2)]
     for k in METRICS + OOD:
@@ -231,22 +283,28 @@ def write_page(cells: Dict[str, Dict], planned: List[Dict], page: Path, draws: i
         lines.append(f"| {k} | {len(mine)} | " + " | ".join(f"{100 * lowest[m]:.1f}" for m in methods)
                      + f" | {chosen} | {DEFAULT_INTERVALS.get(k) or 'none'} |")
     lines += ["", "## Coverage by metric", "",
-              "Coverage (%) of each method, its mean length (in the metric's units), and the share of the "
-              "default's intervals that hold their own estimate (%).", ""]
+              "Coverage (%) of each method's interval (widened to hold the estimate; in brackets the method's own "
+              "where it differs), its mean length (the metric's units), and how often the default method's own "
+              "interval held the estimate (%).", ""]
     for k in METRICS + OOD:
         mine = [r for r in rows if k in r["coverage"]]
         if not mine:
             continue
-        lines += [f"### {k}", "", "| model | classes | n | B | truth | mean estimate | "
+        default = DEFAULT_INTERVALS.get(k)
+        lines += [f"### {k} (default: {default or 'none'})", "", "| model | classes | n | B | truth | mean estimate | "
                   + " | ".join(f"cover {m}" for m in methods) + " | " + " | ".join(f"length {m}" for m in methods)
                   + " | holds estimate |", "|---|---|---|---|---|---|" + "---|" * (2 * len(methods) + 1)]
         for r in mine:
-            default = DEFAULT_INTERVALS.get(k)
             holds = f"{100 * r['holds_estimate'][k][default]:.1f}" if default else "-"
+
+            def cover(m):
+                c, u = 100 * r["coverage"][k][m], 100 * r["coverage_unwidened"][k][m]
+                return f"{c:.1f}" + (f" ({u:.1f})" if abs(c - u) > 1e-9 else "")
             lines.append(f"| {_row_name(r)} | {r['resamples']} | {r['truth'][k]:.5f} | {r['mean_estimate'][k]:.5f} | "
-                         + " | ".join(f"{100 * r['coverage'][k][m]:.1f}" for m in methods) + " | "
+                         + " | ".join(cover(m) for m in methods) + " | "
                          + " | ".join(f"{r['length'][k][m]:.5f}" for m in methods) + f" | {holds} |")
         lines.append("")
+    lines += _b_check(rows, methods)
     lines += ["## Population values", "",
               "Each model's truths (the binned metrics at their own bins) and its unbinned l1 calibration error.", "",
               "| model | classes | " + " | ".join(METRICS) + " | unbinned CE |", "|---|---|" + "---|" * (len(METRICS) + 1)]
@@ -257,6 +315,9 @@ def write_page(cells: Dict[str, Dict], planned: List[Dict], page: Path, draws: i
         seen.add((r["model"], r["classes"]))
         lines.append(f"| {r['model']} | {r['classes']} | " + " | ".join(f"{r['truth'][k]:.5f}" for k in METRICS)
                      + f" | {r['truth']['unbinned_ce']:.5f} |")
+    ood = next((r for r in rows if r["kind"] == "ood"), None)
+    if ood:
+        lines += ["", "Binormal OOD model: " + ", ".join(f"{k} {ood['truth'][k]:.5f}" for k in OOD) + "."]
     total = sum(r["cpu_s"] for r in rows)
     lines += ["", f"CPU time of the {len(rows)} finished cells: {total / 60:.0f} minutes on one thread.", ""]
     page.write_text("\n".join(lines))

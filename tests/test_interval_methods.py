@@ -5,7 +5,8 @@ import torch
 from timm_csm.metrics import bootstrap_metrics
 from timm_csm.metrics.interval_methods import (DEFAULT_INTERVALS, NO_INTERVAL, basic, bias_corrected,
                                                default_interval, interval_of, list_interval_methods,
-                                               no_interval_line, percentile, register_interval_method)
+                                               no_interval_line, percentile, register_interval_method, symmetric,
+                                               upper)
 from timm_csm.metrics.intervals import bootstrap_with_estimates, intervals_from_distribution
 from timm_csm.metrics.table import list_metrics
 
@@ -37,6 +38,24 @@ def test_bias_corrected_equals_percentile_at_the_median_and_moves_with_the_bias(
     low, high = bias_corrected(values, 0.29, 0.95)  # estimate below the median: the interval moves down
     p_low, p_high = percentile(values, None, 0.95)
     assert low < p_low and high < p_high
+
+
+def test_symmetric_is_the_hull_of_percentile_and_basic_and_upper_is_one_sided():
+    values = _symmetric(0.5)
+    p_low, p_high = percentile(values, None, 0.95)
+    b_low, b_high = basic(values, 0.3, 0.95)
+    assert symmetric(values, 0.3, 0.95) == pytest.approx((min(p_low, b_low), max(p_high, b_high)))
+    assert upper(values, None, 0.95) == pytest.approx((0.0, float(torch.quantile(values, 0.95))))
+    assert upper(values - 1.0, None, 0.95)[0] == pytest.approx(p_low - 1.0)  # a metric that can be negative
+
+
+def test_the_reported_interval_is_cut_at_zero_and_holds_its_estimate():
+    values = _symmetric(0.05)  # resampled values from 0.0 to 0.1, the estimate 0.02
+    assert basic(values, 0.02, 0.95)[0] < 0 and interval_of("ece", values, 0.02, 0.95, "basic")["low"] == 0.0
+    shifted = _symmetric(0.3)  # every resampled value above the estimate 0.2
+    assert interval_of("ece", shifted, 0.2, 0.95, "percentile") == {"low": 0.2, "high": percentile(
+        shifted, None, 0.95)[1], "method": "percentile"}
+    assert interval_of("ece", shifted, 0.2, 0.95, "percentile", hold_estimate=False)["low"] > 0.2
 
 
 def test_the_registry_and_the_default_table():

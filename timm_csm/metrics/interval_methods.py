@@ -12,6 +12,13 @@ An interval method turns the B resampled values of a metric and its estimate on 
   below the estimate, ties counted half)``, the quantiles at ``Phi(2 z0 -+ z)``, ``z = Phi^-1((1 + level) / 2)``;
   it equals the percentile interval when the estimate is the resampled median. (BCa also needs a jackknife of the
   metric: N recomputations per interval, which the vectorised bootstrap does not afford at N = 50,000.)
+* ``"symmetric"``: ``est -+ d`` with ``d`` the larger distance from the estimate to the two percentile quantiles:
+  the smallest interval centred on the estimate that holds both the percentile and the basic interval, so it
+  covers whenever either does (for a metric biased one way in one regime and the other way in another);
+* ``"upper"``: one-sided, from 0 (or the lower quantile, if it is negative) to the ``level`` quantile: an upper
+  confidence bound, for an error biased upwards whose true value can be 0 (a binned ECE of a calibrated model,
+  Roelofs et al. 2022), where no two-sided interval of the bootstrap covers 0. The study takes it only for a metric
+  that no two-sided method serves.
 
 :data:`DEFAULT_INTERVALS` holds each metric's default, the one place the reports read: the method whose coverage of
 the true value was nearest 95% without falling below 93% in any row of ``benchmarks/intervals_coverage.md``, or
@@ -27,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 __all__ = ["IntervalMethod", "register_interval_method", "interval_method", "list_interval_methods",
-           "percentile", "basic", "bias_corrected", "DEFAULT_INTERVALS", "NO_INTERVAL", "default_interval",
+           "percentile", "basic", "bias_corrected", "symmetric", "upper", "ONE_SIDED", "DEFAULT_INTERVALS", "NO_INTERVAL", "default_interval",
            "interval_of", "INTERVAL_NOTE", "no_interval_line"]
 
 #: (resampled values (B,), estimate, level) -> (low, high)
@@ -95,7 +102,25 @@ def bias_corrected(values: torch.Tensor, estimate: float, level: float) -> Tuple
     return _quantiles(v, (normal.cdf(2.0 * z0 - z), normal.cdf(2.0 * z0 + z)))
 
 
-for _name, _method in (("percentile", percentile), ("basic", basic), ("bc", bias_corrected)):
+def symmetric(values: torch.Tensor, estimate: float, level: float) -> Tuple[float, float]:
+    """``est -+ max(est - q_low, q_high - est)``: the hull of the percentile and the basic interval."""
+    low, high = percentile(values, None, level)
+    half = max(abs(estimate - low), abs(high - estimate))
+    return estimate - half, estimate + half
+
+
+def upper(values: torch.Tensor, estimate: Optional[float], level: float) -> Tuple[float, float]:
+    """``(min(0, q_low), q_level)``: the one-sided upper bound at ``level`` (the estimate is not read)."""
+    level = _check_level(level)
+    low, high = _quantiles(values, ((1.0 - level) / 2.0, level))
+    return min(0.0, low), high
+
+
+#: the one-sided methods (an upper bound shown as [0, high]): taken only where no two-sided one serves
+ONE_SIDED = ("upper",)
+
+for _name, _method in (("percentile", percentile), ("basic", basic), ("bc", bias_corrected),
+                       ("symmetric", symmetric), ("upper", upper)):
     register_interval_method(_name, _method)
 
 #: how a report's bootstrap record names the methods (``results["bootstrap"]["interval"]``)
@@ -136,10 +161,10 @@ def interval_of(name: str, values: torch.Tensor, estimate: Optional[float], leve
         method, reason = default_interval(name)
     if method is None:
         return {"low": None, "high": None, "method": None, "reason": reason}
-    if method != "percentile" and (estimate is None or not math.isfinite(float(estimate))):
+    if method not in ("percentile", "upper") and (estimate is None or not math.isfinite(float(estimate))):
         raise ValueError(f"the {method} interval of {name!r} needs its finite estimate, got {estimate!r}")
     low, high = interval_method(method)(values, None if estimate is None else float(estimate), level)
-    if method == "basic" and float(values.min()) >= 0.0 and float(estimate) >= 0.0:
+    if method in ("basic", "symmetric") and float(values.min()) >= 0.0 and float(estimate) >= 0.0:
         low = max(low, 0.0)  # a reflected interval of a non-negative metric: below 0 it covers nothing more
     if hold_estimate and estimate is not None:
         low, high = min(low, float(estimate)), max(high, float(estimate))
