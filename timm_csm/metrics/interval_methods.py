@@ -123,9 +123,6 @@ for _name, _method in (("percentile", percentile), ("basic", basic), ("bc", bias
                        ("symmetric", symmetric), ("upper", upper)):
     register_interval_method(_name, _method)
 
-#: how a report's bootstrap record names the methods (``results["bootstrap"]["interval"]``)
-INTERVAL_NOTE = "each metric's own (percentile, basic or bias-corrected)"
-
 #: why a metric has no interval (:data:`DEFAULT_INTERVALS` maps it to None)
 NO_INTERVAL = {
     "mce": "the maximum over bins is driven by the emptiest bins; no bootstrap interval covered its true value "
@@ -139,6 +136,13 @@ DEFAULT_INTERVALS: Dict[str, Optional[str]] = {
     "brier": "percentile", "auroc": "percentile", "aupr_in": "percentile", "aupr_out": "percentile",
     "fpr95": "percentile",
 }
+
+
+_WORDS = {"percentile": "percentile", "basic": "basic", "bc": "bias-corrected", "symmetric": "symmetric",
+          "upper": "one-sided upper bound"}
+#: how a report's bootstrap record names the methods (``results["bootstrap"]["interval"]``): those of the defaults
+INTERVAL_NOTE = "each metric's own ({})".format(
+    ", ".join(_WORDS.get(m, m) for m in dict.fromkeys(m for m in DEFAULT_INTERVALS.values() if m)))
 
 
 def default_interval(name: str) -> Tuple[Optional[str], str]:
