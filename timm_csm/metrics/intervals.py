@@ -9,11 +9,11 @@ blocks of about a million indices (:func:`resample_indices` returns them all; th
 one call would), so that the same ``(N, B, seed)`` gives the same resamples in any report. A block's arrays (8 MB
 each) stay in the processor's cache across the dozen passes over them: about twice as fast as blocks of 4 million
 (``benchmarks/bootstrap_bench.py``). Each metric's interval is its default method of
-:mod:`timm_csm.metrics.interval_methods` (percentile, basic or bias-corrected, chosen by the coverage study
+:mod:`timm_csm.metrics.interval_methods` (chosen by the coverage study
 ``benchmarks/intervals_coverage.md``), from the B resampled values and the estimate on the data; a metric whose
 intervals covered too rarely gets none, with the reason. For a well calibrated model a binned ECE is biased
-upwards (the resampled bins' noise adds to the gap): its percentile interval can lie wholly above the estimate,
-the basic interval reflects that bias back.
+upwards (the resampled bins' noise adds to the gap): its percentile interval can lie wholly above the estimate, so
+every interval is widened to hold its estimate.
 
 How one block of resamples is computed (a resample is a weight per sample: how often it was drawn):
 

@@ -65,8 +65,8 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
 
     * ``metrics["test"]["pre_ts"]`` / ``["post_ts"]``: :func:`timm_csm.metrics.calibration_metrics` of the test
       logits and of the scaled ones; ``metrics["val"]`` the same on the validation split;
-    * ``metrics["intervals"]``: the 95% percentile intervals of every one of those numbers, ``{split: {phase:
-      {metric: {"low", "high"}}}}``, from ``bootstrap`` resamples of the split's samples
+    * ``metrics["intervals"]``: the 95% intervals of every one of those numbers (each metric's default method),
+      ``{split: {phase: {metric: {"low", "high", "method"}}}}``, from ``bootstrap`` resamples of the split's samples
       (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
     * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,

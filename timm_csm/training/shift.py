@@ -53,7 +53,7 @@ def prediction_scores(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -
 
 def prediction_intervals(logits: torch.Tensor, labels: torch.Tensor, n_bins: int, resamples: int,
                          seed: int) -> Dict[str, Dict[str, float]]:
-    """``{metric: {"low", "high"}}``: the 95% percentile bootstrap interval of every number of
+    """``{metric: {"low", "high"}}``: the 95% bootstrap interval (each metric's default method) of every number of
     :func:`prediction_scores` (the same keys), over ``resamples`` seeded resamples of the samples
     (:func:`~timm_csm.metrics.bootstrap_metrics`)."""
     return bootstrap_metrics(logits, labels, n_bins, resamples=resamples, seed=seed, selective=True)
@@ -124,7 +124,7 @@ def evaluate_ood(in_logits: torch.Tensor, out_logits: torch.Tensor, calibrators:
     """``{"methods": {method: {score: {"auroc", "aupr_in", "aupr_out", "fpr95"}}}}`` of the in- against the
     out-of-distribution logits, before and after each calibrator, for every score of
     :data:`~timm_csm.metrics.ood.OOD_SCORES`; with ``resamples``, ``"intervals"`` holds the same nesting down to
-    each metric's 95% percentile bootstrap ``{"low", "high"}`` (:func:`~timm_csm.metrics.ood.bootstrap_ood_metrics`,
+    each metric's 95% bootstrap ``{"low", "high", "method"}`` (:func:`~timm_csm.metrics.ood.bootstrap_ood_metrics`,
     the in- and out-of-distribution images resampled apart)."""
     ins, outs = _calibrated(in_logits, calibrators), _calibrated(out_logits, calibrators)
     scores = {method: {kind: (ood_score(ins[method], kind), ood_score(outs[method], kind)) for kind in OOD_SCORES}
