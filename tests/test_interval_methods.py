@@ -79,7 +79,9 @@ def test_no_interval_reason_reaches_the_reports_line():
     line = no_interval_line({"test": {"pre_ts": {name: shown, "nll": interval_of("nll", _symmetric(), 0.3, 0.95)}}},
                             {name: "Label"})
     assert line == f"Label has no interval: {NO_INTERVAL[name]}."
-    assert no_interval_line({"nll": interval_of("nll", _symmetric(), 0.3, 0.95)}) == ""
+    assert no_interval_line({"nll": interval_of("nll", _symmetric(), 0.3, 0.95, "percentile")}) == ""
+    bound = interval_of("ece", _symmetric(), 0.3, 0.95, "upper")
+    assert no_interval_line({"ece": bound}, {"ece": "ECE"}).startswith("ECE: one-sided upper bounds [0, high]")
 
 
 def test_a_method_reading_the_estimate_refuses_without_it():

@@ -176,19 +176,27 @@ def interval_of(name: str, values: torch.Tensor, estimate: Optional[float], leve
 
 
 def no_interval_line(intervals, labels: Optional[Dict[str, str]] = None) -> str:
-    """One line naming each metric shown without an interval and why (``""`` when every metric has one):
-    ``intervals`` is any nesting of dicts whose leaves are the ``{"low", "high", ...}`` of :func:`interval_of`;
-    ``labels`` maps a metric's name to the report's words for it."""
+    """One line naming the metrics whose interval is a one-sided upper bound, and each metric shown without an
+    interval and why (``""`` when neither): ``intervals`` is any nesting of dicts whose leaves are the
+    ``{"low", "high", ...}`` of :func:`interval_of`; ``labels`` maps a metric's name to the report's words."""
     reasons: Dict[str, str] = {}
+    bounds: Dict[str, None] = {}
 
     def walk(node, key=None):
         if isinstance(node, dict) and "low" in node:
             if node["low"] is None and key is not None:
                 reasons.setdefault(key, node.get("reason", ""))
+            elif node.get("method") in ONE_SIDED and key is not None:
+                bounds[key] = None
         elif isinstance(node, dict):
             for k, v in node.items():
                 walk(v, k)
 
     walk(intervals)
     labels = labels or {}
-    return " ".join(f"{labels.get(k, k)} has no interval: {why}." for k, why in reasons.items())
+    parts = []
+    if bounds:
+        parts.append(", ".join(labels.get(k, k) for k in bounds) + ": one-sided upper bounds [0, high] (biased "
+                     "upwards, their two-sided intervals miss a calibrated model's 0).")
+    parts += [f"{labels.get(k, k)} has no interval: {why}." for k, why in reasons.items()]
+    return " ".join(parts)
