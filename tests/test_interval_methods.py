@@ -72,13 +72,19 @@ def test_the_registry_and_the_default_table():
     assert set(list_metrics("calibration")) <= set(DEFAULT_INTERVALS)
 
 
-def test_no_interval_reason_reaches_the_reports_line():
-    name = next(iter(NO_INTERVAL))
+def test_no_interval_reason_reaches_the_reports_line(monkeypatch):
+    name, why = "mce", "no method covered its true value"
+    monkeypatch.setitem(DEFAULT_INTERVALS, name, None)
+    monkeypatch.setitem(NO_INTERVAL, name, why)
     shown = interval_of(name, _symmetric(), 0.3, 0.95)
-    assert shown == {"low": None, "high": None, "method": None, "reason": NO_INTERVAL[name]}
-    line = no_interval_line({"test": {"pre_ts": {name: shown, "nll": interval_of("nll", _symmetric(), 0.3, 0.95)}}},
-                            {name: "Label"})
-    assert line == f"Label has no interval: {NO_INTERVAL[name]}."
+    assert shown == {"low": None, "high": None, "method": None, "reason": why}
+    line = no_interval_line({"test": {"pre_ts": {name: shown, "nll": interval_of("nll", _symmetric(), 0.3, 0.95,
+                                                                                 "percentile")}}}, {name: "Label"})
+    assert line == f"Label has no interval: {why}."
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(300, 5, dtype=torch.float64, generator=g)
+    intervals = bootstrap_metrics(logits, torch.randint(0, 5, (300,), generator=g), resamples=20)
+    assert intervals[name] == shown and intervals["nll"]["low"] is not None
     assert no_interval_line({"nll": interval_of("nll", _symmetric(), 0.3, 0.95, "percentile")}) == ""
     bound = interval_of("ece", _symmetric(), 0.3, 0.95, "upper")
     assert no_interval_line({"ece": bound}, {"ece": "ECE"}).startswith("ECE: one-sided upper bounds [0, high]")
