@@ -51,18 +51,20 @@ _F64 = torch.float64
 
 
 def grid(draws: int) -> List[Dict]:
-    """The cells in running order: the small samples first, the costliest (n = 50,000, 100 classes) last; the
-    B sub-grid (n = 1,000, 10 classes at 100 and 1,000 resamples) after the samples of 10,000."""
+    """The cells in running order, so that a stopped run leaves the costliest pending: n = 1,000; the B sub-grid's
+    B = 100 (n = 1,000, 10 classes); n = 10,000 with 10 classes and the OOD model; the sub-grid's B = 1,000; n =
+    10,000 with 100 classes; n = 50,000 (100 classes last)."""
     def cls(n, c, model, b):
         return {"kind": "classifier", "model": model, "classes": c, "n": n, "resamples": b, "draws": draws}
 
     def ood(n, b):
         return {"kind": "ood", "model": "binormal", "classes": 0, "n": n, "resamples": b, "draws": draws}
 
-    cells = []
-    for n, b in ((1000, 200), (10000, 200)):
-        cells += [cls(n, c, m, b) for c in (10, 100) for m in MODELS] + [ood(n, b)]
-    cells += [cls(1000, 10, m, b) for b in (100, 1000) for m in MODELS]
+    cells = [cls(1000, c, m, 200) for c in (10, 100) for m in MODELS] + [ood(1000, 200)]
+    cells += [cls(1000, 10, m, 100) for m in MODELS]
+    cells += [cls(10000, 10, m, 200) for m in MODELS] + [ood(10000, 200)]
+    cells += [cls(1000, 10, m, 1000) for m in MODELS]
+    cells += [cls(10000, 100, m, 200) for m in MODELS]
     cells += [cls(50000, 10, m, 100) for m in MODELS] + [ood(50000, 100)]
     cells += [cls(50000, 100, m, 100) for m in MODELS]
     return cells
