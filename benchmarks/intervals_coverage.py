@@ -14,7 +14,10 @@ accuracy is the mean of ``q`` on its predicted class. A binned metric's truth is
 estimator's own bins (15 equal-width bins; AECE: the population's equal-mass edges), the quantity the estimator
 converges to; the page also shows the unbinned l1 calibration error (``E|E[q_top | p_top] - p_top|``, read off
 10,000 equal-mass bins of the Monte-Carlo sample) for comparison. The OOD truths are closed forms (AUROC
-``Phi(mu / sqrt 2)``, FPR at 95% TPR) and a numerical integral (the average precisions).
+``Phi(mu / sqrt 2)``, FPR at 95% TPR) and a numerical integral (the average precisions). In this family the
+gap ``q_top - p_top`` has one sign at every confidence (a temperature moves the top probability one way), so every
+binning of the top label gives the same l1 truth, the unbinned one; the l2 (``debiased_ce``) and maximum (MCE)
+truths, and the classwise ones, still depend on the bins.
 
     OMP_NUM_THREADS=1 python benchmarks/intervals_coverage.py            # every cell, resumable (appends cells)
     python benchmarks/intervals_coverage.py --report                     # the page from the cells
