@@ -131,7 +131,7 @@ NO_INTERVAL: Dict[str, str] = {}
 DEFAULT_INTERVALS: Dict[str, Optional[str]] = {
     "accuracy": "symmetric", "confidence": "symmetric", "ece": "upper", "aece": "upper", "cece": "upper",
     "mce": "upper", "oe": "upper", "ue": "upper", "debiased_ce": "symmetric", "nll": "symmetric",
-    "brier": "symmetric", "auroc": "percentile", "aupr_in": "percentile", "aupr_out": "percentile",
+    "brier": "symmetric", "auroc": "symmetric", "aupr_in": "symmetric", "aupr_out": "symmetric",
     "fpr95": "percentile",
 }
 
