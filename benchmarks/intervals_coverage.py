@@ -275,7 +275,7 @@ def write_page(cells: Dict[str, Dict], planned: List[Dict], page: Path, draws: i
              "not among the methods yet, and the debiased row below is the bar it has to beat.", ""]
     if pending:
         lines += [f"**Pending** ({len(pending)} cells; the same command completes them, skipping the finished "
-                  "ones): " + ", ".join(f"`{k}`" for k in pending) + ".", ""]
+                  "ones; the defaults below were chosen on the finished rows): " + ", ".join(f"`{k}`" for k in pending) + ".", ""]
     main = [r for r in rows if not (r["n"] == 1000 and r["resamples"] in (100, 1000))]
     tol = 100 * _tolerance(draws)
     lines += ["## Defaults chosen", "",

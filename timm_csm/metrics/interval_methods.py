@@ -21,8 +21,8 @@ An interval method turns the B resampled values of a metric and its estimate on 
   that no two-sided method serves.
 
 :data:`DEFAULT_INTERVALS` holds each metric's default, the one place the reports read: the method whose coverage of
-the true value was nearest 95% without falling below 93% in any row of ``benchmarks/intervals_coverage.md``, or
-``None`` with the reason where no method reached that (the reports then print the value alone and the reason). A
+the true value was nearest 95% without falling below 93% (beyond the Monte-Carlo error) in any row of
+``benchmarks/intervals_coverage.md``, or ``None`` with the reason where no method reached that (the reports then print the value alone and the reason). A
 metric not in that table (registered later, or not studied) gets the percentile interval.
 """
 from __future__ import annotations
