@@ -11,6 +11,7 @@ import torch
 from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
 from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
 from timm_csm.calibrate import calibrate
+from timm_csm.metrics.interval_methods import INTERVAL_NOTE, NO_INTERVAL
 from timm_csm.commands.calibrate import main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
@@ -195,7 +196,7 @@ def test_auto_chooses_by_cross_validation_and_every_number_has_an_interval(user_
     assert load_calibrator(out / "calibrator.safetensors").kind == load_calibrator(
         out / "calibrators" / f"{chosen}.safetensors").kind
     text = (out / "report.md").read_text()
-    assert f"| {chosen} (chosen) |" in text and "interval [low, high]: percentile bootstrap, 200 resamples" in text
+    assert f"| {chosen} (chosen) |" in text and f"interval [low, high]: {INTERVAL_NOTE} bootstrap, 200 resamples" in text
     assert "not tried: beta (two-class models only), platt (two-class models only)" in text
     own_row = next(line for line in text.splitlines() if line.startswith("| set_size_temperature | aps |"))
     assert own_row.count("[") == 3  # coverage, mean set size and empty sets with their intervals
@@ -207,8 +208,10 @@ def test_auto_chooses_by_cross_validation_and_every_number_has_an_interval(user_
     for row in report["calibrators"].values():
         for split in ("test", "calibration_split"):
             assert set(row["intervals"][split]) == set(row[split])
-            for key, iv in row["intervals"][split].items():
-                assert iv["low"] <= iv["high"], key
+            for key, iv in row["intervals"][split].items():  # a metric without an interval says why
+                assert iv["low"] <= iv["high"] if iv["method"] else iv["reason"], key
+    assert all(f"{name} has no interval: {why}." in text for name, why in NO_INTERVAL.items()
+               if name in report["uncalibrated"]["test"])
     assert set(report["conformal"]) == {"none", *report["calibrators"], "set_size_temperature"}
     own = report["conformal"]["set_size_temperature"]["aps"]
     assert own["temperature"] > 0 and set(own["intervals"]) == {"coverage", "mean_set_size", "median_set_size",

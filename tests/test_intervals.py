@@ -87,11 +87,14 @@ def test_the_blocks_draw_the_indices_of_one_draw(monkeypatch):
 def test_percentile_intervals_cover_the_point_values():
     logits, labels = over_confident(3000, seed=5)
     point = calibration_metrics(logits, labels)
-    iv = bootstrap_metrics(logits, labels, resamples=300, seed=0, selective=True)
+    distribution = bootstrap_distribution(logits, labels, resamples=300, seed=0, selective=True)
+    iv = {k: dict(zip(("low", "high"), percentile_interval(v))) for k, v in distribution.items()}
     assert point["ece"] > 0.1  # far from calibrated: the binned errors' bootstrap bias is small beside it
     for key in ("accuracy", "confidence", "ece", "aece", "cece", "oe", "nll", "brier"):
         assert iv[key]["low"] < point[key] < iv[key]["high"], key
     assert iv["ece"]["high"] - iv["ece"]["low"] < 0.05
+    defaults = bootstrap_metrics(logits, labels, resamples=300, seed=0, selective=True)  # each metric's own method
+    assert all(d["low"] <= point[k] <= d["high"] for k, d in defaults.items() if k in point)
     values = torch.randn(101, dtype=torch.float64)
     assert percentile_interval(values, 0.9) == pytest.approx(tuple(np.quantile(values.numpy(), [0.05, 0.95])))
 

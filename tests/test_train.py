@@ -11,6 +11,7 @@ from csm_testdata import make_csm_dataset, save_csm_folder, save_digits_csm_fold
 from gloo_launch import launch_two_processes
 from timm_csm.io import load_state
 from timm_csm.metrics import METRIC_KEYS
+from timm_csm.metrics.interval_methods import INTERVAL_NOTE
 from timm_csm.train import run
 from timm_csm.training import build_parser, parse_args
 
@@ -124,7 +125,7 @@ def test_ce_end_to_end_outputs_match_an_independent_evaluation(tmp_path):
 
     saved = load_file(str(out / "test_predictions.safetensors"))
     assert res["intervals"]["test"]["pre_ts"] == bootstrap_metrics(saved["logits"], saved["targets"], resamples=1000)
-    assert res["bootstrap"] == {"resamples": 1000, "seed": 0, "level": 0.95, "interval": "percentile",
+    assert res["bootstrap"] == {"resamples": 1000, "seed": 0, "level": 0.95, "interval": INTERVAL_NOTE,
                                 "resampled": "the samples of each split"}
     for split in ("test", "val"):
         for phase in ("pre_ts", "post_ts"):

@@ -70,6 +70,7 @@ from .calibrate_report import prediction_curves, report_markdown, write_plots
 from .calibration import CONFORMAL_METHODS, check_calibration_samples, list_calibrators
 from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
 from .metrics import DEFAULT_N_BINS
+from .metrics.interval_methods import INTERVAL_NOTE
 from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .training.classifier import Classifier, load_classifier, merge_data_config, require_safetensors
 from .training.loop import predict
@@ -252,7 +253,7 @@ def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, 
         report["conformal_left_out"] = results["conformal_left_out"]
     if bootstrap:
         report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, n_bins, bootstrap, seed)}
-        report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": "percentile",
+        report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": INTERVAL_NOTE,
                                "resampled": "the samples of the test (and calibration) split"}
     if selection is not None:
         report["selection"] = selection

@@ -12,6 +12,7 @@ from .calibration import fold_table_markdown
 from .calibration.conformal import coverage_outside_range
 from .calibration.temperature import SMALL_VALIDATION
 from .extras import missing_extra
+from .metrics.interval_methods import no_interval_line
 from .metrics import list_metrics, reliability_table
 from .metrics.plots import RELIABILITY_KINDS, kind_diagrams, reliability_diagrams, risk_coverage_diagram
 from .metrics.selective import risk_coverage_from_points
@@ -27,6 +28,9 @@ def report_markdown(report: Dict[str, Any]) -> str:
     pre, boot = report.get("preprocessing"), report.get("bootstrap")
     shown = (f" Each number with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
              f"{boot['resamples']} resamples of the test images (seed {boot['seed']})." if boot else "")
+    missing = no_interval_line({name: row.get("intervals", {}) for name, row in
+                                [("uncalibrated", report["uncalibrated"]), *report["calibrators"].items()]})
+    shown += f" {missing}" if boot and missing else ""
     lines = [f"# Calibration of {report['model']}", "",
              f"Data: {report['dataset']}, calibration split {report['calibration']['source']} "
              f"({report['calibration']['n']} images), test split {report['test']['source']} "
@@ -66,7 +70,7 @@ def _temperature_lines(report: Dict[str, Any]) -> List[str]:
 
 def _cell(value: float, interval: Optional[Dict[str, float]], digits: int) -> str:
     """``value [low, high]`` (the value alone without an interval)."""
-    if interval is None:
+    if interval is None or interval.get("low") is None:
         return f"{value:.{digits}f}"
     return f"{value:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
 

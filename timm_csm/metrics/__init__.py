@@ -9,7 +9,8 @@ proximity-informed ECE, from penultimate features via :func:`proximity`). Select
 :func:`selective_metrics_from_points` from kept confidences). Out-of-distribution detection: :func:`ood_score`
 (max softmax, max logit, energy, entropy), :func:`ood_auroc`, :func:`ood_aupr`, :func:`fpr_at_tpr` and
 :func:`ood_metrics` (:mod:`timm_csm.metrics.ood`). Intervals (:mod:`timm_csm.metrics.intervals`):
-:func:`bootstrap_metrics` (percentile intervals of every metric above, vectorised over the resamples). Over training
+:func:`bootstrap_metrics` (each metric's interval by its default method of :mod:`timm_csm.metrics.interval_methods`,
+vectorised over the resamples). Over training
 seeds (:mod:`timm_csm.metrics.paired`): :func:`paired_t_interval`, :func:`holm`'s correction, :func:`mean_std`.
 Streaming: :class:`CalibrationAccumulator`.
 The metric table (:mod:`timm_csm.metrics.table`): each metric's one name (its result key, ``evaluate`` module and
@@ -28,8 +29,9 @@ from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins
 from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, debiased_ce, ece, mce, nll,
                          overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
                          underconfidence_error)
-from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, percentile_interval,
-                        resample_indices)
+from .interval_methods import DEFAULT_INTERVALS, interval_method, list_interval_methods, register_interval_method
+from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, bootstrap_with_estimates,
+                        percentile_interval, resample_indices)
 from .paired import (PairedInterval, detectable_difference, holm, interval_text, mean_std, paired_outcome,
                      paired_t_interval)
 from .ood import OOD_KEYS, OOD_SCORES, fpr_at_tpr, ood_aupr, ood_auroc, ood_metrics, ood_score
@@ -48,6 +50,8 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "selective_metrics_from_points", "SELECTIVE_KEYS", "check_n_bins", "as_tensor", "infer_input_type",
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
+           "bootstrap_with_estimates", "interval_method", "list_interval_methods", "register_interval_method",
+           "DEFAULT_INTERVALS",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
            "paired_outcome", "interval_text", "mean_std", "holm", "detectable_difference", "MetricSpec",
            "register_metric", "metric_spec", "list_metrics", "DEFAULT_N_BINS", "LEGACY_NAMES"]

@@ -8,11 +8,12 @@ Resamples: ``B`` draws of ``N`` indices with replacement from ``torch.Generator(
 blocks of about a million indices (:func:`resample_indices` returns them all; the blocks draw the same indices as
 one call would), so that the same ``(N, B, seed)`` gives the same resamples in any report. A block's arrays (8 MB
 each) stay in the processor's cache across the dozen passes over them: about twice as fast as blocks of 4 million
-(``benchmarks/bootstrap_bench.py``). Intervals are percentile intervals (Efron & Tibshirani 1993, ch. 13): the
-``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the B resampled values, linearly interpolated as
-``numpy.quantile``. For a well calibrated model a binned ECE is biased upwards (the resampled bins'
-noise adds to the gap), and its percentile interval can lie above the point value: read it as the spread, not as
-a correction of the bias.
+(``benchmarks/bootstrap_bench.py``). Each metric's interval is its default method of
+:mod:`timm_csm.metrics.interval_methods` (chosen by the coverage study
+``benchmarks/intervals_coverage.md``), from the B resampled values and the estimate on the data; a metric whose
+intervals covered too rarely gets none, with the reason. For a well calibrated model a binned ECE is biased
+upwards (the resampled bins' noise adds to the gap): its percentile interval can lie wholly above the estimate, so
+every interval is widened to hold its estimate.
 
 How one block of resamples is computed (a resample is a weight per sample: how often it was drawn):
 
@@ -39,11 +40,12 @@ import torch
 
 from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins, debiased_error_from_bins, equal_mass_positions
 from .inputs import PreparedInputs, prepare_inputs
+from .interval_methods import interval_of
 from .state import SampleValues, accumulate, sample_values
 from .table import list_metrics, metric_spec
 
 __all__ = ["DEFAULT_RESAMPLES", "DEFAULT_LEVEL", "resample_indices", "percentile_interval", "bootstrap_distribution",
-           "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution"]
+           "bootstrap_with_estimates", "bootstrap_metrics", "bootstrap_columns", "intervals_from_distribution"]
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
@@ -82,10 +84,15 @@ def percentile_interval(values: torch.Tensor, level: float = DEFAULT_LEVEL) -> T
     return low, high
 
 
-def intervals_from_distribution(distribution: Mapping[str, torch.Tensor],
-                                level: float = DEFAULT_LEVEL) -> Dict[str, Dict[str, float]]:
-    """``{name: {"low", "high"}}`` of each resampled metric (:func:`percentile_interval`)."""
-    return {k: dict(zip(("low", "high"), percentile_interval(v, level))) for k, v in distribution.items()}
+def intervals_from_distribution(distribution: Mapping[str, torch.Tensor], level: float = DEFAULT_LEVEL,
+                                estimates: Optional[Mapping[str, float]] = None,
+                                methods: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, object]]:
+    """``{name: {"low", "high", "method"}}`` of each resampled metric by its default interval method (or the one
+    ``methods`` names), from its resampled values and its estimate in ``estimates``; a metric with no interval
+    gets ``{"low": None, "high": None, "method": None, "reason"}`` (:func:`~.interval_methods.interval_of`)."""
+    _check(1, 1, level)
+    estimates, methods = estimates or {}, methods or {}
+    return {k: interval_of(k, v, estimates.get(k), level, methods.get(k)) for k, v in distribution.items()}
 
 
 class _Sorted:
@@ -261,6 +268,15 @@ def bootstrap_distribution(preds, target, n_bins: int = DEFAULT_N_BINS, *, resam
     (:func:`timm_csm.metrics.proximity`, ``n_prox_bins`` quantile bins, as :func:`timm_csm.metrics.piece`): the
     names of the metric table's families; a metric registered without a vectorised form here is computed resample
     by resample."""
+    return bootstrap_with_estimates(preds, target, n_bins, resamples=resamples, seed=seed, input_type=input_type,
+                                    selective=selective, prox=prox, n_prox_bins=n_prox_bins)[0]
+
+
+def bootstrap_with_estimates(preds, target, n_bins: int = DEFAULT_N_BINS, *, resamples: int = DEFAULT_RESAMPLES,
+                             seed: int = 0, input_type: str = "logits", selective: bool = False, prox=None,
+                             n_prox_bins: int = 10) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    """``(distribution, estimates)``: :func:`bootstrap_distribution` and each metric on the data itself, computed
+    by the same code with every sample drawn once (what the basic and bias-corrected intervals reflect about)."""
     check_n_bins(n_bins)
     inputs = prepare_inputs(preds, target, input_type=input_type)
     values = sample_values(inputs)
@@ -273,13 +289,18 @@ def bootstrap_distribution(preds, target, n_bins: int = DEFAULT_N_BINS, *, resam
             raise ValueError(f"prox must hold one finite proximity per sample ({n}), got shape {tuple(prox.shape)}")
     s = _Sorted(values, n_bins, prox, n_prox_bins)
     blocks = [_block(s, idx, selective) for idx in _index_blocks(n, resamples, seed)]
+    data = _block(s, torch.arange(n).unsqueeze(0), selective)
     keys = list_metrics("calibration") + (list_metrics("selective") if selective else []) + (
         list_metrics("proximity") if prox is not None else [])
-    out = {}
+    out, estimates = {}, {}
     for k in keys:
-        out[k] = (torch.cat([b[k] for b in blocks]) if k in blocks[0] else
-                  _one_by_one(k, inputs, n, n_bins, resamples, seed))
-    return out
+        if k in blocks[0]:
+            out[k], estimates[k] = torch.cat([b[k] for b in blocks]), float(data[k][0])
+        else:
+            out[k] = _one_by_one(k, inputs, n, n_bins, resamples, seed)
+            spec = metric_spec(k)
+            estimates[k] = float(spec.from_state(accumulate(inputs, n_bins, **spec.state_flags)))
+    return out, estimates
 
 
 def _one_by_one(name: str, inputs: PreparedInputs, n: int, n_bins: int, resamples: int, seed: int) -> torch.Tensor:
@@ -297,11 +318,13 @@ def _one_by_one(name: str, inputs: PreparedInputs, n: int, n_bins: int, resample
 def bootstrap_metrics(preds, target, n_bins: int = DEFAULT_N_BINS, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                       level: float = DEFAULT_LEVEL, input_type: str = "logits", selective: bool = False, prox=None,
                       n_prox_bins: int = 10) -> Dict[str, Dict[str, float]]:
-    """``{metric: {"low", "high"}}``: the percentile intervals at ``level`` of :func:`bootstrap_distribution`."""
+    """``{metric: {"low", "high", "method"}}``: each metric's default interval at ``level`` from
+    :func:`bootstrap_with_estimates` (:func:`intervals_from_distribution`; a metric without one: ``"reason"``)."""
     _check(1, 1, level)
-    return intervals_from_distribution(
-        bootstrap_distribution(preds, target, n_bins, resamples=resamples, seed=seed, input_type=input_type,
-                               selective=selective, prox=prox, n_prox_bins=n_prox_bins), level)
+    distribution, estimates = bootstrap_with_estimates(preds, target, n_bins, resamples=resamples, seed=seed,
+                                                       input_type=input_type, selective=selective, prox=prox,
+                                                       n_prox_bins=n_prox_bins)
+    return intervals_from_distribution(distribution, level, estimates)
 
 
 def bootstrap_columns(columns: Mapping[str, torch.Tensor], *, medians: Sequence[str] = (),
@@ -326,4 +349,5 @@ def bootstrap_columns(columns: Mapping[str, torch.Tensor], *, medians: Sequence[
                 out[k].append(sorted_data[index.view(-1).clamp(max=n - 1), j])
             else:
                 out[k].append(means[:, j])
-    return intervals_from_distribution({k: torch.cat(v) for k, v in out.items()}, level)
+    # a column's mean is unbiased and its resampled values centred on it: the percentile interval, whatever its name
+    return {k: dict(zip(("low", "high"), percentile_interval(torch.cat(v), level))) for k, v in out.items()}

@@ -195,9 +195,10 @@ def bootstrap_ood_distribution(scores_in, scores_out, *, resamples: int = 1000, 
 
 def bootstrap_ood_metrics(scores_in, scores_out, *, resamples: int = 1000, seed: int = 0,
                           level: float = 0.95) -> Dict[str, Dict[str, float]]:
-    """``{metric: {"low", "high"}}``: the percentile intervals at ``level`` of :func:`bootstrap_ood_distribution`."""
+    """``{metric: {"low", "high", "method"}}``: each metric's default interval at ``level``
+    (:mod:`~timm_csm.metrics.interval_methods`) from :func:`bootstrap_ood_distribution` and :func:`ood_metrics`."""
     from .intervals import intervals_from_distribution
 
     return intervals_from_distribution(bootstrap_ood_distribution(scores_in, scores_out, resamples=resamples,
-                                                                  seed=seed), level)
+                                                                  seed=seed), level, ood_metrics(scores_in, scores_out))
 

@@ -15,6 +15,7 @@ from ..calibration import TemperatureScaling, bootstrap_temperatures
 from ..calibration.temperature import SMALL_VALIDATION, TEMPERATURE_RESAMPLES
 from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
                        proximity)
+from ..metrics.interval_methods import INTERVAL_NOTE
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from .config import TRAINING_TEMPERATURE_METHOD
 
@@ -64,8 +65,8 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
 
     * ``metrics["test"]["pre_ts"]`` / ``["post_ts"]``: :func:`timm_csm.metrics.calibration_metrics` of the test
       logits and of the scaled ones; ``metrics["val"]`` the same on the validation split;
-    * ``metrics["intervals"]``: the 95% percentile intervals of every one of those numbers, ``{split: {phase:
-      {metric: {"low", "high"}}}}``, from ``bootstrap`` resamples of the split's samples
+    * ``metrics["intervals"]``: the 95% intervals of every one of those numbers (each metric's default method),
+      ``{split: {phase: {metric: {"low", "high", "method"}}}}``, from ``bootstrap`` resamples of the split's samples
       (:func:`timm_csm.metrics.bootstrap_metrics`, seed 0; the temperature is not refitted per resample), described
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
     * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,
@@ -98,7 +99,7 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
                 phase: bootstrap_metrics(logits, data[1], n_bins, resamples=bootstrap, prox=prox)
                 for phase, logits in phases.items() if logits is not None}
         metrics["bootstrap"] = {"resamples": int(bootstrap), "seed": 0, "level": DEFAULT_LEVEL,
-                                "interval": "percentile", "resampled": "the samples of each split"}
+                                "interval": INTERVAL_NOTE, "resampled": "the samples of each split"}
         if scored.scaler is not None and val is not None:
             metrics.update(temperature_spread(scored.scaler, val, test, n_bins, bootstrap))
     return Evaluation(metrics, scored.post_logits, scored.scaler)

@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
 from ..calibration.temperature import SMALL_VALIDATION
-from ..metrics.table import metric_spec
+from ..metrics.interval_methods import no_interval_line
+from ..metrics.table import list_metrics, metric_spec
 from .shift_report import shift_figure, shift_markdown
 
 __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
@@ -60,7 +61,8 @@ def results_markdown(results: Dict[str, Any]) -> str:
     if intervals:
         boot = results["bootstrap"]
         lines += [f"Each value with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
-                  f"{boot['resamples']} resamples of the scored images (seed {boot['seed']}).", ""]
+                  f"{boot['resamples']} resamples of the scored images (seed {boot['seed']})."
+                  + _no_interval(intervals), ""]
     lines += ["| metric | before TS | after TS |", "|---|---|---|"]
     for key, label, scale in REPORT_ROWS:
         if key in pre:
@@ -107,9 +109,15 @@ def _checkpoint_line(results: Dict[str, Any]) -> str:
     return f"checkpoint: epoch {epoch} selected by validation {results.get('select_by')}"
 
 
+def _no_interval(intervals) -> str:
+    """`` <metric> has no interval: <why>.`` for the metrics shown without one (``""`` when none)."""
+    line = no_interval_line(intervals, {k: metric_spec(k).label for k in list_metrics()})
+    return f" {line}" if line else ""
+
+
 def _with_interval(value, interval: Optional[Dict[str, float]], scale) -> str:
     """``value [low, high]`` (the value alone without an interval)."""
-    if value is None or interval is None:
+    if value is None or interval is None or interval.get("low") is None:
         return _fmt(value, scale)
     return f"{_fmt(value, scale)} [{_fmt(interval['low'], scale)}, {_fmt(interval['high'], scale)}]"
 

@@ -30,7 +30,8 @@ from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
 from ..data.corruptions import (SEVERITIES, corrupt_split, corruption_site, corruption_spec, create_corruption,
                                 list_corruptions)
-from ..metrics import bootstrap_distribution, bootstrap_metrics, calibration_metrics
+from ..metrics import bootstrap_metrics, calibration_metrics
+from ..metrics.intervals import bootstrap_with_estimates
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
@@ -59,7 +60,7 @@ def prediction_scores(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -
 
 def prediction_intervals(logits: torch.Tensor, labels: torch.Tensor, n_bins: int, resamples: int,
                          seed: int) -> Dict[str, Dict[str, float]]:
-    """``{metric: {"low", "high"}}``: the 95% percentile bootstrap interval of every number of
+    """``{metric: {"low", "high"}}``: the 95% bootstrap interval (each metric's default method) of every number of
     :func:`prediction_scores` (the same keys), over ``resamples`` seeded resamples of the samples
     (:func:`~timm_csm.metrics.bootstrap_metrics`)."""
     return bootstrap_metrics(logits, labels, n_bins, resamples=resamples, seed=seed, selective=True)
@@ -137,7 +138,7 @@ def evaluate_ood(in_logits: torch.Tensor, out_logits: torch.Tensor, calibrators:
     """``{"methods": {method: {score: {"auroc", "aupr_in", "aupr_out", "fpr95"}}}}`` of the in- against the
     out-of-distribution logits, before and after each calibrator, for every score of
     :data:`~timm_csm.metrics.ood.OOD_SCORES`; with ``resamples``, ``"intervals"`` holds the same nesting down to
-    each metric's 95% percentile bootstrap ``{"low", "high"}`` (:func:`~timm_csm.metrics.ood.bootstrap_ood_metrics`,
+    each metric's 95% bootstrap ``{"low", "high", "method"}`` (:func:`~timm_csm.metrics.ood.bootstrap_ood_metrics`,
     the in- and out-of-distribution images resampled apart)."""
     ins, outs = _calibrated(in_logits, calibrators), _calibrated(out_logits, calibrators)
     scores = {method: {kind: (ood_score(ins[method], kind), ood_score(outs[method], kind)) for kind in OOD_SCORES}
@@ -163,9 +164,9 @@ def _cell(logits, labels, calibrators, sets: Dict[str, Dict[str, ConformalClassi
             r = cp.evaluate(logits, labels)  # the classifier applies its calibrator itself
             row["conformal"][name] = {"coverage": r["coverage"], "mean_set_size": r["mean_set_size"]}
         if resamples:
-            dist = bootstrap_distribution(z, labels, n_bins, resamples=resamples, seed=seed, selective=True)
+            dist, _ = bootstrap_with_estimates(z, labels, n_bins, resamples=resamples, seed=seed, selective=True)
             resampled[method] = {k: dist[k] for k in SHIFT_METRICS}
-            row["intervals"] = intervals_from_distribution(resampled[method])
+            row["intervals"] = intervals_from_distribution(resampled[method], estimates=scores)
         cell[method] = row
     return cell, resampled
 
@@ -190,7 +191,8 @@ def _summary(table: Dict[str, Dict[str, Dict[str, Any]]], severities, methods,
                                                       "accuracy": rows[worst]["accuracy"]}}
             if resampled:
                 out[str(s)][m]["intervals"] = intervals_from_distribution(
-                    {k: sum(resampled[name][str(s)][m][k] for name in rows) / len(rows) for k in SHIFT_METRICS})
+                    {k: sum(resampled[name][str(s)][m][k] for name in rows) / len(rows) for k in SHIFT_METRICS},
+                    estimates=mean)
     return out
 
 
