@@ -200,6 +200,17 @@ def choose(rows: List[Dict], metric: str) -> Tuple[Dict[str, float], str]:
     return lowest, min(ok, key=lambda m: sum(abs(r["coverage"][metric][m] - LEVEL) for r in rows))
 
 
+def main_rows(rows: List[Dict]) -> List[Dict]:
+    """The rows the defaults are chosen on: all but the B sub-grid (n = 1,000 at B = 100 and 1,000)."""
+    return [r for r in rows if not (r["n"] == 1000 and r["resamples"] in (100, 1000))]
+
+
+def chosen_defaults(rows: List[Dict]) -> Dict[str, str]:
+    """``{metric: the method the rule picks}`` on :func:`main_rows` of ``rows`` (``"none"``: no method served)."""
+    main = main_rows(rows)
+    return {k: choose(mine, k)[1] for k in METRICS + OOD if (mine := [r for r in main if k in r["coverage"]])}
+
+
 def _row_name(r: Dict) -> str:
     return (f"binormal | - | {r['n']:,}" if r["kind"] == "ood" else f"{r['model']} | {r['classes']} | {r['n']:,}")
 
@@ -276,7 +287,7 @@ def write_page(cells: Dict[str, Dict], planned: List[Dict], page: Path, draws: i
     if pending:
         lines += [f"**Pending** ({len(pending)} cells; the same command completes them, skipping the finished "
                   "ones; the defaults below were chosen on the finished rows): " + ", ".join(f"`{k}`" for k in pending) + ".", ""]
-    main = [r for r in rows if not (r["n"] == 1000 and r["resamples"] in (100, 1000))]
+    main = main_rows(rows)
     tol = 100 * _tolerance(draws)
     lines += ["## Defaults chosen", "",
               f"Per metric: the lowest coverage (%) of each method over its rows (all but the B sub-grid), the "

@@ -112,3 +112,16 @@ def test_each_default_holds_its_estimate_on_a_calibrated_synthetic_case():
     # the percentile interval of the binned classwise ECE lies wholly above its estimate here: the default must not
     low, _ = percentile(distribution["cece"], None, 0.95)
     assert low > estimates["cece"]
+
+
+def test_the_defaults_are_the_ones_the_committed_coverage_study_chose():
+    """DEFAULT_INTERVALS is what benchmarks/intervals_coverage.py's rule picks on its committed cells."""
+    from pathlib import Path
+
+    from benchmark_scripts import load_benchmark
+
+    study = load_benchmark("intervals_coverage")
+    cells = study.read_cells(Path(__file__).resolve().parents[1] / "benchmarks" / "intervals_coverage.jsonl")
+    chosen = study.chosen_defaults(list(cells.values()))
+    assert chosen, "the committed coverage study has no cells"
+    assert {k: DEFAULT_INTERVALS.get(k) or "none" for k in chosen} == chosen

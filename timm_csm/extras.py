@@ -1,10 +1,11 @@
 """Optional dependencies: which pip extra of timm-csm installs each, and the one-line message that says so.
 
 The core install (``pip install timm-csm``) trains and calibrates classifiers; generation, CLIP annotation, plots,
-the non-parametric calibrators and the packaged datasets (``digits``, ``mnist5k``) need more. :data:`OPTIONAL_DEPENDENCIES` maps each optional import to its
-distribution and extra (the same as ``setup.cfg``'s ``extras_require``; a test keeps them equal), :func:`require`
-imports one or raises :class:`MissingExtra`, and :func:`missing_extra` turns any ``ImportError`` of an optional
-module into that message, which the console commands print as their one error line.
+the non-parametric calibrators, the packaged datasets (``digits``, ``mnist5k``) and the Ray executor need more.
+:data:`OPTIONAL_DEPENDENCIES` maps each optional import to its distribution and extra (the same as ``setup.cfg``'s
+``extras_require``; a test keeps them equal), :func:`require` imports one or raises :class:`MissingExtra`, and
+:func:`missing_extra` turns any ``ImportError`` of an optional module into that message, which the console commands
+print as their one error line.
 """
 from __future__ import annotations
 

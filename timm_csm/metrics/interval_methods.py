@@ -22,8 +22,9 @@ An interval method turns the B resampled values of a metric and its estimate on 
 
 :data:`DEFAULT_INTERVALS` holds each metric's default, the one place the reports read: the method whose coverage of
 the true value was nearest 95% without falling below 93% (beyond the Monte-Carlo error) in any row of
-``benchmarks/intervals_coverage.md``, or ``None`` with the reason where no method reached that (the reports then print the value alone and the reason). A
-metric not in that table (registered later, or not studied) gets the percentile interval.
+``benchmarks/intervals_coverage.md``, or ``None`` with the reason where no method reached that (the reports then
+print the value alone and the reason). A metric not in that table (registered later, or not studied) gets the
+percentile interval.
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 __all__ = ["IntervalMethod", "register_interval_method", "interval_method", "list_interval_methods",
-           "percentile", "basic", "bias_corrected", "symmetric", "upper", "ONE_SIDED", "DEFAULT_INTERVALS", "NO_INTERVAL", "default_interval",
-           "interval_of", "INTERVAL_NOTE", "no_interval_line"]
+           "percentile", "basic", "bias_corrected", "symmetric", "upper", "ONE_SIDED", "DEFAULT_INTERVALS",
+           "NO_INTERVAL", "default_interval", "interval_of", "INTERVAL_NOTE", "no_interval_line"]
 
 #: (resampled values (B,), estimate, level) -> (low, high)
 IntervalMethod = Callable[[torch.Tensor, float, float], Tuple[float, float]]

@@ -23,7 +23,8 @@ from .cache import KeyedFolder
 from .profiles import paper_protocol
 
 __all__ = ["RESULTS", "CELL_META", "PREDICTIONS", "INSTRUCTION_SET_PINS", "read_json", "keyed_options",
-           "cell_folder", "cell_state", "run_cell", "git", "cpu_model", "real_images_digests", "instruction_set_problem",
+           "cell_folder", "cell_state", "run_cell", "git", "cpu_model", "real_images_digests",
+           "instruction_set_problem",
            "cell_record", "differences", "added_keys", "verify_cell", "verify_and_log", "collect_cells", "per_seed_row"]
 
 RESULTS = "results.json"
@@ -243,9 +244,9 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
                 repo: Optional[Path] = None) -> Dict[str, List[str]]:
     """Re-run the committed cell ``name`` (the first of ``roots`` that holds it) from its recorded options on the
     current code, in a temporary folder. Returns ``{"results": every difference of what it computed, "added": the
-    paths of the keys the current code reports that the committed results.json lacks (not compared), "record": how its record differs
-    (commit, versions, threads, generated set), where it has one}``; the cell reproduces when ``results`` is
-    empty."""
+    paths of the keys the current code reports that the committed results.json lacks (not compared), "record": how
+    its record differs (commit, versions, threads, generated set), where it has one}``; the cell reproduces when
+    ``results`` is empty."""
     from ..train import run
 
     home = next((Path(r) / name for r in roots if (Path(r) / name / CELL_META).exists()), None)

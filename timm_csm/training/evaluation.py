@@ -71,9 +71,9 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       by ``metrics["bootstrap"]``; both absent with ``bootstrap=0``;
     * ``metrics["temperature_interval"]``: the temperature's own 95% interval, ``{"low", "high", "resamples"}``,
       refitted on resamples of the validation images (:func:`temperature_spread`); with few of them (below
-      ``SMALL_VALIDATION``), ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS over those temperatures
-      (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers move with the temperature
-      alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
+      ``SMALL_VALIDATION``), ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS
+      over those temperatures (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers
+      move with the temperature alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
     * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: NLL as Guo et al., a training run's
       default, or the grid 0.1..10 by ECE of the CSM paper); a fit that fails (e.g. fewer validation samples than
       classes) is skipped with a warning;

@@ -143,7 +143,8 @@ def evaluate_ood(in_logits: torch.Tensor, out_logits: torch.Tensor, calibrators:
     ins, outs = _calibrated(in_logits, calibrators), _calibrated(out_logits, calibrators)
     scores = {method: {kind: (ood_score(ins[method], kind), ood_score(outs[method], kind)) for kind in OOD_SCORES}
               for method in ins}
-    out = {"methods": {m: {kind: ood_metrics(*pair) for kind, pair in by_kind.items()} for m, by_kind in scores.items()}}
+    out = {"methods": {m: {kind: ood_metrics(*pair) for kind, pair in by_kind.items()}
+                       for m, by_kind in scores.items()}}
     if resamples:
         out["intervals"] = {m: {kind: bootstrap_ood_metrics(*pair, resamples=resamples, seed=seed)
                                 for kind, pair in by_kind.items()} for m, by_kind in scores.items()}

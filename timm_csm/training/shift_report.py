@@ -18,7 +18,9 @@ def _pct(v: float) -> str:
 
 def _with(value: str, interval: Dict[str, float] = None, fmt=_pct) -> str:
     """``value`` and, when there is one, its 95% interval ``[low, high]`` in the same format."""
-    return value if not interval or interval.get("low") is None else f"{value} [{fmt(interval['low'])}, {fmt(interval['high'])}]"
+    if not interval or interval.get("low") is None:
+        return value
+    return f"{value} [{fmt(interval['low'])}, {fmt(interval['high'])}]"
 
 
 def shift_markdown(results: Dict[str, Any]) -> str:
