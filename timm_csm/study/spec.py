@@ -40,6 +40,13 @@ that names the field.
     corruptions = "all"
     severities = [1, 2, 3, 4, 5]
     ood = ["mnist5k", "digits"]
+    [settings.matched]                    # optional: how the matched setting is built (timm_csm.study.settings)
+    generator_profile = "digits"          # default: from the image size (8 px digits, 16-32 px fmnist)
+    generator_steps = 3000                # default: the profile's (digits 3 000, fmnist 6 000)
+    num_groups = 3375                     # default: 75 per class pair
+    num_lambdas = 4
+    sampler_steps = 8                     # DDIM steps, no guidance (scheduler, guidance_scale)
+    annotator_epochs = 60                 # default: the cells' epochs
 
 Dated amendments are appended at the end (:mod:`.amendments`); the spec a study runs is the original with each
 amendment's fields merged in, validated alike.
@@ -57,7 +64,7 @@ from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
 from .report_spec import ReportSpec, read_report
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
-           "StudySpec", "SpecError", "parse_spec", "load_spec"]
+           "MatchedSettingSpec", "StudySpec", "SpecError", "parse_spec", "load_spec"]
 
 Grid = Tuple[Tuple[str, Tuple[Any, ...]], ...]
 
@@ -133,6 +140,21 @@ class ShiftSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class MatchedSettingSpec:
+    """How the ``matched`` setting is built from the study's real training images (:mod:`.settings`); None: the
+    default for the images (their size, the cells' epochs)."""
+
+    generator_profile: Optional[str] = None
+    generator_steps: Optional[int] = None
+    num_groups: Optional[int] = None
+    num_lambdas: int = 4
+    sampler_steps: int = 8
+    scheduler: str = "ddim"
+    guidance_scale: float = 1.0
+    annotator_epochs: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class StudySpec:
     """A study as its spec states it (the original with its amendments applied); ``amendments`` is the history."""
 
@@ -149,6 +171,8 @@ class StudySpec:
     amendments: Tuple[Amendment, ...] = ()
     #: what the study's page shows (:mod:`.report_spec`); no cell or choice reads it
     report: ReportSpec = ReportSpec()
+    #: ``[settings.matched]``: how the study builds its matched setting where no set is given
+    matched_setting: MatchedSettingSpec = MatchedSettingSpec()
 
     def method(self, name: str) -> MethodSpec:
         return next(m for m in self.methods if m.name == name)
@@ -352,9 +376,42 @@ def _study(raw: Dict[str, Any]) -> StudySpec:
     calibrators.done()
     shift = _shift(top.table("shift")) if "shift" in raw else None
     report = read_report(top.get("report", dict, {}, "a table"), settings, tuple(m.name for m in methods))
+    matched = _matched_setting(top.table("settings", {}), settings)
     top.done()
     return StudySpec(name, settings, data_spec, model_spec, seeds, methods, search, decision, fit, shift,
-                     report=report)
+                     report=report, matched_setting=matched)
+
+
+def _matched_setting(table: _Table, settings: Tuple[str, ...]) -> MatchedSettingSpec:
+    from ..generation.config import SCHEDULER_NAMES
+
+    if not table.raw:
+        return MatchedSettingSpec()
+    t = table.table("matched", {})
+    table.done()
+    if "matched" not in settings:
+        raise SpecError(f"settings.matched: the study has no matched setting (study.settings: {list(settings)})")
+    profile = t.get("generator_profile", str, None)
+    if profile is not None:
+        from ..generation.models import GENERATOR_PROFILES
+
+        if profile not in GENERATOR_PROFILES:
+            raise SpecError(f"settings.matched.generator_profile: unknown {profile!r}; choose from "
+                            f"{', '.join(GENERATOR_PROFILES)}")
+    counts = {key: t.get(key, int, None) for key in ("generator_steps", "num_groups", "annotator_epochs")}
+    counts.update(num_lambdas=t.get("num_lambdas", int, 4), sampler_steps=t.get("sampler_steps", int, 8))
+    for key, value in counts.items():
+        if value is not None and value < (2 if key == "num_lambdas" else 1):
+            raise SpecError(f"settings.matched.{key}: expected an integer >= {2 if key == 'num_lambdas' else 1}, "
+                            f"got {value}")
+    scheduler = t.get("scheduler", str, "ddim")
+    if scheduler not in SCHEDULER_NAMES:
+        raise SpecError(f"settings.matched.scheduler: unknown {scheduler!r}; choose from {', '.join(SCHEDULER_NAMES)}")
+    guidance = t.get("guidance_scale", float, 1.0)
+    if guidance < 1.0:
+        raise SpecError(f"settings.matched.guidance_scale: expected a number >= 1 (1: no guidance), got {guidance}")
+    t.done()
+    return MatchedSettingSpec(profile, scheduler=scheduler, guidance_scale=guidance, **counts)
 
 
 def _model(table: _Table) -> ModelSpec:
