@@ -122,3 +122,14 @@ def test_the_page_states_how_many_validation_images_the_borrowed_encoder_saw():
     a2 = load_benchmark("amendment2")
     overlap = setting.borrowed_encoder_overlap(a2.DATA_SEEDS)
     assert {d: counts["val"] for d, counts in overlap.items()} == a2.BORROWED_ENCODER_SAW_VAL
+
+
+def test_the_matched_stage_commands_are_those_the_committed_sets_were_built_with():
+    """The stage commands come from the study's setting builder (timm_csm.study.settings); for ``matched`` they are
+    the commands that built the benchmark's set, as its build record holds them."""
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "settings_a2.json").read_text())
+    built = recorded["settings"]["matched"]
+    stages = _stages("matched", Path("runs/settings"))
+    for stage, key in (("generator", "generator"), ("generate", "generated"), ("annotate", "csm"),
+                       ("quality", "quality")):
+        assert stages[stage][1][1:] == built[key]["command"]

@@ -139,20 +139,21 @@ def generate_command(launch: Sequence[str], generator: Path, options: Sequence[s
 
 
 def annotate_command(launch: Sequence[str], generated: Path, dataset: str, output: Path, name: str,
-                     reference: Path, epochs: int) -> List[str]:
+                     reference: Path, epochs: int, extra: Sequence[str] = ()) -> List[str]:
     """The annotation of ``generated`` with the reference encoder at ``reference`` (trained on ``dataset`` on first
-    use, ``epochs`` epochs), s chosen on its held-out real images."""
+    use, ``epochs`` epochs), s chosen on its held-out real images; ``extra``: further annotation options."""
     return [*launch, "--generated", str(generated), "--dataset", str(dataset), "--output", str(output), "--name",
-            name, "--s", "auto", "--reference-dir", str(reference), "--reference-epochs", str(epochs)]
+            name, "--s", "auto", "--reference-dir", str(reference), "--reference-epochs", str(epochs), *extra]
 
 
 def matched_stages(root: Path, settings, recipe: Mapping[str, Any], image_size: int, num_classes: int,
                    python: str = sys.executable) -> List[tuple]:
     """``(stage, folder, command)`` of the matched setting under ``root``, its real images exported at
     ``root/real``, with the choices of ``settings`` (a :class:`~.spec.MatchedSettingSpec`) and their defaults."""
-    profile, steps = generator_defaults(image_size)
-    profile = settings.generator_profile or profile
-    steps = settings.generator_steps or (steps if settings.generator_profile in (None, profile) else None)
+    default_profile, default_steps = generator_defaults(image_size)
+    profile = settings.generator_profile or default_profile
+    # another profile than the size's, without steps: its own schedule (no --steps)
+    steps = settings.generator_steps or (default_steps if profile == default_profile else None)
     pairs = num_classes * (num_classes - 1) // 2
     options = generation_options(settings.num_groups or GROUPS_PER_PAIR * pairs, settings.num_lambdas,
                                  settings.sampler_steps, settings.scheduler, settings.guidance_scale)
@@ -160,12 +161,14 @@ def matched_stages(root: Path, settings, recipe: Mapping[str, Any], image_size: 
     epochs = settings.annotator_epochs or int(recipe["epochs"])
     launch = {name: [python, *args] for name, args in STAGE_COMMANDS.items()}
     command = generator_command(launch["generator"], profile, real, generator, steps)
-    if steps is None:  # another profile without steps: its own schedule
+    if steps is None:
         command = command[:command.index("--steps")] + command[command.index("--steps") + 2:]
     return [("generator", generator, command),
             ("generated", generated, generate_command(launch["generate"], generator, options, generated)),
             ("csm", root / "csm", annotate_command(launch["annotate"], generated, real, root / "csm", CSM_NAME,
-                                                    root / "reference", epochs))]
+                                                    root / "reference", epochs,
+                                                    ["--accept-poor-generator"] if settings.accept_poor_generator
+                                                    else []))]
 
 
 def run_stage(name: str, folder: Path, command: List[str], log: Callable[[str], None] = print) -> Dict[str, Any]:

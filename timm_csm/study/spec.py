@@ -47,6 +47,7 @@ that names the field.
     num_lambdas = 4
     sampler_steps = 8                     # DDIM steps, no guidance (scheduler, guidance_scale)
     annotator_epochs = 60                 # default: the cells' epochs
+    accept_poor_generator = false         # true: annotate even where the checks find the generator poor
 
 Dated amendments are appended at the end (:mod:`.amendments`); the spec a study runs is the original with each
 amendment's fields merged in, validated alike.
@@ -152,6 +153,8 @@ class MatchedSettingSpec:
     scheduler: str = "ddim"
     guidance_scale: float = 1.0
     annotator_epochs: Optional[int] = None
+    #: build the set even where the annotation's checks find the generator poor (the smoke profile's noise)
+    accept_poor_generator: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,8 +413,10 @@ def _matched_setting(table: _Table, settings: Tuple[str, ...]) -> MatchedSetting
     guidance = t.get("guidance_scale", float, 1.0)
     if guidance < 1.0:
         raise SpecError(f"settings.matched.guidance_scale: expected a number >= 1 (1: no guidance), got {guidance}")
+    accept = t.get("accept_poor_generator", bool, False)
     t.done()
-    return MatchedSettingSpec(profile, scheduler=scheduler, guidance_scale=guidance, **counts)
+    return MatchedSettingSpec(profile, scheduler=scheduler, guidance_scale=guidance, accept_poor_generator=accept,
+                              **counts)
 
 
 def _model(table: _Table) -> ModelSpec:
