@@ -65,8 +65,10 @@ def test_the_engine_builds_the_matched_setting_once_and_its_csm_cells_read_it(tm
     done = run_study(spec, output, "local", {"lanes": 1, "threads": 1}, log=lines.append, progress=False)
     assert not done.blocked and not done.pending
     root = output / "settings" / "matched"
+    # the CSM cell reads the setting's set, its soft labels re-scaled to s = 4 once under the study's folder
     csm_cell = read_json(output / "cells" / "csm@s=4-matched-s0" / CELL_META)
-    assert csm_cell["config"]["csm_dataset"] == str(root / "csm" / CSM_NAME)
+    derived = Path(csm_cell["config"]["csm_dataset"])
+    assert read_json(derived / "derived_from.json")["source"] == str(root / "csm" / CSM_NAME)
     # the generator and the annotator learned from exactly the images the cells train on
     real = read_json(root / "real" / "DONE.json")
     assert real["train_images"] == 120
