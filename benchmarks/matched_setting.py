@@ -125,11 +125,10 @@ def stage_commands(setting: str, root: Path, python: str = sys.executable) -> Li
                                                              ENCODER_EPOCHS["borrowed"]))]
     if setting in VOLUME_SETS:
         volume, smaller = VOLUME_SETS[setting]
-        matched = root.parent / "matched"
+        matched, extend = root.parent / "matched", ["--extend-from", str(root.parent / smaller / "generated")]
         return [("generate", root / "generated",
                  generate_command([python, _SCRIPTS["generate"]], matched / "generator",
-                                  [*generation_options(volume), "--extend-from", str(root.parent / smaller / "generated")],
-                                  root / "generated")),
+                                  [*generation_options(volume), *extend], root / "generated")),
                 ("annotate", root / "csm", _annotate_command(python, root / "generated", str(matched / "real"), root,
                                                              matched, ENCODER_EPOCHS["matched"]))]
     matched = setting in GENERATOR_STEPS

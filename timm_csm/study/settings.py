@@ -15,8 +15,8 @@ Each stage's command, wall and CPU seconds (and the images generated) go to ``<o
 the build record the study page's cost section reads (``[report] builds``).
 
 The generator profile and its steps, the generated volume and sampler, and the annotator's epochs come from the
-spec's ``[settings.matched]`` table (:class:`~.spec.MatchedSettingSpec`); what it leaves out follows from the image
-size (:func:`generator_defaults`: 8 px digits, 3 000 steps; 16-32 px fmnist, 6 000 steps), 75 groups per class pair
+spec's ``[settings.matched]`` table (:class:`~.settings_spec.MatchedSettingSpec`); what it leaves out follows from
+the image size (:func:`generator_defaults`: 8 px digits, 3 000 steps; 16-32 px fmnist, 6 000 steps), 75 groups per class pair
 of 4 lambdas from 8 DDIM steps without guidance (the ``demo`` recipe's sampler), and the annotator trained as many
 epochs as the cells' recipe.
 """
@@ -101,14 +101,17 @@ def export_splits(folder: Path, splits) -> Dict[str, Any]:
             "validation_images": len(splits.val), "validation_digest": images_digest(splits.val)}
 
 
+#: the training options that select a study's real images (its cells all share them)
+DATA_KEYS = ("dataset", "data_dir", "train_split", "val_split", "val_size", "val_fraction", "data_seed",
+             "max_train_samples", "max_test_samples")
+
+
 def real_splits(recipe: Mapping[str, Any]):
     """The training, validation and test arrays a study's cells load under its recipe (the same options, hence the
     same images: :func:`timm_csm.recipes.cells.real_images_digests`)."""
     from ..training import TrainConfig, load_data
 
-    keys = ("dataset", "data_dir", "train_split", "val_split", "val_size", "val_fraction", "data_seed",
-            "max_train_samples", "max_test_samples", "seed")
-    return load_data(TrainConfig(**{k: recipe[k] for k in keys if recipe.get(k) is not None}))
+    return load_data(TrainConfig(**{k: recipe[k] for k in DATA_KEYS if recipe.get(k) is not None}))
 
 
 def generator_defaults(image_size: int) -> tuple:
@@ -149,7 +152,8 @@ def annotate_command(launch: Sequence[str], generated: Path, dataset: str, outpu
 def matched_stages(root: Path, settings, recipe: Mapping[str, Any], image_size: int, num_classes: int,
                    python: str = sys.executable) -> List[tuple]:
     """``(stage, folder, command)`` of the matched setting under ``root``, its real images exported at
-    ``root/real``, with the choices of ``settings`` (a :class:`~.spec.MatchedSettingSpec`) and their defaults."""
+    ``root/real``, with the choices of ``settings`` (a :class:`~.settings_spec.MatchedSettingSpec`) and their
+    defaults."""
     default_profile, default_steps = generator_defaults(image_size)
     profile = settings.generator_profile or default_profile
     # another profile than the size's, without steps: its own schedule (no --steps)
@@ -209,8 +213,7 @@ def build_matched_setting(spec, output: Path, recipe: Mapping[str, Any], log: Ca
     finished stage skipped; ``{"soft": CSM dataset, "teacher": reference encoder, "annotator": the same}``."""
     base = Path(output) / "settings"
     root = base / MATCHED
-    data_options = {k: recipe.get(k) for k in ("dataset", "data_dir", "train_split", "val_split", "val_size",
-                                              "val_fraction", "data_seed", "max_train_samples", "max_test_samples")}
+    data_options = {k: recipe.get(k) for k in DATA_KEYS}
     real = KeyedFolder(root / "real", data_options, config_field="data_options")
     real.check()
     if real.state() != "done":

@@ -40,14 +40,9 @@ that names the field.
     corruptions = "all"
     severities = [1, 2, 3, 4, 5]
     ood = ["mnist5k", "digits"]
-    [settings.matched]                    # optional: how the matched setting is built (timm_csm.study.settings)
-    generator_profile = "digits"          # default: from the image size (8 px digits, 16-32 px fmnist)
-    generator_steps = 3000                # default: the profile's (digits 3 000, fmnist 6 000)
-    num_groups = 3375                     # default: 75 per class pair
-    num_lambdas = 4
-    sampler_steps = 8                     # DDIM steps, no guidance (scheduler, guidance_scale)
-    annotator_epochs = 60                 # default: the cells' epochs
-    accept_poor_generator = false         # true: annotate even where the checks find the generator poor
+    [settings.matched]                    # optional: how the matched setting is built (.settings_spec)
+    generator_profile = "digits"
+    generator_steps = 3000
 
 Dated amendments are appended at the end (:mod:`.amendments`); the spec a study runs is the original with each
 amendment's fields merged in, validated alike.
@@ -63,6 +58,7 @@ from .amendments import Amendment, SpecError
 from .decide import BEST_OTHER, FAMILY_ALPHA, POWER, metric_phase
 from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
 from .report_spec import ReportSpec, read_report
+from .settings_spec import MatchedSettingSpec, read_settings
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
            "MatchedSettingSpec", "StudySpec", "SpecError", "parse_spec", "load_spec"]
@@ -138,23 +134,6 @@ class ShiftSpec:
     corruptions: Tuple[str, ...]
     severities: Tuple[int, ...]
     ood: Tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class MatchedSettingSpec:
-    """How the ``matched`` setting is built from the study's real training images (:mod:`.settings`); None: the
-    default for the images (their size, the cells' epochs)."""
-
-    generator_profile: Optional[str] = None
-    generator_steps: Optional[int] = None
-    num_groups: Optional[int] = None
-    num_lambdas: int = 4
-    sampler_steps: int = 8
-    scheduler: str = "ddim"
-    guidance_scale: float = 1.0
-    annotator_epochs: Optional[int] = None
-    #: build the set even where the annotation's checks find the generator poor (the smoke profile's noise)
-    accept_poor_generator: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,44 +358,10 @@ def _study(raw: Dict[str, Any]) -> StudySpec:
     calibrators.done()
     shift = _shift(top.table("shift")) if "shift" in raw else None
     report = read_report(top.get("report", dict, {}, "a table"), settings, tuple(m.name for m in methods))
-    matched = _matched_setting(top.table("settings", {}), settings)
+    matched = read_settings(top.get("settings", dict, {}, "a table"), settings)
     top.done()
     return StudySpec(name, settings, data_spec, model_spec, seeds, methods, search, decision, fit, shift,
                      report=report, matched_setting=matched)
-
-
-def _matched_setting(table: _Table, settings: Tuple[str, ...]) -> MatchedSettingSpec:
-    from ..generation.config import SCHEDULER_NAMES
-
-    if not table.raw:
-        return MatchedSettingSpec()
-    t = table.table("matched", {})
-    table.done()
-    if "matched" not in settings:
-        raise SpecError(f"settings.matched: the study has no matched setting (study.settings: {list(settings)})")
-    profile = t.get("generator_profile", str, None)
-    if profile is not None:
-        from ..generation.models import GENERATOR_PROFILES
-
-        if profile not in GENERATOR_PROFILES:
-            raise SpecError(f"settings.matched.generator_profile: unknown {profile!r}; choose from "
-                            f"{', '.join(GENERATOR_PROFILES)}")
-    counts = {key: t.get(key, int, None) for key in ("generator_steps", "num_groups", "annotator_epochs")}
-    counts.update(num_lambdas=t.get("num_lambdas", int, 4), sampler_steps=t.get("sampler_steps", int, 8))
-    for key, value in counts.items():
-        if value is not None and value < (2 if key == "num_lambdas" else 1):
-            raise SpecError(f"settings.matched.{key}: expected an integer >= {2 if key == 'num_lambdas' else 1}, "
-                            f"got {value}")
-    scheduler = t.get("scheduler", str, "ddim")
-    if scheduler not in SCHEDULER_NAMES:
-        raise SpecError(f"settings.matched.scheduler: unknown {scheduler!r}; choose from {', '.join(SCHEDULER_NAMES)}")
-    guidance = t.get("guidance_scale", float, 1.0)
-    if guidance < 1.0:
-        raise SpecError(f"settings.matched.guidance_scale: expected a number >= 1 (1: no guidance), got {guidance}")
-    accept = t.get("accept_poor_generator", bool, False)
-    t.done()
-    return MatchedSettingSpec(profile, scheduler=scheduler, guidance_scale=guidance, accept_poor_generator=accept,
-                              **counts)
 
 
 def _model(table: _Table) -> ModelSpec:
