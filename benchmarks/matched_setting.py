@@ -29,14 +29,14 @@ the matched annotator; ``annotated-x2`` / ``-x4`` annotate the same images with 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from timm_csm.io import write_json_atomic
 from timm_csm.recipes.cache import MARKER, KeyedFolder
+from timm_csm.study.settings import (annotate_command, export_splits, generate_command, generator_command,
+                                     images_digest, run_stage, save_image_splits)
 
 __all__ = ["DATA_OPTIONS", "GENERATION", "SETTINGS", "stage_commands", "real_subset", "borrowed_encoder_overlap",
            "save_image_splits", "export_real", "main"]
@@ -63,6 +63,9 @@ VOLUME_SETS = {"matched-x2": (2, "matched"), "matched-x4": (4, "matched-x2")}
 ANNOTATED_VOLUME_SETS = {"annotated-x2": "matched-x2", "annotated-x4": "matched-x4"}
 SETTINGS = ("matched", "borrowed", "matched-gen2000", "annotated", *VOLUME_SETS, *ANNOTATED_VOLUME_SETS)
 SHIPPED = "timm_csm/assets/generator-fmnist"
+#: the stages' scripts (thin wrappers over the package's commands, run from the checkout's root)
+_SCRIPTS = {"generator": "hub_scripts/train_generator.py", "generate": "hub_scripts/generate.py",
+            "annotate": "hub_scripts/annotate.py"}
 
 
 def real_subset():
@@ -102,42 +105,9 @@ def borrowed_encoder_overlap(data_seeds: Sequence[int]) -> Dict[int, Dict[str, i
     return overlap
 
 
-def images_digest(arrays) -> str:
-    """sha256 of the uint8 pixels and labels of ``arrays`` (no shape): names the exact images a model learned from."""
-    from timm_csm.data.arrays import images_labels_hash
-
-    return images_labels_hash(arrays.images, arrays.labels, with_shape=False).hexdigest()
-
-
-def save_image_splits(folder: Path, splits: Dict[str, object], class_names: Sequence[str]) -> None:
-    """``{split name: ImageArrays}`` as a ``save_to_disk`` DatasetDict of PNG images and class labels at ``folder``,
-    written beside it, then renamed into place (a killed export leaves no half-written folder)."""
-    import shutil
-
-    import datasets
-    import numpy as np
-
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(class_names))})
-
-    def to_dataset(arrays):
-        imgs = [np.ascontiguousarray(x.transpose(1, 2, 0).squeeze(-1)) for x in np.asarray(arrays.images)]
-        return datasets.Dataset.from_dict({"image": imgs, "label": [int(v) for v in arrays.labels]},
-                                          features=features)
-
-    tmp = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    datasets.DatasetDict({name: to_dataset(arrays) for name, arrays in splits.items()}).save_to_disk(str(tmp))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-
-
 def export_real(folder: Path) -> Dict:
     """The classifier's 2 500 training images and the test split as a ``save_to_disk`` DatasetDict at ``folder``."""
-    splits = real_subset()
-    save_image_splits(folder, {"train": splits.train, "test": splits.test}, splits.class_names)
-    return {"train_images": len(splits.train), "train_digest": images_digest(splits.train),
-            "validation_images": len(splits.val), "validation_digest": images_digest(splits.val),
-            "data_options": DATA_OPTIONS}
+    return {**export_splits(folder, real_subset()), "data_options": DATA_OPTIONS}
 
 
 def generation_options(volume: int = 1) -> List[str]:
@@ -155,11 +125,10 @@ def stage_commands(setting: str, root: Path, python: str = sys.executable) -> Li
                                                              ENCODER_EPOCHS["borrowed"]))]
     if setting in VOLUME_SETS:
         volume, smaller = VOLUME_SETS[setting]
-        matched = root.parent / "matched"
+        matched, extend = root.parent / "matched", ["--extend-from", str(root.parent / smaller / "generated")]
         return [("generate", root / "generated",
-                 [python, "hub_scripts/generate.py", "--generator", str(matched / "generator"),
-                  *generation_options(volume), "--extend-from", str(root.parent / smaller / "generated"),
-                  "--output", str(root / "generated")]),
+                 generate_command([python, _SCRIPTS["generate"]], matched / "generator",
+                                  [*generation_options(volume), *extend], root / "generated")),
                 ("annotate", root / "csm", _annotate_command(python, root / "generated", str(matched / "real"), root,
                                                              matched, ENCODER_EPOCHS["matched"]))]
     matched = setting in GENERATOR_STEPS
@@ -169,11 +138,10 @@ def stage_commands(setting: str, root: Path, python: str = sys.executable) -> Li
     generator = root / "generator" if matched else Path(SHIPPED)
     stages = []
     if matched:
-        stages.append(("generator", generator, [python, "hub_scripts/train_generator.py", "--profile", "fmnist",
-                                                "--dataset", dataset, "--output", str(generator), "--steps",
-                                                str(GENERATOR_STEPS[setting]), "--seed", "0", "--no-grid"]))
-    stages.append(("generate", root / "generated", [python, "hub_scripts/generate.py", "--generator", str(generator),
-                                                    *GENERATION, "--output", str(root / "generated")]))
+        stages.append(("generator", generator, generator_command([python, _SCRIPTS["generator"]], "fmnist", dataset,
+                                                                 generator, GENERATOR_STEPS[setting])))
+    stages.append(("generate", root / "generated", generate_command([python, _SCRIPTS["generate"]], generator,
+                                                                    GENERATION, root / "generated")))
     stages.append(("annotate", root / "csm", _annotate_command(python, root / "generated", dataset, root, shared,
                                                                ENCODER_EPOCHS[setting])))
     stages.append(("quality", root / "quality", [python, "hub_scripts/evaluate_generator.py", "--generator",
@@ -186,21 +154,12 @@ def stage_commands(setting: str, root: Path, python: str = sys.executable) -> Li
 
 def _annotate_command(python: str, generated: Path, dataset: str, root: Path, annotator: Path, epochs: int) -> list:
     """annotate.py on ``generated`` with the reference encoder of ``annotator`` (trained there on first use)."""
-    return [python, "hub_scripts/annotate.py", "--generated", str(generated), "--dataset", dataset, "--output",
-            str(root / "csm"), "--name", "csm-fmnist-aug", "--s", "auto", "--reference-dir",
-            str(annotator / "reference"), "--reference-epochs", str(epochs)]
+    return annotate_command([python, _SCRIPTS["annotate"]], generated, dataset, root / "csm", "csm-fmnist-aug",
+                            annotator / "reference", epochs)
 
 
 def _done(folder: Path) -> bool:
     return (folder / MARKER).exists()
-
-
-def _stage_folder(folder: Path, command: List[str]) -> KeyedFolder:
-    """A stage's folder keyed by its command (less the interpreter): done once its marker records that command;
-    ValueError when it records another."""
-    keyed = KeyedFolder(folder, command[1:], config_field="command")
-    keyed.check()
-    return keyed
 
 
 def _prerequisite(setting: str) -> Optional[Tuple[str, str]]:
@@ -229,15 +188,7 @@ def run_setting(setting: str, output: Path, until: str = None, log=print) -> Non
         log(f"[real] exporting the classifier's training images to {root / 'real'}")
         real.write(export_real(root / "real"), indent=1)
     for name, folder, cmd in stage_commands(setting, root):
-        stage = _stage_folder(folder, cmd)
-        if stage.state() == "done":
-            log(f"[{name}] done: {folder}")
-        else:
-            log(f"[{name}] " + " ".join(cmd))
-            folder.mkdir(parents=True, exist_ok=True)
-            t0 = time.time()
-            subprocess.run(cmd, check=True)
-            stage.write(indent=1, seconds=round(time.time() - t0, 1))
+        run_stage(name, folder, cmd, log)
         if name == until:
             return
 

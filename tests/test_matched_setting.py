@@ -107,14 +107,20 @@ def test_the_benchmarks_volume_sets_are_built_here():
 
 
 def test_a_stage_folder_is_done_for_its_own_command_only(tmp_path):
-    cmd = ["py", "hub_scripts/generate.py", "--num-groups", "6750"]
-    stage = setting._stage_folder(tmp_path / "generate", cmd)
-    assert stage.state() == "new"
-    stage.write(indent=1, seconds=1.0)
-    assert json.loads((tmp_path / "generate" / "DONE.json").read_text()) == {"command": cmd[1:], "seconds": 1.0}
-    assert setting._stage_folder(tmp_path / "generate", ["python3", *cmd[1:]]).state() == "done"  # any interpreter
+    """The benchmark's stages run through the study's stage runner: keyed by the command less its interpreter."""
+    import sys
+
+    from timm_csm.study.settings import run_stage
+
+    cmd = [sys.executable, "-c", "print('ran')"]
+    done = run_stage("print", tmp_path / "stage", cmd, log=lambda line: None)
+    assert done["command"] == cmd[1:] and done["seconds"] >= 0 and done["cpu_seconds"] >= 0
+    assert json.loads((tmp_path / "stage" / "DONE.json").read_text()) == done
+    lines = []
+    assert run_stage("print", tmp_path / "stage", ["python3", *cmd[1:]], log=lines.append) == done  # any interpreter
+    assert lines == [f"[print] done: {tmp_path / 'stage'}"]
     with pytest.raises(ValueError, match=r"differ in \['command'\]"):
-        setting._stage_folder(tmp_path / "generate", cmd[:-1] + ["13500"])
+        run_stage("print", tmp_path / "stage", cmd[:-1] + ["print('other')"])
 
 
 def test_the_page_states_how_many_validation_images_the_borrowed_encoder_saw():
@@ -122,3 +128,14 @@ def test_the_page_states_how_many_validation_images_the_borrowed_encoder_saw():
     a2 = load_benchmark("amendment2")
     overlap = setting.borrowed_encoder_overlap(a2.DATA_SEEDS)
     assert {d: counts["val"] for d, counts in overlap.items()} == a2.BORROWED_ENCODER_SAW_VAL
+
+
+def test_the_matched_stage_commands_are_those_the_committed_sets_were_built_with():
+    """The stage commands come from the study's setting builder (timm_csm.study.settings); for ``matched`` they are
+    the commands that built the benchmark's set, as its build record holds them."""
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "settings_a2.json").read_text())
+    built = recorded["settings"]["matched"]
+    stages = _stages("matched", Path("runs/settings"))
+    for stage, key in (("generator", "generator"), ("generate", "generated"), ("annotate", "csm"),
+                       ("quality", "quality")):
+        assert stages[stage][1][1:] == built[key]["command"]

@@ -24,7 +24,10 @@ on the validation split, then stage 2, round by round until nothing is left that
 (``--lanes``, ``--threads`` torch threads each) or as Ray tasks (``--executor ray``, the ``[ray]`` extra). Killed at
 any point, the same command resumes it. A spec changed after its first cell is refused unless the change is a dated
 amendment appended to it. ``--generated SETTING=DIR`` and ``--teacher SETTING=DIR`` give the sets and the teacher
-that CSM's and KD's cells read; ``--pin-instruction-set`` runs every cell as amendment 4's ran (AVX2).
+that CSM's and KD's cells read; where they are not given for ``matched``, ``run`` first builds that setting from the
+cells' own training images (generator, generation, annotation; the spec's ``[settings.matched]``, each stage resumed
+where it stopped: :mod:`timm_csm.study.settings`). ``--pin-instruction-set`` runs every cell as amendment 4's ran
+(AVX2).
 
 ``report`` writes the study's page (:mod:`timm_csm.study.report`): markdown at ``--page`` (default: the spec's
 ``[report] page``, else ``<spec>.md`` beside it), its rows with every seed's numbers at ``<page>.json`` and the
@@ -122,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run every cell with the instruction set pinned at AVX2 (as amendment 4's cells ran): the "
                           "same numbers on machines with other vector units")
     run.add_argument("--generated", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
-                     help="each setting's generated CSM dataset, which CSM's configurations read and derive from")
+                     help="each setting's generated CSM dataset, which CSM's configurations read and derive from "
+                          "(matched: built from the cells' training images when not given)")
     run.add_argument("--teacher", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
                      help="each setting's teacher (a reference encoder folder), which KD reads")
     report = p.add_argument_group("report and verify (--cells: the folders of the cells, earlier ones first)")

@@ -14,6 +14,9 @@
 * :mod:`.options`: each cell's training options, from the spec's recipe and the cell's method;
 * :mod:`.engine`: :func:`~.engine.run_study`, the spec run stage by stage (``timm-csm-study run``), resumable, its
   cells run by one of :mod:`.executors` (local worker processes; Ray tasks); imported on use (torch, the recipes).
+* :mod:`.settings`: the ``matched`` setting built from the cells' own training images (generator, generation,
+  annotation), which the engine builds where no set is given; the spec's ``[settings]`` table in
+  :mod:`.settings_spec`.
 """
 from .amendments import SpecStatus, spec_digest, spec_status
 from .choose import coordinate_search, stage1_choices

@@ -14,7 +14,10 @@ appended (:func:`~.amendments.spec_status`) is refused before anything runs, in 
 Methods that read a generated set or a teacher take them per setting (``sources``: ``{setting: {"soft": CSM
 dataset, "teacher": reference encoder folder, "annotator": the annotation's encoder}}``); the sets a configuration
 derives from the setting's (filtered, hard labels, another scale or labels, :mod:`timm_csm.recipes.derive`) are
-written once under ``<output>``. A cell whose set is not given is listed as not run, with the reason.
+written once under ``<output>``. Where the study runs CSM or KD in ``matched`` and neither set nor teacher is given
+for it, the engine builds that setting from the cells' own training images first (:mod:`.settings`: generator,
+generation, annotation, each stage resumable; given paths win). A cell whose set is not given is listed as not run,
+with the reason.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from .executors import create_executor
 from .methods import BenchMethod, get_method
 from .options import cell_options, study_recipe
 from .plan import READY, plan_cells, setting_plan
+from .settings import MATCHED, build_matched_setting, needs_matched_setting
 from .spec import StudySpec, parse_spec
 
 __all__ = ["STUDY_FILE", "CELLS", "CELL_LOG", "StudyCell", "StudyRun", "check_spec", "choice_rows", "study_choices",
@@ -206,6 +210,11 @@ def run_study(spec_path: Union[str, Path], output: Union[str, Path], executor: s
     spec = parse_spec(text)
     digest = check_spec(text, output)
     recipe = study_recipe(spec)
+    sources = dict(sources or {})
+    if needs_matched_setting(spec, sources.get(MATCHED, {})):
+        _record_first_spec(output, text, digest, spec.name)
+        built = build_matched_setting(spec, output, recipe, log)
+        sources[MATCHED] = {**built, **{k: v for k, v in sources.get(MATCHED, {}).items() if v}}
     blocked: Dict[str, str] = {}
     ran, round_ = 0, 0
     options = dict(executor_options or {})

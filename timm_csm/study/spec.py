@@ -40,6 +40,9 @@ that names the field.
     corruptions = "all"
     severities = [1, 2, 3, 4, 5]
     ood = ["mnist5k", "digits"]
+    [settings.matched]                    # optional: how the matched setting is built (.settings_spec)
+    generator_profile = "digits"
+    generator_steps = 3000
 
 Dated amendments are appended at the end (:mod:`.amendments`); the spec a study runs is the original with each
 amendment's fields merged in, validated alike.
@@ -55,9 +58,10 @@ from .amendments import Amendment, SpecError
 from .decide import BEST_OTHER, FAMILY_ALPHA, POWER, metric_phase
 from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
 from .report_spec import ReportSpec, read_report
+from .settings_spec import MatchedSettingSpec, read_settings
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
-           "StudySpec", "SpecError", "parse_spec", "load_spec"]
+           "MatchedSettingSpec", "StudySpec", "SpecError", "parse_spec", "load_spec"]
 
 Grid = Tuple[Tuple[str, Tuple[Any, ...]], ...]
 
@@ -149,6 +153,8 @@ class StudySpec:
     amendments: Tuple[Amendment, ...] = ()
     #: what the study's page shows (:mod:`.report_spec`); no cell or choice reads it
     report: ReportSpec = ReportSpec()
+    #: ``[settings.matched]``: how the study builds its matched setting where no set is given
+    matched_setting: MatchedSettingSpec = MatchedSettingSpec()
 
     def method(self, name: str) -> MethodSpec:
         return next(m for m in self.methods if m.name == name)
@@ -352,9 +358,10 @@ def _study(raw: Dict[str, Any]) -> StudySpec:
     calibrators.done()
     shift = _shift(top.table("shift")) if "shift" in raw else None
     report = read_report(top.get("report", dict, {}, "a table"), settings, tuple(m.name for m in methods))
+    matched = read_settings(top.get("settings", dict, {}, "a table"), settings)
     top.done()
     return StudySpec(name, settings, data_spec, model_spec, seeds, methods, search, decision, fit, shift,
-                     report=report)
+                     report=report, matched_setting=matched)
 
 
 def _model(table: _Table) -> ModelSpec:
