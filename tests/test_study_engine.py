@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from study_fixtures import tiny_spec
 from benchmark_scripts import load_benchmark
 from timm_csm.extras import MissingExtra
 from timm_csm.recipes.cells import CELL_META, INSTRUCTION_SET_PINS, RESULTS, differences, keyed_options, read_json
@@ -25,40 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # 48 training and 48 validation images of scikit-learn's digits, a 2-stage small_cnn, one epoch: CE against LS,
 # whose smoothing stage 1 chooses on validation (seed 0), then both at decision seed 1
-TINY_SPEC = """\
-[study]
-name = "tiny"
-settings = ["matched"]
-
-[data]
-dataset = "digits"
-train_size = 48
-val_size = 48
-
-[model]
-name = "small_cnn"
-recipe = "smoke"
-
-[model.options]
-model_kwargs = { widths = [8, 16] }
-batch_size = 16
-max_test_samples = 64
-bootstrap = 0
-reliability_diagrams = false
-
-[seeds]
-tuning = [0]
-decision = [0, 1]
-
-[methods.ce]
-
-[search]
-method = "ls"
-steps = [{ axis = "smoothing", values = [0.05, 0.2] }]
-
-[decision]
-others = ["ce"]
-"""
+TINY_SPEC = tiny_spec("tiny", 48, 'method = "ls"\nsteps = [{ axis = "smoothing", values = [0.05, 0.2] }]\n')
 AMENDMENT = """
 [[amendment]]
 date = 2026-12-08

@@ -4,6 +4,7 @@ and the ``[settings.matched]`` table is validated in one line."""
 from pathlib import Path
 
 import pytest
+from study_fixtures import tiny_spec
 
 from timm_csm.recipes.cells import CELL_META, read_json
 from timm_csm.study import parse_spec
@@ -15,47 +16,14 @@ from timm_csm.study.spec import MatchedSettingSpec
 # 120 training and 48 validation images of scikit-learn's digits, one epoch: CE and CSM at s = 4, one tuning seed and
 # two decision seeds; the matched setting from the smoke generator (4 steps: noise, accepted), 12 groups, an
 # annotator of one epoch
-SPEC = """\
-[study]
-name = "tiny-matched"
-settings = ["matched"]
-
-[data]
-dataset = "digits"
-train_size = 120
-val_size = 48
-
-[model]
-name = "small_cnn"
-recipe = "smoke"
-
-[model.options]
-model_kwargs = { widths = [8, 16] }
-batch_size = 16
-max_test_samples = 64
-bootstrap = 0
-reliability_diagrams = false
-
-[seeds]
-tuning = [0]
-decision = [0, 1]
-
-[methods.ce]
-
-[search]
-method = "csm"
-steps = [{ axis = "s", values = [4.0] }]
-
-[decision]
-others = ["ce"]
-
+SPEC = tiny_spec("tiny-matched", 120, 'method = "csm"\nsteps = [{ axis = "s", values = [4.0] }]\n', """
 [settings.matched]
 generator_profile = "smoke"
 num_groups = 12
 sampler_steps = 2
 annotator_epochs = 1
 accept_poor_generator = true
-"""
+""")
 
 
 def test_the_engine_builds_the_matched_setting_once_and_its_csm_cells_read_it(tmp_path):
