@@ -264,7 +264,7 @@ def render_page(spec: StudySpec, cells: Mapping[Tuple[str, int], Cells], page: P
             lines += data_seeds_section(spec, summaries[report.data_seed_choices]["choices"],
                                         {d: cell_rows(cells[report.data_seed_setting, d]) for d in report.data_seeds})
         elif section == "cost":
-            lines += cost_section(spec, cells, where(report.builds))
+            lines += cost_section(spec, cells, where(report.builds), Path(page).parent)
         elif section == "pending":
             lines += pending_section(spec, cells)
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@ methods that read a generated set or a teacher, the time that set took to build 
 (``cost``); the cells that can run now (``pending``)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -68,7 +69,13 @@ def _method_line(method: str, cells: List[Tuple[Optional[float], str]], built: L
             + (" / ".join(map(_hours, stages)) if stages and built else "-") + " |")
 
 
-def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: Optional[Path]) -> List[str]:
+def _link(target: Path, page_dir: Path) -> str:
+    """``target`` as a link from a page in ``page_dir`` (relative, with forward slashes)."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(page_dir).resolve())).as_posix()
+
+
+def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: Optional[Path],
+                 page_dir: Path = Path(".")) -> List[str]:
     """Per method (its configurations together): its cells, their seconds in all and per cell; for a method that
     reads a generated set or a teacher, the build time of the sets of the settings it runs in (the set's own
     generator, the generation, the annotation that also trains the annotator, KD's teacher) and their images."""
@@ -86,7 +93,7 @@ def cost_section(spec: StudySpec, cells: Mapping[Tuple[str, int], Any], builds: 
         "CPU seconds where recorded, else wall seconds (one thread)"
     lines = ["## Cost", "", f"Cells: {measure}. A method that reads a generated set (CSM) or a teacher (KD) also "
              "costs the sets of the settings it ran in, built once and shared by its configurations: "
-             + (f"their build times from [{Path(builds).name}]({Path(builds).name})." if sets else
+             + (f"their build times from [{Path(builds).name}]({_link(builds, page_dir)})." if sets else
                 "no build record is given (`[report] builds`).")
              + " Sets derived from them (other labels, filtered groups, larger volumes) are not counted.", "",
              "| method | cells | cell hours, all | cell minutes, mean | generated images read | set build hours "
