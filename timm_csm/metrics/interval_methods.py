@@ -133,7 +133,7 @@ DEFAULT_INTERVALS: Dict[str, Optional[str]] = {
     "accuracy": "symmetric", "confidence": "symmetric", "ece": "upper", "aece": "upper", "cece": "upper",
     "mce": "upper", "oe": "upper", "ue": "upper", "debiased_ce": "symmetric", "nll": "symmetric",
     "brier": "symmetric", "auroc": "symmetric", "aupr_in": "symmetric", "aupr_out": "symmetric",
-    "fpr95": "percentile",
+    "fpr95": "symmetric",
 }
 
 
