@@ -125,3 +125,10 @@ def test_the_defaults_are_the_ones_the_committed_coverage_study_chose():
     chosen = study.chosen_defaults(list(cells.values()))
     assert chosen, "the committed coverage study has no cells"
     assert {k: DEFAULT_INTERVALS.get(k) or "none" for k in chosen} == chosen
+
+
+def test_a_reflected_interval_of_a_rate_stays_within_0_and_1():
+    values = torch.linspace(0.90, 1.0, 401, dtype=torch.float64)  # resampled near the bound: the reflection exceeds 1
+    iv = interval_of("fpr95", values, 0.99, 0.95, method="symmetric")
+    assert iv["high"] == 1.0 and 0.0 <= iv["low"] <= 0.99
+    assert interval_of("nll", values, 0.99, 0.95, method="symmetric")["high"] > 1.0  # NLL has no such bound

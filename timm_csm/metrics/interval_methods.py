@@ -36,7 +36,7 @@ import torch
 
 __all__ = ["IntervalMethod", "register_interval_method", "interval_method", "list_interval_methods",
            "percentile", "basic", "bias_corrected", "symmetric", "upper", "ONE_SIDED", "DEFAULT_INTERVALS",
-           "NO_INTERVAL", "default_interval", "interval_of", "INTERVAL_NOTE", "no_interval_line"]
+           "NO_INTERVAL", "AT_MOST_ONE", "default_interval", "interval_of", "INTERVAL_NOTE", "no_interval_line"]
 
 #: (resampled values (B,), estimate, level) -> (low, high)
 IntervalMethod = Callable[[torch.Tensor, float, float], Tuple[float, float]]
@@ -151,6 +151,10 @@ def default_interval(name: str) -> Tuple[Optional[str], str]:
     return method, ("" if method is not None else NO_INTERVAL[name])
 
 
+#: the metrics that are rates or areas, at most 1 (a reflected interval is cut there as at 0)
+AT_MOST_ONE = frozenset({"accuracy", "confidence", "auroc", "aupr_in", "aupr_out", "fpr95"})
+
+
 def interval_of(name: str, values: torch.Tensor, estimate: Optional[float], level: float,
                 method: Optional[str] = None, hold_estimate: bool = True) -> Dict[str, object]:
     """``{"low", "high", "method"}`` of metric ``name`` by ``method`` (default: :func:`default_interval`), or
@@ -169,6 +173,8 @@ def interval_of(name: str, values: torch.Tensor, estimate: Optional[float], leve
     low, high = interval_method(method)(values, None if estimate is None else float(estimate), level)
     if method in ("basic", "symmetric") and float(values.min()) >= 0.0 and float(estimate) >= 0.0:
         low = max(low, 0.0)  # a reflected interval of a non-negative metric: below 0 it covers nothing more
+    if method in ("basic", "symmetric") and name in AT_MOST_ONE:
+        high = min(high, 1.0)  # a reflected interval of a rate or an area: above 1 it covers nothing more
     if hold_estimate and estimate is not None:
         low, high = min(low, float(estimate)), max(high, float(estimate))
     return {"low": low, "high": high, "method": method}
