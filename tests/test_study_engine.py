@@ -212,3 +212,15 @@ def test_a_setting_s_generated_set_and_teacher_reach_the_methods_that_read_them(
     for method, why in (("csm", "annotated: no generated set given (--generated annotated=DIR)"),
                         ("kd", "annotated: no teacher given (--teacher annotated=DIR)")):
         assert setting_data(get_method(method), "annotated", sources, tmp_path, recipe) == ({}, why)
+
+
+def test_a_run_that_leaves_cells_it_cannot_run_exits_1_and_says_so(tmp_path, capsys):
+    from timm_csm.commands.study import main
+
+    # KD reads the setting's teacher, which an "annotated" setting is not built with: the run cannot finish
+    spec = tmp_path / "kd.toml"
+    spec.write_text(TINY_SPEC.replace('settings = ["matched"]', 'settings = ["annotated"]').replace(
+        '[methods.ce]\n', '[methods.ce]\n\n[methods.kd]\n'))
+    assert main(["run", str(spec), "--output", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert "not run:" in out and "incomplete:" in out and "decision is not reached" in out

@@ -144,7 +144,7 @@ def _setting_path(text: str):
     return setting, path
 
 
-def _run(args: argparse.Namespace, argv: Sequence[str]) -> None:
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
     from timm_csm.study.engine import run_study  # torch and the recipes: not for --help
 
     if args.output is None:
@@ -173,6 +173,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> None:
         print(f"pending: {line}")
     print(f"an amendment appended to the spec runs with the same command ({again}); "
           f"next: timm-csm-study plan {args.spec} --cells {args.output / 'cells'}")
+    if done.blocked:  # a study with cells that cannot run has not reached its decision: not a success
+        print(f"incomplete: {len(done.blocked)} cell(s) cannot run (above); the study's decision is not reached")
+        return 1
+    return None
 
 
 def _init(args: argparse.Namespace) -> None:
@@ -218,7 +222,7 @@ def _verify(spec: StudySpec, path: Path, args: argparse.Namespace) -> None:
 
 
 @console_command("timm-csm-study", build_parser)
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[int]:
     """``timm-csm-study``: bad input (a spec that does not validate, a missing flag) is one line and exit status 2."""
     args = build_parser().parse_args(argv)
     if args.verb == "init":
@@ -231,8 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise ValueError("verify needs the cell's name after the spec" if args.verb == "verify" else
                          f"{args.verb} takes the spec alone; a cell name belongs to verify")
     if args.verb == "run":
-        _run(args, sys.argv[1:] if argv is None else argv)
-        return
+        return _run(args, sys.argv[1:] if argv is None else argv)
     if args.verb in ("report", "verify"):
         (_report if args.verb == "report" else _verify)(load_spec(args.spec), Path(args.spec), args)
         return
