@@ -2,7 +2,8 @@
 
 Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`classwise_ece`, :func:`mce`,
 :func:`overconfidence_error`, :func:`underconfidence_error`, :func:`debiased_ce` (Kumar et al.'s debiased l2
-error), :func:`nll`, :func:`brier_score`, :func:`smooth_ece`,
+error), :func:`nll`, :func:`brier_score`, :func:`smooth_ece`, :func:`ece_sweep` (Roelofs et al.'s
+monotone sweep of equal-mass bins),
 :func:`reliability_table`, :func:`calibration_metrics` (all of them in one pass) and :func:`piece` (ProCal's
 proximity-informed ECE, from penultimate features via :func:`proximity`). Selective prediction: :func:`aurc`,
 :func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`;
@@ -26,7 +27,8 @@ right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are 
 """
 from .accumulator import CalibrationAccumulator
 from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins
-from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, debiased_ce, ece, mce, nll,
+from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, debiased_ce, ece, ece_sweep, mce,
+                         nll,
                          overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
                          underconfidence_error)
 from .interval_methods import DEFAULT_INTERVALS, interval_method, list_interval_methods, register_interval_method
@@ -43,7 +45,7 @@ from .table import (LEGACY_NAMES, METRIC_KEYS, SELECTIVE_KEYS, MetricSpec, calib
                     metric_spec, register_metric)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "debiased_ce", "reliability_table", "reliability_table_from_points",
+           "brier_score", "smooth_ece", "ece_sweep", "debiased_ce", "reliability_table", "reliability_table_from_points",
            "calibration_metrics",
            "piece", "proximity", "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS",
            "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage",
