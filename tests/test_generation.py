@@ -280,7 +280,7 @@ def test_damaged_shards_are_named_and_generated_again(tmp_path):
 
 def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_generator, tmp_path):
     from timm_csm.generation import MixingConfig
-    from timm_csm.steps import generate_groups
+    from timm_csm.recipes.steps import generate_groups
 
     def generate(out, num_groups, **kw):
         mixing = MixingConfig(num_lambdas=3, steps=3, groups_per_shard=2, batch_groups=2)
