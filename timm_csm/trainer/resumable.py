@@ -69,7 +69,8 @@ class ResumableTrainer:
             that a long run is never far from its last checkpoint (None: by units only).
         checkpoint_end: also checkpoint after the last unit (False where the finished run's result replaces the
             checkpoint, as the reference encoder's weights do).
-        earlier: the checkpoint folder of the previous layout inside ``folder``, converted on read.
+        earlier: the checkpoint folder of the previous layout inside ``folder``, read in its place (converted when
+            it fits; the folders earlier versions wrote hold the earlier schema, so they get the answer above).
         pickled: the ``torch.save`` files of earlier versions in ``earlier``, named and never unpickled.
         desc: the run's progress bar (None: the units show their own, as the classifier's epochs do).
         progress: show the bar.
