@@ -401,7 +401,7 @@ def test_generator_training_resumes_exactly(tmp_path):
     """A run stopped at step 2 and resumed ends with the weights of a straight run."""
     import dataclasses
 
-    from timm_csm.generation.training import train_generator
+    from timm_csm.generation.training import load_checkpoint_ema, train_generator
     from timm_csm.io import CHECKPOINT_LAST, load_state
     from timm_csm.trainer import STATE_KEYS
 
@@ -416,6 +416,8 @@ def test_generator_training_resumes_exactly(tmp_path):
     state = load_state(tmp_path / "b" / CHECKPOINT_LAST)  # the one schema, and the generator's training time
     assert state["step"] == 2 and set(state) - set(STATE_KEYS) == {"train_seconds"}
     assert set(STATE_KEYS) - set(state) == {"epoch", "rng"}
+    ema_unet, step = load_checkpoint_ema(tmp_path / "b", 3, cfg)  # a look at the generator while it trains
+    assert step == 2 and torch.equal(next(ema_unet.parameters()), state["ema"]["shadow_params"][0])
     lines = []
     resumed, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", cfg, progress=False,
                                  log=lines.append)
