@@ -99,7 +99,7 @@ def test_the_pipeline_holds_out_one_test_split_of_a_flat_folder_for_every_stage(
     from safetensors.torch import load_file
     from timm_csm.data.sources import hold_out_test_split
     from timm_csm.recipes import get_profile, main, run_recipe
-    from timm_csm.steps import PoorGeneratorError
+    from timm_csm.recipes.steps import PoorGeneratorError
 
     folder = flat[0].name
     strict = dataclasses.replace(get_profile("smoke"), dataset=folder, test_fraction=0.2, accept_poor_generator=False)

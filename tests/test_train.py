@@ -13,6 +13,7 @@ from timm_csm.io import load_state
 from timm_csm.metrics import METRIC_KEYS
 from timm_csm.metrics.interval_methods import INTERVAL_NOTE
 from timm_csm.train import run
+from timm_csm.trainer import STATE_KEYS
 from timm_csm.training import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +170,8 @@ def test_resume_equals_uninterrupted(tmp_path, csm_folder):
     run(_config(tmp_path, "part", epochs=1, **extra))
     resumed = run(_config(tmp_path, None, epochs=2, resume=str(tmp_path / "part" / "last.safetensors"), **extra))
     a, b = load_state(tmp_path / "full" / "last.safetensors"), load_state(tmp_path / "part" / "last.safetensors")
-    assert b["epoch"] == 1
+    assert b["epoch"] == 1  # the one schema (its last finished epoch) and the classifier's own entries
+    assert set(b) - set(STATE_KEYS) == {"loss", "best", "meta"} and set(STATE_KEYS) - set(b) == {"ema", "step"}
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     for key in a["optimizer"]["state"]:

@@ -1,6 +1,6 @@
 """The configuration of a re-annotation: :class:`AnnotationConfig`, one typed field per option of
 ``timm-csm-annotate`` (its flags are built from the fields, :func:`timm_csm.options.add_options`), which the
-command, the steps (:func:`timm_csm.steps.annotate_generated_folder`) and the recipe's annotate stage all take.
+command, the steps (:func:`timm_csm.recipes.steps.annotate_generated_folder`) and the recipe's annotate stage all take.
 
 Its defaults are the annotation's: the scale s (None: the paper's value where it published one, else chosen on
 held-out real images, :meth:`AnnotationConfig.scale`), the held-out share of the real training split and its seed,

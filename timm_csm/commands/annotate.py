@@ -7,7 +7,7 @@
 Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
 ``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
 on the real training split on first use and cached in ``--reference-dir``. The work is
-:func:`timm_csm.steps.annotate_generated_folder`; with ``--s auto`` s is fitted on a held-out share of the real
+:func:`timm_csm.recipes.steps.annotate_generated_folder`; with ``--s auto`` s is fitted on a held-out share of the real
 training split that the reference encoder does not see.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _encoder(args, dataset: str, name: str, holdout: bool):
 @console_command("timm-csm-annotate", build_parser)
 def main(argv=None):
     args = parse_args(argv)
-    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
+    from timm_csm.recipes.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
 
     dataset = args.dataset or generated_dataset(args.generated)
     name = args.name or csm_dataset_name(dataset)

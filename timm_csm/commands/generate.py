@@ -61,7 +61,7 @@ def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     from timm_csm.generation.registry import generator_kind
-    from timm_csm.steps import check_mixing_options
+    from timm_csm.recipes.steps import check_mixing_options
 
     try:
         check_mixing_options(args.generator, options_from_namespace(MixingConfig, args))
@@ -93,7 +93,7 @@ def main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
 
-    from timm_csm.steps import generate_groups
+    from timm_csm.recipes.steps import generate_groups
     from timm_csm.cli import end_process_group, exit_interrupted
 
     try:

@@ -53,7 +53,7 @@ def main(argv=None):
     args = parse_args(argv)
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.report import save_sample_grid
-    from timm_csm.steps import train_generator_folder
+    from timm_csm.recipes.steps import train_generator_folder
     from timm_csm.cli import exit_interrupted
 
     data = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)

@@ -1,6 +1,6 @@
 """The configuration of a semantic-mixing generation: :class:`MixingConfig`, one typed field per sampling option of
 ``timm-csm-generate`` (its flags are built from the fields, :func:`timm_csm.options.add_options`), which the command,
-the steps (:func:`timm_csm.steps.generate_groups`) and the recipe's generate stage all take.
+the steps (:func:`timm_csm.recipes.steps.generate_groups`) and the recipe's generate stage all take.
 
 Its defaults are the generation's: the lambda grid (``linspace(0, 1, 8)``, the paper's), the sampler (the
 generator's own number of steps: 50 for a generator folder, the paper's 20 / 25 Heun steps for an EDM network;

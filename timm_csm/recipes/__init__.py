@@ -6,6 +6,8 @@
   (``<output>/<stage>-<key>/``, a ``DONE.json`` marker written last);
 * :mod:`.derive`: CSM datasets derived from one (other labels, fewer groups, real copies), each written once;
 * :mod:`.cells`: the cells of a benchmark table, keyed by their training options, resumed, recorded, verified;
+* :mod:`.steps`: the method's steps, one function each (train a generator, generate, judge a generator, annotate),
+  called by the commands and by the stages;
 * :mod:`.stages`: one function per stage;
 * :mod:`.report`: ``report.md`` and its figures;
 * :mod:`.run`: :func:`run_recipe` and the command line, ``python -m timm_csm.recipes --profile demo``.

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import steps
+from . import steps
 from ..io import write_json_atomic
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, paper_protocol, training_options
@@ -249,7 +249,7 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
 
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],
              train_real, encoder=None) -> Stage:
-    """Re-annotation through :func:`timm_csm.steps.annotate_generated_folder`: prototypes of the real training
+    """Re-annotation through :func:`timm_csm.recipes.steps.annotate_generated_folder`: prototypes of the real training
     split, lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
     saved as the Hub-layout dataset :func:`~timm_csm.hub.csm_dataset_name` inside the stage folder and installed
     under that bare name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's
