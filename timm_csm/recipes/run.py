@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict
 
 from . import stages
-from ..cli import console_command
-from ..training.args import HelpFormatter
+from ..cli import HelpFormatter, console_command
 from .cache import StageCache
 from .profiles import RecipeProfile, get_profile, list_profiles, rehearsal_profile, resolve_dataset, with_epochs
 from .report import write_report
