@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         formatter_class=HelpFormatter,
         description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate its calibration\n"
-                    "before and after temperature scaling. Several processes: accelerate launch -m timm_csm.train ...")
+                    "before and after temperature scaling. Several processes:\n"
+                    "accelerate launch -m timm_csm.commands.train ...")
     add_options(p, TrainConfig)
     return p
 
