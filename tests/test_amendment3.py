@@ -95,8 +95,8 @@ def test_shift_and_ood_decisions_need_15_seeds_and_reject_under_holm(tmp_path):
     assert all(t["better"] is True and t["holm_p"] < 0.05 for t in tests)
     shift = [t for t in tests if t["what"].startswith("severity")]
     assert all(-0.024 < t["interval"].mean < -0.016 for t in shift)
-    assert a3_page.verdict_lines(tests)[0] == ('- `matched`: "CSM calibrates better under shift" holds at every severity. '
-                                          '"CSM detects OOD images better" holds.')
+    assert a3_page.verdict_lines(tests)[0] == ('- `matched`: "CSM calibrates better under shift" holds at every '
+                                               'severity. "CSM detects OOD images better" holds.')
     # one severity's comparison not rejected: that severity does not hold, the others still do
     next(t for t in tests if t["what"] == "severity 3" and t["setting"] == "annotated")["better"] = False
     assert "holds at severities 1, 2, 4 and 5; does not hold at severity 3." in a3_page.verdict_lines(tests)[1]

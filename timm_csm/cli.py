@@ -5,8 +5,9 @@ A console script runs ``sys.exit(main())``: ``None`` and ``0`` are success, any 
 anything else (a folder, a dict) is printed to stderr as the "error" of exit status 1. :func:`console_command` gives
 each command the same contract: exit status 0 on success, a missing optional dependency or bad input as one line
 ``<command>: error: ...`` (statuses 1 and 2) instead of a traceback, and its parser reachable for the documentation's
-flag tables; every parser formats its ``--help`` with :class:`HelpFormatter`. A command stopped with Ctrl-C ends through :func:`exit_interrupted`, and every command that may have
-started a ``torch.distributed`` process group ends it with :func:`end_process_group`.
+flag tables; every parser formats its ``--help`` with :class:`HelpFormatter`. A command stopped with Ctrl-C ends
+through :func:`exit_interrupted`, and every command that may have started a ``torch.distributed`` process group ends
+it with :func:`end_process_group`.
 """
 from __future__ import annotations
 
