@@ -2,7 +2,7 @@
 :func:`run`, the library call behind ``timm-csm-train`` (:mod:`timm_csm.commands.train`).
 
     timm-csm-train --model small_cnn --dataset digits --loss csm --csm-dataset csm-digits-aug --epochs 5
-    accelerate launch -m timm_csm.commands.train --model swin_tiny --dataset cifar10 --loss csm \
+    accelerate launch -m timm_csm.commands.train --model swin_tiny --dataset cifar10 --loss csm \\
         --csm-dataset org/csm-cifar10-aug
 
 Pipeline of one run (``run(config)``; the pieces live in the other modules of :mod:`timm_csm.training`):
