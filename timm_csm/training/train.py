@@ -107,11 +107,12 @@ def _build(config: TrainConfig):
 def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[str, Any]:
     """Train (unless ``eval_only``) and evaluate; returns the results dict also written to results.json.
 
-    ``config``: a :class:`~timm_csm.training.config.TrainConfig` (from
-    :func:`~timm_csm.training.args.parse_args`, a YAML file or Python), a dict of option names (``"batch_size"`` or
-    ``"batch-size"``) or an ``argparse.Namespace``; options not given take the command-line defaults. The run completes a copy of it. The run writes into a folder of its own
-    (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml, the training states, the model files
-    and results.json; ``resume`` continues a run in its folder with its stored configuration.
+    ``config``: a :class:`~timm_csm.training.config.TrainConfig` (from :func:`~timm_csm.training.args.parse_args`, a
+    YAML file or Python), a dict of option names (``"batch_size"`` or ``"batch-size"``) or an
+    ``argparse.Namespace``; options not given take the command-line defaults. The run completes a copy of it. The
+    run writes into a folder of its own (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml,
+    the training states, the model files and results.json; ``resume`` continues a run in its folder with its stored
+    configuration.
     """
     config = resolve_config(config)
     resume_state = prepare_config(config)
