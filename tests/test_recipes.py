@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from timm_csm.commands.pipeline import build_parser, profile_from_args
 from timm_csm.recipes import (RecipeProfile, Stage, StageCache, get_profile, list_profiles, register_profile,
                               rehearsal_profile, stage_key, stages)
 from timm_csm.recipes.cache import MARKER
 from timm_csm.recipes.profiles import FULL_EDM_PICKLE_URL
-from timm_csm.recipes.run import build_parser, profile_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_get_profile_returns_a_copy():
 
 
 def test_module_cli_lists_the_profiles():
-    res = subprocess.run([sys.executable, "-m", "timm_csm.recipes", "--help"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "timm_csm.commands.pipeline", "--help"], capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0 and "{demo,full,noaug,smoke}" in res.stdout, res.stderr[-2000:]
 

@@ -15,7 +15,7 @@ from timm_csm.commands.calibrate import main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption
 from timm_csm.metrics import bootstrap_metrics, calibration_metrics
-from timm_csm.train import run
+from timm_csm.training import run
 from timm_csm.training.model import load_trained_classifier
 from timm_csm.training.shift import SHIFT_METRICS
 

@@ -12,7 +12,7 @@ from gloo_launch import launch_two_processes
 from timm_csm.io import load_state
 from timm_csm.metrics import METRIC_KEYS
 from timm_csm.metrics.interval_methods import INTERVAL_NOTE
-from timm_csm.train import run
+from timm_csm.training import run
 from timm_csm.trainer import STATE_KEYS
 from timm_csm.training import build_parser, parse_args
 
@@ -448,7 +448,7 @@ def test_entry_points_end_their_process_group_also_on_errors(tmp_path):
     import torch.distributed as dist
 
     from gloo_launch import run_worker
-    from timm_csm.train import main
+    from timm_csm.commands.train import main
 
     def failing_worker():
         raise RuntimeError("worker failed")

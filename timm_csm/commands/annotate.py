@@ -16,9 +16,8 @@ import argparse
 import sys
 
 from timm_csm.annotation.config import AnnotationConfig
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.options import add_options, options_from_namespace
-from timm_csm.training.args import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,10 +19,9 @@ from typing import Optional, Sequence
 
 from .. import calibrate as library
 from ..calibration import CONFORMAL_METHODS, SELECTION_METRICS, list_calibrators
-from ..cli import console_command
+from ..cli import HelpFormatter, console_command
 from ..metrics import DEFAULT_N_BINS
 from ..metrics.intervals import DEFAULT_RESAMPLES
-from ..training.args import HelpFormatter
 from ..training.classifier import CROP_MODES, INTERPOLATIONS
 
 __all__ = ["build_parser", "main"]

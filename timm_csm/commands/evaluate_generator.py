@@ -21,10 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.config import MixingConfig
 from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
-from timm_csm.training.args import HelpFormatter
 
 
 #: groups judged by default: 400 images of the default lambda grid, 100 of them pure-class

@@ -28,10 +28,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.config import MixingConfig
 from timm_csm.options import add_options, options_from_namespace
-from timm_csm.training.args import HelpFormatter
 from timm_csm.training.config import TrainConfig
 
 

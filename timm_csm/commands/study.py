@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from timm_csm.cli import console_command, exit_interrupted
+from timm_csm.cli import HelpFormatter, console_command, exit_interrupted
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
@@ -53,7 +53,6 @@ from timm_csm.study.executors import list_executors
 from timm_csm.study.plan import plan_cells
 from timm_csm.study.spec import StudySpec
 from timm_csm.study.template import PLANNING_SD, template_text
-from timm_csm.training.args import HelpFormatter
 
 __all__ = ["power_text", "plan_text", "build_parser", "main"]
 

@@ -14,10 +14,9 @@ import argparse
 import os
 import sys
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.models import GENERATOR_PROFILES
 from timm_csm.generation.training import CHECKPOINT_MINUTES
-from timm_csm.training.args import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -116,7 +116,7 @@ def get_profile(name: str) -> RecipeProfile:
 
 
 def paper_protocol(options: Dict) -> Dict:
-    """:func:`timm_csm.train.run` ``options`` as the recipes and the benchmark cells run them: the temperature fitted
+    """:func:`timm_csm.training.run` ``options`` as the recipes and the benchmark cells run them: the temperature fitted
     by the paper's grid-ECE rule (``PAPER_TEMPERATURE_METHOD``) unless they name a rule.
     Applied when a run starts, not stored in the options: the cells and stages recorded before training runs
     defaulted to NLL keep their keys and their numbers."""
@@ -124,7 +124,7 @@ def paper_protocol(options: Dict) -> Dict:
 
 
 def training_options(profile: RecipeProfile) -> Dict:
-    """The classifier recipe of ``profile`` as :func:`timm_csm.train.run` options (shared by its CE and CSM runs
+    """The classifier recipe of ``profile`` as :func:`timm_csm.training.run` options (shared by its CE and CSM runs
     and by the calibration benchmark's recipes): data, model, optimisation, then ``train_extra``."""
     options = {"dataset": profile.dataset, "model": profile.model, "epochs": profile.epochs,
                "batch_size": profile.batch_size, "lr": profile.lr, "weight_decay": profile.weight_decay,

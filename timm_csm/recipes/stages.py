@@ -298,7 +298,7 @@ def train(cache: StageCache, profile: RecipeProfile, loss: str, annotated: Stage
     config = {"train": cfg, "data": annotated.config if loss == "csm" else None}
     with cache.stage(f"train-{loss}", config) as stage:
         if not stage.done:
-            from ..train import run
+            from ..training import run
 
             run(paper_protocol(dict(cfg, output=str(stage.folder), auto_resume=True)))
     results = json.loads((stage.folder / "results.json").read_text())
