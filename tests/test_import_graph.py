@@ -36,7 +36,7 @@ ALLOWED = {
     "calibrate_fit": {"calibrate_report", "training", "calibration"},
     "calibrate_report": {"calibration", "metrics", "extras"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
-    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
+    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "losses", "io", "cli"},
     "study": {"recipes", "generation", "training", "calibration", "data", "metrics", "io", "extras", "progress"},
     "commands": {"calibrate", "calibration", "hf_metrics", "steps", "train", "training", "annotation", "generation",
                  "hub", "data", "metrics", "io", "options", "timm_csm", "cli", "study"},

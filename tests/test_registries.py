@@ -35,9 +35,9 @@ class _MeanColour(ImageEncoder):
 
 @pytest.fixture
 def mean_colour():
-    register_encoder("mean_colour", ("scale",))(_MeanColour)
-    yield
-    factory._ENCODERS.pop("mean_colour")
+    with factory.ENCODERS.restored():
+        register_encoder("mean_colour", spec_fields=("scale",))(_MeanColour)
+        yield
 
 
 def test_an_encoder_registered_in_one_place_is_built_from_its_spec(mean_colour):
@@ -60,7 +60,7 @@ def test_the_spec_of_the_command_and_of_the_recipe_is_one():
     spec = "open_clip:ViT-B-32-quickgelu:/weights/a:b.safetensors"  # the last field keeps its colons
     assert parse_encoder_spec(spec) == ("open_clip", {"model_name": "ViT-B-32-quickgelu",
                                                       "pretrained": "/weights/a:b.safetensors"})
-    assert stages.open_clip_spec(spec) == ("ViT-B-32-quickgelu", "/weights/a:b.safetensors")
+    assert stages.recipe_encoder(spec) == parse_encoder_spec(spec)
     assert parse_encoder_spec("reference") == ("reference", {})
     assert parse_encoder_spec("timm:resnet18") == ("timm", {"model": "resnet18"})
 
@@ -85,12 +85,11 @@ def _no_guidance(mixing):
 
 @pytest.fixture
 def checkerboard():
-    kind = register_generator(GeneratorKind(
-        "checkerboard", lambda path: path.name.startswith("board-"),
-        lambda path, mixing, class_names, anchors, device: _Checkerboard(path, mixing.steps), _no_guidance,
-        lambda path: "board", is_file=True))
-    yield kind
-    registry._KINDS.pop("checkerboard")
+    with registry.GENERATORS.restored():
+        yield register_generator(GeneratorKind(
+            "checkerboard", lambda path: path.name.startswith("board-"),
+            lambda path, mixing, class_names, anchors, device: _Checkerboard(path, mixing.steps), _no_guidance,
+            lambda path: "board", is_file=True))
 
 
 def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(checkerboard, tmp_path):

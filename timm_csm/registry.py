@@ -16,8 +16,8 @@ its module's ``register_<kind>`` / ``create_<kind>`` / ``list_<kinds>`` / ``<kin
 
 Each name holds an *entry* (what ``create`` builds from: a class, a factory, a function) and a *spec* (what
 consumers read without building it: capabilities, flags, defaults); an axis whose entries describe themselves
-stores the entry as its own spec. A name is registered once: a second registration of another entry is a one-line
-``ValueError`` unless ``overwrite=True``. An unknown name is a one-line ``ValueError`` naming the closest
+stores the entry as its own spec. A name is registered once: a second registration is a one-line ``ValueError``
+unless ``overwrite=True``. An unknown name is a one-line ``ValueError`` naming the closest
 registered names and listing the rest.
 """
 from __future__ import annotations
@@ -56,12 +56,12 @@ class Registry:
 
     def register(self, name: str, entry: Any = _UNSET, *, overwrite: bool = False, spec: Any = None):
         """Register ``entry`` as ``name`` (with ``spec``, default ``spec_of(entry)`` or the entry itself) and return
-        it; without ``entry``, a decorator. A name taken by another entry is a ``ValueError`` unless ``overwrite``."""
+        it; without ``entry``, a decorator. A name taken already is a ``ValueError`` unless ``overwrite``."""
         if not isinstance(name, str) or not name or name != name.strip():
             raise ValueError(f"{self.kind} name must be a non-empty string without surrounding spaces, got {name!r}")
 
         def add(item):
-            if name in self._entries and not overwrite and self._entries[name] is not item:
+            if name in self._entries and not overwrite:
                 raise ValueError(f"a {self.kind} named {name!r} is already registered (pass overwrite=True to "
                                  "replace it)")
             item_spec = spec if spec is not None else self._spec_of(item) if self._spec_of is not None else item

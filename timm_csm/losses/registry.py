@@ -72,14 +72,20 @@ class LossSpec:
     def needs_index(self) -> bool:
         return self.inputs == "index"
 
+    @property
+    def needs_generated(self) -> bool:
+        """It trains on a generated (CSM) dataset beside the real batch."""
+        return self.inputs == "generated"
+
     @classmethod
     def of(cls, entry) -> "LossSpec":
         """The spec declared by a loss class's attributes ``loss_inputs`` (a registered call convention) or
         ``is_csm``, ``needs_mixed``, ``needs_index``, ``needs_teacher``, with ``num_mixed`` and
         ``label_smoothing_loss`` (absent attributes: a plain loss)."""
-        inputs = (getattr(entry, "loss_inputs", None) or "generated" if getattr(entry, "is_csm", False) else "mixed" if getattr(entry, "needs_mixed", False)
+        inputs = ("generated" if getattr(entry, "is_csm", False) else "mixed" if getattr(entry, "needs_mixed", False)
                   else "index" if getattr(entry, "needs_index", False)
                   else "teacher" if getattr(entry, "needs_teacher", False) else "plain")
+        inputs = getattr(entry, "loss_inputs", None) or inputs
         return cls(inputs, int(getattr(entry, "num_mixed", 0)), getattr(entry, "label_smoothing_loss", None))
 
 
