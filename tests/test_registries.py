@@ -13,7 +13,7 @@ from timm_csm.annotation import (ImageEncoder, ImagePreprocessor, create_encoder
 from timm_csm.annotation import factory
 from timm_csm.generation import MixingConfig, plan_groups
 from timm_csm.generation import registry
-from timm_csm.generation.registry import (GeneratorKind, accepted_generators, create_generator, find_generator,
+from timm_csm.generation.registry import (accepted_generators, create_generator, find_generator,
                                          generator_kind, register_generator)
 
 PACKAGE = Path(timm_csm.__file__).parent
@@ -86,10 +86,10 @@ def _no_guidance(mixing):
 @pytest.fixture
 def checkerboard():
     with registry.GENERATORS.restored():
-        yield register_generator(GeneratorKind(
-            "checkerboard", lambda path: path.name.startswith("board-"),
-            lambda path, mixing, class_names, anchors, device: _Checkerboard(path, mixing.steps), _no_guidance,
-            lambda path: "board", is_file=True))
+        register_generator("checkerboard", lambda path, mixing, class_names, anchors, device: _Checkerboard(
+            path, mixing.steps), matches=lambda path: path.name.startswith("board-"), check=_no_guidance,
+            digest=lambda path: "board", is_file=True)
+        yield registry.generator_spec("checkerboard")
 
 
 def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(checkerboard, tmp_path):
@@ -106,8 +106,9 @@ def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(che
     assert pipe.steps == 3 and images.shape == (2, 1, 4, 4) and images[1].max() == 255 and images[0].max() == 0
     with pytest.raises(ValueError, match="takes no guidance"):
         create_generator(tmp_path / "board-1", MixingConfig(guidance_scale=2.0))
-    with pytest.raises(ValueError, match="registered already"):
-        register_generator(checkerboard)
+    with pytest.raises(ValueError, match="already registered"):
+        register_generator("checkerboard", checkerboard.create, matches=checkerboard.matches,
+                           check=checkerboard.check, digest=checkerboard.digest)
 
 
 def test_only_the_generator_registry_looks_at_a_pkl_suffix():
