@@ -75,6 +75,9 @@ class EncoderSpec:
 
 
 def _check_kind(kind: str, factory, spec: EncoderSpec) -> None:
+    if not callable(factory):
+        raise ValueError(f"register_encoder({kind!r}): expected a factory, got {type(factory).__name__} (the spec's "
+                         "fields go in spec_fields=)")
     if ":" in kind:
         raise ValueError(f"encoder kind {kind!r} holds ':'; choose another name")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import steps
+from ..generation.config import DEFAULTS as MIXING_DEFAULTS
 from ..io import write_json_atomic
 from ..losses import loss_spec
 from .cache import Stage, StageCache, stage_key
@@ -141,7 +142,8 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
               "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
     if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
-    elif profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
+    elif profile.scheduler != MIXING_DEFAULTS.scheduler:  # keys of the default sampler's (DDIM) sets stay those
+        # written before the choice existed
         config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:

@@ -67,6 +67,8 @@ class CellExecutor:
     one finishes; a context manager that starts its workers on entry and stops them on exit."""
 
     name = ""
+    #: the options of this executor beyond ``lanes`` and ``threads`` (a command's flags of the same names)
+    own_options: Tuple[str, ...] = ()
 
     def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None):
         if lanes < 1 or threads < 1:
@@ -121,6 +123,8 @@ class LocalExecutor(CellExecutor):
 class RayExecutor(CellExecutor):
     """Each item one Ray task with ``threads`` CPUs and ``gpus`` GPUs, on the cluster at ``address`` (None: the Ray
     instance this process has initialised, else a new local one with ``lanes * threads`` CPUs, shut down on exit)."""
+
+    own_options = ("address", "gpus")
 
     def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None,
                  address: Optional[str] = None, gpus: float = 0.0):
