@@ -17,7 +17,7 @@ from timm_csm.calibration import (CALIBRATORS, CONFORMAL_METHODS, ConformalClass
 from timm_csm.data.corruptions import CORRUPTIONS, create_corruption, list_corruptions, register_corruption
 from timm_csm.generation.registry import GENERATORS, accepted_generators, list_generators, register_generator
 from timm_csm.losses import LOSS_INPUTS, LOSSES, list_losses, register_loss, register_loss_inputs
-from timm_csm.metrics import METRICS, MetricSpec, calibration_metrics, list_metrics, register_metric
+from timm_csm.metrics import METRICS, calibration_metrics, list_metrics, register_metric
 from timm_csm.registry import Registry
 from timm_csm.training.tasks import TRAINING_TASKS, ClassificationTask, register_training_task, select_task
 

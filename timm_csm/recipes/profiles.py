@@ -93,7 +93,7 @@ class RecipeProfile:
 
 
 #: the registered recipe profiles: name -> :class:`RecipeProfile` (created as a copy)
-PROFILES = Registry("recipe profile", create=lambda name, profile, spec: copy.deepcopy(profile))
+PROFILES = Registry("recipe profile", plural="profiles", create=lambda name, profile, spec: copy.deepcopy(profile))
 
 
 def register_profile(name: str, profile: Optional[RecipeProfile] = None, *, overwrite: bool = False):
