@@ -86,8 +86,7 @@ def test_the_lazy_view_corrupts_each_image_as_its_position_says(grey, tmp_path):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: create_corruption("fogg", 1),
-     r"unknown corruption 'fogg' \(did you mean 'fog'\?\); known corruptions: brightness, "),
+    (lambda: create_corruption("fogg", 1), "unknown corruption 'fogg'; known corruptions: brightness, "),
     (lambda: create_corruption("fog", 6), r"severity must be one of \[1, 2, 3, 4, 5\], got 6"),
     (lambda: create_corruption("fog", 0), "got 0"),
     (lambda: create_corruption("fog", "3"), "got '3'"),

@@ -124,10 +124,10 @@ def test_a_failed_stage_writes_no_marker(tmp_path):
 
 def test_unknown_profile_names_the_known_ones():
     assert list_profiles() == ["demo", "full", "noaug", "smoke"] and list_profiles("s*") == ["smoke"]
-    with pytest.raises(ValueError, match=r"unknown recipe profile 'demoo' \(did you mean 'demo'\?\); known profiles: "
-                                         "demo, full, noaug, smoke"):
+    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, noaug, smoke; "
+                                         "did you mean 'demo'"):
         get_profile("demoo")
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(ValueError, match="already registered"):
         register_profile("demo", RecipeProfile())
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--profile", "demoo"])

@@ -17,8 +17,8 @@ its module's ``register_<kind>`` / ``create_<kind>`` / ``list_<kinds>`` / ``<kin
 Each name holds an *entry* (what ``create`` builds from: a class, a factory, a function) and a *spec* (what
 consumers read without building it: capabilities, flags, defaults); an axis whose entries describe themselves
 stores the entry as its own spec. A name is registered once: a second registration is a one-line ``ValueError``
-unless ``overwrite=True``. An unknown name is a one-line ``ValueError`` naming the closest
-registered names and listing the rest.
+unless ``overwrite=True``. An unknown name is a one-line ``ValueError`` listing the registered names and naming
+the closest ones.
 """
 from __future__ import annotations
 
@@ -75,11 +75,11 @@ class Registry:
     def _unknown(self, name) -> ValueError:
         known = self.list()
         close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        return ValueError(f"unknown {self.kind} {name!r}{hint}; known {self.plural}: {', '.join(known)}")
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return ValueError(f"unknown {self.kind} {name!r}; known {self.plural}: {', '.join(known)}{hint}")
 
     def get(self, name: str) -> Any:
-        """The entry registered as ``name``; unknown names: one line naming the closest and listing the rest."""
+        """The entry registered as ``name``; unknown names: one line listing the registered ones, the closest named."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):
