@@ -375,7 +375,7 @@ def create_criterion(config: TrainConfig, num_train: int) -> Tuple[LossBase, Los
         name = spec.smoothed
         kwargs.setdefault("smoothing", config.smoothing)
         spec = loss_spec(name)
-    if spec.inputs == "generated":
+    if spec.needs_generated:
         kwargs.setdefault("weight", config.csm_weight)
     if spec.needs_index:
         kwargs.setdefault("num_samples", num_train)
