@@ -14,12 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Union
 
 from ..options import option
-from .soft_labels import default_scale
+from .soft_labels import LABEL_MODES, default_scale
 
 __all__ = ["AnnotationConfig", "LABEL_MODES", "resolve_scale"]
-
-#: where soft labels come from: the projection on the prototypes (the paper), CLIP zero-shot, the generation lambda
-LABEL_MODES = ("projection", "zero_shot", "generation")
 
 
 def resolve_scale(s: Union[None, str, float], dataset: str) -> Union[str, float]:

@@ -31,7 +31,8 @@ from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_
                          nll,
                          overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
                          underconfidence_error)
-from .interval_methods import DEFAULT_INTERVALS, interval_method, list_interval_methods, register_interval_method
+from .interval_methods import (DEFAULT_INTERVALS, INTERVAL_METHODS, interval_method, list_interval_methods,
+                               register_interval_method)
 from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, bootstrap_with_estimates,
                         percentile_interval, resample_indices)
 from .paired import (PairedInterval, detectable_difference, holm, interval_text, mean_std, paired_outcome,
@@ -41,7 +42,7 @@ from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor
                      prepare_inputs)
 from .proximity import piece, proximity
 from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve, selective_metrics_from_points
-from .table import (LEGACY_NAMES, METRIC_KEYS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
+from .table import (LEGACY_NAMES, METRIC_KEYS, METRICS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
                     metric_spec, register_metric)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
@@ -53,6 +54,7 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_with_estimates", "interval_method", "list_interval_methods", "register_interval_method",
+           "INTERVAL_METHODS", "METRICS",
            "DEFAULT_INTERVALS",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
            "paired_outcome", "interval_text", "mean_std", "holm", "detectable_difference", "MetricSpec",
