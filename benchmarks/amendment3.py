@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic, write_text_atomic
-from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
+from timm_csm.metrics import detectable_difference, holm, interval_text, metrics_for, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
 OUTPUT = Path("runs/protocol_a3")
@@ -145,7 +145,7 @@ def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, 
     seed), each severity's mean over corruptions and worst corruption, each corruption's accuracy and ECE, the OOD
     scores."""
     sh = shift_run["shift"]
-    keep = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
+    keep = metrics_for("shift")
     out = {"n_test": sh["n"], "temperature": shift_run.get("temperature"), "corruptions": sh["corruptions"],
            "corruption_seed": sh.get("seed"),
            "clean": {m: {k: _r(v.get(k)) for k in keep} for m, v in sh["clean"].items()},

@@ -30,6 +30,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 from ..calibration.temperature import PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS
 from ..metrics.binning import DEFAULT_N_BINS
 from ..options import option, option_types as _field_types
+from .checkpoint import SELECT_METRICS
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
 __all__ = ["PAPER_SEED", "TRAINING_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "CONFIG_MARKER", "TrainConfig",
@@ -230,7 +231,7 @@ class TrainConfig:
              "recipes' profiles and the benchmark cells keep)")
     n_bins: int = _calibration(DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
     select_by: str = _calibration(
-        "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
+        "acc", choices=tuple(SELECT_METRICS), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "
                                                  "features")
     bootstrap: int = _calibration(1000, help="bootstrap resamples of the test and validation samples behind the "
