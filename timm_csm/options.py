@@ -16,7 +16,7 @@ import typing
 from dataclasses import field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace"]
+__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "key_value"]
 
 
 def option(default, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
@@ -28,6 +28,21 @@ def option(default, group: Optional[str] = None, *, help: str, short: Optional[s
     if isinstance(default, list):
         return field(default_factory=functools.partial(list, default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def key_value(text: str) -> Tuple[str, Any]:
+    """The argparse type of a ``KEY=VALUE`` item (an option of keyword arguments): ``(key, value)``, the value read
+    as YAML (numbers, booleans, lists), else kept as a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
 
 
 def option_fields(cls) -> Tuple[dataclasses.Field, ...]:
