@@ -205,7 +205,7 @@ def test_bootstrap_temperatures_refit_each_resample_and_nll_moves_less_than_the_
 def test_a_small_validation_split_reports_how_far_the_after_ts_numbers_move():
     from timm_csm.metrics import nll
     from timm_csm.calibration.temperature import SMALL_VALIDATION
-    from timm_csm.training.evaluation import evaluate_calibration
+    from timm_csm.evaluation import evaluate_calibration
 
     z, y = overconfident_logits(n=2250, c=10, seed=5)
     val, test = (z[:250], y[:250]), (z[250:], y[250:])

@@ -26,18 +26,14 @@ ALLOWED = {
     "annotation": {"data", "models", "io", "trainer", "options"},
     "generation": {"data", "models", "io", "trainer", "options"},
     "hub": {"data", "io"},
-    "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
+    "evaluation": {"data", "models", "metrics", "calibration", "io", "progress", "extras", "options"},
+    "training": {"evaluation", "data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
                  "progress", "trainer", "extras", "options"},
-    "train": {"training", "data", "losses", "io", "timm_csm", "cli"},
-    "calibrate": {"calibrate_checks", "calibrate_fit", "calibrate_report", "training", "data", "calibration",
-                  "metrics", "io"},
-    "calibrate_checks": {"calibrate_fit", "calibrate_report", "training", "data", "calibration"},
-    "calibrate_fit": {"calibrate_report", "training", "calibration"},
-    "calibrate_report": {"calibration", "metrics", "extras"},
+    "train": {"training", "evaluation", "data", "losses", "io", "timm_csm", "cli"},
     "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
     "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
     "study": {"recipes", "generation", "training", "calibration", "data", "metrics", "io", "extras", "progress"},
-    "commands": {"calibrate", "calibration", "hf_metrics", "steps", "train", "training", "annotation", "generation",
+    "commands": {"evaluation", "calibration", "hf_metrics", "steps", "train", "training", "annotation", "generation",
                  "hub", "data", "metrics", "io", "options", "timm_csm", "cli", "study"},
     "timm_csm": {"models", "hf_metrics"},
 }
@@ -146,4 +142,4 @@ def test_the_checks_find_a_cycle_and_an_upward_import():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
     graph = module_imports()
     assert "timm_csm.data.csm_format" in graph["timm_csm.hub.build"]  # relative imports are resolved
-    assert "timm_csm.models" in graph["timm_csm.training.model"]  # `from .. import models`: the submodule
+    assert "timm_csm.models" in graph["timm_csm.evaluation.model"]  # `from .. import models`: the submodule

@@ -16,7 +16,7 @@ import typing
 from dataclasses import field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace"]
+__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "comma_separated"]
 
 
 def option(default, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
@@ -28,6 +28,13 @@ def option(default, group: Optional[str] = None, *, help: str, short: Optional[s
     if isinstance(default, list):
         return field(default_factory=functools.partial(list, default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def comma_separated(text) -> List[str]:
+    """``"a,b"`` -> ``["a", "b"]`` (``""``: none; a list stays a list): the ``type`` of a list option given as one
+    comma-separated flag value (``--calibrators dirichlet,isotonic``)."""
+    parts = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    return [str(part).strip() for part in parts if str(part).strip()]
 
 
 def option_fields(cls) -> Tuple[dataclasses.Field, ...]:

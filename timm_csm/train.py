@@ -27,8 +27,9 @@ Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pi
    ``--grad-accum-steps``, ``--channels-last`` and ``--torchcompile`` keep timm's meaning
    (:mod:`~timm_csm.training.prepare`); trackers (``--log-with``, ``--log-wandb``) get the per-update loss, the
    epoch rows and the final metrics (:mod:`~timm_csm.training.trackers`).
-3. evaluation of the best checkpoint on the test split, before and after temperature scaling fitted on the
-   validation split (``--ts-method``), optionally PIECE (``--piece``) (:mod:`~timm_csm.training.evaluation`):
+3. evaluation of the best checkpoint on the test split, before and after each calibrator of ``--calibrators``
+   fitted on the validation split (temperature scaling by default, its fit ``--ts-method``), optionally PIECE
+   (``--piece``) (:func:`timm_csm.evaluation.evaluate_calibration`):
    ``results.json``, ``results.md``, reliability diagrams (:mod:`~timm_csm.training.results`,
    :mod:`~timm_csm.training.reporting`).
 
@@ -59,7 +60,7 @@ from .training.config import TrainConfig
 from .training.optim import fit_decay_to_epochs
 from .training.results import evaluate_run
 from .training.run_dir import RunInterrupted, take_run_dir
-from .training.shift import ShiftEvaluation
+from .evaluation import ShiftEvaluation
 from .training.trackers import log_results, make_accelerator, start_trackers, tracker_names
 
 __all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]

@@ -29,7 +29,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..calibration.temperature import PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS
 from ..metrics.binning import DEFAULT_N_BINS
-from ..options import option, option_types as _field_types
+from ..options import comma_separated, option, option_types as _field_types
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
 __all__ = ["PAPER_SEED", "TRAINING_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "CONFIG_MARKER", "TrainConfig",
@@ -223,9 +223,14 @@ class TrainConfig:
                                                      "run folder / model file")
     n_aug: int = _calibration(1, help="interior group members per real image besides the endpoint")
     csm_weight: float = _calibration(1.0, help="weight of the generated-batch term of CSM")
+    calibrators: List[str] = _calibration(
+        ["temperature_scaling"], type=comma_separated, nargs=None, metavar="NAME[,NAME...]",
+        help="post-hoc calibrators fitted on the validation split and scored on the test split, comma-separated "
+             "names of timm_csm.calibration.list_calibrators(): results.md, the shift and OOD tables show each; "
+             "temperature_scaling is the run's temperature (after TS, temperature.safetensors)")
     ts_method: str = _calibration(
         TRAINING_TEMPERATURE_METHOD, choices=TEMPERATURE_METHODS,
-        help=f"temperature fit on the validation split: NLL (Guo et al.; steady on few images) or "
+        help=f"temperature_scaling's fit on the validation split: NLL (Guo et al.; steady on few images) or "
              f"{PAPER_TEMPERATURE_METHOD}, the grid 0.1..10 by validation ECE (the paper's protocol, which the "
              "recipes' profiles and the benchmark cells keep)")
     n_bins: int = _calibration(DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
@@ -288,6 +293,7 @@ class TrainConfig:
     explicit: Optional[FrozenSet[str]] = field(default=None, repr=False)
 
     def __post_init__(self):
+        self.calibrators = comma_separated(self.calibrators)  # a dict's or a YAML file's "a,b" as the flag's
         if self.explicit is None:
             defaults = _defaults()
             self.explicit = frozenset(k for k, v in self.options().items() if v != defaults[k])

@@ -1,6 +1,6 @@
 """Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), timm's ``summary.csv``, ``results.md``
 (the markdown table of :func:`results_markdown`, with the shift and OOD sections of
-:mod:`~timm_csm.training.shift_report` when the run has them), ``results.json``, the test predictions, the
+:mod:`~timm_csm.evaluation.shift_report` when the run has them), ``results.json``, the test predictions, the
 reliability diagrams and ``shift.png``."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..io import save_model_file, write_text_atomic
 from ..calibration.temperature import SMALL_VALIDATION
 from ..metrics.interval_methods import no_interval_line
 from ..metrics.table import list_metrics, metric_spec
-from .shift_report import shift_figure, shift_markdown
+from ..evaluation.shift_report import shift_figure, shift_markdown
 
 __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
            "write_summary", "write_results", "reliability_title"]
