@@ -85,7 +85,7 @@ __all__ = ["calibrate"]
 
 
 def _open(dataset, split, image_column, label_column, data_dir):
-    from .data import open_image_split
+    from ..data import open_image_split
 
     try:
         return open_image_split(str(dataset), split, image_column=image_column, label_column=label_column,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from ..calibration import (TemperatureScaling, auto_candidates, bootstrap_temperatures, calibrator_spec,
                            create_calibrator, fold_table_markdown, list_calibrators, select_calibrator)
 from ..calibration.conformal import calibrator_part_unmet, coverage_outside_range, fit_conformal_sets

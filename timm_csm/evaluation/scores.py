@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import TemperatureScaling
+from ..calibration import TemperatureScaling, calibrator_spec
 from ..metrics import DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, piece, proximity
 from ..metrics.interval_methods import INTERVAL_NOTE
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
@@ -128,11 +128,16 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
 
 
 def _fit(name: str, values: Mapping[str, Any], val):
-    """Calibrator ``name`` fitted on the validation predictions, None (with a warning) when its fit fails."""
+    """Calibrator ``name`` fitted on the validation predictions, None (with a warning) when it cannot be fitted
+    there (:meth:`~timm_csm.calibration.CalibratorSpec.unmet`) or its fit fails."""
+    what = "temperature scaling" if name == RUN_TEMPERATURE else f"calibrator {name}"
+    why = calibrator_spec(name).unmet(val[0].shape[1], len(val[1]), "the validation split")
+    if why is not None:
+        warnings.warn(f"{what} skipped: it {why}")
+        return None
     try:
         return create_with_options(name, values).fit(val[0], val[1])
     except ValueError as e:  # e.g. fewer validation samples than classes: reported without it
-        what = "temperature scaling" if name == RUN_TEMPERATURE else f"calibrator {name}"
         warnings.warn(f"{what} skipped: {e}")
         return None
 

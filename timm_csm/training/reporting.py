@@ -63,11 +63,16 @@ def results_markdown(results: Dict[str, Any]) -> str:
         lines += [f"Each value with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
                   f"{boot['resamples']} resamples of the scored images (seed {boot['seed']})."
                   + _no_interval(intervals), ""]
-    lines += ["| metric | before TS | after TS |", "|---|---|---|"]
+    split = "test" if results["test"] else "val"
+    others = {name: (row[split], (row.get("intervals") or {}).get(split) or {})
+              for name, row in (results.get("calibrators") or {}).items()}  # --calibrators besides TS
+    phases = [(pre, intervals.get("pre_ts", {})), (post, intervals.get("post_ts", {})), *others.values()]
+    lines += ["| metric | before TS | after TS |" + "".join(f" after {name} |" for name in others),
+              "|---|---|---|" + "---|" * len(others)]
     for key, label, scale in REPORT_ROWS:
         if key in pre:
-            cells = [_with_interval(scores.get(key) if scores else None, intervals.get(phase, {}).get(key), scale)
-                     for phase, scores in (("pre_ts", pre), ("post_ts", post))]
+            cells = [_with_interval(scores.get(key) if scores else None, shown.get(key), scale)
+                     for scores, shown in phases]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n" + shift_markdown(results)
 
