@@ -74,6 +74,8 @@ def _add_option(parser, f: dataclasses.Field, kind: type, many: bool) -> None:
         kwargs.setdefault("type", kind)
     if many:
         kwargs.setdefault("nargs", "+")
+    if kwargs.get("type") is comma_separated and isinstance(kwargs["default"], list):  # --help shows "a,b"
+        kwargs["default"] = ",".join(map(str, kwargs["default"]))  # argparse gives a string default its type
     if meta["flag"] and kind is not bool:  # the flag's name in --help, not the field's
         kwargs.setdefault("metavar", meta["flag"].lstrip("-").replace("-", "_").upper())
     flags = [meta["short"]] if meta["short"] else []

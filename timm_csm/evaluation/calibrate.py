@@ -14,8 +14,8 @@
               calibration_split="val", test_split="test", output="calibrated/")
 
 The options are the fields of :class:`~timm_csm.evaluation.CalibrateConfig` (given as ``config=`` or as keywords),
-the flags of ``timm-csm-calibrate``. The classifier (:mod:`timm_csm.evaluation.classifier`) is a run folder or model file of ``train.py``, a timm model
-name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's own; safetensors only), or an
+the flags of ``timm-csm-calibrate``. The classifier (:mod:`timm_csm.evaluation.classifier`) is a run folder or model
+file of ``train.py``, a timm model name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's own; safetensors only), or an
 ``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
 resolves it, from the given values of timm's data config (``--input-size`` / ``--img-size``, ``--mean``,
 ``--std``, ``--crop-pct``, ``--crop-mode``, ``--interpolation``), then the model's ``pretrained_cfg``; for weights
@@ -219,8 +219,8 @@ def calibrate(model, dataset=None, *, output, config: Optional[CalibrateConfig] 
                      test, results, selection)
     if shift_eval is not None:
         fitted = {name: calibrator for name, (calibrator, _) in results["fitted"].items()}
-        report.update(shift_eval.run(predict, test_data, test, cal, fitted, n_bins=c.n_bins, conformal=c.conformal, alpha=c.alpha, resamples=c.bootstrap,
-                                     log=log, transform=classifier.transform))
+        report.update(shift_eval.run(predict, test_data, test, cal, fitted, n_bins=c.n_bins, conformal=c.conformal,
+                                     alpha=c.alpha, resamples=c.bootstrap, log=log, transform=classifier.transform))
     _write(output, classifier, report, chosen, results, test, test_data, test_source, dataset, c, log)
     log(f"report: {output / 'report.md'}; calibrated model: {output} (load_trained_classifier(..., "
         "calibrated=True))")
@@ -245,7 +245,8 @@ def _report(classifier: Classifier, c: CalibrateConfig, dataset, test_data, cal_
     if c.bootstrap:
         report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, c.n_bins, c.bootstrap, c.seed)}
         report["bootstrap"] = {"resamples": c.bootstrap, "seed": c.seed, "level": DEFAULT_LEVEL,
-                               "interval": INTERVAL_NOTE, "resampled": "the samples of the test (and calibration) split"}
+                               "interval": INTERVAL_NOTE,
+                               "resampled": "the samples of the test (and calibration) split"}
     if selection is not None:
         report["selection"] = selection
     return report

@@ -1,5 +1,6 @@
-"""The report of ``timm-csm-calibrate`` (:func:`~timm_csm.evaluation.calibrate`): the curves of ``report.json``, ``report.md``
-from its numbers, and the diagrams (``reliability.png``, the optional adaptive / classwise ones, ``risk_coverage.png``).
+"""The report of ``timm-csm-calibrate`` (:func:`~timm_csm.evaluation.calibrate`): the curves of ``report.json``,
+``report.md`` from its numbers, and the diagrams (``reliability.png``, the optional adaptive / classwise ones,
+``risk_coverage.png``).
 """
 from __future__ import annotations
 
