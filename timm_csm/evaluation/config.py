@@ -52,9 +52,9 @@ class CalibrateConfig:
 
     # Calibrators
     calibrators: Optional[List[str]] = _calibrators(
-        None, metavar="NAME[,NAME...]", **_LIST,
-        help="comma-separated registry names (timm_csm.calibration.list_calibrators(); default: those registered as "
-             "default, temperature_scaling), or 'auto': every registered one that applies")
+        list_calibrators(default=True), metavar="NAME[,NAME...]", **_LIST,
+        help="comma-separated registry names (timm_csm.calibration.list_calibrators(); None: those registered as "
+             "default), or 'auto': every registered one that applies")
     export: Optional[str] = _calibrators(None, help="the calibrator exported with the model (default: the lowest "
                                                     "cross-validated --select-by on the calibration split)")
     select_by: str = _calibrators("nll", choices=SELECTION_METRICS,

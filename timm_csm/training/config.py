@@ -244,12 +244,12 @@ class TrainConfig:
     # Shift and out-of-distribution
     eval_shift: Optional[str] = _shift(
         None, nargs="?", const="all", metavar="NAMES",
-        help="also evaluate the test split under corruptions, before and after temperature scaling: 'all' (the flag "
+        help="also evaluate the test split under corruptions, before and after each calibrator: 'all' (the flag "
              "alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
     shift_severities: List[int] = _shift([1, 2, 3, 4, 5], help="the corruption severities of --eval-shift (1-5)")
     ood: Optional[str] = _shift(None, help="an out-of-distribution image source (any --dataset form) whose images "
                                            "are scored against the test images: AUROC, AUPR and FPR at 95 percent TPR "
-                                           "of four scores, before and after temperature scaling")
+                                           "of four scores, before and after each calibrator")
     ood_split: Optional[str] = _shift(None, help="the split of --ood (default: its test split, else 'train')")
 
     # Checkpoints and output
