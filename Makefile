@@ -42,7 +42,7 @@ test: fashion-mnist $(STAMP)
 # the demo is the only job on the machine: let torch use both cores (DEMO_THREADS=1 leaves one free)
 DEMO_THREADS ?= 2
 demo: fashion-mnist $(STAMP)
-	$(OFFLINE) OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m timm_csm.recipes --profile demo
+	$(OFFLINE) OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m timm_csm.commands.pipeline --profile demo
 
 # the calibration benchmark of benchmarks/PROTOCOL.md: each setting's generated set (resumable, hours on a CPU), then
 # the cells of both settings (hours; finished cells are committed under benchmarks/cells and never re-run)

@@ -23,8 +23,8 @@ from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
 from timm_csm.study import load_spec
 from timm_csm.study.cells import cell_rows
 from timm_csm.study.plan import setting_plan
-from timm_csm.study.report import primary_decision
-from timm_csm.study.report_tables import grid_lines, per_seed_json_row, power_text, test_text
+from timm_csm.study.report import decision_lines, primary_decision
+from timm_csm.study.report_tables import grid_lines, per_seed_json_row
 
 __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
 
@@ -109,22 +109,6 @@ def setting_lines(setting: str, cells, rows, choices) -> List[str]:
     return lines + (_set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]) + [""]
 
 
-def decision_lines(summaries: Dict[str, Dict[str, Any]]) -> List[str]:
-    decisions = primary_decision(SPEC, summaries)
-    alpha, n = SPEC.decision.family_alpha, SPEC.decision.comparisons()
-    lines = ["## Stage 2: the decision (CSM row minus the other method, test ECE before TS, paired over 10 seeds, "
-             "Holm over the 4 primary comparisons)", "",
-             "| setting | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | detectable "
-             f"at 80% power (alpha 0.05 / {alpha / n:g}) |", "|---|---|---|---|---|---|"]
-    for c in decisions.comparisons:
-        other = method_table.get_method(c.other).label if c.other else "pending"
-        p = "-" if c.p_holm is None else f"{c.p_holm:.4f}"
-        lines.append(f"| `{c.setting}` | {other} | {test_text(c.test)} | {p} | {power_text(c.test, alpha, n)} |")
-    lines += [""] + [f"- `{s}`: \"CSM calibrates better on {method_table.A4_BACKBONE['model']}\" **{v}**"
-                     for s, v in decisions.verdicts.items()]
-    return lines + [""]
-
-
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
                committed: Path = method_table.COMMITTED_A4) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
@@ -146,7 +130,8 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
              f"Cells: {len(records)} finished, at commit(s) {', '.join(commits) or '-'}, one torch thread, torch's "
              f"CPU capability {', '.join(capabilities) or '-'} (pinned). Command: `python benchmarks/amendment4.py "
              "--report`.", ""]
-    lines += decision_lines(summaries)
+    lines += decision_lines(SPEC, primary_decision(SPEC, summaries),
+                            claim=f"CSM calibrates better on {backbone['model']}")
     for setting in method_table.A4_SETTINGS:
         lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"])
     shared = {m: runs for found in cells.values() for m, runs in found.items()}

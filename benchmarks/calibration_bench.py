@@ -10,7 +10,7 @@ page ``benchmarks/calibration.md``; ``augmented`` and ``noaug`` reproduce the ea
 CSM's data axes derive the set it reads (:func:`timm_csm.recipes.derive.resolve_data_key`), each written once under
 ``--output``; ``--data-seed N`` (stage 5) names its cells ``<method>[-<setting>]-d<N>-s<seed>``.
 
-Each (method, seed) cell is one :func:`timm_csm.train.run` into ``<output>/cells/<cell>/``, cached by its options
+Each (method, seed) cell is one :func:`timm_csm.training.run` into ``<output>/cells/<cell>/``, cached by its options
 and resumable (:mod:`timm_csm.recipes.cells`), so the benchmark runs in pieces (``--max-cells``). Finished cells
 are committed under ``benchmarks/cells/`` (``benchmarks/cells_a2/`` with their record) and never re-run;
 ``--verify CELL`` re-runs one on the current code. The hard-label, filtered, real-copies and boundary rows read sets

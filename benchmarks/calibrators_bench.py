@@ -40,66 +40,26 @@ value is a better fit of the same model (netcal's vector scaling scales log-prob
 has no bias: different models, shown for reference). Where a peer's fit of the same model ends sooner at a worse
 objective, timm_csm's time to reach that objective is read off its fit's objective trace (``fit_info["trace"]``:
 the CPU seconds and the objective after each evaluation, plus the part of its fit time outside the trace).
+
+Beside this script: the library adapters (``calibrators_libraries.py``), the timing harness
+(``calibrators_timing.py``) and the page (``calibrators_page.py``).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
-import platform
 import shlex
-import signal
 import sys
 import time
-from contextlib import contextmanager
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-LIBRARIES = ("timm_csm", "netcal", "torch-uncertainty", "scikit-learn", "probmetrics")
-DIRICHLET_REG = {"reg_lambda": 1e-3, "reg_mu": 1e-3}
-OBJECTIVE_RTOL = 1e-6  # an objective "at least as good": ours <= peer + 1e-6 |peer|
-# per method: the peers' specs (None: the library has no such method) and whether it is a two-class method
-METHODS: Dict[str, Dict[str, object]] = {
-    "temperature_scaling_nll": {"netcal": ("scaling.TemperatureScaling", {}), "torch-uncertainty":
-                                ("TemperatureScaler", {}), "scikit-learn": "temperature", "probmetrics":
-                                "TemperatureScalingCalibrator"},
-    "vector_scaling": {"netcal": ("scaling.LogisticCalibration", {"temperature_only": False}),
-                       "torch-uncertainty": ("VectorScaler", {"num_classes": True}), "probmetrics":
-                       "VectorScalingCalibrator"},
-    "matrix_scaling": {"torch-uncertainty": ("MatrixScaler", {"num_classes": True}), "scikit-learn": "logistic",
-                       "probmetrics": "MatrixScalingCalibrator"},
-    "dirichlet": {"torch-uncertainty": ("DirichletScaler", {"num_classes": True, "lambda_reg": 1e-3,
-                                                            "mu_reg": 1e-3})},
-    "isotonic": {"netcal": ("binning.IsotonicRegression", {}), "torch-uncertainty": ("IsotonicRegressionScaler", {}),
-                 "scikit-learn": "isotonic"},
-    "histogram_binning": {"netcal": ("binning.HistogramBinning", {"bins": 15}),
-                          "torch-uncertainty": ("HistogramBinningScaler", {"num_bins": 15})},
-    "platt": {"netcal": ("scaling.LogisticCalibration", {}), "scikit-learn": "logistic"},
-    "beta": {"netcal": ("scaling.BetaCalibration", {})},
-}
-BINARY = ("platt", "beta")
-
-
-class OverBudget(Exception):
-    pass
-
-
-@contextmanager
-def budget(seconds: float):
-    """Raise ``OverBudget`` in the main thread after ``seconds`` of wall time (between two Python bytecodes)."""
-    def stop(*_):
-        raise OverBudget()
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+from calibrators_libraries import BINARY, LIBRARIES, METHODS, RUNNERS, installed
+from calibrators_page import markdown, merge_rows
+from calibrators_timing import OverBudget, apply_repeats, budget, interleaved_times, one_pass
 
 
 def synthetic_logits(n: int, c: int, seed: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
@@ -116,201 +76,11 @@ def synthetic_logits(n: int, c: int, seed: int) -> Dict[str, Tuple[torch.Tensor,
     return out
 
 
-def best_time(fn: Callable[[], object], repeats: int):
-    """(best process CPU seconds over ``repeats`` calls, the last result)."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.process_time()
-        result = fn()
-        best = min(best, time.process_time() - start)
-    return best, result
-
-
-def apply_repeats(repeats: int) -> int:
-    """Applies take micro- to milliseconds where fits repeat: ten times the repeats; three where fits run once
-    (N x C > 1e6: a matrix product there varies by about 10 % from run to run)."""
-    return 3 if repeats == 1 else 10 * repeats
-
-
-def one_pass(logits: torch.Tensor, repeats: int) -> float:
-    return best_time(lambda: torch.logsumexp(logits, dim=1), apply_repeats(repeats))[0]
-
-
 def scores(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     from timm_csm.metrics import calibration_metrics
 
     m = calibration_metrics(logits.double(), labels, n_bins=15)
     return {"ece": float(m["ece"]), "nll": float(m["nll"])}
-
-
-def as_logits(p) -> torch.Tensor:
-    """Logits of a library's probabilities: (N,) P(y = 1) of two classes, else (N, C) rows renormalised."""
-    p = np.asarray(p.detach().cpu() if isinstance(p, torch.Tensor) else p, dtype=np.float64)
-    if p.ndim == 1:
-        p = np.stack([1.0 - p, p], axis=1)
-    p = np.clip(p, 1e-12, None)
-    return torch.from_numpy(np.log(p / p.sum(axis=1, keepdims=True)))
-
-
-def softmax64(logits: torch.Tensor) -> np.ndarray:
-    return torch.softmax(logits.double(), dim=1).numpy()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# one runner per library: (fit seconds, the apply as a function of nothing, held-out logits, fit-set logits,
-# iterations, penalty, objective trace or None); the applies of one row are timed together, interleaved
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def run_ours(name, spec, fit, held_out, repeats):
-    from timm_csm.calibration import create_calibrator
-
-    kwargs = DIRICHLET_REG if name == "dirichlet" else {}
-    fit_s, cal = best_time(lambda: create_calibrator(name, **kwargs).fit(*fit), repeats)
-    apply = lambda: cal.transform(held_out[0])  # noqa: E731
-    out = apply()
-    info = getattr(cal, "fit_info", None) or {}
-    iterations = info.get("iterations")
-    if "warm_start_iterations" in info:
-        iterations = f"{info['iterations']} ({info['evaluations']} evaluations) + {info['warm_start_iterations']} TS"
-    penalty = float(cal.penalty(cal.weight, cal.bias)) if name == "dirichlet" else 0.0
-    trace = info.get("trace")
-    if trace:  # the fit time outside the trace (input checks, the final parameters) added to each point
-        trace = [(seconds + fit_s - trace[-1][0], value) for seconds, value in trace]
-    return fit_s, apply, out, cal.transform(fit[0]), iterations, penalty, trace
-
-
-def run_netcal(name, spec, fit, held_out, repeats):
-    module, cls = spec[0].rsplit(".", 1)
-    factory = getattr(importlib.import_module(f"netcal.{module}"), cls)
-    two = fit[0].shape[1] == 2
-    x_fit, x_test = (softmax64(z)[:, 1].copy() if two else softmax64(z) for z in (fit[0], held_out[0]))
-    fit_s, model = best_time(lambda: factory(**spec[1]).fit(x_fit, fit[1].numpy()), repeats)
-    apply = lambda: model.transform(x_test)  # noqa: E731
-    out = apply()
-    return fit_s, apply, as_logits(out), as_logits(model.transform(x_fit)), None, 0.0, None
-
-
-def run_tu(name, spec, fit, held_out, repeats):
-    import logging
-
-    import torch_uncertainty.post_processing as tu
-    from torch.utils.data import DataLoader, TensorDataset
-
-    logging.getLogger().setLevel(logging.ERROR)  # its "model is None" warning on every fit
-    kwargs = dict(spec[1])
-    if kwargs.pop("num_classes", None):
-        kwargs["num_classes"] = fit[0].shape[1]
-    loader = DataLoader(TensorDataset(*fit), batch_size=len(fit[1]))
-
-    def fitted():
-        scaler = getattr(tu, spec[0])(**kwargs)
-        scaler.fit(loader, progress=False)
-        return scaler
-
-    fit_s, scaler = best_time(fitted, repeats)
-    def apply():
-        with torch.no_grad():
-            return scaler(held_out[0])
-
-    out = apply()
-    with torch.no_grad():
-        on_fit = scaler(fit[0])
-    penalty = 0.0
-    if name == "dirichlet":
-        from timm_csm.calibration import DirichletCalibration
-
-        weight, bias = scaler.inv_temperature_weight.detach(), scaler.inv_temperature_bias.detach()
-        penalty = float(DirichletCalibration(**DIRICHLET_REG).penalty(weight.double(), bias.double()))
-    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, penalty, None
-
-
-class _Scores:
-    """A frozen identity classifier for scikit-learn: its ``decision_function`` (logits) or ``predict_proba`` is
-    the array it is given (two classes: the log-odds)."""
-
-    @staticmethod
-    def make(kind: str):
-        from sklearn.base import BaseEstimator, ClassifierMixin
-
-        class Identity(ClassifierMixin, BaseEstimator):
-            def fit(self, x, y):
-                self.classes_ = np.unique(y)
-                return self
-
-            def predict(self, x):
-                return self.classes_[np.argmax(x, axis=1)]
-
-        def predict_proba(self, x):
-            return x
-
-        def decision_function(self, x):
-            return x[:, 1] - x[:, 0] if x.shape[1] == 2 else x
-
-        if kind == "probabilities":
-            Identity.predict_proba = predict_proba
-        else:
-            Identity.decision_function = decision_function
-        return Identity
-
-
-def run_sklearn(name, spec, fit, held_out, repeats):
-    from sklearn.calibration import CalibratedClassifierCV
-    from sklearn.frozen import FrozenEstimator
-    from sklearn.linear_model import LogisticRegression
-
-    y = fit[1].numpy()
-    if spec == "logistic":  # matrix scaling: the logits as features; Platt: the log-odds
-        feature = (lambda z: (z[:, 1] - z[:, 0])[:, None].double().numpy()) if name == "platt" else \
-            (lambda z: z.double().numpy())
-        x_fit, x_test = feature(fit[0]), feature(held_out[0])
-        fit_s, model = best_time(lambda: LogisticRegression(C=np.inf).fit(x_fit, y), repeats)
-        iterations = int(np.max(model.n_iter_))
-    else:
-        kind = "probabilities" if spec == "isotonic" else "logits"
-        prepare = softmax64 if spec == "isotonic" else (lambda z: z.double().numpy())
-        x_fit, x_test = prepare(fit[0]), prepare(held_out[0])
-        base = _Scores.make(kind)().fit(x_fit, y)
-        fit_s, model = best_time(lambda: CalibratedClassifierCV(FrozenEstimator(base), method=spec)
-                                 .fit(x_fit, y), repeats)
-        iterations = None
-    apply = lambda: model.predict_proba(x_test)  # noqa: E731
-    out = apply()
-    return fit_s, apply, as_logits(out), as_logits(model.predict_proba(x_fit)), iterations, 0.0, None
-
-
-def run_probmetrics(name, spec, fit, held_out, repeats):
-    import probmetrics.calibrators as pm
-    from probmetrics.distributions import CategoricalLogits
-
-    labels = fit[1]
-    fit_s, cal = best_time(lambda: getattr(pm, spec)().fit_torch(CategoricalLogits(fit[0]), labels), repeats)
-    apply = lambda: cal.predict_proba_torch(CategoricalLogits(held_out[0])).get_logits()  # noqa: E731
-    out = apply()
-    on_fit = cal.predict_proba_torch(CategoricalLogits(fit[0])).get_logits()
-    return fit_s, apply, out.detach().double(), on_fit.detach().double(), None, 0.0, None
-
-
-RUNNERS = {"timm_csm": run_ours, "netcal": run_netcal, "torch-uncertainty": run_tu, "scikit-learn": run_sklearn,
-           "probmetrics": run_probmetrics}
-MODULES = {"netcal": "netcal", "torch-uncertainty": "torch_uncertainty.post_processing",
-           "scikit-learn": "sklearn.calibration", "probmetrics": "probmetrics.calibrators"}
-DISTRIBUTIONS = {"timm_csm": "timm-csm", "netcal": "netcal", "torch-uncertainty": "torch-uncertainty",
-                 "scikit-learn": "scikit-learn", "probmetrics": "probmetrics"}
-
-
-def installed() -> Dict[str, Optional[str]]:
-    """{library: version, or None where it (or a dependency of it) does not import}."""
-    from importlib.metadata import version
-
-    out = {"timm_csm": version("timm-csm")}
-    for lib, module in MODULES.items():
-        try:
-            importlib.import_module(module)
-            out[lib] = version(DISTRIBUTIONS[lib])
-        except Exception:  # absent, or a dependency of it absent
-            out[lib] = None
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,28 +105,6 @@ def run_library(lib, name, spec, fit, held_out, runs, budget_s):
     if trace:
         result["trace"] = trace
     return result, apply
-
-
-def interleaved_times(applies: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, Tuple[float, float]]:
-    """(best, median) process CPU seconds of each apply over ``rounds`` rounds that call every apply once in turn:
-    on a shared machine a burst of load then falls on every library alike."""
-    times: Dict[str, List[float]] = {lib: [] for lib in applies}
-    for _ in range(rounds):
-        for lib, apply in applies.items():
-            start = time.process_time()
-            apply()
-            times[lib].append(time.process_time() - start)
-    return {lib: (min(t), sorted(t)[len(t) // 2]) for lib, t in times.items()}
-
-
-def apply_tie(ours: dict, peer: dict) -> bool:
-    """Whether a peer's faster apply lies within the rounds' spread: its best time is above timm_csm's best less
-    the larger of the two libraries' (median - best) (the same matrix product in both, for instance, varies by
-    about that much from round to round). Rows measured before the medians were kept have no tie."""
-    if "apply_median_s" not in ours or "apply_median_s" not in peer:
-        return False
-    spread = max(ours["apply_median_s"] - ours["apply_s"], peer["apply_median_s"] - peer["apply_s"])
-    return peer["apply_s"] >= ours["apply_s"] - spread
 
 
 def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
@@ -397,155 +145,6 @@ def bench(sizes: List[str], repeats: int, seed: int, budget_s: float = 1800.0,
             rows.append(row)
         binary_done.add(n)
     return rows
-
-
-def _ratio(ours, peer, key) -> str:
-    if isinstance(ours, str) or isinstance(peer, str):
-        return "-"
-    return f"{peer[key] / max(ours[key], 1e-9):.3g}x"
-
-
-# the peers whose model is timm_csm's or contained in it: the ones whose fit objective is compared
-SAME_MODEL = {"temperature_scaling_nll": LIBRARIES[1:], "vector_scaling": ("torch-uncertainty", "probmetrics"),
-              "matrix_scaling": LIBRARIES[1:], "dirichlet": LIBRARIES[1:], "platt": LIBRARIES[1:],
-              "beta": LIBRARIES[1:]}
-
-
-def seconds_to_reach(ours: dict, target: float) -> Optional[float]:
-    """The fit seconds after which timm_csm's objective trace first comes within the tolerance of ``target``."""
-    for seconds, value in ours.get("trace") or ():
-        if value <= target + OBJECTIVE_RTOL * abs(target):
-            return seconds
-    return None
-
-
-def findings(rows: List[dict]) -> List[str]:
-    """Facts read off the table: peers faster than timm_csm (a peer's fit that ends sooner at a worse objective
-    compared with the time timm_csm takes to reach that objective), objectives worse than a peer's beyond the
-    tolerance, the passes of temperature scaling."""
-    slower, worse, reached, ties = [], [], [], []
-    for row in rows:
-        ours = row["timm_csm"]
-        for lib in LIBRARIES[1:]:
-            peer = row[lib]
-            if isinstance(ours, str) or isinstance(peer, str):
-                continue
-            same_model = lib in SAME_MODEL.get(row["method"], ())
-            for key, what in (("fit_s", "fit"), ("apply_s", "apply")):
-                if peer[key] < ours[key] and key == "apply_s" and apply_tie(ours, peer):
-                    ties.append(f"{row['method']} at {row['size']}: {lib} {_ratio(ours, peer, key)}")
-                    continue
-                if peer[key] < ours[key]:
-                    worse_fit = key == "fit_s" and same_model and \
-                        peer["objective"] > ours["objective"] + OBJECTIVE_RTOL * abs(ours["objective"])
-                    reach = seconds_to_reach(ours, peer["objective"]) if worse_fit else None
-                    if reach is not None and reach <= peer[key]:
-                        reached.append(f"{row['method']} at {row['size']}: {lib} stops at {peer['objective']:.3g} "
-                                       f"after {peer[key]:.3g} s, timm_csm reaches it after {reach:.3g} s "
-                                       f"({peer[key] / reach:.3g}x) and goes on to {ours['objective']:.3g}")
-                        continue
-                    slower.append(f"{row['method']} {what} at {row['size']}: {lib} {_ratio(ours, peer, key)}"
-                                  + (f" (stopping at a worse objective, {peer['objective']:.3g})" if worse_fit else ""))
-            if same_model and ours["objective"] > peer["objective"] + OBJECTIVE_RTOL * abs(peer["objective"]):
-                worse.append(f"{row['method']} at {row['size']}: {ours['objective']:.7f} vs {lib} "
-                             f"{peer['objective']:.7f}")
-    ts = [r for r in rows if r["method"] == "temperature_scaling_nll" and not isinstance(r["timm_csm"], str)]
-    out = ["Read off the table above:", ""]
-    if ts:
-        fit = [r["timm_csm"]["fit_s"] / r["pass_s"] for r in ts]
-        apply = [r["timm_csm"]["apply_s"] / r["pass_s"] for r in ts]
-        out.append(f"* temperature scaling: fit {min(fit):.1f}-{max(fit):.1f} passes, apply {min(apply):.2f}-"
-                   f"{max(apply):.2f} passes over the sizes run (targets: 20 and 2).")
-    out.append("* a peer faster than timm_csm: " + ("; ".join(slower) if slower else "none, in fit or apply."))
-    if ties:
-        out.append("* a peer's apply faster by less than the rounds' spread (the larger median - best of the two "
-                   "libraries: not a difference this run resolves): " + "; ".join(ties))
-    if reached:
-        out.append(f"* a peer's fit ending sooner at a worse objective, against timm_csm's time to that objective "
-                   f"(its objective trace within {OBJECTIVE_RTOL:g} of the peer's final one): " + "; ".join(reached))
-    out.append(f"* a fit objective above a same-model peer's by more than {OBJECTIVE_RTOL:g} of it: "
-               + ("; ".join(worse) if worse else "none."))
-    return out
-
-
-NOTES = """What the table shows beyond its numbers:
-
-* Validation: every timm_csm apply refuses NaN or infinite logits with one reduction per call. The scaling
-  methods check their output, which a non-finite logit always reaches with finite parameters (one sum over the
-  output for temperature, vector, Platt and beta scaling; the first output column for matrix scaling and
-  Dirichlet calibration, whose every output of a row takes every logit of it); only when that fails is the input
-  read, to tell NaN or infinite logits from an overflow. Isotonic regression and histogram binning, which could map
-  NaN to a finite value, check their input. torch-uncertainty's and probmetrics' scaling applies are a bare
-  multiply or matrix product without a check: where one of them is faster, the difference is that one read (an
-  elementwise apply with the check moves a third more memory than without it).
-* Precision: timm_csm computes float32 logits in float32 blocks with float64 sums over samples (fits) and applies
-  them in float32 (isotonic regression interpolates in float64): the held-out ECE and NLL agree with its float64
-  results to the digits shown. The fit objectives are evaluated here in float64 for every library alike.
-* At 50 000 x 1 000 every fit is a single run, and so is every apply of the rows not re-measured; there, repeated
-  applies of the same matrix product (timm_csm's, torch-uncertainty's, probmetrics') vary by about 10 % from run
-  to run on this machine.
-* ``--budget`` is wall time: on a loaded machine a peer's fit can run past it on far less CPU time (netcal's
-  vector scaling at 10 000 x 100 in the re-measured rows, where this process held 7-20 % of a core; the first run
-  fitted it in 48 s of CPU).
-* At 50 000 x 1 000 matrix scaling fits 1 001 000 parameters to 50 000 rows: the fit rows are separable, the NLL
-  has no minimum (it goes to 0 with growing weights) and every optimiser stops on its own tolerance or budget; the
-  held-out NLL shows the over-fit. Dirichlet calibration there carries the ODIR penalty (1e-3) of the smaller sizes.
-"""
-
-
-def _cells(r, pass_s) -> str:
-    if isinstance(r, str):
-        return f"{r} | | | | | | | |"
-    iterations = "" if r["iterations"] is None else str(r["iterations"])
-    return (f"{r['fit_s']:.3g} | {r['fit_s'] / pass_s:.3g} | {r['apply_s']:.3g} | {r['apply_s'] / pass_s:.3g} | "
-            f"{iterations} | {r['objective']:.7f} | {100 * r['ece']:.2f} | {r['nll']:.4f}")
-
-
-def commands_block(rows: List[dict], command: str) -> List[str]:
-    """The commands that measured ``rows`` (a row without one is ``command``'s), each with the rows it re-measured
-    when there are several."""
-    runs: Dict[str, List[str]] = {command: []}  # the first run first, whichever rows it still holds
-    for row in rows:
-        runs.setdefault(row.get("command", command), []).append(f"{row['method']} {row['size']}")
-    lines = []
-    for i, (run, measured) in enumerate(runs.items()):
-        lines += ["    " + run, ""]
-        if i:
-            lines += ["re-measured there, each row with its peers in that run: " + "; ".join(measured) + ".", ""]
-    return lines
-
-
-def markdown(rows: List[dict], command: str, repeats: int, versions: Dict[str, Optional[str]]) -> str:
-    libs = ", ".join(f"{lib} {versions.get(lib) or '(not installed)'}" for lib in LIBRARIES)
-    lines = ["# Post-hoc calibrators: timm_csm beside netcal, torch-uncertainty, scikit-learn and probmetrics, "
-             "and against one pass over the logits", "", *commands_block(rows, command),
-             f"Machine: {platform.machine()}, 2 CPU cores shared with other benchmark jobs (a loaded machine: "
-             "absolute times are inflated, the ratios and pass multiples taken in one process hold), one thread "
-             f"per library, torch {torch.__version__}, Python {platform.python_version()}; {libs}. Times are "
-             f"process CPU seconds, best of {repeats} (one run where N x C > 1e6); in the rows a later command "
-             "re-measured, a row's applies run in interleaved rounds, one apply of each library per round (best of "
-             "3 where N x C > 1e6), their median kept for the spread. Data, what each library is "
-             "given and how the objective is computed: the script's docstring.", "",
-             "One pass: ``torch.logsumexp`` over the fit logits, timed in the same run; `passes` columns are "
-             "time / pass. Iterations: timm_csm's L-BFGS iterations (objective evaluations) plus the Newton "
-             "iterations of its temperature-scaling warm start; temperature scaling's Newton iterations (one "
-             "fused pass each); scikit-learn's `n_iter_`. Fit objective: mean NLL on the fit rows (+ the ODIR "
-             "penalty for Dirichlet), float64. Speed-up columns: the peer's time over timm_csm's (> 1: timm_csm "
-             "faster).", "",
-             "| method | N x C | pass ms | library | fit s | fit passes | apply s | apply passes | iterations | "
-             "fit objective | held-out ECE % | held-out NLL | fit: peer / ours | apply: peer / ours |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        for lib in LIBRARIES:
-            ratios = "| |" if lib == "timm_csm" else (f"| {_ratio(row['timm_csm'], row[lib], 'fit_s')} | "
-                                                      f"{_ratio(row['timm_csm'], row[lib], 'apply_s')} |")
-            head = f"{1e3 * row['pass_s']:.3g}" if lib == "timm_csm" else ""
-            lines.append(f"| {row['method']} | {row['size']} | {head} | {lib} | {_cells(row[lib], row['pass_s'])} "
-                         + ratios)
-    lines += ["", "Uncalibrated held-out ECE % / NLL: " + "; ".join(
-        f"{r['size']} {100 * r['uncalibrated']['ece']:.2f} / {r['uncalibrated']['nll']:.4f}"
-        for r in rows if r["method"] in ("temperature_scaling_nll", "platt")), ""]
-    return "\n".join(lines + findings(rows) + ["", NOTES]) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -659,17 +258,6 @@ def replace_section(page: str, section: str) -> str:
         head, rest = page.split(RUN_BEGIN, 1)
         return head + section + rest.split(RUN_END, 1)[1]
     return page.rstrip("\n") + "\n\n" + section + "\n"
-
-
-def merge_rows(old: dict, new: dict) -> dict:
-    """``old``'s record with ``new``'s rows in place of its rows of the same method and size (new ones appended);
-    every row names the command that measured it."""
-    for record in (old, new):
-        for row in record["rows"]:
-            row.setdefault("command", record["command"])
-    fresh = {(r["method"], r["size"]): r for r in new["rows"]}
-    rows = [fresh.pop((r["method"], r["size"]), r) for r in old["rows"]] + list(fresh.values())
-    return {**new, "command": old["command"], "rows": rows}
 
 
 def main(argv=None):

@@ -40,7 +40,7 @@ from timm_csm.metrics.binning import bin_edges, bin_index, equal_mass_edges
 from timm_csm.metrics.interval_methods import ONE_SIDED, DEFAULT_INTERVALS, interval_of, list_interval_methods
 from timm_csm.metrics.intervals import bootstrap_with_estimates
 from timm_csm.metrics.ood import bootstrap_ood_distribution, ood_metrics
-from timm_csm.progress import progress_bar
+from timm_csm.trainer import progress_bar
 
 HERE = Path(__file__).parent
 CELLS, PAGE = HERE / "intervals_coverage.jsonl", HERE / "intervals_coverage.md"

@@ -97,7 +97,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from timm_csm.io import write_text_atomic
-    from timm_csm.steps import shipped_generator
+    from timm_csm.recipes.steps import shipped_generator
 
     generator = args.generator or shipped_generator("fmnist")
     if generator is None:

@@ -13,7 +13,7 @@
   them, :func:`on_page_markdown` writes them afresh into the site, and ``tests/test_docs.py`` fails while a
   committed table differs from its source.
 * :class:`DocstringRoles` is a griffe extension: the docstrings cross-reference with Sphinx roles
-  (``:func:`~timm_csm.train.run```), which Markdown would print as they are; it writes them as inline code.
+  (``:func:`~timm_csm.training.run```), which Markdown would print as they are; it writes them as inline code.
 """
 from __future__ import annotations
 

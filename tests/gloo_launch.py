@@ -34,7 +34,7 @@ def run_worker(main, *args):
     """``main(*args)``, then the process group is destroyed, also when ``main`` raises: a worker that exits right
     after a gloo collective otherwise races gloo's thread freeing the last work object during interpreter
     shutdown and aborts (SIGABRT) about one run in five."""
-    from timm_csm.train import end_process_group
+    from timm_csm.cli import end_process_group
 
     try:
         return main(*args)

@@ -253,7 +253,7 @@ def test_data_sources_a_timm_user_meets(tmp_path):
 
 
 def test_eval_only_refuses_a_checkpoint_that_is_not_safetensors(tmp_path):
-    from timm_csm.train import run
+    from timm_csm.training import run
 
     (tmp_path / "x.json").write_text("{}")
     torch.save({"a": torch.zeros(1)}, tmp_path / "x.pth")
@@ -300,7 +300,7 @@ def test_a_run_folder_is_calibrated_on_its_own_held_out_images(tmp_path, capsys)
     in the first line; a folder changed since is refused in one line, with nothing written."""
     from safetensors.torch import load_file
 
-    from timm_csm.train import run
+    from timm_csm.training import run
     from timm_csm.training import parse_args
 
     data = write_image_folder(tmp_path / "flat", splits=(None,), n_per_class=40, noise=20.0)

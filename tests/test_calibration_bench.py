@@ -164,7 +164,7 @@ def test_csm_diagnostics_splits_seen_and_unseen_groups(tmp_path):
     best checkpoint exactly (its real-test accuracy is the one train.py reported)."""
     from csm_testdata import DIGIT_NAMES, make_csm_dataset, save_csm_folder
     from timm_csm.data import load_digits
-    from timm_csm.train import run
+    from timm_csm.training import run
 
     diag = load_benchmark("csm_diagnostics")
 

@@ -44,24 +44,24 @@ def _cell(fit_s, apply_s, objective, trace=None):
 
 
 def test_a_peer_stopping_sooner_at_a_worse_objective_is_timed_against_ours_to_that_objective():
-    bench = load_benchmark("calibrators_bench")
+    page = load_benchmark("calibrators_page")
     trace = [(5.0, 6.3), (20.0, 0.02), (30.0, 0.01), (100.0, 1e-7)]
     row = {"method": "matrix_scaling", "size": "50000 x 1000", "pass_s": 0.2,
            "uncalibrated": {"ece": 0.3, "nll": 7.0}, "timm_csm": _cell(100.0, 1.0, 1e-7, trace),
            "netcal": "no such method", "torch-uncertainty": _cell(300.0, 1.1, 1e-5),
            "scikit-learn": _cell(40.0, 2.0, 0.0105), "probmetrics": _cell(25.0, 1.2, 0.015)}
-    lines = "\n".join(bench.findings([row]))
+    lines = "\n".join(page.findings([row]))
     # scikit-learn ends at 0.0105 after 40 s; ours passes it at 30 s (0.01): not a lost row
     assert "scikit-learn stops at 0.0105 after 40 s, timm_csm reaches it after 30 s (1.33x)" in lines
     # probmetrics ends at 0.015 after 25 s; ours first gets there at 30 s: still a peer faster
     assert "a peer faster than timm_csm: matrix_scaling fit at 50000 x 1000: probmetrics 0.25x (stopping at a " \
            "worse objective, 0.015)" in lines
-    assert bench.seconds_to_reach(row["timm_csm"], 0.0105) == 30.0
-    assert bench.seconds_to_reach(row["timm_csm"], 1e-9) is None
+    assert page.seconds_to_reach(row["timm_csm"], 0.0105) == 30.0
+    assert page.seconds_to_reach(row["timm_csm"], 1e-9) is None
 
 
 def test_a_faster_apply_within_the_rounds_spread_is_listed_apart_from_the_faster_peers():
-    bench = load_benchmark("calibrators_bench")
+    page, timing = load_benchmark("calibrators_page"), load_benchmark("calibrators_timing")
 
     def timed(cell, best, median):
         return {**cell, "apply_s": best, "apply_median_s": median}
@@ -70,15 +70,15 @@ def test_a_faster_apply_within_the_rounds_spread_is_listed_apart_from_the_faster
            "uncalibrated": {"ece": 0.3, "nll": 7.0}, "timm_csm": timed(_cell(100.0, 0, 1e-7), 1.30, 1.40),
            "netcal": "no such method", "torch-uncertainty": timed(_cell(300.0, 0, 1e-7), 1.22, 1.25),
            "scikit-learn": timed(_cell(400.0, 0, 1e-7), 1.00, 1.05), "probmetrics": _cell(250.0, 1.2, 1e-7)}
-    lines = "\n".join(bench.findings([row]))
+    lines = "\n".join(page.findings([row]))
     # torch-uncertainty: 0.08 s faster, our median 0.10 above our best: within the spread
     assert "faster by less than the rounds' spread (the larger median - best of the two libraries: not a difference " \
         "this run resolves): matrix_scaling at 50000 x 1000: torch-uncertainty 0.938x" in lines
     # scikit-learn: 0.30 s faster, beyond either spread; probmetrics' row has no median (an older run): faster
     assert "matrix_scaling apply at 50000 x 1000: scikit-learn 0.769x" in lines
     assert "matrix_scaling apply at 50000 x 1000: probmetrics 0.923x" in lines
-    assert bench.apply_tie(row["timm_csm"], row["torch-uncertainty"])
-    assert not bench.apply_tie(row["timm_csm"], row["scikit-learn"])
+    assert timing.apply_tie(row["timm_csm"], row["torch-uncertainty"])
+    assert not timing.apply_tie(row["timm_csm"], row["scikit-learn"])
 
 
 def test_merged_rows_replace_their_method_and_size_and_the_page_names_every_command():

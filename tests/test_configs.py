@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from timm_csm import steps
+from timm_csm.recipes import steps
 from timm_csm.annotation import AnnotationConfig, annotate_generated, holdout_split
 from timm_csm.annotation.checks import annotation_report
 from timm_csm.commands import annotate, generate

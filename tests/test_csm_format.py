@@ -169,14 +169,16 @@ def test_a_reference_folder_in_the_earlier_layout_loads_with_the_same_features(t
     assert lines == [f"reference encoder: reusing {old_dir}"] and again.weights_path == old_dir / "model.safetensors"
 
 
-@pytest.mark.parametrize("earlier_folder", [False, True])
-def test_an_interrupted_run_in_the_earlier_layout_resumes(tmp_path, monkeypatch, earlier_folder):
-    """Earlier layer names of the reference network, also in the checkpoint folder of the previous layout (converted
-    on read into today's file, the folder removed)."""
+@pytest.mark.parametrize("earlier", [None, "schema", "layout"])
+def test_an_interrupted_run_resumes_and_one_of_the_earlier_schema_is_trained_again(tmp_path, monkeypatch, earlier):
+    """Earlier layer names of the reference network in a checkpoint resume. A checkpoint of the earlier schema (its
+    schedule under ``sched``, its epoch the number of epochs done), also in the checkpoint folder of the previous
+    layout, which always held that schema, does not fit: named in the log, removed, trained again from the seed."""
     from csm_fixtures import as_earlier_checkpoint
 
     from timm_csm.annotation import reference, train_reference_encoder
     from timm_csm.io import load_state, save_state
+    from timm_csm.trainer import STATE_KEYS
 
     data = synthetic_arrays(n_per_class=16)
     kw = dict(epochs=2, batch_size=16, seed=1, progress=False, log=lambda m: None)
@@ -185,12 +187,22 @@ def test_an_interrupted_run_in_the_earlier_layout_resumes(tmp_path, monkeypatch,
     train_interrupted(monkeypatch, lambda: train_reference_encoder(data, tmp_path / "cut", **kw), 4)
     path = tmp_path / "cut" / reference.CHECKPOINT
     state = load_state(path)
-    save_state(path, {**state, "model": _old_layout(state["model"])})
-    if earlier_folder:
+    assert state["epoch"] == 0 and set(state) == set(STATE_KEYS) - {"ema", "rng", "step"}  # the one schema
+    state["model"] = _old_layout(state["model"])
+    if earlier:
+        state.update(sched=state.pop("scheduler"), epoch=1)
+    save_state(path, state)
+    if earlier == "layout":
         as_earlier_checkpoint(path, tmp_path / "cut" / reference.EARLIER_CHECKPOINT)
+        path = tmp_path / "cut" / reference.EARLIER_CHECKPOINT
     lines = []
     resumed = train_reference_encoder(data, tmp_path / "cut", **{**kw, "log": lines.append})
-    assert lines == ["reference encoder: resuming from epoch 1"]
+    if earlier:
+        assert len(lines) == 1 and lines[0].startswith(f"{path} is a damaged reference encoder checkpoint: it does "
+                                                       "not fit (KeyError: 'scheduler'); it is removed and training "
+                                                       "starts over from the seed")
+    else:
+        assert lines == ["reference encoder: resuming from epoch 1"]
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["config.json", "model.safetensors"]
     for (k, v), (_, w) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)

@@ -27,11 +27,13 @@ def run_calibrate(user_files, output, **options):
 
 
 @pytest.fixture
-def class_bias(monkeypatch):
+def class_bias():
     """A calibrator of this file only (the registry is restored afterwards)."""
-    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))
-    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    with registry.CALIBRATORS.restored():
+        yield _class_bias()
 
+
+def _class_bias():
     @register_calibrator("class_bias", summary="one bias per class: the gap between the log class frequencies "
                          "and the log mean predicted probabilities", min_samples=lambda num_classes: 10 * num_classes)
     class ClassBias(PostHocCalibrator):
@@ -63,12 +65,13 @@ def class_bias(monkeypatch):
 
 
 @pytest.fixture
-def gap(monkeypatch):
+def gap():
     """A metric of this file only, one table entry (the table is restored afterwards): mean confidence minus
     accuracy, from the statistics of the one pass."""
-    monkeypatch.setattr(table, "_TABLE", dict(table._TABLE))
-    return register_metric(MetricSpec("gap", "Confidence - accuracy", scale=100, description="over-confidence gap",
-                                      from_state=lambda st: (float(st.confidence) - float(st.correct)) / float(st.n)))
+    with table.METRICS.restored():
+        yield register_metric(MetricSpec(
+            "gap", "Confidence - accuracy", scale=100, description="over-confidence gap",
+            from_state=lambda st: (float(st.confidence) - float(st.correct)) / float(st.n)))
 
 
 def test_a_calibrator_of_one_file_is_created_listed_checked_and_documented(class_bias):

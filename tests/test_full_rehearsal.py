@@ -15,11 +15,11 @@ import pytest
 import torch
 from test_edm import _random_net, write_edm_pickle
 
+from timm_csm.commands.pipeline import build_parser, main, profile_from_args
 from timm_csm.generation.edm import EDMPrecond
 from timm_csm.generation.edm.labels import CIFAR100_CLASSES
-from timm_csm.recipes import StageCache, get_profile, main, rehearsal_profile, stages
+from timm_csm.recipes import StageCache, get_profile, rehearsal_profile, stages
 from timm_csm.recipes.profiles import REHEARSAL_SIZES, REHEARSAL_VAL_FRACTION
-from timm_csm.recipes.run import build_parser, profile_from_args
 
 # the Hub's CIFAR-100 (the loader of huggingface/datasets): fine names with class 26 spelled "cra", the 20 coarse
 # names and each fine class's coarse class (Krizhevsky, 2009)

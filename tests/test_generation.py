@@ -280,7 +280,7 @@ def test_damaged_shards_are_named_and_generated_again(tmp_path):
 
 def test_extending_a_folder_copies_its_groups_and_generates_only_the_rest(tiny_generator, tmp_path):
     from timm_csm.generation import MixingConfig
-    from timm_csm.steps import generate_groups
+    from timm_csm.recipes.steps import generate_groups
 
     def generate(out, num_groups, **kw):
         mixing = MixingConfig(num_lambdas=3, steps=3, groups_per_shard=2, batch_groups=2)
@@ -349,6 +349,36 @@ def test_generator_resume_refuses_a_pickled_checkpoint_of_earlier_versions(tmp_p
     assert sorted(p.name for p in (tmp_path / "gen").iterdir()) == ["checkpoint"]
 
 
+@pytest.mark.parametrize("layout", ["today's", "folder", "split model"])
+def test_a_generator_checkpoint_of_the_earlier_schema_is_an_error_naming_it(tmp_path, layout):
+    """Its schedule under ``lr_sched`` and its history under ``losses``, in today's file or in the checkpoint folder
+    of the previous layouts (a state file and state.json; before it, the UNet in a file of its own), which always
+    held that schema: it does not fit, an error naming it; nothing is removed or overwritten."""
+    import dataclasses
+
+    from csm_fixtures import as_earlier_checkpoint
+
+    from timm_csm.generation.training import train_generator
+    from timm_csm.io import CHECKPOINT_LAST, load_state, save_state
+
+    images = np.zeros((4, 1, 28, 28), dtype=np.uint8)
+    cfg = dataclasses.replace(GENERATOR_PROFILES["smoke"], steps=2, checkpoint_every=1)
+    args = (images, np.arange(4) % 3, ["a", "b", "c"], tmp_path / "gen")
+    train_generator(*args, dataclasses.replace(cfg, steps=1), progress=False, log=lambda m: None)
+    path = tmp_path / "gen" / CHECKPOINT_LAST
+    state = load_state(path)
+    state.update(lr_sched=state.pop("scheduler"), losses=state.pop("history"))
+    save_state(path, state)
+    if layout != "today's":
+        as_earlier_checkpoint(path, tmp_path / "gen" / "checkpoint", split_model=layout == "split model")
+        path = tmp_path / "gen" / "checkpoint"
+    kept = sorted(p.name for p in path.parent.rglob("*"))
+    match = re.escape(f"{path} is a damaged generator checkpoint: it does not fit (KeyError: 'scheduler')")
+    with pytest.raises(ValueError, match=match + ".*delete"):
+        train_generator(*args, cfg, progress=False, log=lambda m: None)
+    assert sorted(p.name for p in path.parent.rglob("*")) == kept
+
+
 def test_a_damaged_generator_checkpoint_is_an_error_naming_it(tmp_path):
     """Not a cache: a truncated checkpoint stops the run with its name, and stays as it was."""
     import dataclasses
@@ -367,17 +397,13 @@ def test_a_damaged_generator_checkpoint_is_an_error_naming_it(tmp_path):
     assert state.stat().st_size == 64
 
 
-@pytest.mark.parametrize("earlier_layout", [None, "folder", "split model"])
-def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
-    """A run stopped at step 2 and resumed ends with the weights of a straight run, also from a checkpoint in the
-    layouts of the versions before (a folder of a state file and state.json; before it, the UNet in a file of its
-    own): read, rewritten in today's, the folder removed."""
+def test_generator_training_resumes_exactly(tmp_path):
+    """A run stopped at step 2 and resumed ends with the weights of a straight run."""
     import dataclasses
 
-    from csm_fixtures import as_earlier_checkpoint
-
-    from timm_csm.generation.training import train_generator
+    from timm_csm.generation.training import load_checkpoint_ema, train_generator
     from timm_csm.io import CHECKPOINT_LAST, load_state
+    from timm_csm.trainer import STATE_KEYS
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (32, 1, 28, 28), dtype=np.uint8)
@@ -387,9 +413,11 @@ def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
                                   log=lambda m: None)
     train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", dataclasses.replace(cfg, steps=2),
                     progress=False, log=lambda m: None)
-    if earlier_layout:
-        as_earlier_checkpoint(tmp_path / "b" / CHECKPOINT_LAST, tmp_path / "b" / "checkpoint",
-                              split_model=earlier_layout == "split model")
+    state = load_state(tmp_path / "b" / CHECKPOINT_LAST)  # the one schema, and the generator's training time
+    assert state["step"] == 2 and set(state) - set(STATE_KEYS) == {"train_seconds"}
+    assert set(STATE_KEYS) - set(state) == {"epoch", "rng"}
+    ema_unet, step = load_checkpoint_ema(tmp_path / "b", 3, cfg)  # a look at the generator while it trains
+    assert step == 2 and torch.equal(next(ema_unet.parameters()), state["ema"]["shadow_params"][0])
     lines = []
     resumed, _ = train_generator(images, labels, ["a", "b", "c"], tmp_path / "b", cfg, progress=False,
                                  log=lines.append)
@@ -397,7 +425,7 @@ def test_generator_training_resumes_exactly(tmp_path, earlier_layout):
     assert lines[0].startswith("generator: 32 images of 3 classes at 1x28x28; UNet [16, 16, 32]; 4 steps of 8 images, "
                                "AdamW lr 0.001 (linear warm-up over 1 steps), EMA decay 0.999, seed 0; checkpoint "
                                "every 2 steps (")
-    assert not (tmp_path / "b" / "checkpoint").exists() and load_state(tmp_path / "b" / CHECKPOINT_LAST)["step"] == 4
+    assert load_state(tmp_path / "b" / CHECKPOINT_LAST)["step"] == 4
     for (n, p), (_, q) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(p, q, msg=n)
     index = json.loads((tmp_path / "b" / "model_index.json").read_text())

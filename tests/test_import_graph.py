@@ -11,12 +11,12 @@ ROOT = Path(timm_csm.__file__).parent
 # what each part of the package may import (the README's "Architecture"); "timm_csm" is the package itself, whose
 # import registers the models and the evaluate modules
 ALLOWED = {
+    "registry": set(),
     "io": set(),
     "options": set(),
     "extras": set(),
     "cli": {"extras"},
-    "progress": set(),
-    "trainer": {"io", "progress"},
+    "trainer": {"io"},
     "models": set(),
     "data": {"metrics", "io", "extras"},
     "metrics": {"io", "extras"},
@@ -26,17 +26,20 @@ ALLOWED = {
     "annotation": {"data", "models", "io", "trainer", "options"},
     "generation": {"data", "models", "io", "trainer", "options"},
     "hub": {"data", "io"},
-    "evaluation": {"data", "models", "metrics", "calibration", "io", "progress", "extras", "options"},
+    "evaluation": {"data", "models", "metrics", "calibration", "io", "trainer", "extras", "options"},
     "training": {"evaluation", "data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
-                 "progress", "trainer", "extras", "options"},
-    "train": {"training", "evaluation", "data", "losses", "io", "timm_csm", "cli"},
-    "steps": {"annotation", "generation", "hub", "data", "timm_csm"},
-    "recipes": {"train", "training", "steps", "annotation", "generation", "hub", "data", "io", "cli"},
-    "study": {"recipes", "generation", "training", "calibration", "data", "metrics", "io", "extras", "progress"},
-    "commands": {"evaluation", "calibration", "hf_metrics", "steps", "train", "training", "annotation", "generation",
+                 "trainer", "extras", "options", "cli", "timm_csm"},
+    "recipes": {"training", "annotation", "generation", "hub", "data", "losses", "metrics", "io", "cli", "timm_csm"},
+    "study": {"recipes", "generation", "training", "calibration", "annotation", "data", "metrics", "io", "extras",
+              "trainer"},
+    "commands": {"evaluation", "calibration", "hf_metrics", "recipes", "training", "annotation", "generation",
                  "hub", "data", "metrics", "io", "options", "timm_csm", "cli", "study"},
     "timm_csm": {"models", "hf_metrics"},
 }
+# the one registry class lies beneath every part
+for _part_name, _imports in ALLOWED.items():
+    if _part_name != "registry":
+        _imports.add("registry")
 
 
 def _module_name(path: Path) -> str:

@@ -12,7 +12,7 @@ from timm_csm.data import (ArrowImages, FolderImages, GlobalBatchSampler, ImageC
                            column_arrays, create_timm_transforms, hf_split_to_lazy, load_fashion_mnist,
                            open_image_split, stack_images)
 from timm_csm.io import read_model_meta
-from timm_csm.train import run
+from timm_csm.training import run
 
 
 def _fashion_folder(root, per_split=(("train", 120), ("validation", 40)), sizes=(20, 40), modes=("L", "RGB", "RGBA")):

@@ -75,7 +75,7 @@ def test_bad_kwargs_name_the_loss():
 
 def test_register_duplicate_and_overwrite():
     name = "test_registry_tmp_loss"
-    try:
+    with loss_registry.LOSSES.restored():
         @register_loss(name)
         class Tmp(torch.nn.Module):
             def forward(self, logits, target):
@@ -86,8 +86,7 @@ def test_register_duplicate_and_overwrite():
             register_loss(name, lambda: torch.nn.Identity())
         register_loss(name, torch.nn.Identity, overwrite=True)
         assert isinstance(create_loss(name), torch.nn.Identity)
-    finally:
-        loss_registry._LOSS_ENTRYPOINTS.pop(name, None)
+    assert name not in list_losses()  # restored
     with pytest.raises(ValueError):
         register_loss("", torch.nn.Identity)
 

@@ -34,7 +34,7 @@ def flat(tmp_path, monkeypatch):
 
 def test_a_flat_folder_through_every_command_in_order(flat, capsys):
     from timm_csm.commands import annotate, evaluate_generator, generate, train_generator
-    from timm_csm.train import run
+    from timm_csm.training import run
     from timm_csm.training import parse_args
 
     folder, kept = (str(p.name) for p in flat)
@@ -98,8 +98,9 @@ def test_the_pipeline_holds_out_one_test_split_of_a_flat_folder_for_every_stage(
 
     from safetensors.torch import load_file
     from timm_csm.data.sources import hold_out_test_split
-    from timm_csm.recipes import get_profile, main, run_recipe
-    from timm_csm.steps import PoorGeneratorError
+    from timm_csm.commands.pipeline import main
+    from timm_csm.recipes import get_profile, run_recipe
+    from timm_csm.recipes.steps import PoorGeneratorError
 
     folder = flat[0].name
     strict = dataclasses.replace(get_profile("smoke"), dataset=folder, test_fraction=0.2, accept_poor_generator=False)
@@ -132,7 +133,7 @@ def test_the_pipeline_uses_a_generator_folder_of_train_generator_as_it_is(flat, 
     and says that the generator may have seen its held-out test images; a value that names no generator is one line
     listing what is accepted, with nothing written."""
     from timm_csm.commands import train_generator
-    from timm_csm.recipes import main
+    from timm_csm.commands.pipeline import main
 
     folder = flat[0].name
     assert train_generator.main(["--profile", "smoke", "--dataset", folder, "--output", "runs/gen", "--steps", "1",

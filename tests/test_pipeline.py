@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_smoke_pipeline_end_to_end_and_cached_rerun(tmp_path):
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "timm_csm.recipes", "--profile", "smoke", "--output", str(out)]
+    cmd = [sys.executable, "-m", "timm_csm.commands.pipeline", "--profile", "smoke", "--output", str(out)]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     report = (out / "report.md").read_text()

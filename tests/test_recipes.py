@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from timm_csm.commands.pipeline import build_parser, profile_from_args
 from timm_csm.recipes import (RecipeProfile, Stage, StageCache, get_profile, list_profiles, register_profile,
                               rehearsal_profile, stage_key, stages)
 from timm_csm.recipes.cache import MARKER
 from timm_csm.recipes.profiles import FULL_EDM_PICKLE_URL
-from timm_csm.recipes.run import build_parser, profile_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,9 +124,10 @@ def test_a_failed_stage_writes_no_marker(tmp_path):
 
 def test_unknown_profile_names_the_known_ones():
     assert list_profiles() == ["demo", "full", "noaug", "smoke"] and list_profiles("s*") == ["smoke"]
-    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, noaug, smoke"):
+    with pytest.raises(ValueError, match="unknown recipe profile 'demoo'; known profiles: demo, full, noaug, smoke; "
+                                         "did you mean 'demo'"):
         get_profile("demoo")
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(ValueError, match="already registered"):
         register_profile("demo", RecipeProfile())
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--profile", "demoo"])
@@ -142,7 +143,7 @@ def test_get_profile_returns_a_copy():
 
 
 def test_module_cli_lists_the_profiles():
-    res = subprocess.run([sys.executable, "-m", "timm_csm.recipes", "--help"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "timm_csm.commands.pipeline", "--help"], capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0 and "{demo,full,noaug,smoke}" in res.stdout, res.stderr[-2000:]
 
@@ -150,7 +151,7 @@ def test_module_cli_lists_the_profiles():
 def test_the_full_profile_builds_openai_clip_with_quickgelu():
     import open_clip
 
-    model_name, pretrained = stages.open_clip_spec(get_profile("full").encoder)
+    model_name, pretrained = stages.recipe_encoder(get_profile("full").encoder)[1].values()
     assert pretrained == "openai" and pretrained in open_clip.list_pretrained_tags_by_model(model_name)
     assert open_clip.get_model_config(model_name)["quick_gelu"] is True
     assert open_clip.get_pretrained_cfg(model_name, pretrained)["quick_gelu"] is True
@@ -223,7 +224,8 @@ def test_a_missing_open_clip_file_or_tag_cache_names_both_ways(tmp_path):
     # offline (the tests set HF_HUB_OFFLINE) with an empty cache, the tag's weights cannot be had
     with pytest.raises(RuntimeError, match="tag 'openai' are not in the cache and could not be downloaded.*" + both):
         stages.check_encoder(get_profile("full"))
-    with pytest.raises(ValueError, match="give 'reference' or 'open_clip:<model>:<tag or weights file>'"):
+    with pytest.raises(ValueError, match="give 'reference' .trained here. or a spec with every field: "
+                                         "open_clip:<model_name>:<pretrained>"):
         stages.check_encoder(RecipeProfile(encoder="open_clip:ViT-B-32"))
     stages.check_encoder(RecipeProfile())  # the reference encoder is trained by the recipe: nothing to check
 

@@ -13,7 +13,7 @@ from timm_csm.annotation import (ImageEncoder, ImagePreprocessor, create_encoder
 from timm_csm.annotation import factory
 from timm_csm.generation import MixingConfig, plan_groups
 from timm_csm.generation import registry
-from timm_csm.generation.registry import (GeneratorKind, accepted_generators, create_generator, find_generator,
+from timm_csm.generation.registry import (accepted_generators, create_generator, find_generator,
                                          generator_kind, register_generator)
 
 PACKAGE = Path(timm_csm.__file__).parent
@@ -35,9 +35,9 @@ class _MeanColour(ImageEncoder):
 
 @pytest.fixture
 def mean_colour():
-    register_encoder("mean_colour", ("scale",))(_MeanColour)
-    yield
-    factory._ENCODERS.pop("mean_colour")
+    with factory.ENCODERS.restored():
+        register_encoder("mean_colour", spec_fields=("scale",))(_MeanColour)
+        yield
 
 
 def test_an_encoder_registered_in_one_place_is_built_from_its_spec(mean_colour):
@@ -60,7 +60,7 @@ def test_the_spec_of_the_command_and_of_the_recipe_is_one():
     spec = "open_clip:ViT-B-32-quickgelu:/weights/a:b.safetensors"  # the last field keeps its colons
     assert parse_encoder_spec(spec) == ("open_clip", {"model_name": "ViT-B-32-quickgelu",
                                                       "pretrained": "/weights/a:b.safetensors"})
-    assert stages.open_clip_spec(spec) == ("ViT-B-32-quickgelu", "/weights/a:b.safetensors")
+    assert stages.recipe_encoder(spec) == parse_encoder_spec(spec)
     assert parse_encoder_spec("reference") == ("reference", {})
     assert parse_encoder_spec("timm:resnet18") == ("timm", {"model": "resnet18"})
 
@@ -85,12 +85,11 @@ def _no_guidance(mixing):
 
 @pytest.fixture
 def checkerboard():
-    kind = register_generator(GeneratorKind(
-        "checkerboard", lambda path: path.name.startswith("board-"),
-        lambda path, mixing, class_names, anchors, device: _Checkerboard(path, mixing.steps), _no_guidance,
-        lambda path: "board", is_file=True))
-    yield kind
-    registry._KINDS.pop("checkerboard")
+    with registry.GENERATORS.restored():
+        register_generator("checkerboard", lambda path, mixing, class_names, anchors, device: _Checkerboard(
+            path, mixing.steps), matches=lambda path: path.name.startswith("board-"), check=_no_guidance,
+            digest=lambda path: "board", is_file=True)
+        yield registry.generator_spec("checkerboard")
 
 
 def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(checkerboard, tmp_path):
@@ -107,8 +106,9 @@ def test_a_generator_registered_in_one_place_is_created_from_a_mixing_config(che
     assert pipe.steps == 3 and images.shape == (2, 1, 4, 4) and images[1].max() == 255 and images[0].max() == 0
     with pytest.raises(ValueError, match="takes no guidance"):
         create_generator(tmp_path / "board-1", MixingConfig(guidance_scale=2.0))
-    with pytest.raises(ValueError, match="registered already"):
-        register_generator(checkerboard)
+    with pytest.raises(ValueError, match="already registered"):
+        register_generator("checkerboard", checkerboard.create, matches=checkerboard.matches,
+                           check=checkerboard.check, digest=checkerboard.digest)
 
 
 def test_only_the_generator_registry_looks_at_a_pkl_suffix():

@@ -1,11 +1,11 @@
-"""The method's steps (timm_csm.steps) and their two front ends: the commands and the recipe's stages give the same
+"""The method's steps (timm_csm.recipes.steps) and their two front ends: the commands and the recipe's stages give the same
 bytes on the same inputs; one dataset name, one default of s, one way to name a generator."""
 import json
 from pathlib import Path
 
 import pytest
 
-from timm_csm import steps
+from timm_csm.recipes import steps
 from timm_csm.generation.config import MixingConfig
 from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
 

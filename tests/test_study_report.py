@@ -91,6 +91,26 @@ def test_the_page_of_a_few_cell_folders_states_the_decision_they_make(tmp_path):
     assert rows["ce"]["ece_pre_ts"]["mean"] == pytest.approx(6.0 + 0.05 * 1.5)
 
 
+def test_ce_as_the_best_other_method_is_one_row_of_the_decision_counted_as_registered(tmp_path):
+    spec_path = tmp_path / "tiny.toml"
+    spec_path.write_text(SPEC)
+    spec = parse_spec(SPEC)
+    root = tmp_path / "cells"
+    values = {**VALUES, "ce": (2.5, 6.0), "ls": (3.0, 4.0), "ls@smoothing=0.1": (4.0, 3.0)}  # CE best on validation
+    for method, (val, test) in values.items():
+        for seed in spec.seeds.tuning:
+            _write_cell(root, spec, method, seed, val, test)
+    for method in ("ce", "csm@s=4"):
+        for seed in spec.seeds.decision[len(spec.seeds.tuning):]:
+            _write_cell(root, spec, method, seed, *values[method])
+    main(["report", str(spec_path), "--cells", str(root)])
+    text = (tmp_path / "tiny.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| matched | CE")]
+    assert rows == ["| matched | CE (also the best other method; counted 2 times in Holm's family, as registered) | "
+                    "-4.00 [-4.00, -4.00] (n=4) | 0.0000 | yes | 0.00 | 0.00 / 0.00 |"]
+    assert '**"CSM calibrates better" in `matched`: holds.**' in text
+
+
 def test_a_cell_of_another_study_is_refused_by_name(tmp_path):
     spec = parse_spec(SPEC)
     _write_cell(tmp_path / "cells", spec, "ce", 0, 5.0, 6.0)

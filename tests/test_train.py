@@ -12,7 +12,8 @@ from gloo_launch import launch_two_processes
 from timm_csm.io import load_state
 from timm_csm.metrics import METRIC_KEYS
 from timm_csm.metrics.interval_methods import INTERVAL_NOTE
-from timm_csm.train import run
+from timm_csm.training import run
+from timm_csm.trainer import STATE_KEYS
 from timm_csm.training import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +170,8 @@ def test_resume_equals_uninterrupted(tmp_path, csm_folder):
     run(_config(tmp_path, "part", epochs=1, **extra))
     resumed = run(_config(tmp_path, None, epochs=2, resume=str(tmp_path / "part" / "last.safetensors"), **extra))
     a, b = load_state(tmp_path / "full" / "last.safetensors"), load_state(tmp_path / "part" / "last.safetensors")
-    assert b["epoch"] == 1
+    assert b["epoch"] == 1  # the one schema (its last finished epoch) and the classifier's own entries
+    assert set(b) - set(STATE_KEYS) == {"loss", "best", "meta"} and set(STATE_KEYS) - set(b) == {"ema", "step"}
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     for key in a["optimizer"]["state"]:
@@ -446,7 +448,7 @@ def test_entry_points_end_their_process_group_also_on_errors(tmp_path):
     import torch.distributed as dist
 
     from gloo_launch import run_worker
-    from timm_csm.train import main
+    from timm_csm.commands.train import main
 
     def failing_worker():
         raise RuntimeError("worker failed")

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from timm_csm.calibration import create_calibrator
+from timm_csm.commands.train import main
 from timm_csm.evaluation import evaluate_calibration
 from timm_csm.metrics import calibration_metrics
-from timm_csm.train import main, run
+from timm_csm.training import run
 
 
 def _logits(n, k=4, seed=0):

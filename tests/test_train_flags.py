@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from gloo_launch import SCRIPTS, launch_two_processes
 from timm_csm.io import load_state
-from timm_csm.train import run
+from timm_csm.training import run
 from timm_csm.training import (AllReduceBatchNorm, ClassificationTask, check_training_options,
                                convert_sync_batchnorm, parse_args, prepare_training, train_one_epoch)
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from timm_csm.io import load_state, save_state
-from timm_csm.train import run
+from timm_csm.training import run
 from timm_csm.training import load_data, parse_args
 
 

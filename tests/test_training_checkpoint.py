@@ -67,15 +67,16 @@ def _check_states(folder, epochs):
 def test_history_links_the_last_state_written_once_per_epoch(tmp_path, monkeypatch):
     """The history entry of an epoch is a hard link of that epoch's last.safetensors: one state write per epoch.
     last.safetensors is replaced by a new file every epoch, so each entry keeps its own epoch's state."""
-    import timm_csm.io as file_io
+    from timm_csm.io import atomic, model_file, state_file
 
-    written, save = [], file_io.save_safetensors_atomic
+    written, save = [], atomic.save_safetensors_atomic
 
     def counting_save(path, *args):
         written.append(Path(path).name)
         save(path, *args)
 
-    monkeypatch.setattr(file_io, "save_safetensors_atomic", counting_save)
+    for writer in (model_file, state_file):  # the model file's and the state file's one writer
+        monkeypatch.setattr(writer, "save_safetensors_atomic", counting_save)
     saver = CheckpointSaver(tmp_path, "acc", max_history=2)
     for epoch in range(4):
         written.clear()

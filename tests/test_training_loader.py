@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from timm_csm.train import run
+from timm_csm.training import run
 from timm_csm.training import load_data, load_trained_classifier, resolve_config
 
 

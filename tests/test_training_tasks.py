@@ -188,7 +188,7 @@ def test_the_task_reads_the_spec_it_is_given_once():
     its class attributes (LossSpec.of)."""
     images, labels = _data()
     name = "test_tasks_indexed_factory"
-    try:
+    with loss_registry.LOSSES.restored():
         loss_registry.register_loss(name, lambda num_samples: _RecordingCE(), spec=LossSpec("index"))
         args = _args("--loss", name)
         criterion, spec = create_criterion(args, 20)
@@ -198,9 +198,6 @@ def test_the_task_reads_the_spec_it_is_given_once():
         batch = _batch(task, images, labels)
         task(batch)
         assert torch.equal(criterion.seen, batch["index"])  # the registry says index=: the task passes it
-    finally:
-        loss_registry._LOSS_ENTRYPOINTS.pop(name, None)
-        loss_registry._LOSS_SPECS.pop(name, None)
 
     outside = _IndexedCE()  # never registered
     task = ClassificationTask(_model(), outside)

@@ -15,7 +15,7 @@ _LAZY = {
     "install_evaluate_modules": "timm_csm.hf_metrics",
     "load_csm_dataset": "timm_csm.hub",
     "install_dataset": "timm_csm.hub",
-    "shipped_generator": "timm_csm.steps",
+    "shipped_generator": "timm_csm.recipes.steps",
     "create_loss": "timm_csm.losses",
     "list_losses": "timm_csm.losses",
     "register_loss": "timm_csm.losses",

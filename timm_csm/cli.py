@@ -5,11 +5,13 @@ A console script runs ``sys.exit(main())``: ``None`` and ``0`` are success, any 
 anything else (a folder, a dict) is printed to stderr as the "error" of exit status 1. :func:`console_command` gives
 each command the same contract: exit status 0 on success, a missing optional dependency or bad input as one line
 ``<command>: error: ...`` (statuses 1 and 2) instead of a traceback, and its parser reachable for the documentation's
-flag tables. A command stopped with Ctrl-C ends through :func:`exit_interrupted`, and every command that may have
-started a ``torch.distributed`` process group ends it with :func:`end_process_group`.
+flag tables; every parser formats its ``--help`` with :class:`HelpFormatter`. A command stopped with Ctrl-C ends
+through :func:`exit_interrupted`, and every command that may have started a ``torch.distributed`` process group ends
+it with :func:`end_process_group`.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -17,10 +19,25 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 from .extras import missing_extra, require_installed
 
-__all__ = ["console_command", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT", "exit_interrupted", "end_process_group"]
+__all__ = ["console_command", "HelpFormatter", "EXIT_MISSING_EXTRA", "EXIT_BAD_INPUT", "exit_interrupted",
+           "end_process_group"]
 
 EXIT_MISSING_EXTRA = 1
 EXIT_BAD_INPUT = 2  # as argparse's own errors
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The ``--help`` of every timm-csm command: the description as written, and each option's help ending with its
+    default once: not when the help says it in words (or ``BooleanOptionalAction`` added it), nor for a switch,
+    which is off unless given."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or "when omitted" in text or not action.option_strings or (
+                action.default is argparse.SUPPRESS) or (
+                action.nargs == 0 and action.default is False):
+            return text
+        return f"{text} (default: {'none' if action.default in (None, '') else '%(default)s'})"
 
 
 def _error(prog: str, message: str, status: int) -> int:

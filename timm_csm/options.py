@@ -14,17 +14,20 @@ import dataclasses
 import functools
 import typing
 from dataclasses import field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "comma_separated"]
 
 
-def option(default, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
-           flag: Optional[str] = None, **argparse_kwargs):
-    """A configuration field: its ``default`` (a list is copied per instance) and, as metadata, its flag:
+def option(default=None, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
+           flag: Optional[str] = None, factory: Optional[Callable[[], Any]] = None, **argparse_kwargs):
+    """A configuration field: its ``default`` (a list is copied per instance; ``factory``: a function that gives it
+    when an instance or a parser is made, for a default read from a registry) and, as metadata, its flag:
     ``flag`` (default ``--<name-with-dashes>``) and ``short``, its ``--help`` ``group`` and text, and the
     ``add_argument`` settings its type does not imply (``nargs``, ``choices``, ``metavar``, ...)."""
     metadata = dict(group=group, help=help, short=short, flag=flag, argparse=argparse_kwargs)
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
     if isinstance(default, list):
         return field(default_factory=functools.partial(list, default), metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -16,7 +16,8 @@ from .checks import annotation_report, drop_groups, flag_groups, group_spearman,
 from .encoders import (DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder, OpenClipEncoder, TimmEncoder, encode_images,
                        weights_fingerprint)
 from .config import LABEL_MODES, AnnotationConfig, resolve_scale
-from .factory import create_encoder, list_encoders, parse_encoder_spec, register_encoder
+from .factory import (ENCODERS, EncoderFlag, EncoderSpec, create_encoder, create_encoder_checked, encoder_from_options,
+                      encoder_spec, list_encoders, parse_encoder_spec, register_encoder)
 from .label_groups import annotate, decode_images, rescale_soft_labels
 from .pipeline import AnnotatedSet, annotate_generated, choose_scale, holdout_rows, holdout_split
 from .preprocess import ImagePreprocessor
@@ -29,7 +30,8 @@ from .soft_labels import (DEFAULT_SCALES, default_scale, dominant_class, generat
 __all__ = [
     "AnnotationConfig", "resolve_scale",
     "ImageEncoder", "OpenClipEncoder", "TimmEncoder", "ReferenceEncoder", "REFERENCE_MODEL",
-    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec",
+    "create_encoder", "register_encoder", "list_encoders", "parse_encoder_spec", "ENCODERS", "EncoderSpec",
+    "EncoderFlag", "encoder_spec", "encoder_from_options", "create_encoder_checked",
     "encode_images", "weights_fingerprint", "ImagePreprocessor",
     "DEFAULT_ZERO_SHOT_TEMPLATES", "train_reference_encoder", "load_reference_encoder",
     "ClassPrototypes", "HeldOutFeatures", "compute_prototypes", "load_or_compute_prototypes",

@@ -1,6 +1,6 @@
 """The configuration of a re-annotation: :class:`AnnotationConfig`, one typed field per option of
 ``timm-csm-annotate`` (its flags are built from the fields, :func:`timm_csm.options.add_options`), which the
-command, the steps (:func:`timm_csm.steps.annotate_generated_folder`) and the recipe's annotate stage all take.
+command, the steps (:func:`timm_csm.recipes.steps.annotate_generated_folder`) and the recipe's annotate stage all take.
 
 Its defaults are the annotation's: the scale s (None: the paper's value where it published one, else chosen on
 held-out real images, :meth:`AnnotationConfig.scale`), the held-out share of the real training split and its seed,
@@ -14,12 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Union
 
 from ..options import option
-from .soft_labels import default_scale
+from .soft_labels import LABEL_MODES, default_scale
 
 __all__ = ["AnnotationConfig", "LABEL_MODES", "resolve_scale"]
-
-#: where soft labels come from: the projection on the prototypes (the paper), CLIP zero-shot, the generation lambda
-LABEL_MODES = ("projection", "zero_shot", "generation")
 
 
 def resolve_scale(s: Union[None, str, float], dataset: str) -> Union[str, float]:

@@ -21,7 +21,7 @@ from .checks import RECOGNISER
 from .config import DEFAULTS, LABEL_MODES
 from .encoders import DEFAULT_ZERO_SHOT_TEMPLATES, ImageEncoder
 from .prototypes import ClassPrototypes
-from .soft_labels import dominant_class, generation_class_labels, pair_soft_labels, projection_coefficient
+from .soft_labels import dominant_class, pair_soft_labels, projection_coefficient
 
 __all__ = ["annotate", "rescale_soft_labels", "decode_images", "pure_member_recognition", "real_recognition",
            "nearest_prototype", "LABEL_MODES"]
@@ -126,25 +126,22 @@ def annotate(
         number of dropped groups); with ``return_recognition``, ``(dataset, recognition)``.
     """
     if label_mode not in LABEL_MODES:
-        raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
+        raise ValueError(f"label_mode must be one of {tuple(LABEL_MODES)}, got {label_mode!r}")
+    mode = LABEL_MODES.get_spec(label_mode)
     class_names = [str(c) for c in class_names]
     proto = _prototype_means(prototypes, class_names)
     cols = _raw_columns(generated, len(class_names))
     if lambdas is None:
         lambdas = np.unique(np.round(cols["lambda_gen"].astype(np.float64), 6))
     generated, cols, description = _complete_groups(generated, cols, lambdas, drop_incomplete, log)
-    lambda_hat, probs, nearest = _encode(generated, cols, encoder, proto, class_names, label_mode,
+    lambda_hat, probs, nearest = _encode(generated, cols, encoder, proto, class_names, mode.encoder_probs,
                                          zero_shot_templates, batch_size, progress)
     a_t, b_t = torch.from_numpy(cols["class_a"]), torch.from_numpy(cols["class_b"])
     k = len(class_names)
-    if label_mode == "projection":
-        soft = pair_soft_labels(lambda_hat, a_t, b_t, k, s)
-    elif label_mode == "generation":
-        soft = generation_class_labels(torch.from_numpy(cols["lambda_gen"].astype(np.float64)), a_t, b_t, k)
-    else:
-        soft = (probs.double() / probs.double().sum(1, keepdim=True)).float()
+    soft = mode.soft_labels(lambda_hat, torch.from_numpy(cols["lambda_gen"].astype(np.float64)), probs, a_t, b_t, k,
+                            s)
     check_soft_labels(soft.numpy(), k)
-    label = dominant_class(soft, a_t if label_mode != "zero_shot" else None)
+    label = dominant_class(soft, None if mode.encoder_probs else a_t)
     lam_hat32 = lambda_hat.float()
     if not bool(torch.isfinite(lam_hat32).all()):
         raise ValueError("the encoder produced non-finite features (lambda_hat is NaN or inf)")
@@ -212,16 +209,17 @@ def _complete_groups(generated, cols: dict, lambdas, drop_incomplete: bool, log)
     return generated.select(keep), {name: col[keep] for name, col in cols.items()}, description
 
 
-def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, class_names, label_mode: str,
+def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, class_names, encoder_probs: bool,
             zero_shot_templates, batch_size: int, progress: bool):
-    """lambda_hat (N,) float64, for ``zero_shot`` the encoder's class probabilities (N, K) (else None), and each
+    """lambda_hat (N,) float64, with ``encoder_probs`` the encoder's zero-shot class probabilities (N, K) (else
+    None), and each
     image's nearest class prototype (N,); batch i + 1 is decoded in a thread while the encoder runs on batch i."""
     from tqdm.auto import tqdm
 
     n, k = len(cols["class_a"]), len(class_names)
     proto_dev = proto.to(encoder.device, torch.float64)
     classifier = None
-    if label_mode == "zero_shot":
+    if encoder_probs:
         if not hasattr(encoder, "zero_shot_probs"):
             raise ValueError(f"{type(encoder).__name__} cannot give zero-shot labels (needs open_clip or a "
                              "reference classifier)")
@@ -230,7 +228,7 @@ def _encode(generated, cols: dict, encoder: ImageEncoder, proto: torch.Tensor, c
     images = generated.with_format("arrow", columns=["image"])
     lambda_hat = torch.empty(n, dtype=torch.float64)
     nearest = torch.empty(n, dtype=torch.int64)
-    probs = torch.empty(n, k, dtype=torch.float32) if label_mode == "zero_shot" else None
+    probs = torch.empty(n, k, dtype=torch.float32) if encoder_probs else None
     starts = list(range(0, n, batch_size))
 
     def load(start: int) -> np.ndarray:

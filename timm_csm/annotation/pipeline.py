@@ -1,5 +1,5 @@
 """One entry point from a raw generated set to its annotated CSM dataset: encoder, prototypes, the scale s, soft labels
-and the annotation checks. :func:`timm_csm.steps.annotate_generated_folder`, which both ``hub_scripts/annotate.py``
+and the annotation checks. :func:`timm_csm.recipes.steps.annotate_generated_folder`, which both ``hub_scripts/annotate.py``
 and the recipe's annotate stage call, runs :func:`annotate_generated` on a generated folder and saves the result.
 
     generated, plan = load_generated("runs/gen-fmnist")

@@ -7,10 +7,10 @@ generated images. The default network is the registered timm model ``reference_c
 
 Training writes ``model.safetensors`` and ``config.json`` into the output folder; a finished folder with the same
 configuration is reused as is, an interrupted one resumes from the checkpoint of its last finished epoch
-(``last.safetensors``, :func:`~timm_csm.io.save_state`, the classifier's layout). The encoder is a cache: a folder
-whose files do not read (truncated weights, a damaged checkpoint, a pickled one of earlier versions) is named in the
-log and trained again (:func:`~timm_csm.io.read_checkpoint` with ``cache=True``); a checkpoint folder of the previous
-layout is converted on read.
+(``last.safetensors``: the training state of :mod:`timm_csm.trainer`, the classifier's schema). The encoder is a
+cache: a folder whose files do not read or fit (truncated weights, a damaged checkpoint, a pickled one of earlier
+versions, one of the earlier schema with its schedule under ``sched``) is named in the log and trained again
+(:func:`~timm_csm.io.read_checkpoint` with ``cache=True``).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ __all__ = ["ReferenceEncoder", "train_reference_encoder", "load_reference_encode
 REFERENCE_MODEL = "reference_cnn"  # the registered timm model (timm_csm.models.reference_cnn)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-CHECKPOINT = CHECKPOINT_LAST  # the training state of an unfinished run: model, optimizer, schedule, epoch, history
+CHECKPOINT = CHECKPOINT_LAST  # the training state of an unfinished run: model, optimizer, scheduler, epoch, history
 EARLIER_CHECKPOINT = "checkpoint"  # the folder that held it in the previous layout (converted on read)
 PICKLED_STATE_FILE = "optimizer.pt"  # the optimizer and schedule, as torch.save wrote them in earlier versions
 _AUGMENT_PADDING = 2
@@ -231,16 +231,16 @@ def _new_run(config: Dict, n: int, device) -> Dict:
     full = config["epochs"] * steps_per_epoch
     total = full if config["max_steps"] is None else min(config["max_steps"], full)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
-    sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config["lr"], total_steps=max(total, 1),
-                                                pct_start=0.25)
-    return {"model": model, "optimizer": optimizer, "sched": sched, "epoch": 0, "history": [],
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config["lr"], total_steps=max(total, 1),
+                                                    pct_start=0.25)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "epoch": 0, "history": [],
             "steps_per_epoch": steps_per_epoch, "total": total, "full": full}
 
 
 def _trainer(out: Path, progress: bool, log) -> ResumableTrainer:
     """The resumable trainer of an encoder in ``out``: its unit is the epoch, each finished epoch is checkpointed but
     the last (the weights are the result); a cache (a checkpoint that does not read is named and trained again)."""
-    return ResumableTrainer(out, "reference encoder checkpoint", cache=True, checkpoint_end=False,
+    return ResumableTrainer(out, "reference encoder checkpoint", unit="epoch", cache=True, checkpoint_end=False,
                             earlier=EARLIER_CHECKPOINT, pickled=[PICKLED_STATE_FILE], desc="reference encoder",
                             progress=progress, log=log)
 
@@ -248,17 +248,17 @@ def _trainer(out: Path, progress: bool, log) -> ResumableTrainer:
 def _start(trainer: ResumableTrainer, config: Dict, n: int, device) -> Dict:
     """A new run, resumed from the trainer's checkpoint when it holds a finished epoch; a checkpoint that does not
     read or does not fit is named and removed, and training starts over from the seed."""
-    run, tried = _new_run(config, n, device), []
+    run, loaded = _new_run(config, n, device), []
 
-    def load(state: Dict) -> None:
-        tried.append(True)
-        _load_weights(run["model"], state["model"])
-        run["optimizer"].load_state_dict(state["optimizer"])
-        run["sched"].load_state_dict(state["sched"])
-        run["epoch"], run["history"] = state["epoch"], state["history"]
+    def load_model(weights: Dict) -> None:
+        loaded.append(True)
+        _load_weights(run["model"], weights)
 
-    if trainer.restore(load) is None:  # none, or one removed after load may have loaded part of it: from the seed
-        return _new_run(config, n, device) if tried else run
+    resumed = trainer.restore({"model": load_model, "optimizer": run["optimizer"], "scheduler": run["scheduler"],
+                               "history": lambda history: run.update(history=history)})
+    if resumed is None:  # none, or one removed after it may have loaded part of it: from the seed
+        return _new_run(config, n, device) if loaded else run
+    run["epoch"] = resumed[0]
     trainer.log(f"reference encoder: resuming from epoch {run['epoch']}")
     return run
 
@@ -266,7 +266,7 @@ def _start(trainer: ResumableTrainer, config: Dict, n: int, device) -> Dict:
 def _fit(trainer: ResumableTrainer, run: Dict, config: Dict, train: ImageArrays, device) -> None:
     """The training epochs from ``run["epoch"]``: cross-entropy on normalised batches of a seeded permutation
     per epoch (and the seeded crop/flip with ``augment``); up to ``run["total"]`` steps in all."""
-    model, optimizer, sched = run["model"], run["optimizer"], run["sched"]
+    model, optimizer, scheduler = run["model"], run["optimizer"], run["scheduler"]
     batch_size, steps_per_epoch, total = config["batch_size"], run["steps_per_epoch"], run["total"]
     probe = ReferenceEncoder(model, config, None, device)  # its preprocessor normalises the training batches
     images = torch.from_numpy(np.ascontiguousarray(train.images))
@@ -289,7 +289,7 @@ def _fit(trainer: ResumableTrainer, run: Dict, config: Dict, train: ImageArrays,
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            sched.step()
+            scheduler.step()
             run["step"] += 1
             running.append(loss.item())
             bar.update(1)
@@ -297,9 +297,9 @@ def _fit(trainer: ResumableTrainer, run: Dict, config: Dict, train: ImageArrays,
                 bar.show_loss(float(np.mean(running[-25:])), epoch=epoch + 1)
         run["history"].append({"epoch": epoch + 1, "loss": float(np.mean(running)) if running else None})
 
-    def training_state(epoch: int) -> Dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sched": sched.state_dict(),
-                "epoch": epoch, "history": run["history"]}
+    def training_state() -> Dict:  # the trainer adds the epoch
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "history": run["history"]}
 
     # the epochs that hold steps of the ``total`` (fewer than ``epochs`` with ``max_steps``)
     end = min(config["epochs"], math.ceil(total / steps_per_epoch))

@@ -14,11 +14,17 @@ zero-shot labels over all classes (variant 1) through the encoder's ``zero_shot_
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..registry import Registry
+
 __all__ = [
+    "LABEL_MODES",
+    "LabelMode",
+    "register_label_mode",
     "DEFAULT_SCALES",
     "default_scale",
     "projection_coefficient",
@@ -129,6 +135,39 @@ def dominant_class(soft_labels: torch.Tensor, class_a=None) -> torch.Tensor:
         tie = q.gather(1, a[:, None])[:, 0] == q.max(1).values
         label = torch.where(tie, a, label)
     return label
+
+
+@dataclass(frozen=True)
+class LabelMode:
+    """Where the soft labels of a label mode come from: ``soft_labels(lambda_hat, lambda_gen, probs, class_a,
+    class_b, num_classes, s) -> (N, K)``; ``encoder_probs``: it reads the encoder's all-class (zero-shot)
+    probabilities ``probs`` (else None), and its dominant class is over all classes (no tie to class a)."""
+
+    soft_labels: Callable[..., torch.Tensor]
+    encoder_probs: bool = False
+
+
+#: where soft labels come from, the default first: the projection on the prototypes (the paper), CLIP zero-shot
+#: (the rebuttal's variant 1), the generation lambda (variant 2)
+LABEL_MODES = Registry("label mode", sort=False)
+
+
+def register_label_mode(name: str, soft_labels: Optional[Callable[..., torch.Tensor]] = None, *,
+                        overwrite: bool = False, encoder_probs: bool = False):
+    """Register ``soft_labels(lambda_hat, lambda_gen, probs, class_a, class_b, num_classes, s) -> (N, K)`` as the
+    label mode ``name`` (see :class:`LabelMode`; without ``soft_labels``, a decorator)."""
+    def add(fn):
+        return LABEL_MODES.register(name, fn, overwrite=overwrite, spec=LabelMode(fn, bool(encoder_probs)))
+
+    return add if soft_labels is None else add(soft_labels)
+
+
+register_label_mode("projection", lambda lambda_hat, lambda_gen, probs, a, b, k, s:
+                    pair_soft_labels(lambda_hat, a, b, k, s))
+register_label_mode("zero_shot", lambda lambda_hat, lambda_gen, probs, a, b, k, s:
+                    (probs.double() / probs.double().sum(1, keepdim=True)).float(), encoder_probs=True)
+register_label_mode("generation", lambda lambda_hat, lambda_gen, probs, a, b, k, s:
+                    generation_class_labels(lambda_gen, a, b, k))
 
 
 def pairwise_true_lambda(features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:

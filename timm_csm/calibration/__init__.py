@@ -17,22 +17,24 @@ calibrators chosen on the calibration split alone, by k-fold cross-validated NLL
 """
 from .base import PostHocCalibrator, load_calibrator
 from .binary import BetaCalibration, PlattScaling
-from .conformal import CONFORMAL_METHODS, ConformalClassifier, fit_conformal_sets
+from .conformal import (CONFORMAL_METHODS, ConformalClassifier, ConformalMethod, conformal_method_spec,
+                        fit_conformal_sets, list_conformal_methods, register_conformal_method)
 from .linear import DirichletCalibration, MatrixScaling
 from .one_vs_rest import HistogramBinning, IsotonicCalibration
-from .registry import (CalibratorSpec, calibrator_spec, check_calibration_samples, create_calibrator,
+from .registry import (CALIBRATORS, CalibratorSpec, calibrator_spec, check_calibration_samples, create_calibrator,
                        list_calibrators, register_calibrator)
 from .selection import SELECTION_METRICS, auto_candidates, fold_table_markdown, select_calibrator
 from .temperature import (DEFAULT_TEMPERATURE_METHOD, PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS,
-                          TemperatureScaling, bootstrap_temperatures, temperature_grid)
+                          TemperatureScaling, bootstrap_temperatures, register_temperature_method, temperature_grid)
 from .vector import VectorScaling
 
 __all__ = [
     "PostHocCalibrator", "TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
     "IsotonicCalibration", "HistogramBinning", "PlattScaling", "BetaCalibration", "temperature_grid",
     "create_calibrator", "list_calibrators", "load_calibrator", "register_calibrator", "calibrator_spec",
-    "CalibratorSpec", "check_calibration_samples", "ConformalClassifier", "fit_conformal_sets",
-    "CONFORMAL_METHODS", "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD",
+    "CalibratorSpec", "CALIBRATORS", "check_calibration_samples", "ConformalClassifier", "fit_conformal_sets",
+    "CONFORMAL_METHODS", "ConformalMethod", "register_conformal_method", "conformal_method_spec",
+    "list_conformal_methods", "TEMPERATURE_METHODS", "register_temperature_method", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD",
     "bootstrap_temperatures", "select_calibrator",
     "auto_candidates", "fold_table_markdown", "SELECTION_METRICS",
 ]

@@ -50,40 +50,98 @@ once for several methods.
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..metrics import bootstrap_columns
+from ..registry import Registry
 from ._checks import as_logits, as_targets
 from .base import PostHocCalibrator
 from .registry import calibrator_spec, create_calibrator
 from .temperature import temperature_grid
 
-__all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "conformal_scores", "conformal_quantile", "coverage_range",
+__all__ = ["ConformalClassifier", "CONFORMAL_METHODS", "ConformalMethod", "register_conformal_method",
+           "conformal_method_spec", "list_conformal_methods", "conformal_scores", "conformal_quantile", "coverage_range",
            "RAPS_PENALTY_GRID", "fit_conformal_sets", "calibrator_part_unmet", "coverage_outside_range",
            "CALIBRATOR_FRACTION"]
 
-CONFORMAL_METHODS = ("lac", "aps", "raps")
 #: the penalties RAPS's automatic tuning tries (Angelopoulos et al., 2021, Appendix E)
 RAPS_PENALTY_GRID = (0.001, 0.01, 0.1, 0.2, 0.5)
 #: the share of the calibration split a calibrator under conformal sets is fitted on (the quantile: the rest)
 CALIBRATOR_FRACTION = 0.5
 
 
-def conformal_scores(probs: torch.Tensor, method: str, u: torch.Tensor, penalty: float = 0.0,
-                     k_reg: int = 0) -> torch.Tensor:
-    """s(x, k) for every sample and class (N, C), float64; ``u`` (N,) the randomisation (ones: none)."""
-    if method == "lac":
-        return 1.0 - probs
+@dataclass(frozen=True)
+class ConformalMethod:
+    """A registered conformal method: its non-conformity ``score`` ``(probs (N, C), u (N,), penalty, k_reg) ->
+    s(x, k)`` (N, C), and whether it is ``penalised``: its score takes a rank penalty (``penalty``, ``k_reg``) that
+    is tuned on the calibration split unless given, as RAPS's."""
+
+    score: Callable[[torch.Tensor, torch.Tensor, float, int], torch.Tensor]
+    penalised: bool = False
+
+
+#: the registered conformal methods, in the order of the reports
+CONFORMAL_METHODS = Registry("conformal method", sort=False)
+
+
+def register_conformal_method(name: str, score: Optional[Callable] = None, *, overwrite: bool = False,
+                              penalised: bool = False):
+    """Register the non-conformity ``score`` ``(probs, u, penalty, k_reg) -> (N, C)`` as the conformal method
+    ``name`` (without ``score``, a decorator); ``penalised``: it takes RAPS's tuned rank penalty."""
+    def add(fn):
+        CONFORMAL_METHODS.register(name, fn, overwrite=overwrite, spec=ConformalMethod(fn, bool(penalised)))
+        return fn
+
+    return add if score is None else add(score)
+
+
+def conformal_method_spec(name: str) -> ConformalMethod:
+    """The :class:`ConformalMethod` of ``name``; unknown names: one line listing the known ones."""
+    return CONFORMAL_METHODS.get_spec(name)
+
+
+def list_conformal_methods(filter: str = "", **where) -> List[str]:
+    """The registered conformal methods (report order), optionally matching a shell-style wildcard."""
+    return CONFORMAL_METHODS.list(filter, **where)
+
+
+@register_conformal_method("lac")
+def lac_scores(probs: torch.Tensor, u: torch.Tensor, penalty: float = 0.0, k_reg: int = 0) -> torch.Tensor:
+    """LAC: 1 - p_k."""
+    return 1.0 - probs
+
+
+def _ranked_scores(probs: torch.Tensor, u: torch.Tensor, penalty: float, k_reg: int) -> torch.Tensor:
+    """APS's score (mass ranked above k + u p_k) plus ``penalty`` max(0, rank - ``k_reg``)."""
     order = torch.argsort(probs, dim=1, descending=True, stable=True)
     sorted_probs = probs.gather(1, order)
     above = torch.cumsum(sorted_probs, dim=1) - sorted_probs  # mass ranked above each class
     scores_sorted = above + u[:, None] * sorted_probs
-    if method == "raps":
+    if penalty:
         rank = torch.arange(1, probs.shape[1] + 1, dtype=probs.dtype, device=probs.device)
         scores_sorted = scores_sorted + penalty * (rank - k_reg).clamp_min(0.0)
     return torch.empty_like(scores_sorted).scatter_(1, order, scores_sorted)
+
+
+@register_conformal_method("aps")
+def aps_scores(probs: torch.Tensor, u: torch.Tensor, penalty: float = 0.0, k_reg: int = 0) -> torch.Tensor:
+    """APS: the mass of the classes ranked above k + u p_k."""
+    return _ranked_scores(probs, u, 0.0, 0)
+
+
+@register_conformal_method("raps", penalised=True)
+def raps_scores(probs: torch.Tensor, u: torch.Tensor, penalty: float = 0.0, k_reg: int = 0) -> torch.Tensor:
+    """RAPS: APS's score + ``penalty`` max(0, rank - ``k_reg``)."""
+    return _ranked_scores(probs, u, penalty, k_reg)
+
+
+def conformal_scores(probs: torch.Tensor, method: str, u: torch.Tensor, penalty: float = 0.0,
+                     k_reg: int = 0) -> torch.Tensor:
+    """s(x, k) for every sample and class (N, C), float64; ``u`` (N,) the randomisation (ones: none)."""
+    return conformal_method_spec(method).score(probs, u, penalty, k_reg)
 
 
 def conformal_quantile(scores: torch.Tensor, alpha: float) -> float:
@@ -141,7 +199,7 @@ class ConformalClassifier:
                  tune_fraction: float = 0.3, temperature: Union[None, float, str] = None,
                  calibrator_fraction: float = CALIBRATOR_FRACTION):
         if method not in CONFORMAL_METHODS:
-            raise ValueError(f"method must be one of {CONFORMAL_METHODS}, got {method!r}")
+            raise ValueError(f"method must be one of {tuple(CONFORMAL_METHODS)}, got {method!r}")
         if not 0.0 < float(alpha) < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
         if (penalty is None) != (k_reg is None):
@@ -168,7 +226,7 @@ class ConformalClassifier:
         self.calibrator: Optional[PostHocCalibrator] = None
         self.randomized, self.seed, self.tune_fraction = bool(randomized), seed, float(tune_fraction)
         self.calibrator_fraction = float(calibrator_fraction)
-        self.tunes_raps = method == "raps" and penalty is None
+        self.tunes_raps = conformal_method_spec(method).penalised and penalty is None
         self.penalty = float(penalty) if penalty is not None else None
         self.k_reg = int(k_reg) if k_reg is not None else None
         self.fits_temperature = temperature == "set_size"
@@ -276,7 +334,7 @@ class ConformalClassifier:
                "n_calibration": self.n_calibration, "n_tuning": self.n_tuning, "n_calibrator": self.n_calibrator,
                "mean_set_size": float(sizes.mean()), "median_set_size": float(sizes.median()),
                "empty_sets": float((sizes == 0).double().mean())}
-        if self.method == "raps":
+        if conformal_method_spec(self.method).penalised:
             out.update(penalty=self.penalty, k_reg=self.k_reg)
         if bootstrap:
             columns = {"coverage": covered, "mean_set_size": sizes, "median_set_size": sizes,

@@ -18,11 +18,12 @@ class with other constructor defaults (its files hold the class's kind and the p
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["CalibratorSpec", "register_calibrator", "create_calibrator", "list_calibrators", "calibrator_spec",
+from ..registry import Registry
+
+__all__ = ["CalibratorSpec", "CALIBRATORS", "register_calibrator", "create_calibrator", "list_calibrators", "calibrator_spec",
            "calibrator_class", "check_calibration_samples"]
 
 
@@ -77,64 +78,65 @@ class CalibratorSpec:
 
 
 _INTERFACE = ("fit", "transform", "save", "state_dict", "load_state_dict", "config", "check_fit_dependencies")
-_SPECS: Dict[str, CalibratorSpec] = {}
-_KINDS: Dict[str, type] = {}
 
 
-def register_calibrator(name: str, *, summary: Optional[str] = None, preset: Optional[Mapping[str, object]] = None,
+def _create_calibrator(name: str, cls: type, spec: CalibratorSpec, **kwargs):
+    calibrator = cls(**{**spec.preset, **kwargs})
+    calibrator.check_fit_dependencies()
+    return calibrator
+
+
+#: the registered calibrators: name -> class, with its :class:`CalibratorSpec`
+CALIBRATORS = Registry("calibrator", create=_create_calibrator)
+
+
+def register_calibrator(name: str, cls: Optional[type] = None, *, overwrite: bool = False,
+                        summary: Optional[str] = None, preset: Optional[Mapping[str, object]] = None,
                         binary_only: bool = False, penalties: Sequence[str] = (),
                         min_samples: Optional[Callable[[int], int]] = None, default: bool = False,
                         options: Optional[Mapping[str, str]] = None):
     """Register a :class:`~timm_csm.calibration.PostHocCalibrator` subclass under ``name`` with its capabilities
-    (see :class:`CalibratorSpec`; ``summary`` defaults to the first line of the class docstring); a decorator.
-    Without ``preset`` the class takes ``name`` as its kind (``cls.kind``, written into saved files); with one,
-    the class must be registered already. A name registered twice raises ``ValueError``."""
-    if not isinstance(name, str) or not name or name != name.strip():
-        raise ValueError(f"calibrator name must be a non-empty string without surrounding spaces, got {name!r}")
-
+    (see :class:`CalibratorSpec`; ``summary`` defaults to the first line of the class docstring); without ``cls``,
+    a decorator. Without ``preset`` the class takes ``name`` as its kind (``cls.kind``, written into saved files);
+    with one, the class must be registered already. A name registered twice raises ``ValueError`` unless
+    ``overwrite``."""
     def _register(cls):
         # the interface of PostHocCalibrator, read off the class (base.py imports this module, not the reverse)
         if not (isinstance(cls, type) and all(callable(getattr(cls, m, None)) for m in _INTERFACE)):
             raise ValueError(f"register_calibrator({name!r}): expected a PostHocCalibrator subclass, got {cls!r}")
-        if name in _SPECS:
-            raise ValueError(f"a calibrator named {name!r} is already registered")
-        if preset is None:
-            if cls in _KINDS.values():
-                raise ValueError(f"register_calibrator({name!r}): {cls.__name__} is registered as {cls.kind!r}; "
-                                 "register another name of it with preset=...")
-            cls.kind = name
-            _KINDS[name] = cls
-        elif cls not in _KINDS.values():
+        kinds = {spec.cls: kind for kind, spec in CALIBRATORS.items() if not spec.preset and kind != name}
+        if preset is None and cls in kinds:
+            raise ValueError(f"register_calibrator({name!r}): {cls.__name__} is registered as {kinds[cls]!r}; "
+                             "register another name of it with preset=...")
+        if preset is not None and cls not in kinds:
             raise ValueError(f"register_calibrator({name!r}, preset=...): register {cls.__name__} without a preset "
                              "first")
         text = summary if summary is not None else (cls.__doc__ or cls.__name__).strip().splitlines()[0]
-        _SPECS[name] = CalibratorSpec(name, cls, text, dict(preset or {}), bool(binary_only), tuple(penalties),
-                                      min_samples, bool(default), dict(options or {}))
+        spec = CalibratorSpec(name, cls, text, dict(preset or {}), bool(binary_only), tuple(penalties), min_samples,
+                              bool(default), dict(options or {}))
+        CALIBRATORS.register(name, cls, overwrite=overwrite, spec=spec)
+        if preset is None:
+            cls.kind = name
         return cls
 
-    return _register
+    return _register if cls is None else _register(cls)
 
 
 def calibrator_spec(name: str) -> CalibratorSpec:
     """The :class:`CalibratorSpec` of ``name``; unknown names raise ``ValueError`` listing the known ones."""
-    try:
-        return _SPECS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown calibrator {name!r}; known calibrators: {', '.join(sorted(_SPECS))}") from None
+    return CALIBRATORS.get_spec(name)
 
 
 def calibrator_class(kind: str) -> Optional[type]:
     """The class a saved file's ``calibrator`` metadata names, or None for an unknown kind."""
-    return _KINDS.get(kind)
+    spec = CALIBRATORS.get_spec(kind) if kind in CALIBRATORS else None
+    return spec.cls if spec is not None and not spec.preset else None
 
 
 def create_calibrator(name: str, **kwargs):
     """``create_calibrator("temperature_scaling", method="nll")``, ready to fit; unknown names list the known
     ones, and a calibrator whose fit needs an optional package that is absent names the extra that installs it."""
-    spec = calibrator_spec(name)
-    calibrator = spec.cls(**{**spec.preset, **kwargs})
-    calibrator.check_fit_dependencies()
-    return calibrator
+    return CALIBRATORS.create(name, **kwargs)
 
 
 def list_calibrators(filter: str = "", *, default: Optional[bool] = None, binary_only: Optional[bool] = None,
@@ -142,18 +144,9 @@ def list_calibrators(filter: str = "", *, default: Optional[bool] = None, binary
     """Sorted registered names, optionally those matching a shell-style wildcard (``"temperature*"``), those fitted
     by default (``default=True``), the two-class ones (``binary_only``), those taking a ``penalty`` argument
     (``"reg_lambda"``) or those that calibrate ``num_classes``-class models."""
-    names = []
-    for name, spec in sorted(_SPECS.items()):
-        if filter and not fnmatch.fnmatchcase(name, filter):
-            continue
-        if (default is not None and spec.default != default) or (
-                binary_only is not None and spec.binary_only != binary_only):
-            continue
-        if (penalty is not None and penalty not in spec.penalties) or (
-                num_classes is not None and spec.binary_only and num_classes != 2):
-            continue
-        names.append(name)
-    return names
+    return [name for name in CALIBRATORS.list(filter, default=default, binary_only=binary_only)
+            if (penalty is None or penalty in CALIBRATORS.get_spec(name).penalties)
+            and (num_classes is None or num_classes == 2 or not CALIBRATORS.get_spec(name).binary_only)]
 
 
 def check_calibration_samples(names: Sequence[str], n_samples: int, n_present: int, num_classes: int) -> None:

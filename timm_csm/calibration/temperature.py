@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -11,14 +11,23 @@ from ..metrics.binning import DEFAULT_N_BINS, bin_edges, bin_index, bin_sums, ca
 from ._checks import check_fit_inputs
 from ._kernels import NARROW_CLASSES, row_blocks
 from .base import PostHocCalibrator
+from ..registry import Registry
 from .registry import register_calibrator
 
 __all__ = ["TemperatureScaling", "temperature_grid", "fit_inverse_temperature", "bootstrap_temperatures",
-           "TEMPERATURE_METHODS", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "TEMPERATURE_RESAMPLES",
+           "TEMPERATURE_METHODS", "register_temperature_method", "DEFAULT_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "TEMPERATURE_RESAMPLES",
            "SMALL_VALIDATION"]
 
-#: the fitting rules of the temperature
-TEMPERATURE_METHODS = ("grid_ece", "nll")
+#: the fitting rules of the temperature: name -> ``fit(calibrator, logits, targets) -> (T, scores or None)``
+TEMPERATURE_METHODS = Registry("temperature method", sort=False)
+
+
+def register_temperature_method(name: str, fit: Optional[Callable] = None, *, overwrite: bool = False):
+    """Register ``fit(calibrator, logits, targets) -> (temperature, scores per candidate or None)`` as the
+    fitting rule ``name`` of :class:`TemperatureScaling` (without ``fit``, a decorator)."""
+    return TEMPERATURE_METHODS.register(name, overwrite=overwrite) if fit is None else \
+        TEMPERATURE_METHODS.register(name, fit, overwrite=overwrite)
+
 #: the protocol of the calibration-loss papers and CSM (the grid by validation ECE): the calibrator's default, the
 #: rule of the recipes' profiles and of the benchmark cells; training runs default to NLL (Guo et al.), which is
 #: steadier on a few hundred validation images
@@ -148,7 +157,7 @@ class TemperatureScaling(PostHocCalibrator):
     def __init__(self, method: str = DEFAULT_TEMPERATURE_METHOD, n_bins: int = DEFAULT_N_BINS,
                  grid: Sequence[float] = (0.1, 10.0, 0.1), init: float = 1.5, max_iter: int = 50):
         if method not in TEMPERATURE_METHODS:
-            raise ValueError(f"method must be one of {TEMPERATURE_METHODS}, got {method!r}")
+            raise ValueError(f"method must be one of {tuple(TEMPERATURE_METHODS)}, got {method!r}")
         if int(n_bins) < 1:
             raise ValueError(f"n_bins must be >= 1, got {n_bins}")
         if not (math.isfinite(float(init)) and float(init) > 0):
@@ -177,11 +186,7 @@ class TemperatureScaling(PostHocCalibrator):
 
     def fit(self, logits, targets) -> "TemperatureScaling":
         logits, targets = check_fit_inputs(logits, targets, type(self).__name__)
-        if self.method == "grid_ece":
-            temperature, self.scores = self._fit_grid(logits, targets)
-            self.fit_info = {"iterations": len(self.scores), "objective": float(self.scores.min())}
-        else:
-            temperature, self.scores = self._fit_nll(logits, targets), None
+        temperature, self.scores = TEMPERATURE_METHODS.get(self.method)(self, logits, targets)
         self._set_temperature(temperature)
         return self
 
@@ -205,11 +210,12 @@ class TemperatureScaling(PostHocCalibrator):
             sums = bin_sums(bin_index(confidence, edges), self.n_bins, confidence, correct)
             scores[i] = calibration_error_from_bins(*sums, "l1")
         best = int(torch.argmin(scores))  # first minimum: ties go to the smaller T
+        self.fit_info = {"iterations": len(scores), "objective": float(scores.min())}
         return temperatures[best], scores
 
-    def _fit_nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+    def _fit_nll(self, logits: torch.Tensor, targets: torch.Tensor) -> Tuple[float, None]:
         beta, self.fit_info = fit_inverse_temperature(logits, targets, 1.0 / self.init, self.max_iter)
-        return min(max(1.0 / beta, _T_BOUNDS[0]), _T_BOUNDS[1])
+        return min(max(1.0 / beta, _T_BOUNDS[0]), _T_BOUNDS[1]), None
 
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         # a multiply by 1 / T (within an ulp of z / T) held as a one-value tensor in the logits' dtype: torch
@@ -239,6 +245,8 @@ class TemperatureScaling(PostHocCalibrator):
         return f"TemperatureScaling(method={self.method!r}, n_bins={self.n_bins}, {t})"
 
 
+register_temperature_method("grid_ece", TemperatureScaling._fit_grid)
+register_temperature_method("nll", TemperatureScaling._fit_nll)
 register_calibrator("temperature_scaling_nll", preset={"method": "nll"},
                     summary="one temperature by validation NLL (Guo et al., 2017)")(TemperatureScaling)
 

@@ -1,8 +1,9 @@
 """The command lines of the method's steps, installed as console scripts with the package.
 
-- ``timm-csm-train`` (:mod:`timm_csm.train`): train a classifier and evaluate its calibration; also
-  ``accelerate launch -m timm_csm.train``.
-- ``timm-csm-pipeline`` (:mod:`timm_csm.recipes`): the main job, by profile (``demo``, ``smoke``, ``full``).
+- ``timm-csm-train`` (:mod:`.train`, the library's :func:`timm_csm.training.run`): train a classifier and evaluate
+  its calibration; also ``accelerate launch -m timm_csm.commands.train``.
+- ``timm-csm-pipeline`` (:mod:`.pipeline`, the library's :func:`timm_csm.recipes.run_recipe`): the main job, by
+  profile (``demo``, ``smoke``, ``full``).
 - ``timm-csm-train-generator`` (:mod:`.train_generator`): train a class-conditional diffusers generator.
 - ``timm-csm-generate`` (:mod:`.generate`): generate semantic-mixing groups with a generator.
 - ``timm-csm-annotate`` (:mod:`.annotate`): re-annotate generated groups into a CSM dataset.

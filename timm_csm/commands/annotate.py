@@ -7,7 +7,7 @@
 Writes ``<output>/csm-<dataset>-aug`` (``data/<version>/train-*.parquet`` + ``README.md``). With ``--install`` a bare
 ``load_dataset("csm-<dataset>-aug")`` works afterwards. The default encoder is the reference classifier, trained
 on the real training split on first use and cached in ``--reference-dir``. The work is
-:func:`timm_csm.steps.annotate_generated_folder`; with ``--s auto`` s is fitted on a held-out share of the real
+:func:`timm_csm.recipes.steps.annotate_generated_folder`; with ``--s auto`` s is fitted on a held-out share of the real
 training split that the reference encoder does not see.
 """
 from __future__ import annotations
@@ -16,9 +16,8 @@ import argparse
 import sys
 
 from timm_csm.annotation.config import AnnotationConfig
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.options import add_options, options_from_namespace
-from timm_csm.training.args import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,13 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "trained here), reference:<folder> (one trained before), open_clip[:<model>[:<tag or weights "
                         "file>]] (the paper) or timm[:<model>[:<checkpoint>]]; --model, --pretrained and --checkpoint "
                         "give the fields a spec leaves out")
-    p.add_argument("--model", default=None, help="open_clip config (default ViT-B-32) or timm model name")
-    p.add_argument("--pretrained", default=None, help="open_clip tag, weights file, or omit for local-dir: models")
-    p.add_argument("--force-quick-gelu", action="store_true", help="open_clip: QuickGELU (OpenAI weights)")
-    p.add_argument("--normalize", action="store_true", help="unit-normalise features (the paper does not)")
-    p.add_argument("--checkpoint", default=None, help="timm: local weights")
-    p.add_argument("--input-size", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
-                   help="timm: input size fed to the model (default: its pretrained config)")
+    add_encoder_flags(p)
     p.add_argument("--reference-dir", default=None, help="reference encoder folder (default runs/reference-<name>)")
     p.add_argument("--reference-epochs", type=int, default=4, help="epochs of the reference encoder")
     p.add_argument("--install", action="store_true", help="install for bare-name load_dataset afterwards")
@@ -63,45 +56,50 @@ def reference_dir(name: str, holdout: bool) -> str:
 
 
 def train_reference(dataset: str, fit, folder, epochs: int = 4, device: str = "cpu", image_column=None,
-                    label_column=None):
+                    label_column=None, trains=None):
     """The reference encoder of ``dataset`` trained on ``fit`` (its real training images, less any held-out share)
-    into ``folder``, or reused from there; its test accuracy is measured when the dataset has a test split."""
+    into ``folder``, or reused from there; its test accuracy is measured when the dataset has a test split.
+    ``trains``: the training function of the encoder kind (default the reference encoder's)."""
     from timm_csm.annotation import train_reference_encoder
     from timm_csm.data import load_image_arrays
     from timm_csm.data.sources import dataset_split_names, detect_test_split
 
     test_split = detect_test_split(dataset_split_names(dataset), exclude=["train"])
     test = load_image_arrays(dataset, test_split, image_column, label_column) if test_split is not None else None
-    return train_reference_encoder(fit, folder, epochs=epochs, test=test, device=device)
+    return (trains or train_reference_encoder)(fit, folder, epochs=epochs, test=test, device=device)
+
+
+def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every registered encoder kind (:attr:`~timm_csm.annotation.EncoderSpec.flags`), each declared
+    once: a flag two kinds share (``--model``) is added by the first."""
+    from timm_csm.annotation import ENCODERS
+
+    for _, spec in ENCODERS.items():
+        for flag in spec.flags:
+            if flag.flag not in parser._option_string_actions:
+                options = dict(flag.argparse or {})
+                options.setdefault("default", False if options.get("action") == "store_true" else None)
+                parser.add_argument(flag.flag, dest=flag.dest, help=flag.help, **options)
 
 
 def _encoder(args, dataset: str, name: str, holdout: bool):
-    """The encoder of ``--encoder`` (:func:`~timm_csm.annotation.create_encoder` of its spec, with the flags that
-    give the fields it leaves out), or for the bare ``reference`` a function that trains the reference encoder on
-    the real images it may see (without the held-out share when ``holdout``)."""
-    from timm_csm.annotation import create_encoder, parse_encoder_spec
+    """The encoder of ``--encoder`` (:func:`~timm_csm.annotation.encoder_from_options` of its spec, with the flags
+    that give the fields it leaves out), or for a spec its kind trains (the bare ``reference``) a function that
+    trains it on the real images it may see (without the held-out share when ``holdout``)."""
+    from timm_csm.annotation import encoder_from_options, encoder_spec, parse_encoder_spec
 
     kind, fields = parse_encoder_spec(args.encoder)
-    if kind == "reference" and not fields:
+    if encoder_spec(kind).trained_here(fields):
         ref_dir = args.reference_dir or reference_dir(name, holdout)
         return lambda fit: train_reference(dataset, fit, ref_dir, args.reference_epochs, args.device,
-                                           args.image_column, args.label_column)
-    flags = {"open_clip": {"model_name": args.model, "pretrained": args.pretrained},
-             "timm": {"model": args.model, "checkpoint_path": args.checkpoint}}.get(kind, {})
-    kwargs = {k: v for k, v in flags.items() if v is not None and k not in fields}
-    if kind == "open_clip":
-        kwargs.update(normalize=args.normalize, **({"force_quick_gelu": True} if args.force_quick_gelu else {}))
-    elif kind == "timm":
-        if "model" not in fields and "model" not in kwargs:
-            raise ValueError("--encoder timm needs --model (and usually --checkpoint)")
-        kwargs["input_size"] = args.input_size
-    return create_encoder(args.encoder, device=args.device, **kwargs)
+                                           args.image_column, args.label_column, encoder_spec(kind).trains)
+    return encoder_from_options(args.encoder, vars(args), device=args.device)
 
 
 @console_command("timm-csm-annotate", build_parser)
 def main(argv=None):
     args = parse_args(argv)
-    from timm_csm.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
+    from timm_csm.recipes.steps import annotate_generated_folder, csm_dataset_name, generated_dataset
 
     dataset = args.dataset or generated_dataset(args.generated)
     name = args.name or csm_dataset_name(dataset)

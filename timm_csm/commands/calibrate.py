@@ -17,10 +17,9 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ..cli import console_command
+from ..cli import HelpFormatter, console_command
 from ..evaluation import CalibrateConfig, calibrate
 from ..options import add_options, options_from_namespace
-from ..training.args import HelpFormatter
 from ..training.data import run_held_out_splits
 
 __all__ = ["build_parser", "main"]

@@ -25,10 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.metrics import holm, interval_text, paired_t_interval
-from timm_csm.training.args import HelpFormatter
 from timm_csm.training.config import CONFIG_MARKER, TrainConfig
 from timm_csm.training.reporting import REPORT_ROWS
 from timm_csm.training.run_dir import config_record

@@ -6,7 +6,7 @@ poor generator with it) on a few groups sampled here, with the same recogniser a
     timm-csm-evaluate-generator --checkpoint-of runs/generator-fmnist --profile fmnist --classifier runs/encoder
 
 ``--num-groups`` groups of ``--num-lambdas`` ratios are sampled and annotated as ``timm-csm-annotate`` annotates
-(:func:`timm_csm.steps.judge_generator`): its default encoder, the reference encoder folder
+(:func:`timm_csm.recipes.steps.judge_generator`): its default encoder, the reference encoder folder
 (``runs/reference-<name>-holdout``, trained here on first use, so that the annotation reuses it), the prototypes of
 the real training split, its checks. The verdict is the gate's: poor when the pure-class images (lambda 0 and 1) are
 recognised near chance by their nearest real-class prototype, or when more than half of the groups are flagged; it
@@ -21,10 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.config import MixingConfig
 from timm_csm.generation.quality import QUALITY_SAMPLER_STEPS
-from timm_csm.training.args import HelpFormatter
 
 
 #: groups judged by default: 400 images of the default lambda grid, 100 of them pure-class
@@ -64,7 +63,7 @@ def _encoder(args, real):
     from timm_csm.commands.annotate import reference_dir, train_reference
     from timm_csm.data import load_image_arrays
     from timm_csm.data.sources import dataset_split_names, detect_test_split
-    from timm_csm.steps import csm_dataset_name
+    from timm_csm.recipes.steps import csm_dataset_name
 
     annotation = AnnotationConfig()  # timm-csm-annotate's defaults: its reference encoder is the one reused
     holdout = annotation.holds_out(args.dataset)
@@ -89,7 +88,7 @@ def _encoder(args, real):
 def _pipeline(args, real, mixing):
     """(the mixing pipeline of ``--generator`` or ``--checkpoint-of``'s latest EMA, its training step or None)."""
     if args.generator:
-        from timm_csm.steps import load_mixing_pipeline
+        from timm_csm.recipes.steps import load_mixing_pipeline
 
         return load_mixing_pipeline(args.generator, mixing, real.class_names), None
     from diffusers import DDIMScheduler
@@ -109,7 +108,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     from timm_csm.annotation import AnnotationConfig
     from timm_csm.data import load_image_arrays
-    from timm_csm.steps import judge_generator
+    from timm_csm.recipes.steps import judge_generator
 
     real = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)
     encoder, unseen, unseen_name = _encoder(args, real)

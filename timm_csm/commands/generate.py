@@ -28,10 +28,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.config import MixingConfig
 from timm_csm.options import add_options, options_from_namespace
-from timm_csm.training.args import HelpFormatter
 from timm_csm.training.config import TrainConfig
 
 
@@ -61,7 +60,7 @@ def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     from timm_csm.generation.registry import generator_kind
-    from timm_csm.steps import check_mixing_options
+    from timm_csm.recipes.steps import check_mixing_options
 
     try:
         check_mixing_options(args.generator, options_from_namespace(MixingConfig, args))
@@ -93,7 +92,7 @@ def main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
 
-    from timm_csm.steps import generate_groups
+    from timm_csm.recipes.steps import generate_groups
     from timm_csm.cli import end_process_group, exit_interrupted
 
     try:

@@ -12,8 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from timm_csm.cli import console_command
-from timm_csm.training.args import HelpFormatter
+from timm_csm.cli import HelpFormatter, console_command
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,16 +44,15 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from timm_csm.cli import console_command, exit_interrupted
+from timm_csm.cli import HelpFormatter, console_command, exit_interrupted
 from timm_csm.io import write_text_atomic
 from timm_csm.study import load_spec, parse_spec
 from timm_csm.study.cells import study_rows
 from timm_csm.study.decide import decision_power
-from timm_csm.study.executors import list_executors
+from timm_csm.study.executors import EXECUTORS, list_executors
 from timm_csm.study.plan import plan_cells
 from timm_csm.study.spec import StudySpec
 from timm_csm.study.template import PLANNING_SD, template_text
-from timm_csm.training.args import HelpFormatter
 
 __all__ = ["power_text", "plan_text", "build_parser", "main"]
 
@@ -150,10 +149,12 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
     if args.output is None:
         raise ValueError("run needs --output DIR, the study's folder")
     options = {"lanes": args.lanes, "threads": args.threads}
-    if args.executor == "ray":
-        options.update(address=args.address, gpus=args.gpus)
-    elif args.address is not None or args.gpus:
-        raise ValueError("--address and --gpus belong to --executor ray")
+    takes = EXECUTORS.get(args.executor).own_options  # the options of the executor's own flags
+    options.update({name: getattr(args, name) for name in takes})
+    for name, cls in EXECUTORS.items():
+        given = [f"--{o}" for o in cls.own_options if o not in takes and getattr(args, o) not in (None, False, 0)]
+        if given:
+            raise ValueError(f"{' and '.join(given)} belong to --executor {name}")
     sources: dict = {}
     for key, pairs in (("soft", args.generated), ("teacher", args.teacher)):
         for setting, path in pairs:

@@ -14,10 +14,9 @@ import argparse
 import os
 import sys
 
-from timm_csm.cli import console_command
+from timm_csm.cli import HelpFormatter, console_command
 from timm_csm.generation.models import GENERATOR_PROFILES
 from timm_csm.generation.training import CHECKPOINT_MINUTES
-from timm_csm.training.args import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +52,7 @@ def main(argv=None):
     args = parse_args(argv)
     from timm_csm.data import load_image_arrays
     from timm_csm.generation.report import save_sample_grid
-    from timm_csm.steps import train_generator_folder
+    from timm_csm.recipes.steps import train_generator_folder
     from timm_csm.cli import exit_interrupted
 
     data = load_image_arrays(args.dataset, "train", args.image_column, args.label_column)

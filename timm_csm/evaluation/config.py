@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..calibration import CONFORMAL_METHODS, SELECTION_METRICS, list_calibrators
+from ..calibration import SELECTION_METRICS, list_calibrators, list_conformal_methods
 from ..data.corruptions import SEVERITIES
 from ..metrics import DEFAULT_N_BINS
 from ..metrics.intervals import DEFAULT_RESAMPLES
@@ -52,7 +52,7 @@ class CalibrateConfig:
 
     # Calibrators
     calibrators: Optional[List[str]] = _calibrators(
-        list_calibrators(default=True), metavar="NAME[,NAME...]", **_LIST,
+        factory=functools.partial(list_calibrators, default=True), metavar="NAME[,NAME...]", **_LIST,
         help="comma-separated registry names (timm_csm.calibration.list_calibrators(); None: those registered as "
              "default), or 'auto': every registered one that applies")
     export: Optional[str] = _calibrators(None, help="the calibrator exported with the model (default: the lowest "
@@ -64,7 +64,7 @@ class CalibrateConfig:
                                                "off-diagonal weight penalty (ODIR, Kull et al. 2019)")
     reg_mu: float = _calibrators(0.0, help=f"{' / '.join(list_calibrators(penalty='reg_mu'))}: the intercept "
                                            "penalty")
-    conformal: List[str] = _calibrators(list(CONFORMAL_METHODS), metavar="METHOD[,METHOD...]", **_LIST,
+    conformal: List[str] = _calibrators(factory=list_conformal_methods, metavar="METHOD[,METHOD...]", **_LIST,
                                         help="conformal methods ('' for none)")
     alpha: float = _calibrators(0.1, help="conformal miscoverage level")
 

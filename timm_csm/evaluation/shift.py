@@ -35,7 +35,7 @@ from ..metrics.intervals import bootstrap_with_estimates
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
 from ..metrics.selective import selective_metrics_from_points
-from ..progress import progress_bar
+from ..trainer import progress_bar
 from .shift_report import ood_reading
 
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",

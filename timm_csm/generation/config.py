@@ -1,6 +1,6 @@
 """The configuration of a semantic-mixing generation: :class:`MixingConfig`, one typed field per sampling option of
 ``timm-csm-generate`` (its flags are built from the fields, :func:`timm_csm.options.add_options`), which the command,
-the steps (:func:`timm_csm.steps.generate_groups`) and the recipe's generate stage all take.
+the steps (:func:`timm_csm.recipes.steps.generate_groups`) and the recipe's generate stage all take.
 
 Its defaults are the generation's: the lambda grid (``linspace(0, 1, 8)``, the paper's), the sampler (the
 generator's own number of steps: 50 for a generator folder, the paper's 20 / 25 Heun steps for an EDM network;
@@ -13,11 +13,32 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..options import option
+from ..registry import Registry
 
-__all__ = ["MixingConfig", "SCHEDULER_NAMES", "DEFAULTS"]
+__all__ = ["MixingConfig", "SCHEDULERS", "SCHEDULER_NAMES", "register_scheduler", "DEFAULTS"]
 
-#: the samplers of a generator folder: DDIM (eta 0) and DPM-Solver++ multistep (``pipeline.create_scheduler``)
-SCHEDULER_NAMES = ("ddim", "dpm")
+
+def _from_config(name: str, class_name: str, spec, config):
+    import diffusers
+
+    return getattr(diffusers, class_name).from_config(config)
+
+
+#: the samplers of a generator folder, in the order of ``--scheduler``'s choices: name -> the diffusers scheduler
+#: class (by name: diffusers is imported when one is built, :func:`~timm_csm.generation.create_scheduler`)
+SCHEDULERS = Registry("scheduler", sort=False, create=_from_config)
+#: the samplers' names (the registry: ``--scheduler``'s choices)
+SCHEDULER_NAMES = SCHEDULERS
+
+
+def register_scheduler(name: str, class_name: Optional[str] = None, *, overwrite: bool = False):
+    """Register the diffusers scheduler class ``class_name`` (``"DDIMScheduler"``) as the sampler ``name``."""
+    return SCHEDULERS.register(name, class_name, overwrite=overwrite)
+
+
+# DDIM (eta 0, Song et al. 2021) and DPM-Solver++ multistep (Lu et al. 2022)
+register_scheduler("ddim", "DDIMScheduler")
+register_scheduler("dpm", "DPMSolverMultistepScheduler")
 
 _anchored = "real-anchored mode"
 

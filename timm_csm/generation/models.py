@@ -5,15 +5,18 @@ A trained generator is saved and loaded as a :class:`~timm_csm.generation.pipeli
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..io import file_sha256
+from ..registry import Registry
 from .conditioning import enable_soft_class_conditioning
 
 __all__ = [
-    "GeneratorConfig", "GENERATOR_PROFILES", "create_class_unet", "weights_digest", "file_digest", "revision",
+    "GeneratorConfig", "GENERATOR_PROFILES", "register_generator_profile", "create_class_unet", "weights_digest",
+    "file_digest", "revision",
 ]
 
 
@@ -45,7 +48,18 @@ class GeneratorConfig:
         return asdict(self)
 
 
-GENERATOR_PROFILES: Dict[str, GeneratorConfig] = {
+#: the generator-training profiles, in registration order: name -> :class:`GeneratorConfig`
+#: (``GENERATOR_PROFILES["smoke"]``); ``timm-csm-train-generator --profile`` takes their names
+GENERATOR_PROFILES = Registry("generator profile", sort=False, create=lambda name, config, spec, **changes:
+                              dataclasses.replace(config, **changes))
+
+
+def register_generator_profile(name: str, config: Optional[GeneratorConfig] = None, *, overwrite: bool = False):
+    """Register ``config`` as the generator-training profile ``name``."""
+    return GENERATOR_PROFILES.register(name, config, overwrite=overwrite)
+
+
+for _name, _config in {
     # a few steps of a tiny net: exercises every code path in seconds
     "smoke": GeneratorConfig(block_out_channels=(16, 16, 32), norm_num_groups=8, steps=4, batch_size=8,
                              warmup_steps=1, checkpoint_every=2),
@@ -66,7 +80,8 @@ GENERATOR_PROFILES: Dict[str, GeneratorConfig] = {
                                 up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
                                 layers_per_block=2, norm_num_groups=32, steps=300000, batch_size=128, lr=2e-4,
                                 warmup_steps=5000, ema_decay=0.9999, checkpoint_every=5000, hflip=True),
-}
+}.items():
+    register_generator_profile(_name, _config)
 
 
 def create_class_unet(config: GeneratorConfig, num_classes: int):

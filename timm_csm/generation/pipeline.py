@@ -19,13 +19,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler, DiffusionPipeline, DPMSolverMultistepScheduler
+from diffusers import DiffusionPipeline
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from .conditioning import (enable_soft_class_conditioning, enable_soft_dit_conditioning, find_soft_class_table,
                            mix_weights)
+from .config import SCHEDULERS
 from .plan import Group, group_noise
 from .sampling import DEFAULT_INFERENCE_STEPS, sample_with_edm_scheduler, sample_with_scheduler, to_uint8
 from .scheduling_edm import EDMHeunScheduler
@@ -35,8 +36,6 @@ __all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixin
 
 OUTPUT_TYPES = ("pt", "np", "pil")
 
-# the samplers a generator folder is run with: DDIM (eta 0, Song et al. 2021) and DPM-Solver++ (Lu et al. 2022)
-SCHEDULERS = {"ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler}
 
 
 @dataclass
@@ -55,11 +54,9 @@ class SemanticMixingPipelineOutput(BaseOutput):
 
 
 def create_scheduler(name: str, config) -> SchedulerMixin:
-    """The sampler ``name`` (a key of :data:`SCHEDULERS`) built from a scheduler config, the way diffusers swaps
-    samplers: ``pipe.scheduler = create_scheduler("dpm", pipe.scheduler.config)``."""
-    if name not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)}")
-    return SCHEDULERS[name].from_config(config)
+    """The sampler ``name`` (registered in :data:`~timm_csm.generation.config.SCHEDULERS`) built from a scheduler
+    config, the way diffusers swaps samplers: ``pipe.scheduler = create_scheduler("dpm", pipe.scheduler.config)``."""
+    return SCHEDULERS.create(name, config)
 
 
 def expand_groups(groups: Sequence[Group], lambdas: Sequence[float], num_classes: int, image_shape):

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..registry import Registry
 from .config import MixingConfig
 
-__all__ = ["GeneratorKind", "register_generator", "list_generators", "generator_kind", "find_generator",
+__all__ = ["GeneratorKind", "GENERATORS", "register_generator", "list_generators", "generator_spec", "generator_kind",
+           "find_generator",
            "accepted_generators", "still_training", "create_generator", "GENERATOR_INDEX"]
 
 
@@ -70,32 +72,49 @@ class GeneratorKind:
         return self.records(path) if self.records is not None else {}
 
 
-_KINDS: Dict[str, GeneratorKind] = {}
+def _check_kind(name: str, create, kind: GeneratorKind) -> None:
+    if kind.matches is None and any(k.matches is None for n, k in GENERATORS.items() if n != name):
+        raise ValueError(f"generator kind {name!r}: another kind already takes the generators none matches")
 
 
-def register_generator(kind: GeneratorKind) -> GeneratorKind:
-    """Add ``kind`` to the registry (a name is registered once; one kind takes the generators no other matches)."""
-    if kind.name in _KINDS:
-        raise ValueError(f"generator kind {kind.name!r} is registered already; choose another name")
-    if kind.matches is None and any(k.matches is None for k in _KINDS.values()):
-        raise ValueError(f"generator kind {kind.name!r}: another kind already takes the generators none matches")
-    _KINDS[kind.name] = kind
-    return kind
+#: the registered generator kinds, in registration order (the order :func:`generator_kind` tries them in):
+#: name -> ``create``, with its :class:`GeneratorKind`
+GENERATORS = Registry("generator kind", sort=False, check=_check_kind)
 
 
-def list_generators() -> List[str]:
-    """The registered generator kinds, sorted."""
-    return sorted(_KINDS)
+def register_generator(name: str, create: Optional[Callable] = None, *, overwrite: bool = False,
+                       matches: Optional[Callable[[Path], bool]], check: Callable[[MixingConfig], None],
+                       digest: Callable[[Path], str], **fields) -> Callable:
+    """Register the generator kind ``name`` whose ``create(path, mixing, class_names, anchors, device)`` builds its
+    pipeline (without ``create``, a decorator), with the other fields of its :class:`GeneratorKind` (``matches``,
+    ``check``, ``digest``, ``is_file``, ...). A name is registered once; one kind takes the generators no other
+    matches."""
+    def add(fn):
+        return GENERATORS.register(name, fn, overwrite=overwrite,
+                                   spec=GeneratorKind(name, matches, fn, check, digest, **fields))
+
+    return add if create is None else add(create)
+
+
+def list_generators(filter: str = "") -> List[str]:
+    """The registered generator kinds, in registration order."""
+    return GENERATORS.list(filter)
+
+
+def generator_spec(name: str) -> GeneratorKind:
+    """The :class:`GeneratorKind` registered as ``name``; unknown names: one line listing the known ones."""
+    return GENERATORS.get_spec(name)
 
 
 def generator_kind(generator) -> GeneratorKind:
     """The kind of ``generator`` (a path or a name): the first registered kind that matches it, else the one that
     takes the rest."""
     path = Path(str(generator))
-    for kind in _KINDS.values():
+    kinds = [kind for _, kind in GENERATORS.items()]
+    for kind in kinds:
         if kind.matches is not None and kind.matches(path):
             return kind
-    return next(k for k in _KINDS.values() if k.matches is None)
+    return next(k for k in kinds if k.matches is None)
 
 
 def find_generator(generator) -> Optional[GeneratorKind]:
@@ -107,7 +126,7 @@ def find_generator(generator) -> Optional[GeneratorKind]:
 
 def accepted_generators() -> List[str]:
     """What the registered kinds accept, in words, one entry a kind (in registration order)."""
-    return [kind.accepts or f"a {name} generator" for name, kind in _KINDS.items()]
+    return [kind.accepts or f"a {name} generator" for name, kind in GENERATORS.items()]
 
 
 def create_generator(generator, mixing: MixingConfig = MixingConfig(), class_names: Optional[Sequence[str]] = None,
@@ -186,10 +205,10 @@ def _folder_records(path: Path) -> Dict:
     return record
 
 
-register_generator(GeneratorKind("edm", lambda path: path.suffix.lower() == ".pkl", _edm_create, _edm_check,
-                                 _file_digest, is_file=True, names_classes=True,
-                                 accepts="an NVlabs EDM network pickle (an existing .pkl file)"))
-register_generator(GeneratorKind("diffusers", None, _folder_create, lambda mixing: None, _weights_digest,
-                                 holds=_is_generator_folder, records=_folder_records,
-                                 accepts=f"a generator folder ({GENERATOR_INDEX}, unet/, scheduler/: written by "
-                                         "timm-csm-train-generator or timm-csm-pipeline)"))
+register_generator("edm", _edm_create, matches=lambda path: path.suffix.lower() == ".pkl", check=_edm_check,
+                   digest=_file_digest, is_file=True, names_classes=True,
+                   accepts="an NVlabs EDM network pickle (an existing .pkl file)")
+register_generator("diffusers", _folder_create, matches=None, check=lambda mixing: None, digest=_weights_digest,
+                   holds=_is_generator_folder, records=_folder_records,
+                   accepts=f"a generator folder ({GENERATOR_INDEX}, unet/, scheduler/: written by "
+                           "timm-csm-train-generator or timm-csm-pipeline)")

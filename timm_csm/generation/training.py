@@ -1,10 +1,11 @@
 """Training a class-conditional DDPM generator with accelerate: EMA weights, resumable checkpoints.
 
-The checkpoint (``<output>/last.safetensors``: :func:`~timm_csm.io.save_state`, the classifier's layout) holds the
-UNet, its EMA, the optimizer and the schedule, the step and the losses. A generator is hours of work, not a cache: a
-checkpoint that does not read (damaged, or a pickled one of earlier versions) is an error naming it
-(:func:`~timm_csm.io.read_checkpoint` with ``cache=False``), never a restart that would overwrite it; a checkpoint
-folder of the previous layouts (``<output>/checkpoint``) is converted on read.
+The checkpoint (``<output>/last.safetensors``: the training state of :mod:`timm_csm.trainer`, the classifier's
+schema) holds the UNet, its EMA, the optimizer and the scheduler, the step, the history of losses and the training
+time. A generator is hours of work, not a cache: a checkpoint that does not read or fit (damaged, a pickled one of
+earlier versions, one of the earlier schema with its schedule under ``lr_sched``, as every checkpoint folder of the
+previous layouts ``<output>/checkpoint`` has) is an error naming it (:func:`~timm_csm.io.read_checkpoint` with
+``cache=False``), never a restart that would overwrite it.
 
 Every random draw of step ``i`` (batch indices, flips, timesteps, noise, label dropout) comes from a generator seeded
 with ``(seed, i, process index)``, so a run resumed from a checkpoint continues exactly as an uninterrupted run would.
@@ -48,9 +49,9 @@ def _trainer(out: Path, log: Callable[[str], None], config: Optional[GeneratorCo
     ``checkpoint_every`` steps (and ``checkpoint_minutes``) and after the last; not a cache (a checkpoint that does
     not read is an error)."""
     seconds = None if checkpoint_minutes is None else 60.0 * checkpoint_minutes
-    return ResumableTrainer(out, "generator checkpoint", cache=False, every=config.checkpoint_every if config else 1,
-                            every_seconds=seconds, earlier=_EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE],
-                            desc="generator", progress=progress,
+    return ResumableTrainer(out, "generator checkpoint", unit="step", cache=False,
+                            every=config.checkpoint_every if config else 1, every_seconds=seconds,
+                            earlier=_EARLIER_CHECKPOINT, pickled=[_PICKLED_STATE], desc="generator", progress=progress,
                             is_main_process=accelerator.is_main_process if accelerator else True,
                             wait_for_everyone=accelerator.wait_for_everyone if accelerator else lambda: None, log=log)
 
@@ -62,11 +63,11 @@ def load_checkpoint_ema(output_dir, num_classes: int, config: GeneratorConfig):
 
     unet = create_class_unet(config, num_classes)
     ema = EMAModel(unet.parameters(), decay=config.ema_decay)
-    state = _trainer(Path(output_dir), print).restore(lambda state: ema.load_state_dict(state["ema"]))
-    if state is None:
+    resumed = _trainer(Path(output_dir), print).restore({"ema": ema})
+    if resumed is None:
         raise FileNotFoundError(f"no training checkpoint in {output_dir}")
     ema.copy_to(unet.parameters())
-    return unet.eval(), state["step"]
+    return unet.eval(), resumed[0]
 
 
 def _check_training_data(images, labels, num_classes: int, config: GeneratorConfig):
@@ -84,19 +85,15 @@ def _check_training_data(images, labels, num_classes: int, config: GeneratorConf
     return images, labels
 
 
-def _resume(trainer: ResumableTrainer, unet, ema, optimizer, lr_sched):
+def _resume(trainer: ResumableTrainer, unet, ema, optimizer, lr_scheduler):
     """Load the latest checkpoint of the run into the training objects; ``(step, losses, train seconds)``."""
-    def load(state: Dict) -> None:
-        unet.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        lr_sched.load_state_dict(state["lr_sched"])
-
-    state = trainer.restore(load)
-    if state is None:
+    losses, seconds = [], []
+    resumed = trainer.restore({"model": unet, "ema": ema, "optimizer": optimizer, "scheduler": lr_scheduler,
+                               "history": losses.extend, "train_seconds": seconds.append})
+    if resumed is None:
         return 0, [], 0.0
-    trainer.log(f"resuming generator training from step {state['step']}")
-    return state["step"], state["losses"], state.get("train_seconds", 0.0)
+    trainer.log(f"resuming generator training from step {resumed[0]}")
+    return resumed[0], losses, seconds[0]
 
 
 def _noised_batch(data, targets, alphas, num_classes: int, config: GeneratorConfig, step: int, rank: int):
@@ -164,12 +161,13 @@ def train_generator(
     noise_sched = DDPMScheduler(num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
                                 prediction_type="epsilon")
     optimizer = torch.optim.AdamW(unet.parameters(), lr=config.lr, weight_decay=0.0)
-    lr_sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                     lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
     ema = EMAModel(unet.parameters(), decay=config.ema_decay, use_ema_warmup=True, power=3 / 4)
     trainer = _trainer(out, log, config, accelerator, progress, checkpoint_minutes)
     if accelerator.is_main_process:
         log(describe_training(config, len(images), num_classes, out, checkpoint_minutes))
-    start, losses, seconds_before = _resume(trainer, unet, ema, optimizer, lr_sched)
+    start, losses, seconds_before = _resume(trainer, unet, ema, optimizer, lr_scheduler)
 
     unet, optimizer = accelerator.prepare(unet, optimizer)
     ema.to(accelerator.device)
@@ -185,7 +183,7 @@ def train_generator(
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(unet.parameters(), 1.0)
         optimizer.step()
-        lr_sched.step()
+        lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         ema.step(accelerator.unwrap_model(unet).parameters())
         window.append(loss.item())
@@ -195,10 +193,10 @@ def train_generator(
             bar.show_loss(losses[-1][1])
             window.clear()
 
-    def training_state(step: int) -> Dict:
+    def training_state() -> Dict:  # the trainer adds the step
         return {"model": accelerator.unwrap_model(unet).state_dict(), "ema": ema.state_dict(),
-                "optimizer": optimizer.state_dict(), "lr_sched": lr_sched.state_dict(), "step": step,
-                "losses": losses, "train_seconds": seconds_before + time.time() - t0}
+                "optimizer": optimizer.state_dict(), "scheduler": lr_scheduler.state_dict(), "history": losses,
+                "train_seconds": seconds_before + time.time() - t0}
 
     unet.train()
     trainer.fit(train_step, training_state, start, config.steps)

@@ -37,12 +37,12 @@ from .mmce import MMCELoss
 from .penalty import EntropyPenalty, L1Penalty
 from .rankmixup import MNDCGLoss, MRLLoss
 from .regmixup import REGMIXUP_REDUCTIONS, regmixup_objective
-from .registry import (LOSS_INPUTS, LossSpec, create_loss, get_loss_entrypoint, is_loss, list_losses, loss_spec,
-                       register_loss)
+from .registry import (LOSS_INPUTS, LOSSES, LossSpec, create_loss, get_loss_entrypoint, is_loss, list_losses,
+                       loss_spec, register_loss, register_loss_inputs)
 
 __all__ = [
     "register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
-    "LOSS_INPUTS", "LossBase",
+    "LOSS_INPUTS", "LOSSES", "register_loss_inputs", "LossBase",
     "CrossEntropyLoss", "LabelSmoothingLoss", "FocalLoss", "FLSDLoss", "AdaFocalLoss", "BrierLoss", "MMCELoss",
     "MDCALoss", "DistillationLoss", "EntropyPenalty", "L1Penalty", "MbLSLoss", "ACLSLoss", "CALSLoss",
     "AdaptiveLabelPerturbation",

@@ -16,17 +16,31 @@ function passes ``spec=`` (e.g. ``LossSpec.of(CSMLoss)``).
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch.nn as nn
 
-__all__ = ["register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
-           "LOSS_INPUTS"]
+from ..registry import Registry
 
-#: the call conventions of registered losses (see :class:`LossSpec`)
-LOSS_INPUTS = ("plain", "index", "mixed", "generated", "teacher")
+__all__ = ["register_loss", "create_loss", "list_losses", "is_loss", "get_loss_entrypoint", "loss_spec", "LossSpec",
+           "LOSS_INPUTS", "register_loss_inputs", "LOSSES"]
+
+#: the call conventions of registered losses (see :class:`LossSpec`): name -> the call, in words; a training task
+#: for a new one is registered with :func:`timm_csm.training.tasks.register_training_task`
+LOSS_INPUTS = Registry("loss call convention", sort=False)
+
+
+def register_loss_inputs(name: str, call: Optional[str] = None, *, overwrite: bool = False):
+    """Register the call convention ``name`` of a loss's ``forward`` (``call``: the call, in words)."""
+    return LOSS_INPUTS.register(name, call, overwrite=overwrite)
+
+
+for _name, _call in (("plain", "loss(logits, target)"), ("index", "loss(logits, target, index=...)"),
+                     ("mixed", "loss(logits, target, logits_mixed, target_mixed)"),
+                     ("generated", "loss(logits_real, y_real, logits_gen, q_gen)"),
+                     ("teacher", "loss(logits, target, teacher_logits)")):
+    register_loss_inputs(_name, _call)
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ class LossSpec:
 
     def __post_init__(self):
         if self.inputs not in LOSS_INPUTS:
-            raise ValueError(f"LossSpec.inputs must be one of {LOSS_INPUTS}, got {self.inputs!r}")
+            raise ValueError(f"LossSpec.inputs must be one of {tuple(LOSS_INPUTS)}, got {self.inputs!r}")
         if self.num_mixed < (1 if self.inputs == "mixed" else 0):
             raise ValueError(f"LossSpec.num_mixed must be >= 1 for mixed losses (0 allowed otherwise), "
                              f"got {self.num_mixed}")
@@ -58,18 +72,39 @@ class LossSpec:
     def needs_index(self) -> bool:
         return self.inputs == "index"
 
+    @property
+    def needs_generated(self) -> bool:
+        """It trains on a generated (CSM) dataset beside the real batch."""
+        return self.inputs == "generated"
+
     @classmethod
     def of(cls, entry) -> "LossSpec":
-        """The spec declared by a loss class's attributes ``is_csm``, ``needs_mixed``, ``needs_index``, ``needs_teacher``,
-        ``num_mixed`` and ``label_smoothing_loss`` (absent attributes: a plain loss)."""
+        """The spec declared by a loss class's attributes ``loss_inputs`` (a registered call convention) or
+        ``is_csm``, ``needs_mixed``, ``needs_index``, ``needs_teacher``, with ``num_mixed`` and
+        ``label_smoothing_loss`` (absent attributes: a plain loss)."""
         inputs = ("generated" if getattr(entry, "is_csm", False) else "mixed" if getattr(entry, "needs_mixed", False)
                   else "index" if getattr(entry, "needs_index", False)
                   else "teacher" if getattr(entry, "needs_teacher", False) else "plain")
+        inputs = getattr(entry, "loss_inputs", None) or inputs
         return cls(inputs, int(getattr(entry, "num_mixed", 0)), getattr(entry, "label_smoothing_loss", None))
 
 
-_LOSS_ENTRYPOINTS: Dict[str, Callable[..., nn.Module]] = {}
-_LOSS_SPECS: Dict[str, LossSpec] = {}
+def _check_loss(name: str, entry, spec) -> None:
+    if not callable(entry):
+        raise ValueError(f"register_loss({name!r}): expected a class or factory, got {type(entry).__name__}")
+    if not isinstance(spec, LossSpec):
+        raise ValueError(f"register_loss({name!r}): spec must be a LossSpec, got {type(spec).__name__}")
+
+
+def _create_loss(name: str, entry, spec, **kwargs) -> nn.Module:
+    try:
+        return entry(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"create_loss({name!r}, ...): {e}") from e
+
+
+#: the registered losses: name -> class or factory, with its :class:`LossSpec`
+LOSSES = Registry("loss", plural="losses", spec_of=LossSpec.of, create=_create_loss, check=_check_loss)
 
 
 def register_loss(name: str, fn: Optional[Callable[..., nn.Module]] = None, *, overwrite: bool = False,
@@ -80,55 +115,31 @@ def register_loss(name: str, fn: Optional[Callable[..., nn.Module]] = None, *, o
     Use as a decorator (``@register_loss("name")``) or call directly (``register_loss("name", factory)``).
     Registering an existing name raises ``ValueError`` unless ``overwrite=True``.
     """
-    if spec is not None and not isinstance(spec, LossSpec):
-        raise ValueError(f"register_loss({name!r}): spec must be a LossSpec, got {type(spec).__name__}")
-    if not isinstance(name, str) or not name or name != name.strip():
-        raise ValueError(f"loss name must be a non-empty string without surrounding spaces, got {name!r}")
-
-    def _register(entry):
-        if not callable(entry):
-            raise ValueError(f"register_loss({name!r}): expected a class or factory, got {type(entry).__name__}")
-        if name in _LOSS_ENTRYPOINTS and not overwrite and _LOSS_ENTRYPOINTS[name] is not entry:
-            raise ValueError(f"a loss named {name!r} is already registered (pass overwrite=True to replace it)")
-        _LOSS_ENTRYPOINTS[name] = entry
-        _LOSS_SPECS[name] = spec if spec is not None else LossSpec.of(entry)
-        return entry
-
-    return _register(fn) if fn is not None else _register
+    return LOSSES.register(name, overwrite=overwrite, spec=spec) if fn is None else \
+        LOSSES.register(name, fn, overwrite=overwrite, spec=spec)
 
 
 def get_loss_entrypoint(name: str) -> Callable[..., nn.Module]:
     """The class or factory registered as ``name``; unknown names raise ``ValueError`` listing the known ones."""
-    try:
-        return _LOSS_ENTRYPOINTS[name]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(_LOSS_ENTRYPOINTS))
-        raise ValueError(f"unknown loss {name!r}; known losses: {known}") from None
+    return LOSSES.get(name)
 
 
 def loss_spec(name: str) -> LossSpec:
     """The :class:`LossSpec` of the loss registered as ``name`` (unknown names: ``ValueError``, as
     :func:`get_loss_entrypoint`)."""
-    get_loss_entrypoint(name)
-    return _LOSS_SPECS[name]
+    return LOSSES.get_spec(name)
 
 
 def create_loss(name: str, **kwargs) -> nn.Module:
     """Instantiate the loss registered as ``name`` with ``kwargs`` (e.g. ``create_loss("mbls", margin=6)``)."""
-    entry = get_loss_entrypoint(name)
-    try:
-        return entry(**kwargs)
-    except TypeError as e:
-        raise TypeError(f"create_loss({name!r}, ...): {e}") from e
+    return LOSSES.create(name, **kwargs)
 
 
-def list_losses(filter: str = "") -> List[str]:
-    """Sorted registered names, optionally filtered by a shell-style wildcard (``"csm*"``)."""
-    names = sorted(_LOSS_ENTRYPOINTS)
-    if filter:
-        names = [n for n in names if fnmatch.fnmatchcase(n, filter)]
-    return names
+def list_losses(filter: str = "", **where) -> List[str]:
+    """Sorted registered names, optionally filtered by a shell-style wildcard (``"csm*"``) and spec values
+    (``inputs="mixed"``)."""
+    return LOSSES.list(filter, **where)
 
 
 def is_loss(name: str) -> bool:
-    return name in _LOSS_ENTRYPOINTS
+    return name in LOSSES

@@ -2,7 +2,8 @@
 
 Functions: :func:`ece` (norms l1 / l2 / max), :func:`adaptive_ece`, :func:`classwise_ece`, :func:`mce`,
 :func:`overconfidence_error`, :func:`underconfidence_error`, :func:`debiased_ce` (Kumar et al.'s debiased l2
-error), :func:`nll`, :func:`brier_score`, :func:`smooth_ece`,
+error), :func:`nll`, :func:`brier_score`, :func:`smooth_ece`, :func:`ece_sweep` (Roelofs et al.'s
+monotone sweep of equal-mass bins),
 :func:`reliability_table`, :func:`calibration_metrics` (all of them in one pass) and :func:`piece` (ProCal's
 proximity-informed ECE, from penultimate features via :func:`proximity`). Selective prediction: :func:`aurc`,
 :func:`eaurc`, :func:`augrc` and :func:`risk_coverage_curve` (:mod:`timm_csm.metrics.selective`;
@@ -26,10 +27,12 @@ right-closed ``(lo, hi]`` with 0 in the first and 1.0 in the last bin; sums are 
 """
 from .accumulator import CalibrationAccumulator
 from .binning import DEFAULT_N_BINS, bin_edges, bin_index, check_n_bins
-from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, debiased_ce, ece, mce, nll,
+from .functional import (ReliabilityTable, adaptive_ece, brier_score, classwise_ece, debiased_ce, ece, ece_sweep, mce,
+                         nll,
                          overconfidence_error, reliability_table, reliability_table_from_points, smooth_ece,
                          underconfidence_error)
-from .interval_methods import DEFAULT_INTERVALS, interval_method, list_interval_methods, register_interval_method
+from .interval_methods import (DEFAULT_INTERVALS, INTERVAL_METHODS, interval_method, list_interval_methods,
+                               register_interval_method)
 from .intervals import (bootstrap_columns, bootstrap_distribution, bootstrap_metrics, bootstrap_with_estimates,
                         percentile_interval, resample_indices)
 from .paired import (PairedInterval, detectable_difference, holm, interval_text, mean_std, paired_outcome,
@@ -39,11 +42,11 @@ from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor
                      prepare_inputs)
 from .proximity import piece, proximity
 from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve, selective_metrics_from_points
-from .table import (LEGACY_NAMES, METRIC_KEYS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
+from .table import (LEGACY_NAMES, METRIC_KEYS, METRICS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
                     metric_spec, register_metric)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "debiased_ce", "reliability_table", "reliability_table_from_points",
+           "brier_score", "smooth_ece", "ece_sweep", "debiased_ce", "reliability_table", "reliability_table_from_points",
            "calibration_metrics",
            "piece", "proximity", "CalibrationAccumulator", "ReliabilityTable", "METRIC_KEYS", "INPUT_TYPES", "TASKS",
            "ROW_SUM_ATOL", "bin_edges", "bin_index", "aurc", "eaurc", "augrc", "risk_coverage_curve", "RiskCoverage",
@@ -51,6 +54,7 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "infer_task", "prepare_inputs", "PreparedInputs", "ood_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
            "ood_metrics", "OOD_SCORES", "OOD_KEYS", "bootstrap_metrics", "bootstrap_distribution",
            "bootstrap_with_estimates", "interval_method", "list_interval_methods", "register_interval_method",
+           "INTERVAL_METHODS", "METRICS",
            "DEFAULT_INTERVALS",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
            "paired_outcome", "interval_text", "mean_std", "holm", "detectable_difference", "MetricSpec",

@@ -30,9 +30,10 @@ from .binning import (DEFAULT_N_BINS, NORMS, bin_edges, bin_index, bin_sums, cal
 from .inputs import prepare_inputs
 from .smooth import smooth_calibration_error
 from .state import CalibrationState, accumulate
+from .sweep import ece_sweep_from_points
 
 __all__ = ["ece", "mce", "adaptive_ece", "classwise_ece", "overconfidence_error", "underconfidence_error", "nll",
-           "brier_score", "smooth_ece", "debiased_ce", "reliability_table", "ReliabilityTable",
+           "brier_score", "smooth_ece", "ece_sweep", "debiased_ce", "reliability_table", "ReliabilityTable",
            "adaptive_ece_from_points", "reliability_table_from_points", "DEFAULT_N_BINS"]
 
 _NONE = dict(binned=False, classwise=False, nll=False, brier=False, points=False)
@@ -252,6 +253,15 @@ def smooth_ece(preds, target, *, input_type: str = "logits", task: str = "multic
         value = smooth_calibration_error_sigma(conf, acc, sigma)
         return (value, float(sigma)) if return_sigma else value
     return smooth_calibration_error(conf, acc, return_sigma=return_sigma)
+
+
+def ece_sweep(preds, target, *, input_type: str = "logits", norm: str = "l1", task: str = "multiclass",
+              num_classes: Optional[int] = None, ignore_index: Optional[int] = None) -> float:
+    """ECE-sweep (Roelofs et al., AISTATS 2022): the top-label ECE over the largest number of equal-mass bins whose
+    accuracies stay monotone in confidence (``norm`` ``"l1"`` or ``"l2"``); see :mod:`timm_csm.metrics.sweep`."""
+    st = _state(preds, target, 1, input_type, task, num_classes, ignore_index, points=True)
+    st.require("points", "ECE-sweep")
+    return ece_sweep_from_points(*st.points(), norm=norm)
 
 
 def reliability_table(preds, target, n_bins: int = DEFAULT_N_BINS, *, input_type: str = "logits",

@@ -34,34 +34,35 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["IntervalMethod", "register_interval_method", "interval_method", "list_interval_methods",
+from ..registry import Registry
+
+__all__ = ["IntervalMethod", "INTERVAL_METHODS", "register_interval_method", "interval_method",
+           "list_interval_methods",
            "percentile", "basic", "bias_corrected", "symmetric", "upper", "ONE_SIDED", "DEFAULT_INTERVALS",
            "NO_INTERVAL", "AT_MOST_ONE", "default_interval", "interval_of", "INTERVAL_NOTE", "no_interval_line"]
 
 #: (resampled values (B,), estimate, level) -> (low, high)
 IntervalMethod = Callable[[torch.Tensor, float, float], Tuple[float, float]]
-_METHODS: Dict[str, IntervalMethod] = {}
+#: the registered interval methods, in registration order: name -> :data:`IntervalMethod`
+INTERVAL_METHODS = Registry("interval method", sort=False)
 _F64 = torch.float64
 
 
-def register_interval_method(name: str, method: IntervalMethod) -> IntervalMethod:
-    """Add ``method`` under ``name``; a name registered twice raises ``ValueError``."""
-    if name in _METHODS:
-        raise ValueError(f"an interval method named {name!r} is already registered")
-    _METHODS[name] = method
-    return method
+def register_interval_method(name: str, method: Optional[IntervalMethod] = None, *,
+                             overwrite: bool = False) -> IntervalMethod:
+    """Add ``method`` under ``name`` (without ``method``, a decorator); a name registered twice raises
+    ``ValueError`` unless ``overwrite``."""
+    return INTERVAL_METHODS.register(name, overwrite=overwrite) if method is None else \
+        INTERVAL_METHODS.register(name, method, overwrite=overwrite)
 
 
 def interval_method(name: str) -> IntervalMethod:
     """The registered method ``name``; unknown names raise ``ValueError`` listing the known ones."""
-    try:
-        return _METHODS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown interval method {name!r}; known: {', '.join(_METHODS)}") from None
+    return INTERVAL_METHODS.get(name)
 
 
-def list_interval_methods() -> List[str]:
-    return list(_METHODS)
+def list_interval_methods(filter: str = "") -> List[str]:
+    return INTERVAL_METHODS.list(filter)
 
 
 def _quantiles(values: torch.Tensor, q: Tuple[float, float]) -> Tuple[float, float]:

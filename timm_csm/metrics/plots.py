@@ -9,14 +9,15 @@ diagram is the value :func:`timm_csm.metrics.ece` returns for the same inputs (b
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from ..extras import require
+from ..registry import Registry
 from .binning import DEFAULT_N_BINS
 from .functional import ReliabilityTable, reliability_table
 
 __all__ = ["reliability_diagram", "reliability_diagrams", "table_diagrams", "kind_diagrams", "risk_coverage_diagram",
-           "plot_reliability", "ece_label", "PANELS_PER_ROW", "RELIABILITY_KINDS"]
+           "plot_reliability", "ece_label", "PANELS_PER_ROW", "RELIABILITY_KINDS", "register_reliability_kind"]
 
 
 def ece_label(ece_value: float) -> str:
@@ -125,8 +126,36 @@ def table_diagrams(tables: Mapping[str, ReliabilityTable], path, title: Optional
     return {name: table.ece for name, table in tables.items()}
 
 
-#: the reliability diagrams beside the equal-width top-label one: equal-mass bins, and one-vs-rest pairs per class
-RELIABILITY_KINDS = ("adaptive", "classwise")
+#: the reliability diagrams beside the equal-width top-label one, in registration order: name -> ``table(probs,
+#: labels, n_bins)``, the reliability table of that binning
+RELIABILITY_KINDS = Registry("reliability diagram", sort=False)
+
+
+def register_reliability_kind(name: str, table: Optional[Callable] = None, *, overwrite: bool = False):
+    """Register ``table(probs, labels, n_bins) -> ReliabilityTable`` as the reliability diagram ``name`` (without
+    ``table``, a decorator)."""
+    return RELIABILITY_KINDS.register(name, overwrite=overwrite) if table is None else \
+        RELIABILITY_KINDS.register(name, table, overwrite=overwrite)
+
+
+@register_reliability_kind("adaptive")
+def _adaptive_table(probs, labels, n_bins: int):
+    """Equal-mass bins of the top-label confidence."""
+    from .functional import reliability_table_from_points
+
+    conf, pred = probs.max(dim=1)
+    return reliability_table_from_points(conf, (pred == labels).double(), n_bins, equal_mass=True)
+
+
+@register_reliability_kind("classwise")
+def _classwise_table(probs, labels, n_bins: int):
+    """The pairs (p_ik, 1[y_i = k]) of every class in equal-width bins."""
+    import torch
+
+    from .functional import reliability_table_from_points
+
+    hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
+    return reliability_table_from_points(probs, hits, n_bins)
 
 
 def kind_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int, kind: str) -> Dict[str, float]:
@@ -135,19 +164,11 @@ def kind_diagrams(runs: Mapping[str, Tuple[object, object]], path, n_bins: int, 
     bins); returns ``{name: ece}`` of those binnings."""
     import torch
 
-    from .functional import reliability_table_from_points
-
     if kind not in RELIABILITY_KINDS:
         raise ValueError(f"unknown reliability diagram {kind!r}; known: {', '.join(RELIABILITY_KINDS)}")
-    tables = {}
-    for name, (logits, labels) in runs.items():
-        probs = torch.softmax(logits.double(), dim=1)
-        if kind == "adaptive":
-            conf, pred = probs.max(dim=1)
-            tables[name] = reliability_table_from_points(conf, (pred == labels).double(), n_bins, equal_mass=True)
-        else:
-            hits = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
-            tables[name] = reliability_table_from_points(probs, hits, n_bins)
+    table = RELIABILITY_KINDS.get(kind)
+    tables = {name: table(torch.softmax(logits.double(), dim=1), labels, n_bins) for name, (logits, labels) in
+              runs.items()}
     return table_diagrams(tables, path, title=f"{kind} reliability")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..registry import Registry
 from .binning import (DEFAULT_N_BINS, calibration_error_from_bins, classwise_error_from_bins,
                       debiased_error_from_bins, overconfidence_from_bins, underconfidence_from_bins)
 from .functional import (_state, adaptive_ece, adaptive_ece_from_points, brier_score, classwise_ece, debiased_ce,
@@ -30,7 +31,7 @@ from .selective import augrc, aurc, eaurc, selective_metrics_from_points
 from .smooth import smooth_calibration_error
 from .state import CalibrationState
 
-__all__ = ["MetricSpec", "register_metric", "metric_spec", "list_metrics", "metrics_from_state",
+__all__ = ["MetricSpec", "METRICS", "register_metric", "metric_spec", "list_metrics", "metrics_from_state",
            "calibration_metrics", "METRIC_KEYS", "SELECTIVE_KEYS", "FAMILIES", "LEGACY_NAMES"]
 
 FAMILIES = ("calibration", "smooth", "selective", "proximity")
@@ -107,29 +108,38 @@ class MetricSpec:
                 "keep_confidences": flags["points"]}
 
 
-_TABLE: Dict[str, MetricSpec] = {}
 #: earlier names still read from saved files: an evaluate module cache written by an earlier release holds the
 #: classwise ECE as the script ``cwece``
 LEGACY_NAMES = {"cwece": "cece"}
 
 
-def register_metric(spec: MetricSpec) -> MetricSpec:
-    """Add ``spec`` to the table (after the metrics already there, in report order); a name registered twice
-    raises ``ValueError``."""
+def _check_metric(name: str, entry, spec) -> None:
+    if not isinstance(spec, MetricSpec) or spec.name != name:
+        raise ValueError(f"register_metric: expected a MetricSpec named {name!r}, got {spec!r}")
+    if name in LEGACY_NAMES:
+        raise ValueError(f"a metric named {name!r} is already registered")
+
+
+#: the metric table: name -> :class:`MetricSpec`, in report order
+METRICS = Registry("metric", sort=False, check=_check_metric)
+
+
+def register_metric(spec: Union[MetricSpec, str], *args, overwrite: bool = False, **fields) -> MetricSpec:
+    """Add a metric to the table (after the metrics already there, in report order): its :class:`MetricSpec`, or
+    its name and the spec's other fields (``register_metric("gap", "Confidence - accuracy", scale=100, ...)``); a
+    name registered twice raises ``ValueError`` unless ``overwrite``."""
+    if isinstance(spec, str):
+        spec = MetricSpec(spec, *args, **fields)
+    elif args or fields:
+        raise ValueError("register_metric: give a MetricSpec, or a name and the spec's fields, not both")
     if not isinstance(spec, MetricSpec):
         raise ValueError(f"register_metric: expected a MetricSpec, got {type(spec).__name__}")
-    if spec.name in _TABLE or spec.name in LEGACY_NAMES:
-        raise ValueError(f"a metric named {spec.name!r} is already registered")
-    _TABLE[spec.name] = spec
-    return spec
+    return METRICS.register(spec.name, spec, overwrite=overwrite)
 
 
 def metric_spec(name: str) -> MetricSpec:
     """The :class:`MetricSpec` of ``name``; unknown names raise ``ValueError`` listing the known ones."""
-    try:
-        return _TABLE[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown metric {name!r}; known metrics: {', '.join(_TABLE)}") from None
+    return METRICS.get_spec(name)
 
 
 def list_metrics(family: Union[str, Sequence[str], None] = None, *, evaluate: Optional[bool] = None,
@@ -137,8 +147,8 @@ def list_metrics(family: Union[str, Sequence[str], None] = None, *, evaluate: Op
     """The registered names in report order, optionally of one ``family`` (or several), those with
     (``evaluate=True``) or without an ``evaluate`` module, those of the summary tables (``headline=True``)."""
     families = (family,) if isinstance(family, str) else family
-    return [name for name, spec in _TABLE.items() if (families is None or spec.family in families)
-            and (evaluate is None or spec.evaluate == evaluate) and (headline is None or spec.headline == headline)]
+    return [name for name in METRICS.list(evaluate=evaluate, headline=headline)
+            if families is None or METRICS.get_spec(name).family in families]
 
 
 def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:
@@ -146,7 +156,7 @@ def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[st
     ``smooth`` those of the ``"smooth"`` family (their statistics are required)."""
     if float(state.n) <= 0:
         raise ValueError("no samples: calibration metrics of an empty set are undefined")
-    return {name: spec.from_state(state) for name, spec in _TABLE.items()
+    return {name: spec.from_state(state) for name, spec in METRICS.items()
             if (spec.family == "calibration" and all(state.flags[k] for k in spec.needs))
             or (spec.family == "smooth" and smooth)}
 

@@ -1,4 +1,4 @@
-"""Cells of a benchmark table: one :func:`timm_csm.train.run` per folder, cached by its options, resumable, with a
+"""Cells of a benchmark table: one :func:`timm_csm.training.run` per folder, cached by its options, resumable, with a
 record of what its numbers depend on, and re-run on demand to show that they reproduce.
 
 A cell's folder holds ``cell.json`` (a :class:`~timm_csm.recipes.cache.KeyedFolder` marker: the cell's fields and
@@ -92,7 +92,7 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
     protocol's amendment) or ``spec_digest`` (a cell of a study: the digest of the spec it runs under),
     ``cell.json`` holds the cell's record (:func:`cell_record`, the commit of ``repo``)."""
     from ..io import load_state
-    from ..train import run
+    from ..training import run
 
     state = cell_state(cell_dir, cfg, committed)
     if state == "done":
@@ -208,7 +208,7 @@ def cell_record(cfg: Dict[str, Any], amendment: Optional[int] = None, repo: Opti
     if amendment is None or amendment >= 4:
         import numpy
 
-        # where the cell trains: timm_csm.train's accelerator takes the GPU when there is one, unless told --cpu
+        # where the cell trains: timm_csm.training.run's accelerator takes the GPU when there is one, unless told --cpu
         device = "cpu" if cfg.get("cpu") or not torch.cuda.is_available() else torch.cuda.get_device_name(0)
         record.update(numpy=numpy.__version__, diffusers=_installed_version("diffusers"), device=device,
                       cpu=cpu_model(), cpu_capability=torch.backends.cpu.get_cpu_capability(),
@@ -247,7 +247,7 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
     paths of the keys the current code reports that the committed results.json lacks (not compared), "record": how
     its record differs (commit, versions, threads, generated set), where it has one}``; the cell reproduces when
     ``results`` is empty."""
-    from ..train import run
+    from ..training import run
 
     home = next((Path(r) / name for r in roots if (Path(r) / name / CELL_META).exists()), None)
     if home is None:

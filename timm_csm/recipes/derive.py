@@ -17,23 +17,42 @@ A data key names a set by its base and the derivations applied to it (``"soft@vo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..io import file_sha256
+from ..registry import Registry
 from .cache import KeyedFolder
 
-__all__ = ["DERIVED_LABELS", "DERIVED_MARKER", "derived_copy", "derive_hard_label_dataset",
+__all__ = ["DERIVED_LABELS", "DerivedLabel", "register_derived_label", "DERIVED_MARKER", "derived_copy", "derive_hard_label_dataset",
            "derive_filtered_dataset", "derive_group_subset", "derive_rescaled_dataset",
            "derive_lambda_label_dataset", "derive_softmax_label_dataset", "derive_label_dataset", "label_confidence",
            "real_copies_columns", "derive_real_copies_dataset", "split_data_key", "join_data_key",
            "derived_set_folder", "resolve_data_key"]
 
 DERIVED_MARKER = "derived_from.json"
-#: the labels a set can be given in place of its annotation's (:func:`derive_label_dataset`)
-DERIVED_LABELS = ("hard", "lambda", "softmax")
+#: the labels a set can be given in place of its annotation's (:func:`derive_label_dataset`), in registration
+#: order: name -> ``derive(source, folder, annotator) -> Path``, with :class:`DerivedLabel`
+DERIVED_LABELS = Registry("derived label", sort=False)
+
+
+@dataclass(frozen=True)
+class DerivedLabel:
+    """A registered derived label: its ``derive(source, folder, annotator)``, and whether it ``needs_annotator``
+    (a reference encoder folder whose classifier gives the labels)."""
+
+    derive: Callable[[Any, Any, Any], Path]
+    needs_annotator: bool = False
+
+
+def register_derived_label(name: str, derive: Optional[Callable] = None, *, overwrite: bool = False,
+                           needs_annotator: bool = False):
+    """Register ``derive(source, folder, annotator) -> Path`` as the derived label ``name``."""
+    return DERIVED_LABELS.register(name, derive, overwrite=overwrite,
+                                   spec=DerivedLabel(derive, bool(needs_annotator)))
 
 
 def derived_copy(source, folder, derivation: str, derive: Callable[[Any], Tuple[Any, Dict[str, Any]]]) -> Path:
@@ -173,13 +192,14 @@ def derive_softmax_label_dataset(source, folder, annotator) -> Path:
 
 def derive_label_dataset(source, folder, label: str, annotator=None) -> Path:
     """``label`` (:data:`DERIVED_LABELS`) in place of the annotation's soft labels of ``source``."""
-    if label == "hard":
-        return derive_hard_label_dataset(source, folder)
-    if label == "lambda":
-        return derive_lambda_label_dataset(source, folder)
-    if label == "softmax":
-        return derive_softmax_label_dataset(source, folder, annotator)
-    raise ValueError(f"label must be one of {', '.join(DERIVED_LABELS)} to derive, got {label!r}")
+    if label not in DERIVED_LABELS:
+        raise ValueError(f"label must be one of {', '.join(DERIVED_LABELS)} to derive, got {label!r}")
+    return DERIVED_LABELS.create(label, source, folder, annotator)
+
+
+register_derived_label("hard", lambda source, folder, annotator: derive_hard_label_dataset(source, folder))
+register_derived_label("lambda", lambda source, folder, annotator: derive_lambda_label_dataset(source, folder))
+register_derived_label("softmax", derive_softmax_label_dataset, needs_annotator=True)
 
 
 def real_copies_columns(real, num_groups: int, num_lambdas: int, seed: int = 0) -> Dict[str, list]:
@@ -313,8 +333,9 @@ def resolve_data_key(key: str, output: Path, setting: Optional[str], paths: Dict
         paths[key] = str(derive_rescaled_dataset(source, folder, float(value)))
     elif axis == "filtered":
         paths[key] = str(derive_filtered_dataset(source, folder))
-    elif value == "softmax" and not (annotator and (Path(annotator) / "config.json").exists()):
-        blocked[key] = f"the softmax labels need the setting's annotator (a reference encoder folder), got " \
+    elif (value in DERIVED_LABELS and DERIVED_LABELS.get_spec(value).needs_annotator
+          and not (annotator and (Path(annotator) / "config.json").exists())):
+        blocked[key] = f"the {value} labels need the setting's annotator (a reference encoder folder), got " \
                        f"{annotator!r}"
     else:
         paths[key] = str(derive_label_dataset(source, folder, value, annotator))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -23,9 +22,10 @@ from ..annotation import default_scale
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
+from ..registry import Registry
 from ..training.config import PAPER_TEMPERATURE_METHOD
 
-__all__ = ["RecipeProfile", "register_profile", "get_profile", "list_profiles", "training_options",
+__all__ = ["RecipeProfile", "PROFILES", "register_profile", "get_profile", "list_profiles", "training_options",
            "paper_protocol", "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES",
            "REHEARSAL_VAL_FRACTION", "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
 
@@ -92,31 +92,28 @@ class RecipeProfile:
                                 accept_poor_generator=self.accept_poor_generator)
 
 
-_PROFILES: Dict[str, RecipeProfile] = {}
+#: the registered recipe profiles: name -> :class:`RecipeProfile` (created as a copy)
+PROFILES = Registry("recipe profile", plural="profiles", create=lambda name, profile, spec: copy.deepcopy(profile))
 
 
-def register_profile(name: str, profile: RecipeProfile) -> RecipeProfile:
-    """Add ``profile`` to the registry under ``name``; a name is registered once."""
-    if name in _PROFILES:
-        raise ValueError(f"recipe profile {name!r} is registered already; choose another name")
-    _PROFILES[name] = profile
-    return profile
+def register_profile(name: str, profile: Optional[RecipeProfile] = None, *, overwrite: bool = False):
+    """Add ``profile`` to the registry under ``name``; a name is registered once unless ``overwrite``."""
+    return PROFILES.register(name, profile, overwrite=overwrite) if profile is not None else \
+        PROFILES.register(name, overwrite=overwrite)
 
 
 def list_profiles(filter: str = "") -> List[str]:
     """The registered profile names, sorted; ``filter`` is a shell-style pattern (``"s*"``), as in timm."""
-    return sorted(n for n in _PROFILES if not filter or fnmatch.fnmatch(n, filter))
+    return PROFILES.list(filter)
 
 
 def get_profile(name: str) -> RecipeProfile:
     """A copy of the profile registered as ``name`` (changing it leaves the registry as it is)."""
-    if name not in _PROFILES:
-        raise ValueError(f"unknown recipe profile {name!r}; known profiles: {', '.join(list_profiles())}")
-    return copy.deepcopy(_PROFILES[name])
+    return PROFILES.create(name)
 
 
 def paper_protocol(options: Dict) -> Dict:
-    """:func:`timm_csm.train.run` ``options`` as the recipes and the benchmark cells run them: the temperature fitted
+    """:func:`timm_csm.training.run` ``options`` as the recipes and the benchmark cells run them: the temperature fitted
     by the paper's grid-ECE rule (``PAPER_TEMPERATURE_METHOD``) unless they name a rule.
     Applied when a run starts, not stored in the options: the cells and stages recorded before training runs
     defaulted to NLL keep their keys and their numbers."""
@@ -124,7 +121,7 @@ def paper_protocol(options: Dict) -> Dict:
 
 
 def training_options(profile: RecipeProfile) -> Dict:
-    """The classifier recipe of ``profile`` as :func:`timm_csm.train.run` options (shared by its CE and CSM runs
+    """The classifier recipe of ``profile`` as :func:`timm_csm.training.run` options (shared by its CE and CSM runs
     and by the calibration benchmark's recipes): data, model, optimisation, then ``train_extra``."""
     options = {"dataset": profile.dataset, "model": profile.model, "epochs": profile.epochs,
                "batch_size": profile.batch_size, "lr": profile.lr, "weight_decay": profile.weight_decay,

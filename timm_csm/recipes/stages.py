@@ -20,12 +20,14 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import steps
+from . import steps
+from ..generation.config import DEFAULTS as MIXING_DEFAULTS
 from ..io import write_json_atomic
+from ..losses import loss_spec
 from .cache import Stage, StageCache, stage_key
 from .profiles import FULL_EDM_PICKLE_URL, RecipeProfile, paper_protocol, training_options
 
-__all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "open_clip_spec",
+__all__ = ["real_splits", "generator_source", "generator", "generate", "encoder_config", "recipe_encoder",
            "check_encoder", "encoder", "quality", "annotate", "csm_dataset_folder", "train_config", "train"]
 
 
@@ -140,7 +142,8 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
               "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
     if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
-    elif profile.scheduler != "ddim":  # keys of DDIM sets stay those written before the choice existed
+    elif profile.scheduler != MIXING_DEFAULTS.scheduler:  # keys of the default sampler's (DDIM) sets stay those
+        # written before the choice existed
         config["scheduler"] = profile.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
@@ -154,7 +157,7 @@ def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
     config = {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
               "max_steps": profile.encoder_max_steps, "seed": profile.seed}
     annotation = profile.annotation()
-    if profile.encoder == "reference" and annotation.holds_out(profile.dataset):
+    if _trained_here(profile) and annotation.holds_out(profile.dataset):
         config["held_out"] = annotation.holdout_fraction
     if held_out_test(profile) is not None:
         config["test_fraction"] = held_out_test(profile)
@@ -163,69 +166,67 @@ def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
 
 def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
             log: Callable[[str], None]) -> Optional[Path]:
-    """The reference encoder's folder, or None for an open_clip encoder. It trains on the real training split
-    without the held-out share s is chosen on (:func:`~timm_csm.annotation.holdout_split`, the profile's seed)
-    when s is chosen there, as ``hub_scripts/annotate.py --s auto`` does; on all of it when s is given."""
-    if profile.encoder != "reference":
+    """The folder of the encoder the recipe trains (the bare ``reference``), or None for an encoder its spec names
+    in full (open_clip). It trains on the real training split without the held-out share s is chosen on
+    (:func:`~timm_csm.annotation.holdout_split`, the profile's seed) when s is chosen there, as
+    ``hub_scripts/annotate.py --s auto`` does; on all of it when s is given."""
+    if not _trained_here(profile):
         return None
     with cache.stage("encoder", encoder_config(profile)) as stage:
         if not stage.done:
-            from ..annotation import holdout_split, train_reference_encoder
+            from ..annotation import encoder_spec, holdout_split, parse_encoder_spec
 
             annotation = profile.annotation()
             if annotation.holds_out(profile.dataset):
                 train_real = holdout_split(train_real, annotation.holdout_fraction, annotation.seed)[0]
-            train_reference_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs,
-                                    seed=profile.seed, test=test_real, max_steps=profile.encoder_max_steps, log=log)
+            train_encoder = encoder_spec(parse_encoder_spec(profile.encoder)[0]).trains
+            train_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs, seed=profile.seed,
+                          test=test_real, max_steps=profile.encoder_max_steps, log=log)
     return stage.folder / "encoder"
 
 
-def open_clip_spec(encoder_name: str) -> Tuple[str, str]:
-    """``(model, pretrained)`` of the encoder spec ``open_clip:<model>:<pretrained>``
-    (:func:`~timm_csm.annotation.parse_encoder_spec`), ``pretrained`` an open_clip tag of the model (``openai``:
-    downloaded by open_clip when online) or a local weights file: the recipe's encoder besides ``reference``."""
-    from ..annotation import parse_encoder_spec
+def _trained_here(profile: RecipeProfile) -> bool:
+    """Whether the recipe trains the profile's encoder (its kind trains one and the spec names none: ``reference``)."""
+    from ..annotation import encoder_spec, parse_encoder_spec
+
+    kind, fields = parse_encoder_spec(profile.encoder)
+    return encoder_spec(kind).trained_here(fields)
+
+
+def recipe_encoder(encoder_name: str) -> Tuple[str, Dict[str, str]]:
+    """``(kind, fields)`` of the recipe's encoder spec (:func:`~timm_csm.annotation.parse_encoder_spec`): one the
+    recipe trains (``reference``), or one whose spec names every field (``open_clip:<model>:<pretrained>``, the
+    pretrained an open_clip tag of the model, downloaded by open_clip when online, or a local weights file)."""
+    from ..annotation import ENCODERS, encoder_spec, parse_encoder_spec
 
     kind, fields = parse_encoder_spec(encoder_name)
-    if kind != "open_clip" or len(fields) != 2:
-        raise ValueError(f"encoder {encoder_name!r}: give 'reference' or 'open_clip:<model>:<tag or weights file>' "
-                         "(e.g. open_clip:ViT-B-32-quickgelu:openai, open_clip:ViT-B-32-quickgelu:/path/w.safetensors)")
-    return fields["model_name"], fields["pretrained"]
+    spec = encoder_spec(kind)
+    if not spec.trained_here(fields) and len(fields) != len(spec.fields):
+        trained = [k for k, s in ENCODERS.items() if s.trains is not None]
+        full = [s.kind + "".join(f":<{f}>" for f in s.fields) for _, s in ENCODERS.items() if s.fields]
+        raise ValueError(f"encoder {encoder_name!r}: give {' or '.join(map(repr, trained))} (trained here) or a spec "
+                         f"with every field: {', '.join(full)} (e.g. open_clip:ViT-B-32-quickgelu:openai, "
+                         "open_clip:ViT-B-32-quickgelu:/path/w.safetensors)")
+    return kind, fields
 
 
 def _load_encoder(profile: RecipeProfile, encoder_dir: Optional[Path]):
-    from ..annotation import create_encoder
+    from ..annotation import create_encoder, create_encoder_checked, encoder_spec
 
-    if profile.encoder == "reference":
-        return create_encoder("reference", path=encoder_dir)
-    open_clip_spec(profile.encoder)  # the recipe's form, checked
-    return create_encoder(profile.encoder, device=steps.default_device())
+    kind, fields = recipe_encoder(profile.encoder)
+    if encoder_spec(kind).trained_here(fields):
+        return create_encoder(kind, **{encoder_spec(kind).fields[0]: encoder_dir})
+    return create_encoder_checked(profile.encoder, device=steps.default_device())
 
 
 def check_encoder(profile: RecipeProfile):
-    """Build the profile's open_clip encoder once, before any long stage, so that missing weights stop the run at
-    its start; returns it for :func:`annotate` (its weights are read once per run). A weights file that does not
-    exist, or a tag whose weights are neither in the cache nor downloadable (offline), is an error naming both ways:
-    a local file, or the tag with network access. None for the reference encoder, which the recipe trains."""
-    if profile.encoder == "reference":
-        return None
-    import open_clip
-
-    model, pretrained = open_clip_spec(profile.encoder)
-    tags = open_clip.list_pretrained_tags_by_model(model)
-    ways = (f"give a local weights file (--encoder open_clip:{model}:/path/to/weights.safetensors), or an open_clip "
-            f"tag and network access, where open_clip downloads the weights once into the Hugging Face cache "
-            f"(--encoder open_clip:{model}:{tags[0] if tags else '<tag>'}; HF_HUB_OFFLINE unset)")
-    if pretrained not in tags and not Path(pretrained).is_file():
-        raise FileNotFoundError(f"--encoder {profile.encoder}: {pretrained!r} is neither an existing file nor an "
-                                f"open_clip tag of {model} (its tags: {', '.join(tags) or 'none'}); {ways}")
-    try:
-        return _load_encoder(profile, None)
-    except RuntimeError as e:
-        if pretrained not in tags:
-            raise
-        raise RuntimeError(f"--encoder {profile.encoder}: the weights of tag {pretrained!r} are not in the cache "
-                           f"and could not be downloaded; {ways}. ({str(e)[:300]})") from e
+    """Build the profile's encoder once, before any long stage, when its spec names it in full, so that missing
+    weights stop the run at its start (:func:`~timm_csm.annotation.create_encoder_checked`: for open_clip, a
+    weights file that does not exist, or a tag whose weights are neither in the cache nor downloadable offline, is
+    an error naming both ways); returns it for :func:`annotate` (its weights are read once per run). None for an
+    encoder the recipe trains."""
+    recipe_encoder(profile.encoder)
+    return None if _trained_here(profile) else _load_encoder(profile, None)
 
 
 def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, generated: Stage,
@@ -249,7 +250,7 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
 
 def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encoder_dir: Optional[Path],
              train_real, encoder=None) -> Stage:
-    """Re-annotation through :func:`timm_csm.steps.annotate_generated_folder`: prototypes of the real training
+    """Re-annotation through :func:`timm_csm.recipes.steps.annotate_generated_folder`: prototypes of the real training
     split, lambda-hat and soft labels (s from the profile, or chosen on a held-out tenth of the real training split),
     saved as the Hub-layout dataset :func:`~timm_csm.hub.csm_dataset_name` inside the stage folder and installed
     under that bare name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's
@@ -286,7 +287,7 @@ def train_config(profile: RecipeProfile, loss: str, csm_dataset: Path) -> Dict[s
     cfg = training_options(profile)
     n_aug = cfg.pop("n_aug")
     cfg.update(loss=loss, seed=profile.seed, experiment=".")
-    if loss == "csm":
+    if loss_spec(loss).needs_generated:
         cfg.update(csm_dataset=str(csm_dataset), n_aug=n_aug)
     return cfg
 
@@ -295,10 +296,10 @@ def train(cache: StageCache, profile: RecipeProfile, loss: str, annotated: Stage
     """The classifier trained with ``loss`` (``ce`` or ``csm``); its ``results.json`` plus ``output``, the stage
     folder. A killed run resumes its own training run (``auto_resume``)."""
     cfg = train_config(profile, loss, csm_dataset_folder(annotated, profile.dataset))
-    config = {"train": cfg, "data": annotated.config if loss == "csm" else None}
+    config = {"train": cfg, "data": annotated.config if loss_spec(loss).needs_generated else None}
     with cache.stage(f"train-{loss}", config) as stage:
         if not stage.done:
-            from ..train import run
+            from ..training import run
 
             run(paper_protocol(dict(cfg, output=str(stage.folder), auto_resume=True)))
     results = json.loads((stage.folder / "results.json").read_text())

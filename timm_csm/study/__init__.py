@@ -1,6 +1,7 @@
 """Studies: a pre-registered comparison of calibration methods, from its spec to its decision.
 
-* :mod:`.spec`: the spec file (TOML) as a typed, frozen tree (:class:`~.spec.StudySpec`), validated on load;
+* :mod:`.spec`: the spec file (TOML) as a typed, frozen tree (:class:`~.spec.StudySpec`), validated on load, each
+  table read by :class:`~.spec_table.SpecTable`;
 * :mod:`.amendments`: dated amendments appended to a spec, its digest, and whether a file is still the spec its
   first cell ran under;
 * :mod:`.methods`: the methods a study compares, their tuning axes and the names of their configurations and cells;

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..io import write_json_atomic
-from ..progress import progress_bar
+from ..trainer import progress_bar
 from ..recipes import derive
 from ..recipes.cells import CELL_META, INSTRUCTION_SET_PINS, RESULTS, instruction_set_problem, read_json, run_cell
 from .amendments import SpecError, spec_digest, spec_status

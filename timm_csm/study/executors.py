@@ -20,37 +20,37 @@ from __future__ import annotations
 import multiprocessing
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..extras import require, require_installed
+from ..registry import Registry
 
-__all__ = ["CellExecutor", "LocalExecutor", "RayExecutor", "register_executor", "create_executor", "list_executors",
+__all__ = ["CellExecutor", "LocalExecutor", "RayExecutor", "EXECUTORS", "register_executor", "create_executor",
+           "list_executors",
            "call_with_threads"]
 
-_EXECUTORS: Dict[str, type] = {}
+#: the registered cell executors: name -> :class:`CellExecutor` subclass
+EXECUTORS = Registry("executor")
 
 
-def register_executor(name: str):
-    """Register an executor class under ``name`` (a decorator); a name is registered once."""
+def register_executor(name: str, cls: Optional[type] = None, *, overwrite: bool = False):
+    """Register an executor class under ``name`` (without ``cls``, a decorator); a name is registered once unless
+    ``overwrite``."""
     def add(cls: type) -> type:
-        if name in _EXECUTORS:
-            raise ValueError(f"executor {name!r} is registered already; choose another name")
-        _EXECUTORS[name] = cls
+        EXECUTORS.register(name, cls, overwrite=overwrite)
         cls.name = name
         return cls
-    return add
+    return add if cls is None else add(cls)
 
 
-def list_executors() -> List[str]:
+def list_executors(filter: str = "") -> List[str]:
     """The registered executors' names, sorted."""
-    return sorted(_EXECUTORS)
+    return EXECUTORS.list(filter)
 
 
 def create_executor(name: str, **options: Any) -> "CellExecutor":
     """The executor registered as ``name`` with ``options`` (``lanes``, ``threads``; Ray's ``address``, ``gpus``)."""
-    if name not in _EXECUTORS:
-        raise ValueError(f"unknown executor {name!r}; choose from {', '.join(list_executors())}")
-    return _EXECUTORS[name](**options)
+    return EXECUTORS.create(name, **options)
 
 
 def call_with_threads(fn: Callable[[Any], Any], threads: int, item: Any) -> Any:
@@ -67,6 +67,8 @@ class CellExecutor:
     one finishes; a context manager that starts its workers on entry and stops them on exit."""
 
     name = ""
+    #: the options of this executor beyond ``lanes`` and ``threads`` (a command's flags of the same names)
+    own_options: Tuple[str, ...] = ()
 
     def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None):
         if lanes < 1 or threads < 1:
@@ -121,6 +123,8 @@ class LocalExecutor(CellExecutor):
 class RayExecutor(CellExecutor):
     """Each item one Ray task with ``threads`` CPUs and ``gpus`` GPUs, on the cluster at ``address`` (None: the Ray
     instance this process has initialised, else a new local one with ``lanes * threads`` CPUs, shut down on exit)."""
+
+    own_options = ("address", "gpus")
 
     def __init__(self, lanes: int = 1, threads: int = 1, env: Optional[Mapping[str, str]] = None,
                  address: Optional[str] = None, gpus: float = 0.0):

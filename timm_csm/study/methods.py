@@ -1,5 +1,5 @@
 """The methods a study compares: the table of training methods (:data:`METHODS`, each a :class:`BenchMethod`: the
-:func:`timm_csm.train.run` options it adds to the shared recipe and the generated set it reads), the axes a method is
+:func:`timm_csm.training.run` options it adds to the shared recipe and the generated set it reads), the axes a method is
 tuned on, the names of its configurations ``<method>@<axis>=<value>,...`` (:func:`tuned_name`, :func:`get_method`),
 a grid's and a coordinate-wise search step's configurations, and a cell's name (:func:`cell_name`): what a study
 spec names and what the calibration benchmark's cells are called.
@@ -19,7 +19,7 @@ __all__ = ["BenchMethod", "METHODS", "TUNING_AXES", "AXIS_DEFAULTS", "LABELS", "
 
 @dataclasses.dataclass(frozen=True)
 class BenchMethod:
-    """One row of the table: its label, the :func:`timm_csm.train.run` options it adds to the shared recipe, and
+    """One row of the table: its label, the :func:`timm_csm.training.run` options it adds to the shared recipe, and
     which generated dataset it reads (``None``, ``"soft"``: ``--csm-dataset``, ``"hard"``: the hard-label copy,
     ``"filtered"``: the copy without the groups flagged by :func:`timm_csm.annotation.checks.flag_groups`)."""
 

@@ -1,4 +1,4 @@
-"""A cell's training options: the :func:`timm_csm.train.run` options of one (configuration, seed), from the recipe a
+"""A cell's training options: the :func:`timm_csm.training.run` options of one (configuration, seed), from the recipe a
 study's spec states (:func:`study_recipe`) and the configuration's method (:func:`cell_options`).
 
 The calibration benchmark's cells (``benchmarks/calibration_methods.py``) take theirs from :func:`cell_options` too,
@@ -37,7 +37,7 @@ def study_recipe(spec: StudySpec) -> Dict[str, Any]:
 
 def cell_options(recipe: Mapping[str, Any], method: BenchMethod, seed: int, cell_dir: Path,
                  data_paths: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """The :func:`timm_csm.train.run` options of the cell of ``method`` at ``seed`` written into ``cell_dir``:
+    """The :func:`timm_csm.training.run` options of the cell of ``method`` at ``seed`` written into ``cell_dir``:
     ``recipe``, its epochs and milestones scaled by the method's ``epoch_factor``, the method's options, and the
     generated set it reads and its teacher from ``data_paths`` (the sets by data key,
     :attr:`~.methods.BenchMethod.data_key`, the teacher under ``"teacher"``); a ``ValueError`` naming what is

@@ -20,7 +20,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..metrics import interval_text
 from ..recipes.cells import read_json
 from .cells import Cells, cell_rows, config_mismatch, finished_cells
-from .decide import BEST_OTHER, Decision, comparison_pairs, decide, metric_phase
+from .decide import BEST_OTHER, Comparison, Decision, comparison_pairs, decide, metric_phase
 from .methods import get_method
 from .plan import setting_plan
 from .report_cost import cost_section, pending_section
@@ -113,7 +113,10 @@ def verify_lines(log: Optional[Path]) -> List[str]:
     return lines + [""]
 
 
-def decision_lines(spec: StudySpec, decision: Decision) -> List[str]:
+def decision_lines(spec: StudySpec, decision: Decision, claim: str = "CSM calibrates better") -> List[str]:
+    """The decision's table and each setting's verdict on ``claim``. Where the best other method is one of the
+    fixed others (e.g. CE), its comparison is shown once and named so; Holm's family still counts it as often as
+    the spec lists it, as registered (the conservative side)."""
     d = spec.decision
     n = d.comparisons()
     lines = [f"## Stage 2: the decision (CSM row minus the other method, {metric_text(d.metric)}, paired over "
@@ -121,13 +124,18 @@ def decision_lines(spec: StudySpec, decision: Decision) -> List[str]:
              "| setting | other method | difference [95% t-interval] | Holm-adjusted p | CSM lower under Holm | "
              f"paired sd | detectable at 80% power (alpha 0.05 / {d.family_alpha / n:g}) |",
              "|---|---|---|---|---|---|---|"]
-    for c in decision.comparisons:
+    groups: Dict[Tuple[Any, ...], List[Comparison]] = {}
+    for i, c in enumerate(decision.comparisons):  # a pending comparison is a row of its own
+        groups.setdefault((c.setting, c.method, c.other) if c.other else (i,), []).append(c)
+    for c, *repeats in groups.values():
         other = get_method(c.other).label if c.other else "pending"
+        if repeats:
+            other += f" (also the best other method; counted {1 + len(repeats)} times in Holm's family, as registered)"
         p = "-" if c.p_holm is None else f"{c.p_holm:.4f}"
         lines.append(f"| {c.setting} | {other} | {test_text(c.test)} | {p} | "
                      f"{'-' if c.lower is None else 'yes' if c.lower else 'no'} | "
                      f"{power_text(c.test, d.family_alpha, n)} |")
-    return lines + [""] + [f"**\"CSM calibrates better\" in `{s}`: {v}.**" for s, v in decision.verdicts.items()] + [""]
+    return lines + [""] + [f"**\"{claim}\" in `{s}`: {v}.**" for s, v in decision.verdicts.items()] + [""]
 
 
 def stage2_others(spec: StudySpec, choices: Mapping[str, Any]) -> List[Tuple[str, str]]:

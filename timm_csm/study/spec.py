@@ -59,6 +59,7 @@ from .decide import BEST_OTHER, FAMILY_ALPHA, POWER, metric_phase
 from .methods import METHODS, TUNING_AXES, get_method, grid_configurations
 from .report_spec import ReportSpec, read_report
 from .settings_spec import MatchedSettingSpec, read_settings
+from .spec_table import SpecTable
 
 __all__ = ["DataSpec", "ModelSpec", "MethodSpec", "SearchSpec", "SeedsSpec", "DecisionSpec", "ShiftSpec",
            "MatchedSettingSpec", "StudySpec", "SpecError", "parse_spec", "load_spec"]
@@ -160,56 +161,6 @@ class StudySpec:
         return next(m for m in self.methods if m.name == name)
 
 
-class _Table:
-    """A table of the spec read key by key: each value type-checked, any key left over refused."""
-
-    def __init__(self, raw: Any, where: str):
-        if not isinstance(raw, dict):
-            raise SpecError(f"{where or 'spec'}: expected a table, got {raw!r}")
-        self.raw, self.where, self.seen = raw, where, set()
-
-    def _field(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, kind: Union[type, Tuple[type, ...]], default: Any = ..., what: str = "") -> Any:
-        self.seen.add(key)
-        if key not in self.raw:
-            if default is ...:
-                raise SpecError(f"{self._field(key)}: missing")
-            return default
-        value = self.raw[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            raise SpecError(f"{self._field(key)}: expected {what or ' or '.join(k.__name__ for k in kinds)}, got "
-                            f"{value!r}")
-        return value
-
-    def ints(self, key: str, low: int = 0, default: Any = ...) -> Tuple[int, ...]:
-        values = self.get(key, list, default, "a list of integers")
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
-            raise SpecError(f"{self._field(key)}: expected integers >= {low}, got {values!r}")
-        if len(set(values)) != len(values):
-            raise SpecError(f"{self._field(key)}: a value appears twice in {values!r}")
-        return tuple(values)
-
-    def names(self, key: str, known: Sequence[str], default: Any = ...) -> Tuple[str, ...]:
-        values = self.get(key, list, default, "a list of names")
-        for v in values:
-            if v not in known:
-                raise SpecError(f"{self._field(key)}: unknown {v!r}; choose from {', '.join(map(str, known))}")
-        return tuple(values)
-
-    def table(self, key: str, default: Any = ...) -> "_Table":
-        return _Table(self.get(key, dict, default, "a table"), self._field(key))
-
-    def done(self) -> None:
-        unknown = sorted(set(self.raw) - self.seen)
-        if unknown:
-            raise SpecError(f"{self._field(unknown[0])}: unknown key (known: {', '.join(sorted(self.seen))})")
-
-
 def _configuration(method: str, axis: str, value: Any, where: str) -> str:
     """The canonical name of ``method`` at ``axis`` = ``value``; a :class:`SpecError` where the method lacks the
     axis or the value is out of its range."""
@@ -222,7 +173,7 @@ def _configuration(method: str, axis: str, value: Any, where: str) -> str:
         raise SpecError(f"{where}: {e}") from None
 
 
-def _grid(table: _Table, key: str, method: str) -> Grid:
+def _grid(table: SpecTable, key: str, method: str) -> Grid:
     grid = table.table(key, {})
     out = []
     for axis in sorted(grid.raw):
@@ -235,7 +186,7 @@ def _grid(table: _Table, key: str, method: str) -> Grid:
     return tuple(out)
 
 
-def _methods(raw: _Table, settings: Tuple[str, ...]) -> Tuple[MethodSpec, ...]:
+def _methods(raw: SpecTable, settings: Tuple[str, ...]) -> Tuple[MethodSpec, ...]:
     out = []
     for name in raw.raw:
         where = f"methods.{name}"
@@ -255,13 +206,13 @@ def _methods(raw: _Table, settings: Tuple[str, ...]) -> Tuple[MethodSpec, ...]:
     return tuple(out)
 
 
-def _search(table: _Table) -> SearchSpec:
+def _search(table: SpecTable) -> SearchSpec:
     method = table.get("method", str)
     if method not in METHODS:
         raise SpecError(f"search.method: unknown method {method!r}")
     steps = []
     for i, raw in enumerate(table.get("steps", list, what="a list of {axis, values} tables")):
-        step = _Table(raw, f"search.steps[{i}]")
+        step = SpecTable(raw, f"search.steps[{i}]")
         axis, values = step.get("axis", str), step.get("values", list)
         if not values or axis in dict(steps):
             raise SpecError(f"{step.where}: {'an empty step' if not values else f'axis {axis!r} searched twice'}")
@@ -275,7 +226,7 @@ def _search(table: _Table) -> SearchSpec:
     return SearchSpec(method, tuple(steps))
 
 
-def _seeds(table: _Table) -> SeedsSpec:
+def _seeds(table: SpecTable) -> SeedsSpec:
     tuning, decision = table.ints("tuning"), table.ints("decision")
     table.done()
     if not tuning or len(decision) < 2:
@@ -287,7 +238,7 @@ def _seeds(table: _Table) -> SeedsSpec:
     return SeedsSpec(tuning, decision)
 
 
-def _decision(table: _Table, settings: Tuple[str, ...], methods: Sequence[MethodSpec]) -> DecisionSpec:
+def _decision(table: SpecTable, settings: Tuple[str, ...], methods: Sequence[MethodSpec]) -> DecisionSpec:
     metric = table.get("metric", str, "ece_pre_ts")
     try:
         metric_phase(metric)
@@ -315,7 +266,7 @@ def _decision(table: _Table, settings: Tuple[str, ...], methods: Sequence[Method
     return spec
 
 
-def _shift(table: _Table) -> ShiftSpec:
+def _shift(table: SpecTable) -> ShiftSpec:
     from ..data.corruptions import list_corruptions
 
     known = list_corruptions()
@@ -332,7 +283,7 @@ def _shift(table: _Table) -> ShiftSpec:
 def _study(raw: Dict[str, Any]) -> StudySpec:
     from ..calibration import list_calibrators
 
-    top = _Table(raw, "")
+    top = SpecTable(raw, "")
     study = top.table("study")
     name = study.get("name", str)
     settings = tuple(study.get("settings", list, what="a list of setting names"))
@@ -364,7 +315,7 @@ def _study(raw: Dict[str, Any]) -> StudySpec:
                      report=report, matched_setting=matched)
 
 
-def _model(table: _Table) -> ModelSpec:
+def _model(table: SpecTable) -> ModelSpec:
     import timm
 
     from ..recipes import list_profiles

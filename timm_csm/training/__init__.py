@@ -1,6 +1,8 @@
-"""The training engine of :mod:`timm_csm.train` as a library, in the shape of timm's ``timm.task`` and
-``timm.utils.checkpoint_saver``:
+"""The training engine of ``timm-csm-train`` (:mod:`timm_csm.commands.train`) as a library, in the shape of timm's
+``timm.task`` and ``timm.utils.checkpoint_saver``:
 
+* :mod:`~timm_csm.training.train`: :func:`run`, one training run from its configuration to its results, and
+  :func:`evaluate_checkpoint`;
 * :mod:`~timm_csm.training.config`: :class:`TrainConfig`, the typed configuration every function here takes (from
   the command line, a dict, a YAML file or Python); :mod:`~timm_csm.training.args`: the command line built from it;
 * :mod:`~timm_csm.training.data`: the seeded train / validation / test splits and evaluation loaders;
@@ -37,9 +39,10 @@ from .tasks import (ClassificationTask, CSMTask, MixupTask, RankMixupTask, RegMi
                     TrainingTask,
                     create_criterion, select_task)
 from .trackers import tracker_names
+from .train import evaluate_checkpoint, run
 
 __all__ = [
-    "PAPER_SEED", "TrainConfig", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
+    "run", "evaluate_checkpoint", "PAPER_SEED", "TrainConfig", "build_parser", "parse_args", "resolve_config", "fill_from_checkpoint",
     "CHECKPOINT_BEST", "CHECKPOINT_LAST", "CheckpointSaver", "load_best",
     "DataSplits", "apply_input_size", "load_data", "load_csm_groups", "input_channels", "build_transforms", "eval_loader",
     "Evaluation", "evaluate_calibration", "fit", "predict", "train_one_epoch",

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any, Dict, Optional, Sequence
 
+from ..cli import HelpFormatter
 from ..evaluation.calibrators import check_calibrators
 from ..io import CHECKPOINT_LAST, read_model_meta, safetensors_metadata
 from ..options import add_options
@@ -24,22 +25,8 @@ from .prepare import check_training_options
 from .run_dir import experiment_dir, load_resumed
 from .timm_args import TIMM_TRAIN_KEYS
 
-__all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "HelpFormatter", "build_parser", "parse_args",
+__all__ = ["PAPER_SEED", "CONFIG_MARKER", "TIMM_TRAIN_KEYS", "build_parser", "parse_args",
            "resolve_config", "fill_from_checkpoint", "upgrade_stored_config", "model_meta", "prepare_config"]
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The ``--help`` of every timm-csm command: the description as written, and each option's help ending with its
-    default once: not when the help says it in words (or ``BooleanOptionalAction`` added it), nor for a switch,
-    which is off unless given."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or "when omitted" in text or not action.option_strings or (
-                action.default is argparse.SUPPRESS) or (
-                action.nargs == 0 and action.default is False):
-            return text
-        return f"{text} (default: {'none' if action.default in (None, '') else '%(default)s'})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         formatter_class=HelpFormatter,
         description="Train a timm classifier with a calibration loss (CSM and baselines); evaluate its calibration\n"
-                    "before and after temperature scaling. Several processes: accelerate launch -m timm_csm.train ...")
+                    "before and after temperature scaling. Several processes:\n"
+                    "accelerate launch -m timm_csm.commands.train ...")
     add_options(p, TrainConfig)
     return p
 

@@ -24,8 +24,7 @@ from ..data import GlobalBatchSampler, IndexDataset
 from ..evaluation.predict import predict
 from ..evaluation.scores import metric_row
 from ..metrics import calibration_metrics
-from ..progress import progress_bar
-from ..trainer import ResumableTrainer
+from ..trainer import ResumableTrainer, progress_bar
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .config import TrainConfig
 from .optim import create_optimizer, create_scheduler, restore_scheduler
@@ -123,14 +122,18 @@ def train_loader(task, arrays, transform, config: TrainConfig, accelerator):
     return loader, sampler
 
 
-def _resume(config: TrainConfig, task, optimizer, scheduler, resume_state, accelerator) -> tuple:
-    """Load a resumed run's training state; (first epoch, history, best)."""
-    task.model.load_state_dict(resume_state["model"])
-    optimizer.load_state_dict(resume_state["optimizer"])
-    start_epoch = int(resume_state["epoch"]) + 1
-    restore_scheduler(config, scheduler, resume_state, start_epoch, accelerator)
-    task.criterion.load_state_dict(resume_state["loss"])
-    set_rng_state(resume_state["rng"])
+def _resume(trainer: ResumableTrainer, config: TrainConfig, task, optimizer, scheduler, resume_state,
+            accelerator) -> tuple:
+    """Load a resumed run's training state (its EMA is loaded once the EMA is built: ``prepare_training``);
+    (first epoch, history, best)."""
+    start_epoch = trainer.first_unit(resume_state)
+
+    def load_scheduler(state: Dict[str, Any]) -> None:
+        restore_scheduler(config, scheduler, state, int(resume_state["meta"]["config"]["epochs"]), start_epoch,
+                          accelerator)
+
+    trainer.resume(resume_state, {"model": task.model, "optimizer": optimizer, "scheduler": load_scheduler,
+                                  "loss": task.criterion, "rng": set_rng_state})
     return start_epoch, list(resume_state["history"]), dict(resume_state["best"])
 
 
@@ -149,10 +152,12 @@ def _validate(task, ema, val_loader, accelerator, config: TrainConfig) -> Tuple[
     return entries, online, validated
 
 
-def _training_state(task, optimizer, scheduler, ema, epoch: int, saver, history, meta) -> Dict[str, Any]:
+def _training_state(task, optimizer, scheduler, ema, saver, history, meta) -> Dict[str, Any]:
+    """The training state (:mod:`timm_csm.trainer`'s schema; the trainer adds the epoch) with the classifier's own
+    entries: the loss's state, the best epoch and the run's metadata."""
     state = {"model": task.model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "loss": task.criterion.state_dict(), "rng": rng_state(), "epoch": epoch, "best": saver.best,
-             "history": history, "meta": meta}
+             "loss": task.criterion.state_dict(), "rng": rng_state(), "best": saver.best, "history": history,
+             "meta": meta}
     if ema is not None:
         state["ema"] = ema.module.state_dict()
     return state
@@ -163,11 +168,14 @@ def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir:
     """Train ``task`` for epochs ``[start, --epochs)`` on the resumable trainer (its unit the epoch, each one
     checkpointed by the :class:`~timm_csm.training.checkpoint.CheckpointSaver`); returns (history, best). Each epoch's
     row also records ``step``, the optimizer update count (the step axis of the trackers)."""
+    trainer = ResumableTrainer(out_dir, "training state", unit="epoch", cache=False,
+                               is_main_process=accelerator.is_main_process,
+                               wait_for_everyone=accelerator.wait_for_everyone)
     optimizer = create_optimizer(config, task.model)
     scheduler = create_scheduler(config, optimizer)
     start_epoch, history, best = 0, [], None
     if resume_state is not None:  # read before the run was built, its configuration restored (training.run_dir)
-        start_epoch, history, best = _resume(config, task, optimizer, scheduler, resume_state, accelerator)
+        start_epoch, history, best = _resume(trainer, config, task, optimizer, scheduler, resume_state, accelerator)
     saver = CheckpointSaver(out_dir, config.select_by, config.checkpoint_hist, best)
     optimizer, ema = prepare_training(config, task, optimizer, accelerator, resume_state)
     loader, sampler = train_loader(task, train_arrays, train_tf, config, accelerator)
@@ -206,10 +214,8 @@ def fit(config: TrainConfig, task, train_arrays, train_tf, accelerator, out_dir:
         if log_steps:  # the trackers log on the main process only
             accelerator.log(numeric(row), step=num_updates)
 
-    def training_state(done: int) -> Dict[str, Any]:  # the state after ``done`` epochs, stored as its last epoch
-        return _training_state(task, optimizer, scheduler, ema, done - 1, saver, history, meta)
+    def training_state() -> Dict[str, Any]:
+        return _training_state(task, optimizer, scheduler, ema, saver, history, meta)
 
-    trainer = ResumableTrainer(out_dir, "training state", cache=False, is_main_process=accelerator.is_main_process,
-                               wait_for_everyone=accelerator.wait_for_everyone)
     trainer.fit(train_epoch, training_state, start_epoch, config.epochs, save=save_and_log)
     return history, saver.best

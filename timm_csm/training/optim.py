@@ -71,12 +71,13 @@ def _probe_schedule(config: TrainConfig, epochs: int) -> Dict[str, Any]:
     return create_scheduler(dataclasses.replace(config, epochs=epochs), probe).state_dict()
 
 
-def restore_scheduler(config: TrainConfig, scheduler, resume_state, start_epoch: int, accelerator) -> None:
-    """Load the resumed scheduler state. When ``--epochs`` extends the run, the schedule is rebuilt for the new
-    total: the settings that depend on the number of epochs (a cosine's length, ...) are those of a schedule of
-    ``--epochs`` epochs, and the next epoch takes that schedule's lr; trained epochs keep the lr they had."""
-    planned = int(resume_state["meta"]["config"]["epochs"])
-    state = dict(resume_state["scheduler"])
+def restore_scheduler(config: TrainConfig, scheduler, scheduler_state, planned: int, start_epoch: int,
+                      accelerator) -> None:
+    """Load the resumed scheduler state ``scheduler_state`` of a run set to ``planned`` epochs. When ``--epochs``
+    extends the run, the schedule is rebuilt for the new total: the settings that depend on the number of epochs (a
+    cosine's length, ...) are those of a schedule of ``--epochs`` epochs, and the next epoch takes that schedule's
+    lr; trained epochs keep the lr they had."""
+    state = dict(scheduler_state)
     changed = {}
     if config.epochs != planned:
         old = _probe_schedule(config, planned)

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..trainer import load_training_state
 from .config import TrainConfig
 from .sync_bn import convert_sync_batchnorm
 from .trackers import tracker_names
@@ -69,7 +70,7 @@ def prepare_training(config: TrainConfig, task, optimizer, accelerator, resume_s
 
         ema = ModelEmaV3(task.model, decay=config.model_ema_decay, use_warmup=config.model_ema_warmup)
         if resume_state is not None and "ema" in resume_state:
-            ema.module.load_state_dict(resume_state["ema"])
+            load_training_state(resume_state, {"ema": ema.module})
     if config.torchcompile:
         task.forward_module = torch.compile(task.forward_module, backend=config.torchcompile,
                                             mode=config.torchcompile_mode)

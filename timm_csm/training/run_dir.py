@@ -252,7 +252,7 @@ class RunInterrupted(KeyboardInterrupt):
 def resume_command(folder: Path) -> str:
     """The command that resumes the run in ``folder``, on as many processes as this launch has."""
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    launcher = (f"accelerate launch --num_processes {processes} -m timm_csm.train" if processes > 1 else
+    launcher = (f"accelerate launch --num_processes {processes} -m timm_csm.commands.train" if processes > 1 else
                 "timm-csm-train")
     return f"{launcher} --resume {folder / CHECKPOINT_LAST}"
 

@@ -30,11 +30,12 @@ import torch
 import torch.nn as nn
 
 from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator, TimmMixupCollator
-from ..losses import CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
+from ..losses import LOSS_INPUTS, CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
+from ..registry import Registry
 from .config import TrainConfig
 
 __all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask",
-           "RankMixupTask",
+           "RankMixupTask", "TRAINING_TASKS", "register_training_task",
            "CSMTask", "DistillationTask", "load_teacher", "select_task", "create_criterion"]
 
 
@@ -311,8 +312,29 @@ class DistillationTask(ClassificationTask):
         return self._result(self.criterion(logits, batch["labels"], teacher_logits), logits)
 
 
-_BY_INPUTS: Dict[str, Type[TrainingTask]] = {"generated": CSMTask, "mixed": RankMixupTask,
-                                             "teacher": DistillationTask}
+#: the task of each loss call convention that builds its own batches (:data:`~timm_csm.losses.LOSS_INPUTS`);
+#: a convention without one trains in the plain tasks (with ``--mixup`` / ``--cutmix`` / ``--regmixup``)
+TRAINING_TASKS = Registry("training task", check=lambda name, task, spec: _check_task(name, task))
+
+
+def _check_task(inputs: str, task) -> None:
+    if inputs not in LOSS_INPUTS:
+        raise ValueError(f"register_training_task({inputs!r}): not a loss call convention; register it first with "
+                         "register_loss_inputs")
+    if not (isinstance(task, type) and issubclass(task, TrainingTask)):
+        raise ValueError(f"register_training_task({inputs!r}): expected a TrainingTask subclass, got {task!r}")
+
+
+def register_training_task(inputs: str, task: Optional[Type[TrainingTask]] = None, *, overwrite: bool = False):
+    """Register ``task`` (a :class:`TrainingTask` subclass; without it, a decorator) as the task that trains the
+    losses of call convention ``inputs``."""
+    return TRAINING_TASKS.register(inputs, overwrite=overwrite) if task is None else \
+        TRAINING_TASKS.register(inputs, task, overwrite=overwrite)
+
+
+register_training_task("generated", CSMTask)
+register_training_task("mixed", RankMixupTask)
+register_training_task("teacher", DistillationTask)
 
 
 def select_task(config: TrainConfig, spec: LossSpec) -> Type[TrainingTask]:
@@ -321,7 +343,7 @@ def select_task(config: TrainConfig, spec: LossSpec) -> Type[TrainingTask]:
     cutmix = config.cutmix > 0 or config.cutmix_minmax is not None
     conflicts = [flag for flag, on in (("--mixup", config.mixup > 0), ("--cutmix", cutmix),
                                        ("--regmixup", config.regmixup > 0)) if on]
-    task = _BY_INPUTS.get(spec.inputs)
+    task = TRAINING_TASKS.get(spec.inputs) if spec.inputs in TRAINING_TASKS else None
     if task is not None and conflicts:
         raise ValueError(f"--loss {config.loss} builds its own batches; drop {' and '.join(conflicts)}")
     if "--regmixup" in conflicts and len(conflicts) > 1:
@@ -353,7 +375,7 @@ def create_criterion(config: TrainConfig, num_train: int) -> Tuple[LossBase, Los
         name = spec.smoothed
         kwargs.setdefault("smoothing", config.smoothing)
         spec = loss_spec(name)
-    if spec.inputs == "generated":
+    if spec.needs_generated:
         kwargs.setdefault("weight", config.csm_weight)
     if spec.needs_index:
         kwargs.setdefault("num_samples", num_train)

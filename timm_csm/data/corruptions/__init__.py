@@ -14,9 +14,9 @@ them.
 """
 from . import blur, digital, geometric, noise, weather  # noqa: F401  (register the corruptions)
 from .dataset import CorruptedImages, corrupt_at_input, corrupt_split, corruption_site
-from .registry import (CORRUPTION_FAMILIES, REFERENCE_SIDE, SEVERITIES, BatchRandom, Corruption, CorruptionSpec,
-                       corruption_spec, create_corruption, list_corruptions, register_corruption, side_scale)
+from .registry import (CORRUPTION_FAMILIES, CORRUPTIONS, REFERENCE_SIDE, SEVERITIES, BatchRandom, Corruption,
+                       CorruptionSpec, corruption_spec, create_corruption, list_corruptions, register_corruption, side_scale)
 
-__all__ = ["Corruption", "CorruptionSpec", "BatchRandom", "register_corruption", "create_corruption",
+__all__ = ["Corruption", "CorruptionSpec", "CORRUPTIONS", "BatchRandom", "register_corruption", "create_corruption",
            "list_corruptions", "corruption_spec", "side_scale", "SEVERITIES", "CORRUPTION_FAMILIES", "REFERENCE_SIDE",
            "CorruptedImages", "corrupt_split", "corrupt_at_input", "corruption_site"]

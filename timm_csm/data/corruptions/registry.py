@@ -19,15 +19,16 @@ scaled with the image side (:func:`side_scale`).
 """
 from __future__ import annotations
 
-import fnmatch
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["CorruptionSpec", "Corruption", "BatchRandom", "register_corruption", "create_corruption",
+from ...registry import Registry
+
+__all__ = ["CorruptionSpec", "CORRUPTIONS", "Corruption", "BatchRandom", "register_corruption", "create_corruption",
            "list_corruptions", "corruption_spec", "side_scale", "SEVERITIES", "CORRUPTION_FAMILIES",
            "REFERENCE_SIDE"]
 
@@ -50,44 +51,45 @@ class CorruptionSpec:
     definition: str
 
 
-_CORRUPTIONS: Dict[str, CorruptionSpec] = {}
+def _create_corruption(name: str, fn, spec: CorruptionSpec, severity: int, seed: int = 0) -> "Corruption":
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
+        raise ValueError(f"corruption severity must be one of {list(SEVERITIES)}, got {severity!r}")
+    return Corruption(spec, int(severity), int(seed))
 
 
-def register_corruption(name: str, *, family: str, levels: Sequence, source: str, definition: str):
-    """Register ``fn(x, level, rand)`` under ``name`` (a decorator) with the five ``levels`` of its severities."""
+#: the registered corruptions: name -> ``fn(x, level, rand)``, with its :class:`CorruptionSpec`
+CORRUPTIONS = Registry("corruption", create=_create_corruption)
+
+
+def register_corruption(name: str, fn: Optional[Callable] = None, *, overwrite: bool = False, family: str,
+                        levels: Sequence, source: str, definition: str):
+    """Register ``fn(x, level, rand)`` under ``name`` (without ``fn``, a decorator) with the five ``levels`` of its
+    severities."""
     if family not in CORRUPTION_FAMILIES:
         raise ValueError(f"register_corruption({name!r}): family must be one of {CORRUPTION_FAMILIES}, got {family!r}")
     if len(levels) != len(SEVERITIES):
         raise ValueError(f"register_corruption({name!r}): give {len(SEVERITIES)} levels, got {len(levels)}")
 
     def _register(fn):
-        if name in _CORRUPTIONS and _CORRUPTIONS[name].fn is not fn:
-            raise ValueError(f"a corruption named {name!r} is already registered")
-        _CORRUPTIONS[name] = CorruptionSpec(name, fn, family, tuple(levels), source, definition)
-        return fn
+        return CORRUPTIONS.register(name, fn, overwrite=overwrite,
+                                    spec=CorruptionSpec(name, fn, family, tuple(levels), source, definition))
 
-    return _register
+    return _register if fn is None else _register(fn)
 
 
 def list_corruptions(filter: str = "", family: Optional[str] = None) -> List[str]:
     """Sorted registered names, optionally filtered by a shell-style wildcard and a family."""
-    names = sorted(n for n, s in _CORRUPTIONS.items() if family is None or s.family == family)
-    return [n for n in names if fnmatch.fnmatchcase(n, filter)] if filter else names
+    return CORRUPTIONS.list(filter, family=family)
 
 
 def corruption_spec(name: str) -> CorruptionSpec:
     """The :class:`CorruptionSpec` of ``name``; an unknown name is a one-line error listing the known ones."""
-    if name not in _CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; known corruptions: {', '.join(list_corruptions())}")
-    return _CORRUPTIONS[name]
+    return CORRUPTIONS.get_spec(name)
 
 
 def create_corruption(name: str, severity: int, seed: int = 0) -> "Corruption":
     """The corruption ``name`` at ``severity`` (1-5) drawing from ``seed``; bad names or severities: one line."""
-    spec = corruption_spec(name)
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
-        raise ValueError(f"corruption severity must be one of {list(SEVERITIES)}, got {severity!r}")
-    return Corruption(spec, int(severity), int(seed))
+    return CORRUPTIONS.create(name, severity, seed)
 
 
 def side_scale(x: torch.Tensor) -> float:

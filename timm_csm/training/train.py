@@ -1,10 +1,11 @@
-"""Train any timm classifier with any registered calibration loss (CSM included) and evaluate its calibration.
+"""Train any timm classifier with any registered calibration loss (CSM included) and evaluate its calibration:
+:func:`run`, the library call behind ``timm-csm-train`` (:mod:`timm_csm.commands.train`).
 
     timm-csm-train --model small_cnn --dataset digits --loss csm --csm-dataset csm-digits-aug --epochs 5
-    accelerate launch -m timm_csm.train --model swin_tiny --dataset cifar10 --loss csm --csm-dataset org/csm-cifar10-aug
+    accelerate launch -m timm_csm.commands.train --model swin_tiny --dataset cifar10 --loss csm \\
+        --csm-dataset org/csm-cifar10-aug
 
-Pipeline of one run (``run(config)``; ``main(argv)`` is the command line; the pieces live in
-:mod:`timm_csm.training`):
+Pipeline of one run (``run(config)``; the pieces live in the other modules of :mod:`timm_csm.training`):
 
 1. data (:mod:`~timm_csm.training.data`): ``--dataset`` is opened (the embedded sets in memory, any other read
    lazily, decoded per batch in the DataLoader workers); the ``--val-split`` split, else a
@@ -40,36 +41,34 @@ run on R processes with batch B sees the same samples, crops and companions as o
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Union
 
 import torch
 
-from . import __version__
-from .cli import console_command, end_process_group, exit_interrupted
-from .io import read_model_meta, write_text_atomic
-from .training import (apply_input_size, build_transforms, check_model_name, check_resumed_processes, config_record,
-                       create_criterion, create_train_model, eval_loader, fit, input_channels, load_best,
-                       load_csm_groups, load_data, load_model_weights, parse_args, predict, resolve_config,
-                       select_task)
-from .training.args import CONFIG_MARKER, build_parser, model_meta, prepare_config
-from .training.data import HELD_OUT_DIGESTS, held_out_digests
-from .training.config import TrainConfig
-from .training.optim import fit_decay_to_epochs
-from .training.results import evaluate_run
-from .training.run_dir import RunInterrupted, take_run_dir
-from .evaluation import ShiftEvaluation
-from .training.trackers import log_results, make_accelerator, start_trackers, tracker_names
+from .. import __version__
+from ..evaluation import ShiftEvaluation, predict
+from ..evaluation.model import check_model_name, create_train_model, load_model_weights
+from ..io import read_model_meta, write_text_atomic
+from .args import CONFIG_MARKER, model_meta, prepare_config, resolve_config
+from .checkpoint import load_best
+from .config import TrainConfig
+from .data import (HELD_OUT_DIGESTS, apply_input_size, build_transforms, eval_loader, held_out_digests,
+                   input_channels, load_csm_groups, load_data)
+from .loop import fit
+from .optim import fit_decay_to_epochs
+from .results import evaluate_run
+from .run_dir import RunInterrupted, check_resumed_processes, config_record, take_run_dir
+from .tasks import create_criterion, select_task
+from .trackers import log_results, make_accelerator, start_trackers, tracker_names
 
-__all__ = ["run", "main", "evaluate_checkpoint", "RunInterrupted", "end_process_group", "exit_interrupted"]
+__all__ = ["run", "evaluate_checkpoint"]
 
 
 def _build(config: TrainConfig):
     """Data, loss, task, CSM companions, model and transforms: everything that can fail before training (the task
     is None with ``--eval-only``)."""
-    from .data import CSMCompanionSampler, LazyImages, pil_mode
+    from ..data import CSMCompanionSampler, LazyImages, pil_mode
 
     apply_input_size(config)
     data = load_data(config)
@@ -109,11 +108,12 @@ def _build(config: TrainConfig):
 def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[str, Any]:
     """Train (unless ``eval_only``) and evaluate; returns the results dict also written to results.json.
 
-    ``config``: a :class:`~timm_csm.training.config.TrainConfig` (from :func:`parse_args`, a YAML file or Python),
-    a dict of option names (``"batch_size"`` or ``"batch-size"``) or an ``argparse.Namespace``; options not given
-    take the command-line defaults. The run completes a copy of it. The run writes into a folder of its own
-    (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml, the training states, the model files
-    and results.json; ``resume`` continues a run in its folder with its stored configuration.
+    ``config``: a :class:`~timm_csm.training.config.TrainConfig` (from :func:`~timm_csm.training.args.parse_args`, a
+    YAML file or Python), a dict of option names (``"batch_size"`` or ``"batch-size"``) or an
+    ``argparse.Namespace``; options not given take the command-line defaults. The run completes a copy of it. The
+    run writes into a folder of its own (:mod:`timm_csm.training.run_dir`), under a run id recorded in args.yaml,
+    the training states, the model files and results.json; ``resume`` continues a run in its folder with its stored
+    configuration.
     """
     config = resolve_config(config)
     resume_state = prepare_config(config)
@@ -124,7 +124,7 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
 
     check_model_name(config.model)
     if not config.eval_only:
-        from .losses import get_loss_entrypoint
+        from ..losses import get_loss_entrypoint
 
         get_loss_entrypoint(config.loss)  # unknown names list the registered losses
     accelerator = make_accelerator(config, None)
@@ -188,33 +188,3 @@ def run(config: Union[TrainConfig, Dict[str, Any], argparse.Namespace]) -> Dict[
 def evaluate_checkpoint(checkpoint, **options) -> Dict[str, Any]:
     """Evaluate a saved checkpoint (``--eval-only --checkpoint``); ``options`` as in :func:`run`."""
     return run(dict(options, eval_only=True, checkpoint=str(checkpoint)))
-
-
-@console_command("timm-csm-train", build_parser)
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Command-line entry point: ``timm-csm-train``, ``accelerate launch -m timm_csm.train``, ``train.py`` (the
-    results are in the run folder; :func:`run` returns them). An error is one line, exit status 2; Ctrl-C one line
-    naming the run folder and the command that resumes it, exit status 130."""
-    try:
-        folder = run(parse_args(argv))["output_dir"]
-        if os.environ.get("RANK", "0") == "0":
-            print(f"next: timm_csm.training.load_trained_classifier({folder!r}) loads the model; timm-csm-calibrate "
-                  f"--model {folder} fits other calibrators")
-    except (ValueError, FileNotFoundError) as e:
-        print(f"{_program()}: error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except RunInterrupted as e:
-        exit_interrupted(e.message)
-    except KeyboardInterrupt:
-        exit_interrupted("before the run took its folder; nothing was written")
-    finally:
-        end_process_group()
-
-
-def _program() -> str:
-    """The name this command was started by (``timm-csm-train``, ``train.py``), for its messages."""
-    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "timm-csm-train"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,17 +16,17 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from . import __version__
-from .annotation.config import AnnotationConfig, resolve_scale
-from .generation.config import MixingConfig
-from .hub import csm_dataset_name, dataset_short_name
+from .. import __version__
+from ..annotation.config import AnnotationConfig, resolve_scale
+from ..generation.config import MixingConfig
+from ..hub import csm_dataset_name, dataset_short_name
 
 __all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
            "resolve_generator", "unknown_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups",
            "generated_dataset", "soft_label_scale", "PoorGeneratorError", "check_generator", "judge_generator",
            "JUDGE_SEED_OFFSET", "annotate_generated_folder", "csm_dataset_name"]
 
-_ASSETS = Path(__file__).resolve().parent / "assets"
+_ASSETS = Path(__file__).resolve().parents[1] / "assets"
 #: the scale s of a dataset (None: the paper's value where it published one, else "auto"); see
 #: :func:`~timm_csm.annotation.resolve_scale`
 soft_label_scale = resolve_scale
@@ -51,8 +51,8 @@ def train_generator_folder(real, output, profile: str = "fmnist", *, steps: Opti
     number of training images and the generator's name (:func:`generator_name` of ``meta["dataset"]``, else of the
     images' source) unless it gives them. Returns ``(unet, scheduler)``
     (:func:`~timm_csm.generation.training.train_generator`)."""
-    from .generation import GENERATOR_PROFILES
-    from .generation.training import CHECKPOINT_MINUTES, train_generator
+    from ..generation import GENERATOR_PROFILES
+    from ..generation.training import CHECKPOINT_MINUTES, train_generator
 
     overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("seed", seed),
                                    ("checkpoint_every", checkpoint_every)) if v is not None}
@@ -82,7 +82,7 @@ def resolve_generator(generator) -> Path:
     ``timm-csm-train-generator`` or the pipeline, an EDM pickle:
     :func:`~timm_csm.generation.registry.find_generator`), else the name of a shipped generator (``fmnist``);
     FileNotFoundError otherwise, in one line (:func:`unknown_generator`)."""
-    from .generation.registry import find_generator
+    from ..generation.registry import find_generator
 
     path = Path(str(generator))
     if find_generator(path) is not None:
@@ -97,7 +97,7 @@ def unknown_generator(generator, also: Sequence[str] = ()) -> str:
     """The line that refuses ``generator``: a generator folder still training says how to finish it; anything else
     lists what is accepted (``also``: what the caller accepts besides the registered kinds and the shipped
     generators, first)."""
-    from .generation.registry import GENERATOR_INDEX, accepted_generators, still_training
+    from ..generation.registry import GENERATOR_INDEX, accepted_generators, still_training
 
     path = Path(str(generator))
     if still_training(path):
@@ -113,7 +113,7 @@ def check_mixing_options(generator, mixing: MixingConfig = MixingConfig()) -> No
     """ValueError when the sampling options of ``mixing`` do not apply to ``generator``'s kind
     (:func:`~timm_csm.generation.registry.generator_kind`): an EDM pickle is sampled from pure noise with EDM's Heun
     sampler and no guidance (the paper)."""
-    from .generation.registry import generator_kind
+    from ..generation.registry import generator_kind
 
     generator_kind(generator).check(mixing)
 
@@ -138,7 +138,7 @@ def load_mixing_pipeline(generator, mixing: MixingConfig = MixingConfig(),
       recommendation), and the real-anchored start (``anchors``, an
       :class:`~timm_csm.generation.anchors.AnchorPool`, at ``mixing.strength`` < 1); its own class names.
     """
-    from .generation.registry import create_generator
+    from ..generation.registry import create_generator
 
     return create_generator(resolve_generator(generator), mixing, class_names, anchors, device or default_device())
 
@@ -152,7 +152,7 @@ def generate_groups(generator, output, num_groups: int, mixing: MixingConfig = M
     anchors), then :func:`~timm_csm.generation.generate_to_folder` (``mixing.batch_groups`` groups a forward pass;
     ``accelerator`` splits the shards across processes and sets the device). ``extend_from``: a finished output of
     the same command with fewer groups, whose groups are copied rather than generated again."""
-    from .generation import generate_to_folder, lambda_grid, make_plan
+    from ..generation import generate_to_folder, lambda_grid, make_plan
 
     device = accelerator.device if accelerator is not None else None
     pipe = load_mixing_pipeline(generator, mixing, class_names, anchors, device)
@@ -167,7 +167,7 @@ def generate_groups(generator, output, num_groups: int, mixing: MixingConfig = M
 def generated_dataset(generated) -> str:
     """The real dataset a generated folder's generator was trained on, as its plan records it (``fashion_mnist``
     when it records none: the shipped generator's)."""
-    from .generation.writer import PLAN_FILE
+    from ..generation.writer import PLAN_FILE
 
     plan = json.loads((Path(generated) / PLAN_FILE).read_text())
     return (plan.get("generator") or {}).get("dataset") or "fashion_mnist"
@@ -181,7 +181,7 @@ class PoorGeneratorError(ValueError):
 def check_generator(report: Dict, accept: bool = False, log: Callable[[str], None] = print) -> None:
     """The generator check of an annotation ``report``: :class:`PoorGeneratorError` naming the problems, or with
     ``accept`` a loud warning (a banner through ``log``) and the run goes on."""
-    from .annotation.checks import generator_problems
+    from ..annotation.checks import generator_problems
 
     problems = generator_problems(report)
     if not problems:
@@ -213,10 +213,10 @@ def judge_generator(pipe, real, encoder, annotation: AnnotationConfig = Annotati
     from (:func:`~timm_csm.annotation.label_groups.real_recognition`; None without them)."""
     import tempfile
 
-    from .annotation import annotate_generated
-    from .annotation.checks import generator_problems, generator_verdict
-    from .annotation.label_groups import real_recognition
-    from .generation import generate_to_folder, lambda_grid, load_generated, make_plan
+    from ..annotation import annotate_generated
+    from ..annotation.checks import generator_problems, generator_verdict
+    from ..annotation.label_groups import real_recognition
+    from ..generation import generate_to_folder, lambda_grid, load_generated, make_plan
 
     plan = make_plan(pipe.num_classes, num_groups, lambda_grid(mixing.num_lambdas), pipe.class_names,
                      mixing.groups_per_shard, JUDGE_SEED_OFFSET, generator=pipe.provenance)
@@ -249,10 +249,10 @@ def annotate_generated_folder(generated, output, encoder, annotation: Annotation
     :func:`check_generator` stops a poor generator (:class:`PoorGeneratorError`) unless
     ``annotation.accept_poor_generator``.
     """
-    from .annotation import annotate_generated
-    from .data import load_image_arrays
-    from .generation import load_generated
-    from .hub import install_dataset, provenance_from_plan, save_csm_dataset
+    from ..annotation import annotate_generated
+    from ..data import load_image_arrays
+    from ..generation import load_generated
+    from ..hub import install_dataset, provenance_from_plan, save_csm_dataset
 
     dataset = dataset or generated_dataset(generated)
     images, plan = load_generated(generated)
