@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic
+from timm_csm.metrics import metrics_for
 from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
 OUTPUT = Path("runs/protocol_a3")
@@ -116,7 +117,7 @@ def compact(shift_run: Dict[str, Any], digits_run: Dict[str, Any]) -> Dict[str, 
     seed), each severity's mean over corruptions and worst corruption, each corruption's accuracy and ECE, the OOD
     scores."""
     sh = shift_run["shift"]
-    keep = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
+    keep = metrics_for("shift")
     out = {"n_test": sh["n"], "temperature": shift_run.get("temperature"), "corruptions": sh["corruptions"],
            "corruption_seed": sh.get("seed"),
            "clean": {m: {k: _r(v.get(k)) for k in keep} for m, v in sh["clean"].items()},

@@ -1,6 +1,6 @@
 """Calibration benchmark: CSM against the calibration baselines and controls on Fashion-MNIST, before and after
 temperature scaling; the command line over the method table (``calibration_methods.py``), the library's cells and
-derived sets, and the pages (``calibration_pages.py``).
+derived sets, and the pages (``calibration_pages.py``, ``calibration_protocol_page.py``).
 
 Every method trains the same backbone with the same recipe (``--recipe``) on the same real images, for several
 training seeds. ``matched`` and ``borrowed`` are the two settings of ``benchmarks/PROTOCOL.md`` (their generated
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import calibration_pages as pages
+import calibration_protocol_page as protocol_page
 from calibration_methods import (A2_ANNOTATORS, A2_OUTPUT, A2_SETTINGS, A2_TUNING_SEEDS, A2_VERIFY_LOG,
                                  A4_OUTPUT, A4_SETTINGS, A4_VERIFY_LOG, BOUNDARY_SETS, COMMITTED_A2, COMMITTED_A4,
                                  a4_recipe, COMMITTED_CELLS, CONTROLS, CSM_VARIANTS, DEFAULT_JSON,
@@ -54,7 +55,8 @@ def _resolve_boundary_sets(kinds, output: Path, setting: Optional[str], committe
                            csm_paths: Dict[str, str], blocked: Dict[str, str]) -> None:
     """The boundary study's sets, in the variant of the setting's decision row, which the validation rule chooses
     once both CSM variants have every seed (their cells run first)."""
-    summary = pages.protocol_summary(pages.protocol_cells(output, setting, committed), setting) if setting else None
+    summary = (protocol_page.protocol_summary(protocol_page.protocol_cells(output, setting, committed), setting)
+               if setting else None)
     if summary is None or not every_seed(summary["rows"], CSM_VARIANTS):
         for kind in kinds:
             blocked[kind] = "the decision row (csm or csm_filtered) is chosen once both have every seed"
@@ -329,7 +331,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         json_path = args.json or (DEFAULT_JSON if report == DEFAULT_REPORTS[args.recipe] else None)
         command = "python benchmarks/calibration_bench.py --recipe matched; python benchmarks/calibration_bench.py " \
                   "--recipe borrowed"
-        text = pages.write_protocol_report(Path(output), report, json_path, recipe, command, committed=committed)
+        text = protocol_page.write_protocol_report(Path(output), report, json_path, recipe, command,
+                                                   committed=committed)
         for reason in sorted(set(skipped.values())):
             text += f"\nNot run: {reason}."
         print(text)

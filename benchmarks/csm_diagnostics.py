@@ -80,7 +80,7 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
     """Rows of the table: every run scored on the real test split, on ``seen`` (the generated dataset the runs trained
     on) and on the groups of ``heldout`` that are not in ``seen``; both as returned by :func:`load_generated_rows`."""
     from timm_csm.data import load_image_arrays
-    from timm_csm.metrics import calibration_metrics
+    from timm_csm.metrics import calibration_metrics, metrics_for
     from timm_csm.training import load_trained_classifier
 
     seen_images, seen_q, seen_keys = seen
@@ -100,7 +100,7 @@ def diagnose(runs: List[Path], seen, heldout) -> List[Dict]:
         p_test = probabilities(model, transform, torch.as_tensor(test.images))
         real = calibration_metrics(p_test, torch.as_tensor(test.labels), input_type="probs")
         rows.append({"run": str(folder), "loss": meta["loss"],
-                     "real": {k: real[k] for k in ("accuracy", "confidence", "ece")},
+                     "real": {k: real[k] for k in metrics_for("diagnostics")},
                      "seen": generated_fit(probabilities(model, transform, seen_images), seen_q),
                      "unseen": generated_fit(probabilities(model, transform, images), q)})
     return rows

@@ -37,6 +37,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from timm_csm.metrics.binning import bin_edges, bin_index, equal_mass_edges
+from timm_csm.metrics.table import METRIC_KEYS
 from timm_csm.metrics.interval_methods import ONE_SIDED, DEFAULT_INTERVALS, interval_of, list_interval_methods
 from timm_csm.metrics.intervals import bootstrap_with_estimates
 from timm_csm.metrics.ood import bootstrap_ood_distribution, ood_metrics
@@ -46,7 +47,8 @@ HERE = Path(__file__).parent
 CELLS, PAGE = HERE / "intervals_coverage.jsonl", HERE / "intervals_coverage.md"
 MODELS = {"calibrated": 1.0, "over-confident": 1.5, "under-confident": 0.75}
 SCALE = {10: 3.0, 100: 4.0}
-METRICS = ("accuracy", "confidence", "ece", "aece", "cece", "mce", "oe", "ue", "debiased_ce", "nll", "brier")
+#: the one pass's metrics (the metric table's "calibration" family)
+METRICS = METRIC_KEYS
 OOD = ("auroc", "aupr_in", "aupr_out", "fpr95")
 OOD_MU = 2.0 ** 0.5 * 1.2815515655446004  # Phi^-1(0.9) sqrt 2: AUROC 0.9
 N_BINS, LEVEL = 15, 0.95

@@ -17,7 +17,7 @@ from timm_csm.recipes.cells import CELL_META, RESULTS, verify_cell
 
 bench = load_benchmark("calibration_bench")
 table = load_benchmark("calibration_methods")
-pages = load_benchmark("calibration_pages")
+protocol_page = load_benchmark("calibration_protocol_page")
 
 # toy recipe: 8x8 digits, a 2-stage small_cnn, one epoch on 240 images
 TOY = ["--recipe", "noaug", "--dataset", "digits", "--model", "small_cnn", "--model-kwargs", "widths=[8,16]", "--epochs", "1",
@@ -225,9 +225,9 @@ def test_boundary_cells_wait_for_the_decision_row_then_use_its_set(tmp_path, csm
     assert runs["skipped"] == {}
     stamp = json.loads((out / "csm-filtered-matched-gen2000" / "derived_from.json").read_text())
     assert stamp["source"] == str(tmp_path / "settings" / "matched-gen2000" / "csm" / "csm-fmnist-aug")
-    summary = pages.protocol_summary(pages.protocol_cells(out, "matched", None), "matched")
+    summary = protocol_page.protocol_summary(protocol_page.protocol_cells(out, "matched", None), "matched")
     summary["rows"]["csm_groups50"] = summary["rows"]["csm"]
-    text = "\n".join(pages.boundary_section(summary))
+    text = "\n".join(protocol_page.boundary_section(summary))
     assert "| 50% of the groups | 5 |" in text and "| all groups, 4 000 steps (decision row) | 5 |" in text
     assert "lies below 0 (5 seeds): none." in text
 
@@ -283,17 +283,17 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
         # better on test, worse on validation: not the decision row
         "csm_filtered": {s: _cell(s, 0.005, 0.016) for s in seeds},
     }
-    summary = pages.protocol_summary(cells, "matched")
-    assert "kd" not in summary["candidates"] and "kd" in pages.protocol_summary(cells, "borrowed")["candidates"]
+    summary = protocol_page.protocol_summary(cells, "matched")
+    assert "kd" not in summary["candidates"] and "kd" in protocol_page.protocol_summary(cells, "borrowed")["candidates"]
     assert summary["csm"] == "csm" and summary["best_other"]["pre_ts"] == "brier"
     interval = summary["pairs"]["ce"]["ece_pre_ts"]
     assert interval.n == 5 and interval.high < 0 and interval.mean == pytest.approx(100 * (0.013 - 0.047))
-    lines = "\n".join(pages.protocol_section("matched", summary, {}))
+    lines = "\n".join(protocol_page.protocol_section("matched", summary, {}))
     assert "| CSM (decision row) | 5 |" in lines
     assert "ECE against CE, before TS (CE): -3.40" in lines
     # LS, MbLS ... have no seed yet, so the validation choices and every verdict wait for them
     assert "pending (the validation choices wait for every method's seeds)" in lines
-    assert "CSM lower (interval excludes 0)" in pages.verdict(summary["pairs"]["ce"]["ece_pre_ts"])
+    assert "CSM lower (interval excludes 0)" in protocol_page.verdict(summary["pairs"]["ce"]["ece_pre_ts"])
     assert "against the best other method, before TS (Brier (control))" in lines
     row = summary["rows"]["csm"][0]
     assert row["ece_pre_ts"] == pytest.approx(1.2) and row["val_ece_pre_ts"] == pytest.approx(1.5)
@@ -301,27 +301,28 @@ def test_protocol_summary_chooses_on_validation_and_never_on_test():
 
 
 def test_protocol_verdict_waits_for_every_seed():
-    assert "pending (3 of 5 seeds)" in pages.verdict((3, -1.0, -2.0, -0.5))
-    assert "no difference shown" in pages.verdict((5, -1.0, -2.0, 0.5))
-    assert "CSM higher" in pages.verdict((5, 1.0, 0.5, 1.5))
+    assert "pending (3 of 5 seeds)" in protocol_page.verdict((3, -1.0, -2.0, -0.5))
+    assert "no difference shown" in protocol_page.verdict((5, -1.0, -2.0, 0.5))
+    assert "CSM higher" in protocol_page.verdict((5, 1.0, 0.5, 1.5))
 
 
 
 def test_protocol_statement_needs_both_before_ts_verdicts():
-    assert pages.statement(["lower", "lower"]) == "holds"
-    assert pages.statement(["lower", "none"]) == "does not hold"
-    assert pages.statement(["lower", None]) == "pending"
-    assert pages.outcome((5, -1.0, -2.0, -0.5)) == "lower" and pages.outcome((4, -1.0, -2.0, -0.5)) is None
+    assert protocol_page.statement(["lower", "lower"]) == "holds"
+    assert protocol_page.statement(["lower", "none"]) == "does not hold"
+    assert protocol_page.statement(["lower", None]) == "pending"
+    assert protocol_page.outcome((5, -1.0, -2.0, -0.5)) == "lower"
+    assert protocol_page.outcome((4, -1.0, -2.0, -0.5)) is None
     seeds = range(5)
     cells = {m: {s: _cell(s, 0.045, 0.040) for s in seeds} for m in table.NON_GENERATED if m != "kd"}
     cells["csm"] = {s: _cell(s, 0.010 + 0.001 * s, 0.010) for s in seeds}
     cells["csm_filtered"] = {s: _cell(s, 0.010, 0.020) for s in seeds}
-    lines = "\n".join(pages.protocol_section("matched", pages.protocol_summary(cells, "matched"), {}))
+    lines = "\n".join(protocol_page.protocol_section("matched", protocol_page.protocol_summary(cells, "matched"), {}))
     statement = '**"CSM calibrates better" in `matched` (before TS, against CE and the best other method): holds.**'
     assert statement in lines
     # best on validation, as good as CSM on test
     cells["brier"] = {s: _cell(s, 0.010 + 0.001 * s + (0.002 if s % 2 else -0.002), 0.005) for s in seeds}
-    lines = "\n".join(pages.protocol_section("matched", pages.protocol_summary(cells, "matched"), {}))
+    lines = "\n".join(protocol_page.protocol_section("matched", protocol_page.protocol_summary(cells, "matched"), {}))
     assert "best other method): does not hold.**" in lines
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ import inspect
 import pytest
 
 from timm_csm.recipes import steps
-from timm_csm.annotation import AnnotationConfig, annotate_generated, holdout_split
+from timm_csm.annotation import AUTO, AnnotationConfig, annotate_generated, holdout_split, parse_s
 from timm_csm.annotation.checks import annotation_report
 from timm_csm.commands import annotate, generate
 from timm_csm.generation import MixingConfig, generate_to_folder, lambda_grid, make_plan
 from timm_csm.options import add_options, option_fields, options_from_namespace
 from timm_csm.recipes import RecipeProfile, get_profile
+from timm_csm.recipes.profiles import RECIPE_SHARDS
 
 
 def _parser_defaults(parser):
@@ -34,19 +35,18 @@ def test_a_commands_flags_are_its_configs_fields(command, config):
 
 
 def test_the_command_and_the_recipe_read_the_same_defaults():
-    recipe, mixing, annotation = RecipeProfile(), MixingConfig(), AnnotationConfig()
-    assert (recipe.num_lambdas, recipe.scheduler, recipe.guidance_scale) == (
-        mixing.num_lambdas, mixing.scheduler, mixing.guidance_scale)
-    assert (recipe.soft_label_scale, recipe.drop_flagged, recipe.accept_poor_generator) == (
-        annotation.s, annotation.drop_flagged, annotation.accept_poor_generator)
-    # what the recipe leaves to the annotation's defaults is the command's: the held-out share, its checks
+    recipe, mixing = RecipeProfile(), MixingConfig()
+    # the recipe holds the command's configurations: its own sampler steps and shards, the rest the command's
+    assert recipe.mixing == dataclasses.replace(mixing, steps=recipe.mixing.steps, **RECIPE_SHARDS)
     cli = options_from_namespace(AnnotationConfig, annotate.build_parser().parse_args(["--generated", "g"]))
-    assert dataclasses.replace(recipe.annotation(), seed=cli.seed) == cli
-    for name in ("num_lambdas", "scheduler", "guidance_scale"):
-        assert getattr(recipe.mixing(), name) == getattr(recipe, name)
-    # a profile that changes a setting hands it on
+    assert recipe.annotation == cli
+    # a profile that changes a setting hands it on, and its seed is its annotation's
     demo = get_profile("demo")
-    assert (demo.mixing().num_lambdas, demo.mixing().steps, demo.annotation().drop_flagged) == (4, 8, True)
+    assert (demo.mixing.num_lambdas, demo.mixing.steps, demo.annotation.drop_flagged) == (4, 8, True)
+    assert dataclasses.replace(demo, seed=3).annotation.seed == 3
+    assert RecipeProfile(mixing=MixingConfig(groups_per_shard=5)).mixing.groups_per_shard == 32
+    with pytest.raises(ValueError, match="annotation an AnnotationConfig"):
+        RecipeProfile(annotation={"s": 4.0})
 
 
 def test_the_sampler_steps_have_one_owner_each():
@@ -57,7 +57,7 @@ def test_the_sampler_steps_have_one_owner_each():
 
     # a quality measurement and the recipe's groups: the same sampler
     assert evaluate_generator.build_parser().get_default("steps") == QUALITY_SAMPLER_STEPS == RecipeProfile(
-        ).sampler_steps
+        ).mixing.steps
     # a generation that names no steps: the generator's own (None), a folder's being the pipeline's default
     assert MixingConfig().steps is None and generate.build_parser().get_default("steps") is None
     assert _default(SemanticMixingPipeline.__init__, "num_inference_steps") == DEFAULT_INFERENCE_STEPS
@@ -82,11 +82,20 @@ def test_the_library_functions_default_to_the_configs():
 
 def test_s_none_means_the_papers_value_where_published_else_auto():
     config = AnnotationConfig()
-    assert config.scale("cifar100") == 2.3 and not config.holds_out("cifar100")
-    assert config.scale("fashion_mnist") == "auto" and config.holds_out("fashion_mnist")
+    assert config.resolved("cifar100").s == 2.3 and not config.holds_out("cifar100")
+    assert config.resolved("fashion_mnist").s == AUTO and config.holds_out("fashion_mnist")
+    assert config.resolved("uoft-cs/cifar10").s == 4.0
     assert AnnotationConfig(holdout_encoder=True).holds_out("cifar100")
-    assert AnnotationConfig(s="3").resolved("fashion_mnist").s == 3.0
-    assert steps.soft_label_scale is not None and steps.soft_label_scale(None, "cifar10") == config.scale("cifar10")
+    assert AnnotationConfig(s="3").s == 3.0 and AnnotationConfig(s="auto").resolved("cifar100").s == AUTO
+
+
+@pytest.mark.parametrize("bad", ["fast", "0", -1.0, float("nan"), float("inf"), True])
+def test_s_is_read_once_a_positive_number_or_auto(bad):
+    with pytest.raises(ValueError, match="s must be a positive number or 'auto'"):
+        AnnotationConfig(s=bad)
+    with pytest.raises(ValueError, match="s must be a positive number or 'auto'"):
+        parse_s(bad)
+    assert parse_s(None) is None and parse_s("auto") == AUTO and parse_s("2.3") == 2.3
 
 
 def test_add_options_builds_a_flag_per_field():

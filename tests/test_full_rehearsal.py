@@ -97,8 +97,10 @@ def test_the_rehearsal_differs_from_full_only_in_sizes_and_files(files, tmp_path
         elif field.name == "train_extra":  # the milestones keep their share of the epochs: 80, 120 of 200 -> 1, 1 of 1
             assert want["decay_milestones"] == [80, 120] and "val_fraction" not in want
             assert got == dict(want, decay_milestones=[1, 1], val_fraction=REHEARSAL_VAL_FRACTION)
-        elif field.name == "accept_poor_generator":  # a generator of 2 steps is poor: the check warns
-            assert (got, want) == (True, False)
+        elif field.name == "mixing":  # its sampler steps are a size
+            assert got == dataclasses.replace(want, steps=REHEARSAL_SIZES["sampler_steps"]) != want
+        elif field.name == "annotation":  # a generator of 2 steps is poor: the check warns
+            assert got == dataclasses.replace(want, accept_poor_generator=True) != want
         else:
             assert got == want, field.name
 

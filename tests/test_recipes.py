@@ -16,7 +16,9 @@ from timm_csm.commands.pipeline import build_parser, profile_from_args
 from timm_csm.recipes import (RecipeProfile, Stage, StageCache, get_profile, list_profiles, register_profile,
                               rehearsal_profile, stage_key, stages)
 from timm_csm.recipes.cache import MARKER
-from timm_csm.recipes.profiles import FULL_EDM_PICKLE_URL
+from timm_csm.annotation import AnnotationConfig
+from timm_csm.commands.pipeline import build_parser, profile_from_args
+from timm_csm.recipes.profiles import FULL_EDM_PICKLE_URL, RECIPE_MIXING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # that the main job computed for it before the recipes package existed (output folder "run", generator weights
 # b"weights", whose digest is 9a129038d9a0). The annotated stage is given as it was then (its configuration
 # OLD_ANNOTATED): its own key belongs to the annotation settings, which change with the annotation.
-KNOWN = dict(dataset="fashion_mnist", generator="fmnist", generator_steps=None, num_groups=225, num_lambdas=8,
-             sampler_steps=20, guidance_scale=None, encoder="reference", encoder_epochs=4, encoder_max_steps=None,
-             soft_label_scale=None, model="small_cnn", epochs=15, batch_size=128, lr=0.05, weight_decay=0.0,
-             sched="cosine", max_train_samples=10000, max_test_samples=None, n_aug=1, seed=0,
+KNOWN = dict(dataset="fashion_mnist", generator="fmnist", generator_steps=None, num_groups=225,
+             mixing=dataclasses.replace(RECIPE_MIXING, num_lambdas=8, steps=20, guidance_scale=None),
+             encoder="reference", encoder_epochs=4, encoder_max_steps=None,
+             annotation=AnnotationConfig(s=None), model="small_cnn", epochs=15, batch_size=128, lr=0.05,
+             weight_decay=0.0, sched="cosine", max_train_samples=10000, max_test_samples=None, n_aug=1, seed=0,
              train_extra={"model_kwargs": {"widths": [16, 32, 64, 128, 256]}, "crop_pad": 0, "hflip": 0.0})
 OLD_KEYS = {"generator": "bcff3caadb", "generated": "c79ad41b7f", "encoder": "0c6d8e1c53", "quality": "371daf07b6",
             "annotated": "25ccce37a8", "train-ce": "9fc2804ca2", "train-csm": "5a268d0217"}
@@ -76,7 +79,7 @@ def test_stage_keys_equal_the_keys_of_existing_caches(tmp_path, monkeypatch):
     assert results["csm"]["loss"] == "csm" and results["ce"]["output"].endswith(OLD_KEYS["train-ce"])
     assert sum("done already" in line for line in log) == 6 and cache.timings == {}
     # with s given, the encoder still trains on the whole training split, under its key of then
-    given_s = dataclasses.replace(profile, soft_label_scale=4.0)
+    given_s = dataclasses.replace(profile, annotation=AnnotationConfig(s=4.0))
     assert stage_key(stages.encoder_config(given_s)) == RETRAINED["encoder"]
 
 
@@ -161,11 +164,11 @@ def test_the_full_profile_samples_the_papers_cifar100_edm_network():
     full = get_profile("full")
     assert full.generator == FULL_EDM_PICKLE_URL.rsplit("/", 1)[1] == "edm-cifar100-cond-32x32-cond-vp.pkl"
     assert FULL_EDM_PICKLE_URL.startswith("https://huggingface.co/wzekai99/DM-Improves-AT/")
-    assert (full.sampler_steps, full.guidance_scale, full.scheduler) == (25, None, "ddim")
+    assert (full.mixing.steps, full.mixing.guidance_scale, full.mixing.scheduler) == (25, None, "ddim")
     # the released CIFAR-100 run: seeds 0-19799, 8 lambdas each
-    assert full.num_groups * full.num_lambdas == 19800 * 8 == 158400
+    assert full.num_groups * full.mixing.num_lambdas == 19800 * 8 == 158400
     # the paper's s of CIFAR-100, kept when --dataset names a copy of it by another name (a folder)
-    assert (full.dataset, full.model, full.epochs, full.soft_label_scale) == ("cifar100", "resnet50_cifar", 200, 2.3)
+    assert (full.dataset, full.model, full.epochs, full.annotation.s) == ("cifar100", "resnet50_cifar", 200, 2.3)
 
 
 def _tiny_edm_pickle(path, seed=0):
@@ -179,8 +182,8 @@ def _tiny_edm_pickle(path, seed=0):
 
 
 def test_an_edm_pickle_generates_keyed_by_its_file_digest(tmp_path):
-    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3, num_lambdas=3,
-                            sampler_steps=2)
+    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3,
+                            mixing=dataclasses.replace(RECIPE_MIXING, num_lambdas=3, steps=2))
     names = ["w", "x", "y", "z"]
     log = []
     cache = StageCache(tmp_path / "run", log.append)
@@ -208,7 +211,8 @@ def test_an_edm_pickle_is_sampled_without_guidance_and_must_exist(tmp_path):
     cache = StageCache(tmp_path / "run", lambda line: None)
     for bad in ({"guidance_scale": 1.5}, {"scheduler": "dpm"}):
         with pytest.raises(ValueError, match="Heun sampler without guidance"):
-            stages.generate(cache, RecipeProfile(generator=str(pkl), num_groups=1, **bad), pkl, list("wxyz"))
+            stages.generate(cache, RecipeProfile(generator=str(pkl), num_groups=1,
+                                                 mixing=dataclasses.replace(RECIPE_MIXING, **bad)), pkl, list("wxyz"))
     missing = RecipeProfile(generator=str(tmp_path / "absent.pkl"))
     with pytest.raises(FileNotFoundError, match=f"absent.pkl not found: download it .*{re.escape(FULL_EDM_PICKLE_URL)}"
                                                 ".*--generator"):
@@ -253,9 +257,10 @@ def test_the_open_clip_weights_are_read_once_per_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(open_clip, "create_model", counting_create)
     names = ["w", "x", "y", "z"]
-    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3, num_lambdas=3,
-                            sampler_steps=2, encoder=f"open_clip:{config.stem}:{weights}", soft_label_scale=4.0,
-                            accept_poor_generator=True)  # a random generator
+    profile = RecipeProfile(generator=str(_tiny_edm_pickle(tmp_path / "a.pkl")), num_groups=3,
+                            mixing=dataclasses.replace(RECIPE_MIXING, num_lambdas=3, steps=2),
+                            encoder=f"open_clip:{config.stem}:{weights}",
+                            annotation=AnnotationConfig(s=4.0, accept_poor_generator=True))  # a random generator
     clip = stages.check_encoder(profile)
     assert built == [str(weights)]
     cache = StageCache(tmp_path / "run", lambda line: None)

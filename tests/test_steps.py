@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from timm_csm.recipes import steps
+from timm_csm.annotation import AUTO, AnnotationConfig
 from timm_csm.generation.config import MixingConfig
 from timm_csm.recipes import RecipeProfile, Stage, StageCache, stages
 
@@ -58,8 +59,9 @@ def test_the_commands_and_the_recipe_write_the_same_bytes(digits_generator, tmp_
     assert written == "result: quality.json"
     assert next_step.startswith("the generator is poor: ")  # random weights: it says so instead of the next step
 
-    profile = RecipeProfile(dataset="digits", num_groups=10, num_lambdas=3, sampler_steps=2, guidance_scale=1.0,
-                            encoder_epochs=1, accept_poor_generator=True)
+    profile = RecipeProfile(dataset="digits", num_groups=10,
+                            mixing=MixingConfig(num_lambdas=3, steps=2, guidance_scale=1.0), encoder_epochs=1,
+                            annotation=AnnotationConfig(accept_poor_generator=True))
     train, test = load_image_arrays("digits", "train"), load_image_arrays("digits", "test")
     cache = StageCache(tmp_path / "run", lambda line: None)
     generated = stages.generate(cache, profile, digits_generator, train.class_names)
@@ -88,10 +90,10 @@ def test_one_dataset_name_for_every_spelling_of_a_dataset(tmp_path):
 
 
 def test_the_default_of_s_is_the_papers_value_where_it_published_one():
-    assert steps.soft_label_scale(None, "cifar100") == 2.3 and steps.soft_label_scale(None, "uoft-cs/cifar10") == 4.0
-    assert steps.soft_label_scale(None, "fashion_mnist") == "auto"
-    assert steps.soft_label_scale("auto", "cifar10") == "auto"
-    assert steps.soft_label_scale("1.5", "digits") == 1.5
+    assert AnnotationConfig().resolved("cifar100").s == 2.3 and AnnotationConfig().resolved("uoft-cs/cifar10").s == 4.0
+    assert AnnotationConfig().resolved("fashion_mnist").s == AUTO
+    assert AnnotationConfig(s="auto").resolved("cifar10").s == AUTO
+    assert AnnotationConfig(s="1.5").resolved("digits").s == 1.5
     # the recipe keys the encoder by the same choice: held-out images only where s is chosen on them
     assert "held_out" in stages.encoder_config(RecipeProfile())
     assert "held_out" not in stages.encoder_config(RecipeProfile(dataset="cifar10"))

@@ -16,7 +16,8 @@ import typing
 from dataclasses import field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "comma_separated"]
+__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "comma_separated",
+           "key_value"]
 
 
 def option(default=None, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
@@ -38,6 +39,21 @@ def comma_separated(text) -> List[str]:
     comma-separated flag value (``--calibrators dirichlet,isotonic``)."""
     parts = text if isinstance(text, (list, tuple)) else str(text).split(",")
     return [str(part).strip() for part in parts if str(part).strip()]
+
+
+def key_value(text: str) -> Tuple[str, Any]:
+    """The argparse type of a ``KEY=VALUE`` item (an option of keyword arguments): ``(key, value)``, the value read
+    as YAML (numbers, booleans, lists), else kept as a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
 
 
 def option_fields(cls) -> Tuple[dataclasses.Field, ...]:

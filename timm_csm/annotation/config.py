@@ -3,32 +3,43 @@
 command, the steps (:func:`timm_csm.recipes.steps.annotate_generated_folder`) and the recipe's annotate stage all take.
 
 Its defaults are the annotation's: the scale s (None: the paper's value where it published one, else chosen on
-held-out real images, :meth:`AnnotationConfig.scale`), the held-out share of the real training split and its seed,
+held-out real images, :meth:`AnnotationConfig.resolved`), the held-out share of the real training split and its seed,
 whether the reference encoder learns without that share (:meth:`AnnotationConfig.holds_out`), the label mode and the
 annotation checks.
+
+s has one name everywhere (this field, ``timm-csm-annotate --s``, a study's ``s`` axis and its ``@s=`` spelling in
+configuration names), is read once (:func:`parse_s`: a positive number or :data:`AUTO`) and defaulted once
+(:meth:`AnnotationConfig.resolved`).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Union
 
 from ..options import option
-from .soft_labels import LABEL_MODES, default_scale
+from .soft_labels import LABEL_MODES, paper_s
 
-__all__ = ["AnnotationConfig", "LABEL_MODES", "resolve_scale"]
+__all__ = ["AnnotationConfig", "LABEL_MODES", "AUTO", "parse_s"]
+
+#: s chosen on held-out real images (maximum likelihood of their true class,
+#: :func:`~timm_csm.annotation.select_scale`); written as this word in configurations, keys and names
+AUTO = "auto"
 
 
-def resolve_scale(s: Union[None, str, float], dataset: str) -> Union[str, float]:
-    """The sigmoid scale s to annotate ``dataset`` with: a number as given, ``"auto"`` (chosen on held-out real
-    images) as given, and by default (None) the paper's value where it published one (CIFAR-10, CIFAR-100,
-    Tiny-ImageNet: :func:`~timm_csm.annotation.default_scale`), ``"auto"`` for any other dataset."""
-    if s is None:
-        try:
-            return default_scale(dataset)
-        except ValueError:  # no published value for this dataset
-            return "auto"
-    return s if s == "auto" else float(s)
+def parse_s(value: Union[None, str, float]) -> Union[None, str, float]:
+    """s as given on a command line, in a configuration or in a name: None (not given), :data:`AUTO`, or a positive
+    finite number (a number's text too), as a float; anything else is a ``ValueError`` naming it."""
+    if value is None or value == AUTO:
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+        raise ValueError(f"s must be a positive number or {AUTO!r}, got {value!r}")
+    return number
 
 
 _annotation = dict(group=None)
@@ -65,22 +76,25 @@ class AnnotationConfig:
                                "recognised near chance, or most groups flagged), with a warning; without it such a "
                                "run stops before anything is saved")
 
-    def scale(self, dataset: str) -> Union[str, float]:
-        """s for ``dataset``: :func:`resolve_scale` of :attr:`s`."""
-        return resolve_scale(self.s, dataset)
-
-    def chooses_scale(self, dataset: str) -> bool:
-        """Whether s is chosen on held-out real images of ``dataset`` (``"auto"``, given or by default)."""
-        return self.scale(dataset) == "auto"
-
-    def holds_out(self, dataset: str) -> bool:
-        """Whether the reference encoder learns without the held-out share: when s is chosen there, or with
-        :attr:`holdout_encoder`."""
-        return self.chooses_scale(dataset) or self.holdout_encoder
+    def __post_init__(self):
+        object.__setattr__(self, "s", parse_s(self.s))
 
     def resolved(self, dataset: str) -> "AnnotationConfig":
-        """This configuration with s resolved for ``dataset`` (a number or ``"auto"``)."""
-        return dataclasses.replace(self, s=self.scale(dataset))
+        """This configuration with s set for ``dataset``: as given, or by default (None) the paper's value where it
+        published one (CIFAR-10, CIFAR-100, Tiny-ImageNet: :func:`~timm_csm.annotation.paper_s`), :data:`AUTO`
+        for any other dataset."""
+        if self.s is not None:
+            return self
+        try:
+            s: Union[str, float] = paper_s(dataset)
+        except ValueError:  # no published value for this dataset
+            s = AUTO
+        return dataclasses.replace(self, s=s)
+
+    def holds_out(self, dataset: str) -> bool:
+        """Whether the reference encoder learns without the held-out share: when s is chosen there (:data:`AUTO`,
+        given or by default for ``dataset``), or with :attr:`holdout_encoder`."""
+        return self.resolved(dataset).s == AUTO or self.holdout_encoder
 
     def annotate_kwargs(self) -> Dict[str, Any]:
         """The keyword arguments of :func:`~timm_csm.annotation.annotate_generated` (all but s and the checks'

@@ -19,7 +19,7 @@ from ..data import ImageArrays
 from ..data.csm_format import check_class_names
 from .label_groups import annotate
 from .checks import annotation_report, drop_groups
-from .config import DEFAULTS
+from .config import AUTO, DEFAULTS, parse_s
 from .encoders import ImageEncoder
 from .prototypes import ClassPrototypes, HeldOutFeatures, prototypes_and_held_out
 from .soft_labels import pairwise_true_lambda, scale_nll, select_scale
@@ -85,14 +85,17 @@ class AnnotatedSet:
         }
 
 
-def _resolve(s: Union[str, float], holdout: Optional[bool]) -> Tuple[bool, bool]:
-    auto = isinstance(s, str)
-    if auto and s != "auto":
-        raise ValueError(f"s must be a positive number or 'auto', got {s!r}")
+def _resolve(s: Union[str, float], holdout: Optional[bool]) -> Tuple[Union[str, float], bool, bool]:
+    """``(s, whether it is chosen here, whether the encoder learns without the held-out share)``."""
+    s = parse_s(s)
+    if s is None:
+        raise ValueError(f"s must be a positive number or {AUTO!r}, got None (a dataset's default: "
+                         "AnnotationConfig.resolved)")
+    auto = s == AUTO
     holdout = auto if holdout is None else bool(holdout)
     if auto and not holdout:
         raise ValueError("s='auto' is fitted on held-out real images; it cannot run with holdout=False")
-    return auto, holdout
+    return s, auto, holdout
 
 
 def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: EncoderArg, s: Union[str, float], *,
@@ -123,7 +126,7 @@ def annotate_generated(generated, plan: Dict, real: ImageArrays, encoder: Encode
     (:func:`~timm_csm.annotation.label_groups.pure_member_recognition`); ``drop_flagged`` removes the groups the
     report flags (not monotone below ``min_spearman``, or a misread endpoint).
     """
-    auto, holdout = _resolve(s, holdout)
+    s, auto, holdout = _resolve(s, holdout)
     check_class_names(plan["class_names"], real.class_names, "generation plan", "the real dataset")
     held = holdout_rows(len(real), holdout_fraction, seed) if auto else None
     if not isinstance(encoder, ImageEncoder):

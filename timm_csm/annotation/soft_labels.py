@@ -25,8 +25,8 @@ __all__ = [
     "LABEL_MODES",
     "LabelMode",
     "register_label_mode",
-    "DEFAULT_SCALES",
-    "default_scale",
+    "PAPER_S",
+    "paper_s",
     "projection_coefficient",
     "pair_soft_labels",
     "generation_class_labels",
@@ -36,19 +36,20 @@ __all__ = [
     "pairwise_true_lambda",
 ]
 
-DEFAULT_SCALES: Dict[str, float] = {"cifar10": 4.0, "tiny_imagenet": 4.0, "cifar100": 2.3}
+#: the s the paper published per dataset (its official configs)
+PAPER_S: Dict[str, float] = {"cifar10": 4.0, "tiny_imagenet": 4.0, "cifar100": 2.3}
 _ALIASES = {"uoft-cs/cifar10": "cifar10", "uoft-cs/cifar100": "cifar100", "tiny-imagenet": "tiny_imagenet",
             "zh-plus/tiny-imagenet": "tiny_imagenet", "tinyimagenet": "tiny_imagenet", "cifar-10": "cifar10",
             "cifar-100": "cifar100"}
 
 
-def default_scale(dataset: str) -> float:
+def paper_s(dataset: str) -> float:
     """The paper's s for a dataset it used; any other dataset needs :func:`select_scale`."""
     key = _ALIASES.get(dataset.lower(), dataset.lower())
-    if key not in DEFAULT_SCALES:
-        raise ValueError(f"no published scale s for {dataset!r} (known: {sorted(DEFAULT_SCALES)}); "
+    if key not in PAPER_S:
+        raise ValueError(f"no published scale s for {dataset!r} (known: {sorted(PAPER_S)}); "
                          "choose one with select_scale() on held-out real images")
-    return DEFAULT_SCALES[key]
+    return PAPER_S[key]
 
 
 def _as_index(x, n: int, name: str) -> torch.Tensor:

@@ -16,13 +16,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..extras import MissingExtra
-from ..metrics import DEFAULT_N_BINS, ece, nll
+from ..metrics import DEFAULT_N_BINS, ece, metrics_for, nll
 from ._checks import as_logits, as_targets
 from .registry import calibrator_spec, create_calibrator, list_calibrators
 
 __all__ = ["SELECTION_METRICS", "auto_candidates", "fold_assignment", "select_calibrator", "fold_table_markdown"]
 
-SELECTION_METRICS = ("nll", "ece")
+#: the metrics a calibrator is chosen by: the metric table's ``"calibrator_selection"`` view
+SELECTION_METRICS = tuple(metrics_for("calibrator_selection"))
 
 
 def auto_candidates(num_classes: int, n_samples: int, folds: int = 5) -> Tuple[List[str], Dict[str, str]]:

@@ -64,9 +64,10 @@ def profile_from_args(args: argparse.Namespace) -> RecipeProfile:
     ``--rehearse``."""
     overrides = {k: getattr(args, k) for k in ("generator", "encoder", "dataset", "seed", "test_fraction")
                  if getattr(args, k) is not None}
+    profile = get_profile(args.profile)
     if args.accept_poor_generator:
-        overrides["accept_poor_generator"] = True
-    profile = dataclasses.replace(get_profile(args.profile), **overrides)
+        overrides["annotation"] = dataclasses.replace(profile.annotation, accept_poor_generator=True)
+    profile = dataclasses.replace(profile, **overrides)
     if args.epochs is not None:
         profile = with_epochs(profile, args.epochs)
     return rehearsal_profile(profile) if args.rehearse else profile

@@ -63,10 +63,12 @@ def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, boots
     if test is None or len(val[1]) >= SMALL_VALIDATION:
         return out
     distinct, which = temperatures.unique(return_inverse=True)  # the grid's fits repeat: score each T once
-    scores = torch.tensor([[ece(test[0] / t, test[1], n_bins), nll(test[0] / t, test[1])] for t in distinct.tolist()],
-                          dtype=torch.float64)[which]
-    out["post_ts_spread"] = {"n_val": len(val[1]), **{key: dict(zip(("low", "high"), percentile_interval(scores[:, i])))
-                                                      for i, key in enumerate(("ece", "nll"))}}
+    score = {"ece": lambda z: ece(z, test[1], n_bins), "nll": lambda z: nll(z, test[1])}
+    spread = {}
+    for key, of_logits in score.items():
+        values = torch.tensor([of_logits(test[0] / t) for t in distinct.tolist()], dtype=torch.float64)[which]
+        spread[key] = dict(zip(("low", "high"), percentile_interval(values)))
+    out["post_ts_spread"] = {"n_val": len(val[1]), **spread}
     return out
 
 

@@ -30,7 +30,7 @@ from ..calibration import CONFORMAL_METHODS, ConformalClassifier
 from ..calibration.conformal import calibrator_part_unmet, fit_conformal_sets
 from ..data.corruptions import (SEVERITIES, corrupt_split, corruption_site, corruption_spec, create_corruption,
                                 list_corruptions)
-from ..metrics import bootstrap_metrics, calibration_metrics
+from ..metrics import bootstrap_metrics, calibration_metrics, metrics_for
 from ..metrics.intervals import bootstrap_with_estimates
 from ..metrics.intervals import intervals_from_distribution
 from ..metrics.ood import OOD_SCORES, bootstrap_ood_metrics, ood_metrics, ood_score
@@ -41,8 +41,9 @@ from .shift_report import ood_reading
 __all__ = ["SHIFT_METRICS", "ShiftEvaluation", "prediction_scores", "prediction_intervals", "resolve_corruptions",
            "check_severities", "open_ood_split", "evaluate_ood"]
 
-#: the metrics of each cell of the shift table (besides conformal coverage and set size)
-SHIFT_METRICS = ("accuracy", "ece", "aece", "nll", "brier", "aurc")
+#: the metrics of each cell of the shift table (besides conformal coverage and set size): the metric table's
+#: ``"shift"`` view
+SHIFT_METRICS = tuple(metrics_for("shift"))
 #: the test images each corruption is timed on before the shift evaluation starts, for its projected time
 PROBE_IMAGES = 16
 

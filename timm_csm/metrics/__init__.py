@@ -42,8 +42,8 @@ from .inputs import (INPUT_TYPES, ROW_SUM_ATOL, TASKS, PreparedInputs, as_tensor
                      prepare_inputs)
 from .proximity import piece, proximity
 from .selective import RiskCoverage, augrc, aurc, eaurc, risk_coverage_curve, selective_metrics_from_points
-from .table import (LEGACY_NAMES, METRIC_KEYS, METRICS, SELECTIVE_KEYS, MetricSpec, calibration_metrics, list_metrics,
-                    metric_spec, register_metric)
+from .table import (LEGACY_NAMES, METRIC_KEYS, METRICS, SELECTIVE_KEYS, VIEWS, MetricSpec, calibration_metrics,
+                    list_metrics, metric_of_abbrev, metric_spec, metrics_for, register_metric)
 
 __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error", "underconfidence_error", "nll",
            "brier_score", "smooth_ece", "ece_sweep", "debiased_ce", "reliability_table", "reliability_table_from_points",
@@ -58,4 +58,5 @@ __all__ = ["ece", "adaptive_ece", "classwise_ece", "mce", "overconfidence_error"
            "DEFAULT_INTERVALS",
            "bootstrap_columns", "resample_indices", "percentile_interval", "paired_t_interval", "PairedInterval",
            "paired_outcome", "interval_text", "mean_std", "holm", "detectable_difference", "MetricSpec",
-           "register_metric", "metric_spec", "list_metrics", "DEFAULT_N_BINS", "LEGACY_NAMES"]
+           "register_metric", "metric_spec", "list_metrics", "metrics_for", "metric_of_abbrev", "VIEWS",
+           "DEFAULT_N_BINS", "LEGACY_NAMES"]

@@ -10,11 +10,15 @@ direction, and whether it ships as an ``evaluate`` module. Every consumer reads 
     register_metric(MetricSpec("gap", "accuracy - confidence gap", scale=100, from_state=my_gap))
     list_metrics()                      # every name, in report order
     list_metrics(family="selective")    # ['aurc', 'eaurc', 'augrc']
+    metrics_for("shift")                # ['accuracy', 'ece', 'aece', 'nll', 'brier', 'aurc']
     metric_spec("cece").label           # 'Classwise ECE'
 
 Families: ``"calibration"`` (computed by :func:`calibration_metrics` from its one pass), ``"smooth"`` (the same
 pass, on request: ``smooth=True``), ``"selective"`` (from the kept confidences, beside the calibration metrics in
 the reports), ``"proximity"`` (from penultimate features).
+
+Views: every list of metrics the package shows or chooses by is the table's metrics of one view
+(:func:`metrics_for`), in table order; a spec names the views it belongs to (:data:`VIEWS`).
 """
 from __future__ import annotations
 
@@ -31,10 +35,22 @@ from .selective import augrc, aurc, eaurc, selective_metrics_from_points
 from .smooth import smooth_calibration_error
 from .state import CalibrationState
 
-__all__ = ["MetricSpec", "METRICS", "register_metric", "metric_spec", "list_metrics", "metrics_from_state",
-           "calibration_metrics", "METRIC_KEYS", "SELECTIVE_KEYS", "FAMILIES", "LEGACY_NAMES"]
+__all__ = ["MetricSpec", "METRICS", "register_metric", "metric_spec", "metric_of_abbrev", "list_metrics",
+           "metrics_for", "metrics_from_state", "calibration_metrics", "METRIC_KEYS", "SELECTIVE_KEYS", "FAMILIES",
+           "VIEWS", "LEGACY_NAMES"]
 
 FAMILIES = ("calibration", "smooth", "selective", "proximity")
+#: the named views of the table: where each list of metrics is shown or chosen by
+VIEWS = {
+    "headline": "the columns of the reports' summary tables (timm-csm-calibrate's report.md)",
+    "report": "the rows of a training run's report (results.md) and of timm-csm-compare",
+    "shift": "the columns of the shift and OOD evaluation, per corruption and severity",
+    "per_seed": "a per-seed row of a cell or a study, and the side-by-side table of runs",
+    "page": "the mean and spread columns of the benchmarks' calibration pages",
+    "checkpoint": "timm-csm-train --select-by: the validation metric that picks the best checkpoint",
+    "calibrator_selection": "timm-csm-calibrate --select-by: the cross-validated metric that picks the calibrator",
+    "diagnostics": "the real images' row of the CSM diagnostics: accuracy, mean confidence, ECE",
+}
 #: the statistics of one pass (the flags of :func:`~timm_csm.metrics.state.accumulate`)
 _STATISTICS = ("binned", "classwise", "nll", "brier", "points")
 
@@ -52,8 +68,10 @@ class MetricSpec:
       ``evaluate`` module's description); ``family``: see the module docstring.
     * ``evaluate``: shipped as the ``evaluate`` module ``name`` (``timm_csm/hf_metrics/<name>/<name>.py``), with
       ``citation``; ``description``: what it is, for the documentation's table.
-    * ``headline``: a column of the reports' summary tables (``timm-csm-calibrate``'s ``report.md``); False for
-      the details kept in the results only (the mean confidence, over- and under-confidence).
+    * ``views``: the names of :data:`VIEWS` it belongs to (``"headline"`` by default: a column of the reports'
+      summary tables; the mean confidence, over- and under-confidence are details kept in the results only).
+    * ``abbrev``: its abbreviation in per-seed row keys (``acc_pre_ts``) and ``--select-by`` (default: ``name``);
+      ``in_text``: its words in running text (``"test classwise ECE before TS"``; default: ``label``).
     """
 
     name: str
@@ -68,7 +86,9 @@ class MetricSpec:
     evaluate: bool = False
     citation: str = ""
     description: str = field(default="", compare=False)
-    headline: bool = True
+    views: Tuple[str, ...] = ("headline",)
+    abbrev: str = ""
+    in_text: str = ""
 
     def __post_init__(self):
         if not self.name or not self.name.isidentifier():
@@ -82,8 +102,12 @@ class MetricSpec:
             raise ValueError(f"metric {self.name!r} of the one pass needs from_state")
         if self.evaluate and self.function is None:
             raise ValueError(f"metric {self.name!r}: an evaluate module needs the functional form (function=)")
-        if not self.short:
-            object.__setattr__(self, "short", self.label)
+        unknown = sorted(set(self.views) - set(VIEWS))
+        if unknown:
+            raise ValueError(f"metric {self.name!r}: unknown views {unknown}; known: {', '.join(VIEWS)}")
+        for attr, default in (("short", self.label), ("abbrev", self.name), ("in_text", self.label)):
+            if not getattr(self, attr):
+                object.__setattr__(self, attr, default)
 
     @property
     def unit(self) -> str:
@@ -94,6 +118,17 @@ class MetricSpec:
     def heading(self) -> str:
         """The report's row or column title: the label and its unit (``"ECE (%)"``, ``"NLL"``)."""
         return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
+    def short_heading(self) -> str:
+        """A narrow column's title: the short label, capitalised, and its unit (``"Acc (%)"``, ``"NLL"``)."""
+        text = self.short[:1].upper() + self.short[1:]
+        return f"{text} ({self.unit})" if self.unit else text
+
+    @property
+    def digits(self) -> int:
+        """Decimals of a compact table: 2 for a value in percent, 4 for a raw one."""
+        return 2 if self.unit else 4
 
     @property
     def state_flags(self) -> Dict[str, bool]:
@@ -118,6 +153,8 @@ def _check_metric(name: str, entry, spec) -> None:
         raise ValueError(f"register_metric: expected a MetricSpec named {name!r}, got {spec!r}")
     if name in LEGACY_NAMES:
         raise ValueError(f"a metric named {name!r} is already registered")
+    if any(other.abbrev == spec.abbrev for other_name, other in METRICS.items() if other_name != name):
+        raise ValueError(f"metric {name!r}: the abbreviation {spec.abbrev!r} is already taken")
 
 
 #: the metric table: name -> :class:`MetricSpec`, in report order
@@ -142,13 +179,34 @@ def metric_spec(name: str) -> MetricSpec:
     return METRICS.get_spec(name)
 
 
+def metric_of_abbrev(abbrev: str) -> MetricSpec:
+    """The :class:`MetricSpec` abbreviated ``abbrev`` (``"acc"``: accuracy); unknown ones raise ``ValueError``."""
+    for _, spec in METRICS.items():
+        if spec.abbrev == abbrev:
+            return spec
+    raise ValueError(f"unknown metric abbreviation {abbrev!r}; known: "
+                     f"{', '.join(spec.abbrev for _, spec in METRICS.items())}")
+
+
 def list_metrics(family: Union[str, Sequence[str], None] = None, *, evaluate: Optional[bool] = None,
                  headline: Optional[bool] = None) -> List[str]:
     """The registered names in report order, optionally of one ``family`` (or several), those with
-    (``evaluate=True``) or without an ``evaluate`` module, those of the summary tables (``headline=True``)."""
+    (``evaluate=True``) or without an ``evaluate`` module, those in (``headline=True``) or out of the
+    ``"headline"`` view."""
     families = (family,) if isinstance(family, str) else family
-    return [name for name in METRICS.list(evaluate=evaluate, headline=headline)
-            if families is None or METRICS.get_spec(name).family in families]
+    return [name for name, spec in METRICS.items() if (families is None or spec.family in families)
+            and (evaluate is None or spec.evaluate == evaluate)
+            and (headline is None or ("headline" in spec.views) == headline)]
+
+
+def metrics_for(view: str, family: Union[str, Sequence[str], None] = None) -> List[str]:
+    """The names of one of :data:`VIEWS` in table order (optionally of one ``family`` or several): every list of
+    metrics a report, a page or an option shows is one of these."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown metric view {view!r}; known: {', '.join(VIEWS)}")
+    families = (family,) if isinstance(family, str) else family
+    return [name for name, spec in METRICS.items()
+            if view in spec.views and (families is None or spec.family in families)]
 
 
 def metrics_from_state(state: CalibrationState, smooth: bool = False) -> Dict[str, float]:
@@ -204,48 +262,58 @@ _KUMAR = """\
 }
 """
 _BINNED, _POINTS = ("binned",), ("points",)
+#: the views of the metrics every table shows (headline, report, shift, per-seed rows, pages)
+_SHOWN = ("headline", "report", "shift", "per_seed", "page")
 
 for _spec in (
     MetricSpec("accuracy", "Accuracy", "acc", 100, True, lambda st: float(st.correct) / float(st.n),
+               views=(*_SHOWN, "checkpoint", "diagnostics"), abbrev="acc", in_text="accuracy",
                description="top-1 accuracy (the target mass on the predicted class for soft targets)"),
-    MetricSpec("confidence", "Confidence", scale=100, higher_is_better=None, headline=False,
+    MetricSpec("confidence", "Confidence", scale=100, higher_is_better=None, views=("diagnostics",),
                from_state=lambda st: float(st.confidence) / float(st.n), description="mean top-label confidence"),
     MetricSpec("ece", "ECE", scale=100, from_state=_bins(calibration_error_from_bins, "l1"), needs=_BINNED,
                function=ece, evaluate=True, citation=_GUO,
+               views=(*_SHOWN, "checkpoint", "calibrator_selection", "diagnostics"),
                description="expected calibration error (equal-width bins; confidence 1.0 in the last bin)"),
     MetricSpec("aece", "AECE", scale=100, needs=_POINTS, function=adaptive_ece, evaluate=True, citation=_GUO,
                from_state=lambda st: adaptive_ece_from_points(*st.points(), st.n_bins),
-               description="adaptive (equal-mass) ECE"),
+               description="adaptive (equal-mass) ECE", views=_SHOWN),
     MetricSpec("cece", "Classwise ECE", "CECE", 100, needs=("classwise",), function=classwise_ece, evaluate=True,
                citation=_GUO, from_state=lambda st: classwise_error_from_bins(st.cw_count, st.cw_prob_sum,
                                                                               st.cw_label_sum, float(st.n)),
-               description="classwise ECE"),
+               description="classwise ECE", views=("headline", "report", "per_seed", "page"),
+               in_text="classwise ECE"),
     MetricSpec("mce", "MCE", scale=100, from_state=_bins(calibration_error_from_bins, "max"), needs=_BINNED,
-               function=mce, evaluate=True, citation=_GUO, description="maximum calibration error"),
+               function=mce, evaluate=True, citation=_GUO, description="maximum calibration error",
+               views=("headline", "report")),
     MetricSpec("oe", "Over-confidence", "OE", 100, from_state=_bins(overconfidence_from_bins), needs=_BINNED,
-               function=overconfidence_error, description="over-confidence error", headline=False),
+               function=overconfidence_error, description="over-confidence error", views=("report",)),
     MetricSpec("ue", "Under-confidence", "UE", 100, from_state=_bins(underconfidence_from_bins), needs=_BINNED,
-               function=underconfidence_error, description="under-confidence error", headline=False),
+               function=underconfidence_error, description="under-confidence error", views=("report",)),
     MetricSpec("debiased_ce", "Debiased CE", "dCE", 100, needs=_BINNED, function=debiased_ce, evaluate=True,
                citation=_KUMAR,
                from_state=lambda st: float(debiased_error_from_bins(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum)),
-               description="debiased l2 calibration error (Kumar et al., 2019; ECE's bins)"),
+               description="debiased l2 calibration error (Kumar et al., 2019; ECE's bins)",
+               views=("headline", "report")),
     MetricSpec("nll", "NLL", from_state=lambda st: float(st.nll) / float(st.n), needs=("nll",), function=nll,
-               evaluate=True, citation=_GUO, description="negative log-likelihood"),
+               evaluate=True, citation=_GUO, description="negative log-likelihood",
+               views=(*_SHOWN, "checkpoint", "calibrator_selection")),
     MetricSpec("brier", "Brier", from_state=lambda st: float(st.brier) / float(st.n), needs=("brier",),
-               function=brier_score, evaluate=True, citation=_GUO, description="Brier score"),
+               function=brier_score, evaluate=True, citation=_GUO, description="Brier score",
+               views=("headline", "report", "shift", "per_seed")),
     MetricSpec("smece", "smooth ECE", "smECE", 100, family="smooth", needs=_POINTS, function=smooth_ece,
                evaluate=True, citation=_GUO, from_state=lambda st: smooth_calibration_error(*st.points()),
                description="smooth ECE (relplot's)"),
     MetricSpec("aurc", "AURC", family="selective", from_state=_selective("aurc"), needs=_POINTS, function=aurc,
-               evaluate=True, citation=_GEIFMAN, description="area under the risk-coverage curve"),
+               evaluate=True, citation=_GEIFMAN, description="area under the risk-coverage curve",
+               views=("headline", "shift")),
     MetricSpec("eaurc", "E-AURC", family="selective", from_state=_selective("eaurc"), needs=_POINTS,
                function=eaurc, evaluate=True, citation=_GEIFMAN, description="excess AURC (over the ideal ordering)"),
     MetricSpec("augrc", "AUGRC", family="selective", from_state=_selective("augrc"), needs=_POINTS,
                function=augrc, evaluate=True, citation=_GEIFMAN,
                description="area under the generalised risk-coverage curve"),
     MetricSpec("piece", "PIECE", scale=100, family="proximity", function=piece,
-               description="proximity-informed ECE, from penultimate features"),
+               description="proximity-informed ECE, from penultimate features", views=("headline", "report")),
 ):
     register_metric(_spec)
 

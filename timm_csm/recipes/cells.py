@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..io import file_sha256, write_json_atomic
+from ..metrics.table import metric_spec, metrics_for
 from .cache import KeyedFolder
 from .profiles import paper_protocol
 
@@ -34,9 +35,6 @@ PREDICTIONS = "test_predictions.safetensors"
 NOT_KEYED = ("output", "experiment", "progress", "resume")
 #: results.json keys that say where and how fast a cell ran, not what it computed
 _WHERE = ("checkpoint", "output_dir", "run_id", "epoch_time", "seconds")
-#: per-seed row: test metrics shown in %, and the rest as they are
-_PCT = {"accuracy", "ece", "aece", "cece"}
-_ROW_METRICS = ("accuracy", "ece", "aece", "cece", "nll", "brier")
 #: what the instruction set decides, pinned at one level every x86-64 machine of the last decade has: torch's own
 #: vectorised kernels, MKL's code path (its conditional numerical reproducibility) and oneDNN's kernels. Without them
 #: a cell computes other numbers on a machine with other vector units (AVX-512 against AVX2 changed a cell's epoch-0
@@ -289,10 +287,10 @@ def per_seed_row(seed: int, cell: Dict[str, Any]) -> Dict[str, Any]:
     row: Dict[str, Any] = {"seed": int(seed)}
     for phase in ("pre_ts", "post_ts"):
         scores = r["test"].get(phase) or {}
-        for key in _ROW_METRICS:
-            if key in scores:
-                scale = 100.0 if key in _PCT else 1.0
-                row[f"{'acc' if key == 'accuracy' else key}_{phase}"] = scores[key] * scale
+        for name in metrics_for("per_seed"):  # by abbreviation, each at its table's scale
+            if name in scores:
+                spec = metric_spec(name)
+                row[f"{spec.abbrev}_{phase}"] = scores[name] * spec.scale
         val = (r.get("val") or {}).get(phase) or {}
         if "ece" in val:
             row[f"val_ece_{phase}"] = val["ece"] * 100.0

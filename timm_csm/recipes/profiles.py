@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from ..annotation import default_scale
+from ..annotation import paper_s
 from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..generation.quality import QUALITY_SAMPLER_STEPS
@@ -27,21 +27,27 @@ from ..training.config import PAPER_TEMPERATURE_METHOD
 
 __all__ = ["RecipeProfile", "PROFILES", "register_profile", "get_profile", "list_profiles", "training_options",
            "paper_protocol", "resolve_dataset", "with_epochs", "rehearsal_profile", "REHEARSAL_SIZES",
-           "REHEARSAL_VAL_FRACTION", "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS"]
+           "REHEARSAL_VAL_FRACTION", "FULL_EDM_PICKLE_URL", "RECIPE_SHARDS", "RECIPE_MIXING"]
 
 
-_MIXING, _ANNOTATION = MixingConfig(), AnnotationConfig()
 #: the recipe's shards: 32 groups a file and a forward pass (its sets are small; the command's are
 #: :class:`~timm_csm.generation.MixingConfig`'s)
 RECIPE_SHARDS = {"groups_per_shard": 32, "batch_groups": 32}
+#: the recipe's sampling by default: the generation's lambda grid, sampler and guidance (None: the generator's
+#: recommended scale), with the sampler steps of the generator's quality measurement (fewer than a generator
+#: folder's default, 50), in the recipe's shards
+RECIPE_MIXING = MixingConfig(steps=QUALITY_SAMPLER_STEPS, **RECIPE_SHARDS)
 
 
 @dataclass(frozen=True)
 class RecipeProfile:
     """One run of the main job: the dataset, the generator, the semantic-mixing grid, the re-annotation encoder
     and the classifier recipe shared by the CE and the CSM run (``train_extra`` holds further training options).
-    The generation and annotation settings default to those of :class:`~timm_csm.generation.MixingConfig` and
-    :class:`~timm_csm.annotation.AnnotationConfig`, which :meth:`mixing` and :meth:`annotation` build."""
+    The generation and annotation settings are a :class:`~timm_csm.generation.MixingConfig` (:data:`RECIPE_MIXING`
+    by default; always in the recipe's shards, :data:`RECIPE_SHARDS`) and an
+    :class:`~timm_csm.annotation.AnnotationConfig` (its s, None by default: the paper's value where it published
+    one, else chosen on held-out real data; its checks), whose seed is the profile's: the profile sets both on
+    construction, so that a profile replaced with another seed carries it into its annotation too."""
 
     dataset: str = "fashion_mnist"
     # generator: "shipped" (package weights for the dataset), a generator-training profile name, the path of a
@@ -50,19 +56,16 @@ class RecipeProfile:
     generator: str = "shipped"
     generator_steps: Optional[int] = None
     num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
-    num_lambdas: int = _MIXING.num_lambdas
-    scheduler: str = _MIXING.scheduler  # "ddim" (eta 0) or "dpm" (DPM-Solver++)
-    # the sampler steps of generation and of its quality measurement (fewer than a generator folder's default, 50)
-    sampler_steps: int = QUALITY_SAMPLER_STEPS
-    guidance_scale: Optional[float] = _MIXING.guidance_scale  # None: the generator's recommended scale
+    # the lambda grid, the sampler ("ddim" or "dpm"), its steps (also those of the quality measurement), guidance
+    mixing: MixingConfig = RECIPE_MIXING
     # re-annotation
     encoder: str = "reference"  # "reference" or "open_clip:<model>:<pretrained tag or weights file>"
     encoder_epochs: int = 4
     encoder_max_steps: Optional[int] = None
-    # None: the paper's value where it published one, else chosen on held-out real data (AnnotationConfig.scale)
-    soft_label_scale: Optional[float] = _ANNOTATION.s
-    # drop the groups the annotation checks flag (annotation.checks.flag_groups)
-    drop_flagged: bool = _ANNOTATION.drop_flagged
+    # s and the annotation checks: drop the groups they flag (drop_flagged); a generator they find poor
+    # (annotation.checks.generator_problems) stops the run before the CSM dataset is built, unless accepted
+    # (accept_poor_generator: then a loud warning)
+    annotation: AnnotationConfig = AnnotationConfig()
     # classifier training (the same for CE and CSM)
     model: str = "small_cnn"
     epochs: int = 15
@@ -76,20 +79,13 @@ class RecipeProfile:
     seed: int = 0
     # a dataset with no test split (a flat <class>/<image> folder): the seeded share every stage holds out as its test
     test_fraction: float = 0.1
-    # a generator the annotation checks find poor (annotation.checks.generator_problems) stops the run before the CSM
-    # dataset is built, unless accepted (then a loud warning)
-    accept_poor_generator: bool = _ANNOTATION.accept_poor_generator
     train_extra: Dict = field(default_factory=dict)
 
-    def mixing(self) -> MixingConfig:
-        """The generation settings: the profile's lambda grid and sampler, in the recipe's shards."""
-        return MixingConfig(num_lambdas=self.num_lambdas, steps=self.sampler_steps, scheduler=self.scheduler,
-                            guidance_scale=self.guidance_scale, **RECIPE_SHARDS)
-
-    def annotation(self) -> AnnotationConfig:
-        """The annotation settings: the profile's s, checks and seed (that of the held-out split too)."""
-        return AnnotationConfig(s=self.soft_label_scale, seed=self.seed, drop_flagged=self.drop_flagged,
-                                accept_poor_generator=self.accept_poor_generator)
+    def __post_init__(self):
+        if not isinstance(self.mixing, MixingConfig) or not isinstance(self.annotation, AnnotationConfig):
+            raise ValueError("a recipe profile's mixing is a MixingConfig and its annotation an AnnotationConfig")
+        object.__setattr__(self, "mixing", dataclasses.replace(self.mixing, **RECIPE_SHARDS))
+        object.__setattr__(self, "annotation", dataclasses.replace(self.annotation, seed=self.seed))
 
 
 #: the registered recipe profiles: name -> :class:`RecipeProfile` (created as a copy)
@@ -142,8 +138,9 @@ _WIDE = {"model_kwargs": {"widths": [16, 32, 64, 128, 256]}}
 # recognisable pure-class images per CPU-second (DDIM, 8 steps, no guidance: benchmarks/sampler_study.md); s chosen
 # on held-out real images the encoder never saw; the groups the annotation checks flag dropped.
 register_profile("demo", RecipeProfile(
-    num_groups=3375, num_lambdas=4, sampler_steps=8, guidance_scale=1.0, drop_flagged=True, epochs=60, lr=0.1,
-    weight_decay=5e-4, sched="multistep", max_train_samples=2500,
+    num_groups=3375, mixing=dataclasses.replace(RECIPE_MIXING, num_lambdas=4, steps=8, guidance_scale=1.0),
+    annotation=AnnotationConfig(drop_flagged=True), epochs=60, lr=0.1, weight_decay=5e-4, sched="multistep",
+    max_train_samples=2500,
     train_extra={**_WIDE, "crop_pad": 2, "hflip": 0.5, "decay_milestones": [30, 45]}))
 # noaug: over-confident by over-fitting the 10k subset without augmentation or weight decay (15 epochs): CE
 # accuracy 89.1/88.4%, ECE 6.5/7.2% before temperature scaling at seeds 0/1, about 95 s of one CPU core; the
@@ -151,9 +148,11 @@ register_profile("demo", RecipeProfile(
 register_profile("noaug", RecipeProfile(train_extra={**_WIDE, "crop_pad": 0, "hflip": 0.0}))
 # smoke: a 4-step generator makes noise, which the annotation checks find poor: accepted (with the warning), since
 # the profile runs every code path, not the method
-register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sampler_steps=4, encoder_epochs=1,
-                                        encoder_max_steps=20, soft_label_scale=4.0, epochs=1, batch_size=64,
-                                        max_train_samples=512, max_test_samples=512, accept_poor_generator=True))
+register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24,
+                                        mixing=dataclasses.replace(RECIPE_MIXING, steps=4), encoder_epochs=1,
+                                        encoder_max_steps=20, annotation=AnnotationConfig(s=4.0,
+                                                                                          accept_poor_generator=True),
+                                        epochs=1, batch_size=64, max_train_samples=512, max_test_samples=512))
 # full: the paper's CIFAR-100 setting. The generator is the class-conditional EDM network that Wang et al. trained
 # for "Better diffusion models further improve adversarial training" (ICML 2023, github.com/wzekai99/DM-Improves-AT),
 # the one the CSM authors sample (their gen_edm-mix/README.md); the user downloads it (FULL_EDM_PICKLE_URL) into the
@@ -167,15 +166,16 @@ register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24, sample
 FULL_EDM_PICKLE_URL = ("https://huggingface.co/wzekai99/DM-Improves-AT/resolve/main/others/"
                        "edm-cifar100-cond-32x32-cond-vp.pkl")
 register_profile("full", RecipeProfile(dataset="cifar100", generator=FULL_EDM_PICKLE_URL.rsplit("/", 1)[1],
-                                       num_groups=19800, sampler_steps=25,
+                                       num_groups=19800, mixing=dataclasses.replace(RECIPE_MIXING, steps=25),
                                        encoder="open_clip:ViT-B-32-quickgelu:openai",
-                                       soft_label_scale=default_scale("cifar100"), model="resnet50_cifar",
+                                       annotation=AnnotationConfig(s=paper_s("cifar100")), model="resnet50_cifar",
                                        epochs=200, batch_size=128, lr=0.1, weight_decay=5e-4, sched="multistep",
                                        max_train_samples=None,
                                        train_extra={"decay_milestones": [80, 120], "clip_grad": 2.0}))
 
-#: the sizes a rehearsal sets: 100 groups (every class of CIFAR-100 in at least one), 2 sampler steps, 1 epoch, 112
-#: real training images in batches of 4, 10 test images, 2 steps of a trained generator or reference encoder
+#: the sizes a rehearsal sets: 100 groups (every class of CIFAR-100 in at least one), 2 sampler steps (the mixing's
+#: ``steps``), 1 epoch, 112 real training images in batches of 4, 10 test images, 2 steps of a trained generator or
+#: reference encoder
 REHEARSAL_SIZES = {"generator_steps": 2, "num_groups": 100, "sampler_steps": 2, "epochs": 1, "batch_size": 4,
                    "max_train_samples": 112, "max_test_samples": 10, "encoder_epochs": 1, "encoder_max_steps": 2}
 #: the rehearsal's validation share: 101 of its 112 images, as many as temperature scaling needs for 100 classes
@@ -206,7 +206,9 @@ def rehearsal_profile(profile: RecipeProfile, **sizes) -> RecipeProfile:
     sizes = {**REHEARSAL_SIZES, **sizes}
     profile = with_epochs(profile, sizes["epochs"])
     extra = dict(profile.train_extra, val_fraction=REHEARSAL_VAL_FRACTION)
-    return dataclasses.replace(profile, train_extra=extra, accept_poor_generator=True, **sizes)
+    mixing = dataclasses.replace(profile.mixing, steps=sizes.pop("sampler_steps"))
+    annotation = dataclasses.replace(profile.annotation, accept_poor_generator=True)
+    return dataclasses.replace(profile, train_extra=extra, mixing=mixing, annotation=annotation, **sizes)
 
 
 def resolve_dataset(profile: RecipeProfile, log: Callable[[str], None]) -> RecipeProfile:

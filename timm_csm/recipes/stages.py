@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import steps
+from ..annotation.config import AUTO
 from ..generation.config import DEFAULTS as MIXING_DEFAULTS
 from ..io import write_json_atomic
 from ..losses import loss_spec
@@ -131,32 +132,34 @@ def generator(cache: StageCache, profile: RecipeProfile, train_real, log: Callab
 
 def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
              class_names: Optional[List[str]] = None) -> Stage:
-    """The semantic-mixing set: ``num_groups`` groups x ``num_lambdas`` ratios, in the recipe's shards
-    (:meth:`RecipeProfile.mixing <timm_csm.recipes.RecipeProfile.mixing>`).
+    """The semantic-mixing set: ``num_groups`` groups x the profile's mixing's ``num_lambdas`` ratios, in the recipe's
+    shards (:data:`~timm_csm.recipes.profiles.RECIPE_SHARDS`).
     ``class_names``: the real dataset's, which name the classes of an EDM pickle (a generator folder names its
     own); they are part of the key of the EDM route."""
     from ..generation.registry import generator_kind
 
     kind = generator_kind(generator_path)
+    mixing = profile.mixing
     config = {"generator": kind.digest(generator_path), "num_groups": profile.num_groups,
-              "lambdas": profile.num_lambdas, "steps": profile.sampler_steps, "guidance": profile.guidance_scale}
+              "lambdas": mixing.num_lambdas, "steps": mixing.steps, "guidance": mixing.guidance_scale}
     if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
-    elif profile.scheduler != MIXING_DEFAULTS.scheduler:  # keys of the default sampler's (DDIM) sets stay those
+    elif mixing.scheduler != MIXING_DEFAULTS.scheduler:  # keys of the default sampler's (DDIM) sets stay those
         # written before the choice existed
-        config["scheduler"] = profile.scheduler
+        config["scheduler"] = mixing.scheduler
     with cache.stage("generated", config) as stage:
         if not stage.done:
-            steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.mixing(),
+            steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.mixing,
                                   class_names=class_names)
     return stage
 
 
 def encoder_config(profile: RecipeProfile) -> Dict[str, Any]:
-    """The re-annotation encoder's configuration (part of the keys of the stages that use it)."""
+    """The re-annotation encoder's configuration (part of the keys of the stages that use it); ``"held_out"`` where
+    a reference encoder learns without the annotation's held-out share (decided here, once)."""
     config = {"dataset": profile.dataset, "encoder": profile.encoder, "epochs": profile.encoder_epochs,
               "max_steps": profile.encoder_max_steps, "seed": profile.seed}
-    annotation = profile.annotation()
+    annotation = profile.annotation
     if _trained_here(profile) and annotation.holds_out(profile.dataset):
         config["held_out"] = annotation.holdout_fraction
     if held_out_test(profile) is not None:
@@ -172,13 +175,13 @@ def encoder(cache: StageCache, profile: RecipeProfile, train_real, test_real,
     ``hub_scripts/annotate.py --s auto`` does; on all of it when s is given."""
     if not _trained_here(profile):
         return None
-    with cache.stage("encoder", encoder_config(profile)) as stage:
+    config = encoder_config(profile)
+    with cache.stage("encoder", config) as stage:
         if not stage.done:
             from ..annotation import encoder_spec, holdout_split, parse_encoder_spec
 
-            annotation = profile.annotation()
-            if annotation.holds_out(profile.dataset):
-                train_real = holdout_split(train_real, annotation.holdout_fraction, annotation.seed)[0]
+            if "held_out" in config:
+                train_real = holdout_split(train_real, config["held_out"], profile.annotation.seed)[0]
             train_encoder = encoder_spec(parse_encoder_spec(profile.encoder)[0]).trains
             train_encoder(train_real, stage.folder / "encoder", epochs=profile.encoder_epochs, seed=profile.seed,
                           test=test_real, max_steps=profile.encoder_max_steps, log=log)
@@ -240,7 +243,7 @@ def quality(cache: StageCache, profile: RecipeProfile, generator_path: Path, gen
             from ..generation import pure_class_accuracy
 
             classifier = load_reference_encoder(encoder_dir)
-            pipe = steps.load_mixing_pipeline(generator_path, profile.mixing(), class_names)
+            pipe = steps.load_mixing_pipeline(generator_path, profile.mixing, class_names)
             q = pure_class_accuracy(pipe, classifier.classify, num_groups=min(90, profile.num_groups))
             q["classifier_real_test_accuracy"] = classifier.test_accuracy
             q["guidance_scale"] = pipe.provenance["guidance_scale"]
@@ -255,13 +258,13 @@ def annotate(cache: StageCache, profile: RecipeProfile, generated: Stage, encode
     saved as the Hub-layout dataset :func:`~timm_csm.hub.csm_dataset_name` inside the stage folder and installed
     under that bare name. ``encoder``: the open_clip encoder :func:`check_encoder` built (None: the profile's
     encoder is loaded here)."""
-    annotation = profile.annotation()
-    auto = annotation.chooses_scale(profile.dataset)
+    annotation = profile.annotation.resolved(profile.dataset)
+    auto = annotation.s == AUTO
     # the key holds s as the profile gives it where s is chosen (None), so that the caches of then are found
     config = {"generated": generated.config, "encoder": encoder_config(profile),
-              "s": None if auto else annotation.scale(profile.dataset),
+              "s": None if auto else annotation.s,
               "s_selection": {"held_out": annotation.holdout_fraction, "seed": annotation.seed} if auto else None}
-    if profile.drop_flagged:
+    if annotation.drop_flagged:
         config["drop_flagged"] = True
     with cache.stage("annotated", config) as stage:
         if not stage.done:

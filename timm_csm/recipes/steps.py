@@ -17,19 +17,16 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from .. import __version__
-from ..annotation.config import AnnotationConfig, resolve_scale
+from ..annotation.config import AnnotationConfig
 from ..generation.config import MixingConfig
 from ..hub import csm_dataset_name, dataset_short_name
 
 __all__ = ["default_device", "generator_name", "train_generator_folder", "shipped_generator",
            "resolve_generator", "unknown_generator", "check_mixing_options", "load_mixing_pipeline", "generate_groups",
-           "generated_dataset", "soft_label_scale", "PoorGeneratorError", "check_generator", "judge_generator",
+           "generated_dataset", "PoorGeneratorError", "check_generator", "judge_generator",
            "JUDGE_SEED_OFFSET", "annotate_generated_folder", "csm_dataset_name"]
 
 _ASSETS = Path(__file__).resolve().parents[1] / "assets"
-#: the scale s of a dataset (None: the paper's value where it published one, else "auto"); see
-#: :func:`~timm_csm.annotation.resolve_scale`
-soft_label_scale = resolve_scale
 
 
 def generator_name(dataset: str) -> str:
@@ -223,7 +220,8 @@ def judge_generator(pipe, real, encoder, annotation: AnnotationConfig = Annotati
     with tempfile.TemporaryDirectory(prefix="timm-csm-judge-") as folder:
         generate_to_folder(pipe, folder, plan, mixing.batch_groups, progress=False, log=log)
         images, plan = load_generated(folder)
-        result = annotate_generated(images, plan, real, encoder, annotation.scale(dataset),
+        annotation = annotation.resolved(dataset)
+        result = annotate_generated(images, plan, real, encoder, annotation.s,
                                     holdout=annotation.holds_out(dataset), cache_dir=cache_dir, progress=False,
                                     log=log, **annotation.annotate_kwargs())
     yardstick = None if unseen is None else real_recognition(result.encoder, result.prototypes, unseen)
@@ -241,8 +239,8 @@ def annotate_generated_folder(generated, output, encoder, annotation: Annotation
     ``load_dataset`` when ``install``. Returns the folder and the :class:`~timm_csm.annotation.AnnotatedSet`.
 
     ``dataset``: the real dataset (default :func:`generated_dataset`); ``real``: its training split when loaded
-    already (default: read with ``image_column`` / ``label_column``). s: :meth:`AnnotationConfig.scale
-    <timm_csm.annotation.AnnotationConfig.scale>`; the reference encoder learns without the held-out share when
+    already (default: read with ``image_column`` / ``label_column``). s: :meth:`AnnotationConfig.resolved
+    <timm_csm.annotation.AnnotationConfig.resolved>`; the reference encoder learns without the held-out share when
     :meth:`~timm_csm.annotation.AnnotationConfig.holds_out`. ``encoder`` and the rest:
     :func:`~timm_csm.annotation.annotate_generated`. The dataset card records the real dataset, the generation plan
     (generator, sampler, lambda grid), the annotation and the package. Before anything is saved,
@@ -257,7 +255,8 @@ def annotate_generated_folder(generated, output, encoder, annotation: Annotation
     dataset = dataset or generated_dataset(generated)
     images, plan = load_generated(generated)
     real = load_image_arrays(dataset, "train", image_column, label_column) if real is None else real
-    result = annotate_generated(images, plan, real, encoder, annotation.scale(dataset),
+    annotation = annotation.resolved(dataset)
+    result = annotate_generated(images, plan, real, encoder, annotation.s,
                                 holdout=annotation.holds_out(dataset), cache_dir=cache_dir, progress=progress,
                                 log=log, **annotation.annotate_kwargs())
     check_generator(result.report, annotation.accept_poor_generator, log)

@@ -17,7 +17,7 @@ import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..extras import require
-from ..metrics import PairedInterval, detectable_difference, holm, paired_t_interval
+from ..metrics import PairedInterval, detectable_difference, holm, metric_spec, metrics_for, paired_t_interval
 
 __all__ = ["HOLDS", "DOES_NOT_HOLD", "PENDING", "FAMILY_ALPHA", "POWER", "ROW_METRICS", "BEST_OTHER", "Comparison",
            "Decision", "values_by_seed", "metric_phase", "comparison_pairs", "decide", "Power", "decision_power"]
@@ -25,8 +25,9 @@ __all__ = ["HOLDS", "DOES_NOT_HOLD", "PENDING", "FAMILY_ALPHA", "POWER", "ROW_ME
 HOLDS, DOES_NOT_HOLD, PENDING = "holds", "does not hold", "pending"
 #: the family-wise error rate of Holm's correction, and the power a detectable difference is stated at (PROTOCOL.md)
 FAMILY_ALPHA, POWER = 0.05, 0.8
-#: the metrics of a per-seed row (:func:`timm_csm.recipes.cells.per_seed_row`; ``acc`` is accuracy)
-ROW_METRICS = ("acc", "ece", "aece", "cece", "nll", "brier")
+#: the metrics of a per-seed row (:func:`timm_csm.recipes.cells.per_seed_row`), by abbreviation (``acc`` is
+#: accuracy): the metric table's ``"per_seed"`` view
+ROW_METRICS = tuple(metric_spec(name).abbrev for name in metrics_for("per_seed"))
 #: the role that stands for the best other method of a setting (stage 1's choice in the metric's phase)
 BEST_OTHER = "best_other"
 

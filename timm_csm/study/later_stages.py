@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .choose import axis_value, seed_mean
+from ..annotation.config import AUTO
 from .methods import LABELS, VOLUMES, tuned_name
 from .plan import setting_plan
 from .spec import StudySpec
@@ -44,10 +45,10 @@ def label_variants(spec: StudySpec, row: str) -> List[Tuple[str, str]]:
     s = 2.3 and 4, and with each other label kind; each configuration once."""
     values = _row_values(spec, row)
     method = spec.search.method
-    s = values.get("s", "auto")
+    s = values.get("s", AUTO)
     variants = [(f"CSM row (s {s if isinstance(s, str) else format(s, 'g')})", row)]
     variants += [(f"s = {v:g}", tuned_name(method, **dict(values, s=v))) for v in (2.3, 4.0)]
-    variants += [(f"{label} labels", tuned_name(method, **dict(values, s="auto", label=label)))
+    variants += [(f"{label} labels", tuned_name(method, **dict(values, s=AUTO, label=label)))
                  for label in LABELS[1:]]
     first: Dict[str, str] = {}
     for what, name in variants:

@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..annotation.config import AUTO, parse_s
 from ..recipes.derive import DERIVED_LABELS
 
 __all__ = ["BenchMethod", "METHODS", "TUNING_AXES", "AXIS_DEFAULTS", "LABELS", "VOLUMES", "tuned_name",
@@ -93,7 +94,7 @@ TUNING_AXES = {"smoothing": "loss", "margin": "loss", "alpha": "loss", "temperat
                "mixup": "option", "regmixup": "option", "n_aug": "option", "s": "data", "filtered": "data",
                "label": "data", "volume": "data"}
 #: an axis's value where the method's options do not set it (the loss's and the recipe's defaults)
-AXIS_DEFAULTS = {"weight": 1.0, "n_aug": 1, "s": "auto", "filtered": 0, "label": "projection", "volume": 1}
+AXIS_DEFAULTS = {"weight": 1.0, "n_aug": 1, "s": AUTO, "filtered": 0, "label": "projection", "volume": 1}
 _AXIS_NAMES = {"smoothing": "eps", "mixup": "alpha", "regmixup": "alpha", "temperature": "tau", "n_aug": "n_aug",
                "label": "labels"}
 #: stage 3's labels of a generated set (PROTOCOL.md amendment 2): the annotation's own (projection, at s), the
@@ -106,8 +107,8 @@ _SET_AXES = ("label", "volume")
 
 
 def _axis_value(axis: str, text: str) -> Any:
-    if axis == "s" and text == "auto":
-        return "auto"
+    if axis == "s":  # the annotation's s, read as the annotation reads it
+        return parse_s(text)
     if axis == "label":
         if text not in LABELS:
             raise ValueError(f"label must be one of {', '.join(LABELS)}, got {text}")
@@ -167,7 +168,7 @@ def get_method(name: str) -> BenchMethod:
         if kind == "option" and axis not in base.options and axis not in AXIS_DEFAULTS:
             raise ValueError(f"{name!r}: {base_name} has no option {axis!r}")
         values[axis] = _axis_value(axis, text)
-    if values.get("label", "projection") != "projection" and values.get("s", "auto") != "auto":
+    if values.get("label", "projection") != "projection" and values.get("s", AUTO) != AUTO:
         raise ValueError(f"{name!r}: s scales the annotation's labels, which label={values['label']} replaces")
     options = json.loads(json.dumps(base.options))
     for axis, value in values.items():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..io import write_json_atomic, write_text_atomic
-from ..metrics import interval_text
+from ..metrics import interval_text, metric_of_abbrev, metric_spec, metrics_for
 from ..recipes.cells import read_json
 from .cells import Cells, cell_rows, config_mismatch, finished_cells
 from .decide import BEST_OTHER, Comparison, Decision, comparison_pairs, decide, metric_phase
@@ -33,23 +33,22 @@ from .spec import StudySpec
 __all__ = ["study_cells", "setting_summaries", "primary_decision", "verify_lines", "json_rows", "render_page",
            "write_page", "write_report"]
 
-#: stage 2's columns, of its rows and of its secondary comparisons: (column, row key of the per-seed rows)
-SECONDARY = (("ECE before TS", "ece_pre_ts"), ("ECE after TS", "ece_post_ts"), ("accuracy", "acc_pre_ts"),
-             ("AECE", "aece_pre_ts"), ("classwise ECE", "cece_pre_ts"), ("NLL", "nll_pre_ts"),
-             ("Brier", "brier_pre_ts"))
-_METRIC_NAMES = {"acc": "accuracy", "ece": "ECE", "aece": "AECE", "cece": "classwise ECE", "nll": "NLL",
-                 "brier": "Brier"}
+#: stage 2's columns, of its rows and of its secondary comparisons: (column, row key of the per-seed rows): ECE
+#: before and after TS, then the rest of the metric table's ``"per_seed"`` view before TS
+SECONDARY = (("ECE before TS", "ece_pre_ts"), ("ECE after TS", "ece_post_ts"),
+             *((metric_spec(name).in_text, f"{metric_spec(name).abbrev}_pre_ts")
+               for name in metrics_for("per_seed") if name != "ece"))
 
 
 def _digits(key: str) -> int:
-    """Decimals of a stage-2 column: NLL and Brier are raw values, the others in %."""
-    return 4 if key.startswith(("nll", "brier")) else 2
+    """Decimals of a stage-2 column ``<abbrev>_<phase>``: NLL and Brier are raw values, the others in %."""
+    return metric_of_abbrev(key.partition("_")[0]).digits
 
 
 def metric_text(metric: str) -> str:
     """``test ECE before TS`` of ``ece_pre_ts``."""
     phase = metric_phase(metric)
-    return f"test {_METRIC_NAMES[metric.partition('_')[0]]} {'before' if phase == 'pre_ts' else 'after'} TS"
+    return f"test {metric_of_abbrev(metric.partition('_')[0]).in_text} {'before' if phase == 'pre_ts' else 'after'} TS"
 
 
 def study_cells(spec: StudySpec, roots: Sequence[Path]) -> Dict[Tuple[str, int], Cells]:

@@ -24,15 +24,18 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..io import CHECKPOINT_LAST, link_or_copy_atomic, read_model_meta, save_model_file, save_state
 from ..evaluation.model import load_model_weights
+from ..io import CHECKPOINT_LAST, link_or_copy_atomic, read_model_meta, save_model_file, save_state
+from ..metrics.table import metric_spec, metrics_for
 
 __all__ = ["CHECKPOINT_LAST", "CHECKPOINT_BEST", "SELECT_METRICS", "CheckpointSaver", "rng_state", "set_rng_state",
            "load_best", "saved_temperature"]
 
 CHECKPOINT_BEST = "model_best.safetensors"
-#: ``--select-by`` -> (logged validation key, better of two values)
-SELECT_METRICS = {"acc": ("val_accuracy", max), "nll": ("val_nll", min), "ece": ("val_ece", min)}
+#: ``--select-by`` -> (logged validation key, better of two values): the metric table's ``"checkpoint"`` view, by
+#: abbreviation (``acc``), each in its direction
+SELECT_METRICS = {metric_spec(name).abbrev: (f"val_{name}", max if metric_spec(name).higher_is_better else min)
+                  for name in metrics_for("checkpoint")}
 
 
 def rng_state() -> Dict[str, Any]:

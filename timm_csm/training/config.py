@@ -29,7 +29,8 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..calibration.temperature import PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS
 from ..metrics.binning import DEFAULT_N_BINS
-from ..options import comma_separated, option, option_types as _field_types
+from ..options import comma_separated, key_value, option, option_types as _field_types
+from .checkpoint import SELECT_METRICS
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
 __all__ = ["PAPER_SEED", "TRAINING_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "CONFIG_MARKER", "TrainConfig",
@@ -42,20 +43,6 @@ PAPER_SEED = 12345
 TRAINING_TEMPERATURE_METHOD = "nll"
 #: the key that marks the args.yaml a run writes (its value: the timm-csm version)
 CONFIG_MARKER = "timm_csm_version"
-
-
-def _key_value(text: str) -> Tuple[str, Any]:
-    """Parse ``key=value``; the value is read as YAML (numbers, booleans, lists), else kept as a string."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    key, value = text.split("=", 1)
-    import yaml
-
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
-        parsed = value
-    return key.strip(), parsed
 
 
 _dataset = functools.partial(option, group="Dataset")
@@ -128,7 +115,7 @@ class TrainConfig:
     drop: float = _model(0.0, help="dropout rate before the classifier")
     drop_path: Optional[float] = _model(None, help="drop-path rate (models that support it; default: the model's)")
     model_kwargs: List[Tuple[str, Any]] = _model(
-        [], nargs="*", metavar="KEY=VALUE", type=_key_value, help="extra keyword arguments for timm.create_model")
+        [], nargs="*", metavar="KEY=VALUE", type=key_value, help="extra keyword arguments for timm.create_model")
     sync_bn: bool = _model(False, help="batch-norm statistics over the global batch of all processes (torch's "
                                              "SyncBatchNorm on CUDA, an all-reduce batch norm elsewhere); one "
                                              "process: no change")
@@ -215,7 +202,7 @@ class TrainConfig:
     # Calibration
     loss: str = _calibration("ce", help="registered loss (timm_csm.losses.list_losses())")
     loss_kwargs: List[Tuple[str, Any]] = _calibration(
-        [], nargs="*", metavar="KEY=VALUE", type=_key_value, help="keyword arguments of the loss, e.g. --loss-kwargs "
+        [], nargs="*", metavar="KEY=VALUE", type=key_value, help="keyword arguments of the loss, e.g. --loss-kwargs "
                                                                   "margin=6 alpha=0.1")
     csm_dataset: Optional[str] = _calibration(None, help="generated CSM dataset (Hub name or folder); required by the "
                                                          "csm losses")
@@ -235,7 +222,7 @@ class TrainConfig:
              "recipes' profiles and the benchmark cells keep)")
     n_bins: int = _calibration(DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
     select_by: str = _calibration(
-        "acc", choices=("acc", "nll", "ece"), help="validation metric that picks the best checkpoint")
+        "acc", choices=tuple(SELECT_METRICS), help="validation metric that picks the best checkpoint")
     piece: bool = _calibration(False, help="also report the proximity-informed ECE (PIECE) from penultimate "
                                                  "features")
     bootstrap: int = _calibration(1000, help="bootstrap resamples of the test and validation samples behind the "

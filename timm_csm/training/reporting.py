@@ -15,7 +15,7 @@ from ..extras import MissingExtra, require
 from ..io import save_model_file, write_text_atomic
 from ..calibration.temperature import SMALL_VALIDATION
 from ..metrics.interval_methods import no_interval_line
-from ..metrics.table import list_metrics, metric_spec
+from ..metrics.table import list_metrics, metric_spec, metrics_for
 from ..evaluation.shift_report import shift_figure, shift_markdown
 
 __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
@@ -24,17 +24,9 @@ __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log"
 SUMMARY_FILE = "summary.csv"
 
 
-#: the metrics a training report shows, in its order (the shift table's are :data:`~.shift.SHIFT_METRICS`)
-REPORT_METRICS = ("accuracy", "ece", "aece", "cece", "mce", "oe", "ue", "debiased_ce", "nll", "brier", "piece")
-
-
-def _report_row(name: str):
-    spec = metric_spec(name)
-    return name, f"{spec.label} (%)" if spec.scale == 100 else spec.label, spec.scale
-
-
-#: (results key, label, scale) of each of them, read from the metric table: fractions in %
-REPORT_ROWS = tuple(_report_row(name) for name in REPORT_METRICS)
+#: (results key, heading, scale) of each row a training report shows: the metric table's ``"report"`` view, in its
+#: order (fractions in %)
+REPORT_ROWS = tuple((name, metric_spec(name).heading, metric_spec(name).scale) for name in metrics_for("report"))
 
 
 def _fmt(v, scale):
@@ -127,9 +119,9 @@ def _with_interval(value, interval: Optional[Dict[str, float]], scale) -> str:
     return f"{_fmt(value, scale)} [{_fmt(interval['low'], scale)}, {_fmt(interval['high'], scale)}]"
 
 
-# (results key, column, scale) of the side-by-side table: accuracy and calibration errors in %, NLL and Brier raw
-_COMPARISON = (("accuracy", "acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 100), ("cece", "CECE", 100),
-               ("nll", "NLL", 1), ("brier", "Brier", 1))
+# (results key, column, scale) of the side-by-side table, the metric table's "per_seed" view: accuracy and
+# calibration errors in %, NLL and Brier raw
+_COMPARISON = tuple((name, metric_spec(name).short, metric_spec(name).scale) for name in metrics_for("per_seed"))
 
 
 def comparison_markdown(results: Dict[str, Dict[str, Any]]) -> str:
