@@ -41,8 +41,8 @@ def test_each_calibrator_is_fitted_on_validation_and_scored_as_an_independent_fi
 def test_train_reports_dirichlet_beside_temperature_scaling(tmp_path):
     argv = ["--dataset", "digits", "--model", "small_cnn", "--epochs", "1", "--batch-size", "32", "--lr", "0.05",
             "--hflip", "0", "--max-train-samples", "240", "--max-test-samples", "120", "--val-fraction", "0.5",
-            "--decay-milestones", "1", "--bootstrap", "20", "--no-progress", "--no-reliability-diagrams", "--output", str(tmp_path),
-            "--experiment", "run", "--calibrators", "dirichlet,temperature_scaling", "--eval-shift", "contrast",
+            "--decay-milestones", "1", "--bootstrap", "20", "--no-progress", "--no-reliability-diagrams",
+            "--output", str(tmp_path), "--experiment", "run", "--calibrators", "dirichlet,temperature_scaling", "--eval-shift", "contrast",
             "--shift-severities", "1"]
     main(argv)
     res = json.loads((tmp_path / "run" / "results.json").read_text())

@@ -15,8 +15,8 @@
 
 The options are the fields of :class:`~timm_csm.evaluation.CalibrateConfig` (given as ``config=`` or as keywords),
 the flags of ``timm-csm-calibrate``. The classifier (:mod:`timm_csm.evaluation.classifier`) is a run folder or model
-file of ``train.py``, a timm model name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's own; safetensors only), or an
-``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
+file of ``train.py``, a timm model name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's
+own; safetensors only), or an ``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
 resolves it, from the given values of timm's data config (``--input-size`` / ``--img-size``, ``--mean``,
 ``--std``, ``--crop-pct``, ``--crop-mode``, ``--interpolation``), then the model's ``pretrained_cfg``; for weights
 trained elsewhere what is not given is a guess, said in one line (the images' own size, no resize or crop of
