@@ -156,15 +156,16 @@ RUN_CALIBRATORS = ("temperature_scaling", "vector_scaling", "dirichlet", "isoton
 # the phases of calibrate(): (label, ((file suffix, function names), ...)), cumulative profiler times; a suffix
 # ending in "/" names a package (the calibrators' "fit", less conformal.py's own)
 PHASES = [
-    ("reading the data", (("timm_csm/calibrate.py", ("_open",)), ("timm_csm/calibrate_checks.py", ("check_splits",)))),
-    ("prediction (image transforms and forward passes)", (("timm_csm/calibrate.py", ("_predict",)),)),
+    ("reading the data", (("timm_csm/evaluation/calibrate.py", ("_open",)),
+                          ("timm_csm/evaluation/checks.py", ("check_splits",)))),
+    ("prediction (image transforms and forward passes)", (("timm_csm/evaluation/predict.py", ("predict_split",)),)),
     ("(of which the model's forward passes)", (("torch/nn/modules/module.py", ("_wrapped_call_impl",)),)),
     ("fitting the calibrators", (("timm_csm/calibration/", ("fit",)),)),
     ("conformal prediction sets (fit and evaluate)", (("timm_csm/calibration/conformal.py", ("fit", "evaluate")),)),
     ("metrics, reliability tables, risk-coverage curves",
-     (("timm_csm/training/shift.py", ("prediction_scores", "prediction_intervals")),
-      ("timm_csm/calibrate_report.py", ("prediction_curves",)))),
-    ("plots", (("timm_csm/calibrate_report.py", ("write_plots",)),))]
+     (("timm_csm/evaluation/shift.py", ("prediction_scores", "prediction_intervals")),
+      ("timm_csm/evaluation/report.py", ("prediction_curves",)))),
+    ("plots", (("timm_csm/evaluation/report.py", ("write_plots",)),))]
 
 
 def _phase_seconds(stats, places) -> float:
@@ -182,7 +183,7 @@ def _warm_up(model: torch.nn.Module, steps: int = 200, batch: int = 64) -> None:
     """A few SGD steps on Fashion-MNIST's training images, normalised as calibrate will guess for this model (it
     carries no data config)."""
     from timm_csm.data.embedded import load_fashion_mnist
-    from timm_csm.training.classifier import resolve_preprocessing
+    from timm_csm.evaluation.classifier import resolve_preprocessing
 
     pre = resolve_preprocessing({"in_chans": 1, "img_size": 28}, getattr(model, "pretrained_cfg", None),
                                 cfg_is_the_weights=False, native_size=28)
@@ -213,7 +214,7 @@ def calibrate_run(calibrators=RUN_CALIBRATORS) -> str:
     from safetensors.torch import save_file
 
     import timm_csm  # noqa: F401  (registers reference_cnn)
-    from timm_csm.calibrate import calibrate
+    from timm_csm.evaluation import calibrate
 
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
@@ -230,7 +231,7 @@ def calibrate_run(calibrators=RUN_CALIBRATORS) -> str:
         profiler.disable()
         wall = time.perf_counter() - wall
     stats = pstats.Stats(profiler).stats
-    total = _phase_seconds(stats, (("timm_csm/calibrate.py", ("calibrate",)),))
+    total = _phase_seconds(stats, (("timm_csm/evaluation/calibrate.py", ("calibrate",)),))
     parameters = sum(p.numel() for p in model.parameters())
     lines = [RUN_BEGIN, "## The cost of a calibrate run", "",
              "    OMP_NUM_THREADS=1 python benchmarks/calibrators_bench.py --calibrate-run", "",

@@ -1,7 +1,7 @@
 """Speed of the shift evaluation: a test set under every corruption at five severities against its clean evaluation.
 
 The Fashion-MNIST test set (the first ``--n`` images; 10 000: all of it) is evaluated as ``timm-csm-train
---eval-shift`` evaluates it: :class:`timm_csm.training.shift.ShiftEvaluation` with the training loop's
+--eval-shift`` evaluates it: :class:`timm_csm.evaluation.shift.ShiftEvaluation` with the training loop's
 ``predict`` over ``eval_loader`` (the batched eval transform, ``--batch-size`` images a batch, no worker process),
 temperature scaling and the three conformal methods fitted on 1 000 training images. The model is ``--model``
 (default the protocol's ``small_cnn``) with random weights: the time does not depend on them. Measured:
@@ -61,7 +61,7 @@ def measure(n: int, model_name: str, batch_size: int, corruptions: str, log=prin
     from timm_csm.data import create_transforms, load_fashion_mnist
     from timm_csm.data.corruptions import SEVERITIES, create_corruption
     from timm_csm.training import TrainConfig, eval_loader, predict
-    from timm_csm.training.shift import ShiftEvaluation, resolve_corruptions
+    from timm_csm.evaluation.shift import ShiftEvaluation, resolve_corruptions
 
     names = resolve_corruptions(corruptions)
     test = load_fashion_mnist("test")
@@ -131,7 +131,7 @@ def cost_images(n: int, side: int, channels: int) -> torch.Tensor:
 def corruption_cost(n: int, batch_size: int, corruptions: str, inputs=COST_INPUTS, log=print) -> dict:
     """CPU microseconds per image of each corruption at each severity, at each model input of ``inputs``."""
     from timm_csm.data.corruptions import SEVERITIES, create_corruption
-    from timm_csm.training.shift import resolve_corruptions
+    from timm_csm.evaluation.shift import resolve_corruptions
 
     names = resolve_corruptions(corruptions)
     out = {"n": n, "batch_size": batch_size, "severities": len(SEVERITIES), "cpu_count": os.cpu_count(), "inputs": {}}

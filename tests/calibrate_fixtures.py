@@ -94,7 +94,7 @@ def pattern_model_files(root):
 
 def calibrate_pattern_model(files, output, **options):
     """``calibrate()`` of :func:`pattern_model_files` on its val / test splits, with the model's normalisation."""
-    from timm_csm.calibrate import calibrate
+    from timm_csm.evaluation import calibrate
 
     data, weights = files
     return calibrate("small_cnn", data, checkpoint=weights, num_classes=3, in_chans=1,

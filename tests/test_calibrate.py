@@ -10,13 +10,13 @@ import torch
 
 from calibrate_fixtures import MEAN, STD, pattern_images, save_weights, train_classifier
 from csm_fixtures import CLASS_NAMES, class_patterns, tiny_timm_model, write_image_folder
-from timm_csm.calibrate import calibrate
+from timm_csm.evaluation import calibrate
 from timm_csm.metrics.interval_methods import INTERVAL_NOTE, NO_INTERVAL
 from timm_csm.commands.calibrate import main
 from timm_csm.calibration import load_calibrator
 from timm_csm.io import save_model_file
 from timm_csm.metrics import calibration_metrics, debiased_ce
-from timm_csm.training.model import CalibratedClassifier, load_trained_classifier
+from timm_csm.evaluation.model import CalibratedClassifier, load_trained_classifier
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_a_flat_folder_with_a_held_out_fraction(user_files, tmp_path):
 
 def run_model_file(user_files, tmp_path, train_split):
     """A train.py-style model file whose metadata says it trained on ``train_split`` of the user's folder."""
-    from timm_csm.calibrate import load_classifier
+    from timm_csm.evaluation import load_classifier
 
     data, weights = user_files
     plain = load_classifier("small_cnn", checkpoint=weights, num_classes=3, in_chans=1,

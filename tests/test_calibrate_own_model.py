@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from calibrate_fixtures import FOLDER_NAMES, MEAN, STD, digits_28, normalise, save_weights, train_classifier, \
     write_digit_folder
-from timm_csm.calibrate import calibrate, load_classifier
+from timm_csm.evaluation import calibrate, load_classifier
 from timm_csm.commands.calibrate import main
 from timm_csm.calibration import create_calibrator, load_calibrator, select_calibrator
 from timm_csm.calibration.selection import fold_assignment

@@ -205,11 +205,11 @@ def test_bootstrap_temperatures_refit_each_resample_and_nll_moves_less_than_the_
 def test_a_small_validation_split_reports_how_far_the_after_ts_numbers_move():
     from timm_csm.metrics import nll
     from timm_csm.calibration.temperature import SMALL_VALIDATION
-    from timm_csm.training.evaluation import evaluate_calibration
+    from timm_csm.evaluation import evaluate_calibration
 
     z, y = overconfident_logits(n=2250, c=10, seed=5)
     val, test = (z[:250], y[:250]), (z[250:], y[250:])
-    scores = evaluate_calibration(val, test, ts_method="nll", bootstrap=100).metrics
+    scores = evaluate_calibration(val, test, options={"ts_method": "nll"}, bootstrap=100).metrics
     interval, spread = scores["temperature_interval"], scores["post_ts_spread"]
     assert interval["resamples"] == 100 and interval["low"] < scores["temperature"] < interval["high"]
     assert spread["n_val"] == 250 < SMALL_VALIDATION
@@ -217,6 +217,7 @@ def test_a_small_validation_split_reports_how_far_the_after_ts_numbers_move():
     at_ends = [nll(test[0] / interval[k], test[1]) for k in ("low", "high")]
     assert spread["nll"]["low"] <= scores["test"]["post_ts"]["nll"] <= spread["nll"]["high"]
     assert spread["nll"]["high"] == pytest.approx(max(at_ends), rel=0.05)
-    large = evaluate_calibration((z[:1200], y[:1200]), (z[1200:], y[1200:]), ts_method="nll", bootstrap=20).metrics
+    large = evaluate_calibration((z[:1200], y[:1200]), (z[1200:], y[1200:]), options={"ts_method": "nll"},
+                                 bootstrap=20).metrics
     assert "temperature_interval" in large and "post_ts_spread" not in large  # 1 200 validation images: no line
     assert "temperature_interval" not in evaluate_calibration(val, test, bootstrap=0).metrics

@@ -259,7 +259,7 @@ def test_functional_metrics_read_logits():
 
 
 def test_a_coverage_outside_its_expected_range_is_a_warning_in_the_report():
-    from timm_csm.calibrate_report import _conformal_lines
+    from timm_csm.evaluation.report import _conformal_lines
     from timm_csm.calibration.conformal import coverage_outside_range
 
     z, y = exchangeable(4000, seed=8)
@@ -280,7 +280,7 @@ def test_a_coverage_outside_its_expected_range_is_a_warning_in_the_report():
 
 
 def test_no_sets_on_a_calibrator_its_part_of_the_split_is_too_small_for():
-    from timm_csm.calibrate_fit import conformal_on_each
+    from timm_csm.evaluation.calibrators import conformal_on_each
 
     z, y = exchangeable(220, c=3, seed=9)
     logged = []

@@ -140,8 +140,8 @@ def test_the_shift_evaluation_projects_its_time_and_says_where_it_corrupts():
     from torch.utils.data import DataLoader
 
     from timm_csm.data import IndexDataset
-    from timm_csm.training.shift import ShiftEvaluation
-    from timm_csm.training.shift_report import shift_markdown
+    from timm_csm.evaluation.shift import ShiftEvaluation
+    from timm_csm.evaluation.shift_report import shift_markdown
 
     rng = np.random.default_rng(0)
     split = ImageArrays(rng.integers(0, 256, (40, 3, 48, 48), dtype=np.uint8), np.arange(40) % 4, list("abcd"), "")

@@ -128,7 +128,7 @@ def test_a_calibrator_and_a_conformal_method(extended):
     assert "class_prior" in list_calibrators(num_classes=10) and ClassPrior.kind == "class_prior"
     assert "| `class_prior` | One bias per class" in build_hooks.calibrator_table()
     assert "top_rank" in list_conformal_methods()
-    assert "top_rank" in build_parser().parse_args(["--model", "m", "--output", "o"]).conformal.split(",")
+    assert "top_rank" in build_parser().parse_args(["--model", "m", "--output", "o"]).conformal
     logits, targets = torch.randn(400, 5, generator=torch.Generator().manual_seed(0)), torch.arange(400) % 5
     logits[torch.arange(400), targets] += 1.5
     sets = ConformalClassifier("top_rank", calibrator="class_prior").fit(logits, targets).predict_sets(logits)

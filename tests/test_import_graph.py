@@ -26,17 +26,13 @@ ALLOWED = {
     "annotation": {"data", "models", "io", "trainer", "options"},
     "generation": {"data", "models", "io", "trainer", "options"},
     "hub": {"data", "io"},
-    "training": {"data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
+    "evaluation": {"data", "models", "metrics", "calibration", "io", "trainer", "extras", "options"},
+    "training": {"evaluation", "data", "models", "losses", "metrics", "calibration", "hub", "annotation", "io",
                  "trainer", "extras", "options", "cli", "timm_csm"},
-    "calibrate": {"calibrate_checks", "calibrate_fit", "calibrate_report", "training", "data", "calibration",
-                  "metrics", "io"},
-    "calibrate_checks": {"calibrate_fit", "calibrate_report", "training", "data", "calibration"},
-    "calibrate_fit": {"calibrate_report", "training", "calibration"},
-    "calibrate_report": {"calibration", "metrics", "extras"},
     "recipes": {"training", "annotation", "generation", "hub", "data", "losses", "metrics", "io", "cli", "timm_csm"},
     "study": {"recipes", "generation", "training", "calibration", "annotation", "data", "metrics", "io", "extras",
               "trainer"},
-    "commands": {"calibrate", "calibration", "hf_metrics", "recipes", "training", "annotation", "generation",
+    "commands": {"evaluation", "calibration", "hf_metrics", "recipes", "training", "annotation", "generation",
                  "hub", "data", "metrics", "io", "options", "timm_csm", "cli", "study"},
     "timm_csm": {"models", "hf_metrics"},
 }
@@ -149,4 +145,4 @@ def test_the_checks_find_a_cycle_and_an_upward_import():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
     graph = module_imports()
     assert "timm_csm.data.csm_format" in graph["timm_csm.hub.build"]  # relative imports are resolved
-    assert "timm_csm.models" in graph["timm_csm.training.model"]  # `from .. import models`: the submodule
+    assert "timm_csm.models" in graph["timm_csm.evaluation.model"]  # `from .. import models`: the submodule

@@ -111,8 +111,8 @@ def test_the_aupr_interval_holds_its_estimate_when_the_ood_images_score_higher()
 
 def test_the_ood_reading_names_the_best_score_and_says_what_an_auroc_below_half_means():
     from timm_csm.calibration import TemperatureScaling
-    from timm_csm.training.shift import evaluate_ood
-    from timm_csm.training.shift_report import ood_markdown, ood_reading
+    from timm_csm.evaluation.shift import evaluate_ood
+    from timm_csm.evaluation.shift_report import ood_markdown, ood_reading
 
     g = torch.Generator().manual_seed(0)
     test = torch.randn(400, 5, generator=g, dtype=torch.float64)

@@ -15,9 +15,9 @@ from timm_csm.commands.calibrate import main as calibrate_main
 from timm_csm.data import derive_seed, load_digits
 from timm_csm.data.corruptions import create_corruption
 from timm_csm.metrics import bootstrap_metrics, calibration_metrics
+from timm_csm.evaluation.model import load_trained_classifier
+from timm_csm.evaluation.shift import SHIFT_METRICS
 from timm_csm.training import run
-from timm_csm.training.model import load_trained_classifier
-from timm_csm.training.shift import SHIFT_METRICS
 
 KEYS = set(SHIFT_METRICS) | {"conformal", "intervals"}  # the commands bootstrap 1 000 resamples by default
 

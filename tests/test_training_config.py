@@ -6,6 +6,7 @@ import typing
 import pytest
 import yaml
 
+from timm_csm.options import comma_separated
 from timm_csm.training import TrainConfig, build_parser, parse_args, resolve_config
 from timm_csm.training.config import option_names, option_types
 
@@ -17,14 +18,15 @@ def test_every_flag_is_a_field_with_its_default_and_type():
     defaults = TrainConfig().options()
     hints = typing.get_type_hints(TrainConfig)
     for name, action in actions.items():
-        assert action.default == defaults[name], name
+        one_value = action.type is comma_separated  # a list given as one comma-separated value ("a,b" in --help)
+        assert (comma_separated(action.default) if one_value else action.default) == defaults[name], name
         kind, many = option_types()[name]
         if kind is bool:
             assert action.nargs == 0, name  # a switch
             continue
         if kind in (int, float):
             assert action.type is kind, name
-        assert (action.nargs in ("+", "*") or isinstance(action.nargs, int)) == many, name
+        assert (action.nargs in ("+", "*") or isinstance(action.nargs, int) or one_value) == many, name
         value = defaults[name]
         if value is not None:  # the default has the annotated type (an int stands for a float, as in PEP 484)
             values = value if many else [value]

@@ -14,20 +14,31 @@ import dataclasses
 import functools
 import typing
 from dataclasses import field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "key_value"]
+__all__ = ["option", "option_fields", "option_types", "add_options", "options_from_namespace", "comma_separated",
+           "key_value"]
 
 
-def option(default, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
-           flag: Optional[str] = None, **argparse_kwargs):
-    """A configuration field: its ``default`` (a list is copied per instance) and, as metadata, its flag:
+def option(default=None, group: Optional[str] = None, *, help: str, short: Optional[str] = None,
+           flag: Optional[str] = None, factory: Optional[Callable[[], Any]] = None, **argparse_kwargs):
+    """A configuration field: its ``default`` (a list is copied per instance; ``factory``: a function that gives it
+    when an instance or a parser is made, for a default read from a registry) and, as metadata, its flag:
     ``flag`` (default ``--<name-with-dashes>``) and ``short``, its ``--help`` ``group`` and text, and the
     ``add_argument`` settings its type does not imply (``nargs``, ``choices``, ``metavar``, ...)."""
     metadata = dict(group=group, help=help, short=short, flag=flag, argparse=argparse_kwargs)
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
     if isinstance(default, list):
         return field(default_factory=functools.partial(list, default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def comma_separated(text) -> List[str]:
+    """``"a,b"`` -> ``["a", "b"]`` (``""``: none; a list stays a list): the ``type`` of a list option given as one
+    comma-separated flag value (``--calibrators dirichlet,isotonic``)."""
+    parts = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    return [str(part).strip() for part in parts if str(part).strip()]
 
 
 def key_value(text: str) -> Tuple[str, Any]:
@@ -82,6 +93,8 @@ def _add_option(parser, f: dataclasses.Field, kind: type, many: bool) -> None:
         kwargs.setdefault("type", kind)
     if many:
         kwargs.setdefault("nargs", "+")
+    if kwargs.get("type") is comma_separated and isinstance(kwargs["default"], list):  # --help shows "a,b"
+        kwargs["default"] = ",".join(map(str, kwargs["default"]))  # argparse gives a string default its type
     if meta["flag"] and kind is not bool:  # the flag's name in --help, not the field's
         kwargs.setdefault("metavar", meta["flag"].lstrip("-").replace("-", "_").upper())
     flags = [meta["short"]] if meta["short"] else []

@@ -40,6 +40,9 @@ class CalibratorSpec:
       2019, ``("reg_lambda", "reg_mu")``).
     * ``min_samples``: the fewest fitting samples for ``num_classes`` classes beyond the one per class that every
       calibrator needs (matrix scaling, Dirichlet: one per parameter, C (C + 1)); None: no more than that.
+    * ``options``: ``{constructor argument: the front end's option that sets it}``, for the calibrator's own
+      settings a command exposes (temperature scaling: ``{"method": "ts_method", "n_bins": "n_bins"}``, the fitting
+      rule ``timm-csm-train --ts-method`` chooses); read by :meth:`front_end_options`.
     * ``default``: fitted by ``timm-csm-calibrate`` when no calibrator is named.
     """
 
@@ -51,6 +54,13 @@ class CalibratorSpec:
     penalties: Tuple[str, ...] = ()
     min_samples: Optional[Callable[[int], int]] = None
     default: bool = False
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def front_end_options(self, values: Mapping[str, object]) -> Dict[str, object]:
+        """The keyword arguments this calibrator takes from a front end's option ``values`` (``{option: value}``):
+        its penalties and its own :attr:`options`, each where ``values`` holds it."""
+        own = {arg: values[opt] for arg, opt in self.options.items() if opt in values}
+        return {**self.penalty_options(values), **own}
 
     def penalty_options(self, strengths: Mapping[str, float]) -> Dict[str, float]:
         """The keyword arguments of ``strengths`` (``{"reg_lambda": 0.01, "reg_mu": 0.01}``) this calibrator takes."""
@@ -83,7 +93,8 @@ CALIBRATORS = Registry("calibrator", create=_create_calibrator)
 def register_calibrator(name: str, cls: Optional[type] = None, *, overwrite: bool = False,
                         summary: Optional[str] = None, preset: Optional[Mapping[str, object]] = None,
                         binary_only: bool = False, penalties: Sequence[str] = (),
-                        min_samples: Optional[Callable[[int], int]] = None, default: bool = False):
+                        min_samples: Optional[Callable[[int], int]] = None, default: bool = False,
+                        options: Optional[Mapping[str, str]] = None):
     """Register a :class:`~timm_csm.calibration.PostHocCalibrator` subclass under ``name`` with its capabilities
     (see :class:`CalibratorSpec`; ``summary`` defaults to the first line of the class docstring); without ``cls``,
     a decorator. Without ``preset`` the class takes ``name`` as its kind (``cls.kind``, written into saved files);
@@ -102,7 +113,7 @@ def register_calibrator(name: str, cls: Optional[type] = None, *, overwrite: boo
                              "first")
         text = summary if summary is not None else (cls.__doc__ or cls.__name__).strip().splitlines()[0]
         spec = CalibratorSpec(name, cls, text, dict(preset or {}), bool(binary_only), tuple(penalties), min_samples,
-                              bool(default))
+                              bool(default), dict(options or {}))
         CALIBRATORS.register(name, cls, overwrite=overwrite, spec=spec)
         if preset is None:
             cls.kind = name

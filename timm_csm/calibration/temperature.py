@@ -134,7 +134,7 @@ def fit_inverse_temperature(logits: torch.Tensor, targets: torch.Tensor, beta: f
     return beta, {"iterations": iterations, "objective": value}
 
 
-@register_calibrator("temperature_scaling", default=True,
+@register_calibrator("temperature_scaling", default=True, options={"method": "ts_method", "n_bins": "n_bins"},
                      summary="one temperature, chosen on the grid 0.1 ... 10.0 by validation ECE (the CSM paper's "
                              "protocol)")
 class TemperatureScaling(PostHocCalibrator):

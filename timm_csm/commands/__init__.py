@@ -10,7 +10,7 @@
 - ``timm-csm-publish`` (:mod:`.publish`): push a CSM dataset to the Hugging Face Hub.
 - ``timm-csm-evaluate-generator`` (:mod:`.evaluate_generator`): the annotation's generator check on a few groups,
   before any generation: its verdict.
-- ``timm-csm-calibrate`` (:mod:`.calibrate`, the library's :func:`timm_csm.calibrate.calibrate`): fit post-hoc calibrators to a model you already have and
+- ``timm-csm-calibrate`` (:mod:`.calibrate`, the library's :func:`timm_csm.evaluation.calibrate`): fit post-hoc calibrators to a model you already have and
   report before / after.
 - ``timm-csm-install-metrics`` (:mod:`.install_metrics`): make ``evaluate.load(name)`` find the metrics.
 - ``timm-csm-compare`` (:mod:`.compare`): paired differences between methods run at matching seeds, with

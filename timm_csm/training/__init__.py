@@ -6,23 +6,19 @@
 * :mod:`~timm_csm.training.config`: :class:`TrainConfig`, the typed configuration every function here takes (from
   the command line, a dict, a YAML file or Python); :mod:`~timm_csm.training.args`: the command line built from it;
 * :mod:`~timm_csm.training.data`: the seeded train / validation / test splits and evaluation loaders;
-* :mod:`~timm_csm.training.model`: the classifier factory, weight loading and :func:`load_trained_classifier`;
-  :mod:`~timm_csm.training.classifier`: a classifier trained anywhere, with its preprocessing resolved as timm's
-  ``validate.py`` does (``timm-csm-calibrate``);
+* the classifier factory, weight loading and :func:`load_trained_classifier` are :mod:`timm_csm.evaluation`'s
+  (:mod:`~timm_csm.evaluation.model`), re-exported here;
 * :mod:`~timm_csm.training.tasks`: the training tasks (plain, Mixup, RegMixup, RankMixup, CSM) and the criterion;
 * :mod:`~timm_csm.training.optim`: optimizer and schedule;
-* :mod:`~timm_csm.training.loop`: one epoch, prediction, the epochs of a run;
-  :mod:`~timm_csm.training.memory`: freed heap memory handed back to the system during prediction (glibc);
+* :mod:`~timm_csm.training.loop`: one epoch, the epochs of a run (prediction: :mod:`timm_csm.evaluation.predict`);
 * :mod:`~timm_csm.training.prepare`: the model on its accelerator (``--sync-bn``, ``--channels-last``,
   ``--model-ema``, ``--torchcompile``); :mod:`~timm_csm.training.sync_bn`: the batch norm synchronised by all-reduce;
 * :mod:`~timm_csm.training.trackers`: accelerate's experiment trackers (``--log-with``, ``--log-wandb``);
 * :mod:`~timm_csm.training.checkpoint`: last / best / history checkpoints;
-* :mod:`~timm_csm.training.evaluation`: calibration before and after temperature scaling, PIECE;
-  :mod:`~timm_csm.training.results`: a run's test evaluation, results.json and its reports;
+* :mod:`~timm_csm.training.results`: a run's test evaluation (:func:`timm_csm.evaluation.evaluate_calibration`
+  before and after each of ``--calibrators``, under shift by :class:`timm_csm.evaluation.ShiftEvaluation`),
+  results.json and its reports;
 * :mod:`~timm_csm.training.reporting`: the log, ``results.md`` and the other reports;
-* :mod:`~timm_csm.training.shift`: calibration under corruption x severity and OOD detection (``--eval-shift``,
-  ``--ood``, and timm-csm-calibrate's ``--shift``, ``--ood``); :mod:`~timm_csm.training.shift_report`: their
-  sections of the reports and ``shift.png``;
 * :mod:`~timm_csm.training.run_dir`: run folders (ownership, lock, run id, resumed configuration, the folder a run
   takes and the line that resumes it).
 """
@@ -30,10 +26,10 @@ from .args import build_parser, fill_from_checkpoint, parse_args, resolve_config
 from .checkpoint import CHECKPOINT_BEST, CHECKPOINT_LAST, CheckpointSaver, load_best
 from .config import PAPER_SEED, TrainConfig
 from .data import DataSplits, apply_input_size, build_transforms, eval_loader, input_channels, load_csm_groups, load_data
-from .evaluation import Evaluation, evaluate_calibration
-from .loop import fit, predict, train_one_epoch
-from .model import (CalibratedClassifier, check_model_name, create_train_model, load_model_weights,
-                    load_trained_classifier)
+from ..evaluation import Evaluation, evaluate_calibration, predict
+from ..evaluation.model import (CalibratedClassifier, check_model_name, create_train_model, load_model_weights,
+                                load_trained_classifier)
+from .loop import fit, train_one_epoch
 from .prepare import check_training_options, prepare_training
 from .reporting import results_markdown, write_results
 from .run_dir import (LOCK_FILE, RUN_FILES, RunDirLock, check_resumed_processes, claim_run_dir, config_record,

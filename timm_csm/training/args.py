@@ -17,6 +17,7 @@ import sys
 from typing import Any, Dict, Optional, Sequence
 
 from ..cli import HelpFormatter
+from ..evaluation.calibrators import check_calibrators
 from ..io import CHECKPOINT_LAST, read_model_meta, safetensors_metadata
 from ..options import add_options
 from .config import CONFIG_MARKER, PAPER_SEED, TrainConfig, read_yaml_options, upgrade_stored_config
@@ -134,6 +135,8 @@ def prepare_config(config: TrainConfig) -> Optional[Dict[str, Any]]:
         if value is None or value < least:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     check_training_options(config)
+    check_calibrators(config.calibrators, None, {"ts_method": config.ts_method, "n_bins": config.n_bins},
+                      allow_auto=False)
     return resume_state
 
 

@@ -24,9 +24,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from ..evaluation.model import load_model_weights
 from ..io import CHECKPOINT_LAST, link_or_copy_atomic, read_model_meta, save_model_file, save_state
 from ..metrics.table import metric_spec, metrics_for
-from .model import load_model_weights
 
 __all__ = ["CHECKPOINT_LAST", "CHECKPOINT_BEST", "SELECT_METRICS", "CheckpointSaver", "rng_state", "set_rng_state",
            "load_best", "saved_temperature"]

@@ -29,7 +29,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..calibration.temperature import PAPER_TEMPERATURE_METHOD, TEMPERATURE_METHODS
 from ..metrics.binning import DEFAULT_N_BINS
-from ..options import key_value, option, option_types as _field_types
+from ..options import comma_separated, key_value, option, option_types as _field_types
 from .checkpoint import SELECT_METRICS
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
@@ -210,9 +210,14 @@ class TrainConfig:
                                                      "run folder / model file")
     n_aug: int = _calibration(1, help="interior group members per real image besides the endpoint")
     csm_weight: float = _calibration(1.0, help="weight of the generated-batch term of CSM")
+    calibrators: List[str] = _calibration(
+        ["temperature_scaling"], type=comma_separated, nargs=None, metavar="NAME[,NAME...]",
+        help="post-hoc calibrators fitted on the validation split and scored on the test split, comma-separated "
+             "names of timm_csm.calibration.list_calibrators(): results.md, the shift and OOD tables show each; "
+             "temperature_scaling is the run's temperature (after TS, temperature.safetensors)")
     ts_method: str = _calibration(
         TRAINING_TEMPERATURE_METHOD, choices=TEMPERATURE_METHODS,
-        help=f"temperature fit on the validation split: NLL (Guo et al.; steady on few images) or "
+        help=f"temperature_scaling's fit on the validation split: NLL (Guo et al.; steady on few images) or "
              f"{PAPER_TEMPERATURE_METHOD}, the grid 0.1..10 by validation ECE (the paper's protocol, which the "
              "recipes' profiles and the benchmark cells keep)")
     n_bins: int = _calibration(DEFAULT_N_BINS, help="confidence bins of ECE-type metrics")
@@ -226,12 +231,12 @@ class TrainConfig:
     # Shift and out-of-distribution
     eval_shift: Optional[str] = _shift(
         None, nargs="?", const="all", metavar="NAMES",
-        help="also evaluate the test split under corruptions, before and after temperature scaling: 'all' (the flag "
+        help="also evaluate the test split under corruptions, before and after each calibrator: 'all' (the flag "
              "alone) or comma-separated names of timm_csm.data.corruptions.list_corruptions()")
     shift_severities: List[int] = _shift([1, 2, 3, 4, 5], help="the corruption severities of --eval-shift (1-5)")
     ood: Optional[str] = _shift(None, help="an out-of-distribution image source (any --dataset form) whose images "
                                            "are scored against the test images: AUROC, AUPR and FPR at 95 percent TPR "
-                                           "of four scores, before and after temperature scaling")
+                                           "of four scores, before and after each calibrator")
     ood_split: Optional[str] = _shift(None, help="the split of --ood (default: its test split, else 'train')")
 
     # Checkpoints and output
@@ -275,6 +280,7 @@ class TrainConfig:
     explicit: Optional[FrozenSet[str]] = field(default=None, repr=False)
 
     def __post_init__(self):
+        self.calibrators = comma_separated(self.calibrators)  # a dict's or a YAML file's "a,b" as the flag's
         if self.explicit is None:
             defaults = _defaults()
             self.explicit = frozenset(k for k, v in self.options().items() if v != defaults[k])

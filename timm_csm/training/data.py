@@ -25,7 +25,7 @@ import torch
 
 from ..data import EMBEDDED_DATASETS, derive_seed
 from .config import TrainConfig
-from .model import fixed_input_size
+from ..evaluation.model import fixed_input_size
 
 __all__ = ["DataSplits", "apply_input_size", "load_data", "held_out_digests", "run_held_out_splits",
            "HELD_OUT_DIGESTS", "load_csm_groups", "input_channels", "transform_kind", "build_transforms",

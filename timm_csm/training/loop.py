@@ -1,4 +1,4 @@
-"""The training loop: one epoch of a :class:`~timm_csm.training.tasks.TrainingTask`, prediction over a loader, and
+"""The training loop: one epoch of a :class:`~timm_csm.training.tasks.TrainingTask` and
 the epochs of a run (validation, the loss's epoch-end hooks, the schedule, the log and the checkpoints).
 
 The loop knows no method: every batch is ``out = task(batch)`` and ``accelerator.backward(out["loss"])``; every
@@ -18,22 +18,21 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-import torch.nn as nn
 from torch.utils.data import DataLoader
 
 from ..data import GlobalBatchSampler, IndexDataset
+from ..evaluation.predict import predict
+from ..evaluation.scores import metric_row
 from ..metrics import calibration_metrics
 from ..trainer import ResumableTrainer, progress_bar
 from .checkpoint import CheckpointSaver, rng_state, set_rng_state
 from .config import TrainConfig
-from .evaluation import metric_row
-from .memory import release_freed_memory
 from .optim import create_optimizer, create_scheduler, restore_scheduler
 from .prepare import prepare_training, updates_per_epoch
 from .reporting import SUMMARY_FILE, write_log, write_summary
 from .trackers import numeric, tracker_names
 
-__all__ = ["train_one_epoch", "predict", "train_loader", "fit"]
+__all__ = ["train_one_epoch", "train_loader", "fit"]
 
 _SHOWN = ("epoch", "lr", "train_loss", "val_accuracy", "val_ece", "val_nll", "epoch_time")
 
@@ -109,40 +108,6 @@ def train_one_epoch(task, optimizer, loader, accelerator, epoch: int, config: Tr
         means = torch.tensor([v / max(steps, 1) for v in terms_sum.values()], dtype=torch.float64, device=device)
         row.update(zip((f"train_{k}" for k in terms_sum), accelerator.reduce(means, reduction="mean").tolist()))
     return row, num_updates
-
-
-_RELEASE_EVERY = 20  # batches of an evaluation pass between two returns of freed memory to the system
-
-
-@torch.no_grad()
-def predict(model: nn.Module, loader, accelerator, features: bool = False, channels_last: bool = False):
-    """Logits (N, K), labels (N,) and optionally penultimate features (N, D) over ``loader``, gathered from
-    every process in dataset order (float32 on the CPU); ``channels_last``: inputs in that memory layout."""
-    was_training = model.training
-    model.eval()
-    logits_all, labels_all, feats_all = [], [], []
-    for step, batch in enumerate(loader):
-        if step % _RELEASE_EVERY == 0:  # else glibc's heap grows with the number of batches (training.memory)
-            release_freed_memory()
-        x = batch["pixel_values"].to(accelerator.device)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        y = batch["labels"].to(accelerator.device)
-        with accelerator.autocast():
-            if features:
-                fmap = model.forward_features(x)
-                feats = model.forward_head(fmap, pre_logits=True)
-                logits = model.forward_head(fmap)
-            else:
-                logits = model(x)
-        gathered = accelerator.gather_for_metrics((logits.float(), y) + ((feats.float(),) if features else ()))
-        logits_all.append(gathered[0].cpu())
-        labels_all.append(gathered[1].cpu())
-        if features:
-            feats_all.append(gathered[2].cpu())
-    model.train(was_training)
-    out = (torch.cat(logits_all), torch.cat(labels_all))
-    return out + ((torch.cat(feats_all),) if features else ())
 
 
 def train_loader(task, arrays, transform, config: TrainConfig, accelerator):

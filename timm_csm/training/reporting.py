@@ -1,6 +1,6 @@
 """Reports of a training run: the per-epoch log (``log.json`` / ``log.csv``), timm's ``summary.csv``, ``results.md``
 (the markdown table of :func:`results_markdown`, with the shift and OOD sections of
-:mod:`~timm_csm.training.shift_report` when the run has them), ``results.json``, the test predictions, the
+:mod:`~timm_csm.evaluation.shift_report` when the run has them), ``results.json``, the test predictions, the
 reliability diagrams and ``shift.png``."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..io import save_model_file, write_text_atomic
 from ..calibration.temperature import SMALL_VALIDATION
 from ..metrics.interval_methods import no_interval_line
 from ..metrics.table import list_metrics, metric_spec, metrics_for
-from .shift_report import shift_figure, shift_markdown
+from ..evaluation.shift_report import shift_figure, shift_markdown
 
 __all__ = ["REPORT_ROWS", "results_markdown", "comparison_markdown", "write_log", "SUMMARY_FILE",
            "write_summary", "write_results", "reliability_title"]
@@ -55,11 +55,16 @@ def results_markdown(results: Dict[str, Any]) -> str:
         lines += [f"Each value with its {boot['level']:.0%} interval [low, high]: {boot['interval']} bootstrap, "
                   f"{boot['resamples']} resamples of the scored images (seed {boot['seed']})."
                   + _no_interval(intervals), ""]
-    lines += ["| metric | before TS | after TS |", "|---|---|---|"]
+    split = "test" if results["test"] else "val"
+    others = {name: (row[split], (row.get("intervals") or {}).get(split) or {})
+              for name, row in (results.get("calibrators") or {}).items()}  # --calibrators besides TS
+    phases = [(pre, intervals.get("pre_ts", {})), (post, intervals.get("post_ts", {})), *others.values()]
+    lines += ["| metric | before TS | after TS |" + "".join(f" after {name} |" for name in others),
+              "|---|---|---|" + "---|" * len(others)]
     for key, label, scale in REPORT_ROWS:
         if key in pre:
-            cells = [_with_interval(scores.get(key) if scores else None, intervals.get(phase, {}).get(key), scale)
-                     for phase, scores in (("pre_ts", pre), ("post_ts", post))]
+            cells = [_with_interval(scores.get(key) if scores else None, shown.get(key), scale)
+                     for scores, shown in phases]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n" + shift_markdown(results)
 

@@ -259,7 +259,7 @@ def load_teacher(path) -> Tuple[nn.Module, Tuple[float, ...], Tuple[float, ...]]
         encoder = load_reference_encoder(folder)
         model, mean, std = encoder.model, encoder.config["mean"], encoder.config["std"]
     else:
-        from .model import load_trained_classifier
+        from ..evaluation.model import load_trained_classifier
 
         model, _, meta = load_trained_classifier(folder)
         mean, std = meta["mean"], meta["std"]

@@ -28,8 +28,9 @@ Pipeline of one run (``run(config)``; the pieces live in the other modules of :m
    ``--grad-accum-steps``, ``--channels-last`` and ``--torchcompile`` keep timm's meaning
    (:mod:`~timm_csm.training.prepare`); trackers (``--log-with``, ``--log-wandb``) get the per-update loss, the
    epoch rows and the final metrics (:mod:`~timm_csm.training.trackers`).
-3. evaluation of the best checkpoint on the test split, before and after temperature scaling fitted on the
-   validation split (``--ts-method``), optionally PIECE (``--piece``) (:mod:`~timm_csm.training.evaluation`):
+3. evaluation of the best checkpoint on the test split, before and after each calibrator of ``--calibrators``
+   fitted on the validation split (temperature scaling by default, its fit ``--ts-method``), optionally PIECE
+   (``--piece``) (:func:`timm_csm.evaluation.evaluate_calibration`):
    ``results.json``, ``results.md``, reliability diagrams (:mod:`~timm_csm.training.results`,
    :mod:`~timm_csm.training.reporting`).
 
@@ -46,18 +47,18 @@ from typing import Any, Dict, List, Union
 import torch
 
 from .. import __version__
+from ..evaluation import ShiftEvaluation, predict
+from ..evaluation.model import check_model_name, create_train_model, load_model_weights
 from ..io import read_model_meta, write_text_atomic
 from .args import CONFIG_MARKER, model_meta, prepare_config, resolve_config
 from .checkpoint import load_best
 from .config import TrainConfig
 from .data import (HELD_OUT_DIGESTS, apply_input_size, build_transforms, eval_loader, held_out_digests,
                    input_channels, load_csm_groups, load_data)
-from .loop import fit, predict
-from .model import check_model_name, create_train_model, load_model_weights
+from .loop import fit
 from .optim import fit_decay_to_epochs
 from .results import evaluate_run
 from .run_dir import RunInterrupted, check_resumed_processes, config_record, take_run_dir
-from .shift import ShiftEvaluation
 from .tasks import create_criterion, select_task
 from .trackers import log_results, make_accelerator, start_trackers, tracker_names
 

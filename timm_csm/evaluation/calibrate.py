@@ -13,9 +13,10 @@
               data_config={"input_size": (1, 28, 28), "mean": (0.1307,), "std": (0.3081,)},
               calibration_split="val", test_split="test", output="calibrated/")
 
-The classifier (:mod:`timm_csm.training.classifier`) is a run folder or model file of ``train.py``, a timm model
-name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's own; safetensors only), or an
-``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
+The options are the fields of :class:`~timm_csm.evaluation.CalibrateConfig` (given as ``config=`` or as keywords),
+the flags of ``timm-csm-calibrate``. The classifier (:mod:`timm_csm.evaluation.classifier`) is a run folder or model
+file of ``train.py``, a timm model name with weights (``checkpoint``: trained anywhere; ``pretrained_path``: timm's
+own; safetensors only), or an ``nn.Module`` with any callable ``transform``. A timm model's preprocessing is resolved as timm's ``validate.py``
 resolves it, from the given values of timm's data config (``--input-size`` / ``--img-size``, ``--mean``,
 ``--std``, ``--crop-pct``, ``--crop-mode``, ``--interpolation``), then the model's ``pretrained_cfg``; for weights
 trained elsewhere what is not given is a guess, said in one line (the images' own size, no resize or crop of
@@ -26,8 +27,9 @@ folders, ``hfds/...``, ``torch/...``. The calibrators are fitted on the calibrat
 or a seeded ``calibration_fraction`` held out of the test split) and scored on the test split, never fitted on it.
 Without ``test_split`` the model must be a run of ``train.py``: the calibrators are fitted on the run's validation
 images and scored on the test images it held out (a flat folder's ``--test-fraction`` included), drawn again by the
-run's seeded rule and checked against the digests its model file records
-(:func:`~timm_csm.training.data.run_held_out_splits`); the first line of the log says so.
+run's seeded rule and checked against the digests its model file records (``held_out``, the training library's
+rule :func:`timm_csm.training.run_held_out_splits`, which ``timm-csm-calibrate`` passes); the first line of the
+log says so.
 
 Checks, all before anything is written (the arguments before anything is loaded): the class names of the data
 equal the checkpoint's (count only, said in the log, when the model carries none); the test split is not the split
@@ -57,32 +59,33 @@ choice.
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from .calibrate_checks import check_arguments, check_classes, check_splits, refuse_chance
-from .calibrate_fit import choose_export, fit_and_score, fit_candidates
-from .calibrate_report import prediction_curves, report_markdown, write_plots
-from .calibration import CONFORMAL_METHODS, check_calibration_samples, list_calibrators
-from .io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
-from .metrics import DEFAULT_N_BINS
-from .metrics.interval_methods import INTERVAL_NOTE
-from .metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
-from .training.classifier import Classifier, load_classifier, merge_data_config, require_safetensors
-from .training.loop import predict
-from .training.model import CALIBRATED_MODEL_FILE
-from .training.shift import ShiftEvaluation, prediction_intervals, prediction_scores
-from .training.shift_report import shift_figure, shift_markdown
+from ..calibration import check_calibration_samples, list_calibrators
+from ..io import save_model_file, staging_folder, write_json_atomic, write_text_atomic
+from ..metrics.interval_methods import INTERVAL_NOTE
+from ..metrics.intervals import DEFAULT_LEVEL
+from ..options import option_fields
+from .calibrators import choose_export, fit_and_score, fit_candidates
+from .checks import check_arguments, check_classes, check_splits, refuse_chance
+from .classifier import Classifier, load_classifier, merge_data_config
+from .config import CalibrateConfig
+from .model import CALIBRATED_MODEL_FILE
+from .predict import predict_split
+from .report import prediction_curves, report_markdown, write_plots
+from .shift import ShiftEvaluation, prediction_intervals, prediction_scores
+from .shift_report import shift_figure, shift_markdown
 
-__all__ = ["calibrate", "load_classifier", "Classifier", "require_safetensors"]
+__all__ = ["calibrate"]
 
 
 def _open(dataset, split, image_column, label_column, data_dir):
-    from .data import open_image_split
+    from ..data import open_image_split
 
     try:
         return open_image_split(str(dataset), split, image_column=image_column, label_column=label_column,
@@ -92,37 +95,6 @@ def _open(dataset, split, image_column, label_column, data_dir):
     except Exception as e:  # a missing dataset, an offline Hub: one line
         raise ValueError(f"dataset {str(dataset)!r}, split {split!r} could not be opened: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
-
-
-class _OneDevice:
-    """What :func:`~timm_csm.training.loop.predict` asks of its accelerator, for one process in full precision on the
-    ``device`` the caller names (any torch device, ``cuda:1`` included): no autocast, nothing to gather."""
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-
-    @staticmethod
-    def autocast():
-        return contextlib.nullcontext()
-
-    @staticmethod
-    def gather_for_metrics(tensors):
-        return tensors
-
-
-def _predict(classifier: Classifier, split, batch_size: int, device: str, workers: int):
-    """(logits float32 (N, C), labels (N,)) of ``split`` through the classifier's eval transform, by the training
-    library's :func:`~timm_csm.training.loop.predict`."""
-    from torch.utils.data import DataLoader
-
-    from .data import BatchTransform, ImageCollator, IndexDataset, LazyImages, pil_mode
-
-    images, tf = split.images, classifier.transform
-    if isinstance(tf, BatchTransform) and isinstance(images, LazyImages):  # one size, to be stacked into a batch
-        images = images.with_output(pil_mode(tf.in_chans), tf.img_size)
-    loader = DataLoader(IndexDataset(len(split)), batch_size=batch_size, shuffle=False, num_workers=workers,
-                        collate_fn=ImageCollator(images, split.labels, tf, 0))
-    return predict(classifier.model.to(device), loader, _OneDevice(device))
 
 
 def _export(folder: Path, classifier: Classifier, name: str, calibrator, data_names: List[str]) -> Dict[str, Any]:
@@ -152,14 +124,13 @@ def _splits(dataset, test_split, calibration_split, calibration_fraction, seed, 
             f"{calibration_fraction:g} of {test_split!r} (seed {seed})", f"the rest of {test_split!r}")
 
 
-def _run_splits(model, checkpoint, dataset, data_dir, log):
+def _run_splits(model, checkpoint, dataset, data_dir, held_out, log):
     """(calibration split, test split, their descriptions, the dataset) of a run's own images: its validation images
-    and its held-out test images, drawn again and digest-checked
-    (:func:`~timm_csm.training.data.run_held_out_splits`), said in the command's first line."""
-    from .data.sources import same_dataset
-    from .io import read_model_meta
-    from .training.data import run_held_out_splits
-    from .training.model import trained_model_file
+    and its held-out test images, drawn again and digest-checked by ``held_out``
+    (:func:`timm_csm.training.run_held_out_splits`), said in the command's first line."""
+    from ..data.sources import same_dataset
+    from ..io import read_model_meta
+    from .model import trained_model_file
 
     file = trained_model_file(model, *([checkpoint] if checkpoint else []))
     meta = read_model_meta(file) if file.is_file() else None
@@ -168,100 +139,123 @@ def _run_splits(model, checkpoint, dataset, data_dir, log):
     if dataset is not None and not same_dataset(dataset, meta["dataset"]):
         raise ValueError(f"--dataset {dataset} is not the run's data ({meta['dataset']}): give --test-split (and "
                          "--calibration-split or --calibration-fraction) to score it")
-    val, test, rule = run_held_out_splits(meta, data_dir)
+    if held_out is None:
+        raise ValueError("without test_split the run's own held-out images are scored: pass "
+                         "held_out=timm_csm.training.run_held_out_splits (the run's seeded rule), or name the images")
+    val, test, rule = held_out(meta, data_dir)
     log(f"calibrating on the run's {len(val)} validation images and scoring its {len(test)} held-out test images "
         f"({rule}; both found again by their digests)")
     return (val, test, "the run's validation images", f"the run's held-out test images ({rule})", meta["dataset"])
 
 
-def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, calibration_split: Optional[str] = None,
-              calibration_fraction: Optional[float] = None, calibrators: Optional[Sequence[str]] = None,
-              export: Optional[str] = None, conformal: Sequence[str] = CONFORMAL_METHODS, alpha: float = 0.1,
-              checkpoint=None, pretrained_path=None, num_classes: Optional[int] = None,
-              in_chans: Optional[int] = None, img_size: Optional[int] = None,
-              data_config: Optional[Dict[str, Any]] = None, class_names: Optional[Sequence[str]] = None,
-              transform: Optional[Callable] = None, allow_training_split: bool = False, n_bins: int = DEFAULT_N_BINS,
-              batch_size: int = 128, seed: int = 0, device: str = "cpu", workers: int = 0,
-              image_column: Optional[str] = None, label_column: Optional[str] = None,
-              data_dir: Optional[str] = None, reg_lambda: float = 0.0, reg_mu: float = 0.0,
-              reliability: Sequence[str] = (), select_by: str = "nll", folds: int = 5,
-              bootstrap: int = DEFAULT_RESAMPLES, shift=None,
-              shift_severities: Sequence[int] = (1, 2, 3, 4, 5), ood: Optional[str] = None,
-              ood_split: Optional[str] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Fit ``calibrators`` on the calibration split, score them on the test split and write the report and the
-    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
-    ``data_config``: timm's data config keys (``input_size``, ``img_size``, ``in_chans``, ``mean``, ``std``,
-    ``crop_pct``, ``crop_mode``, ``interpolation``; ``in_chans`` / ``img_size`` may also be given alone);
-    ``transform``: for a module, any callable of one PIL image (converted to ``in_chans`` channels, RGB by
-    default); ``calibrators``: registry names (default: those registered as default), or ``["auto"]``: every
-    registered one that applies; ``export``: the calibrator to export (default: the lowest ``folds``-fold
-    cross-validated ``select_by``, ``"nll"`` or ``"ece"``, on the calibration split); ``bootstrap``: resamples of
-    the test (and calibration) samples behind the 95% interval of every number (0: none); ``reg_lambda`` /
-    ``reg_mu``: the off-diagonal and intercept penalties (ODIR, Kull et al. 2019) of the calibrators registered
-    with them (``list_calibrators(penalty="reg_lambda")``); ``reliability``: extra diagrams, ``adaptive`` and / or
-    ``classwise``; ``shift`` (corruption names or ``"all"``) at ``shift_severities`` and
-    ``ood`` (an image source of none of the model's classes, its ``ood_split``):
-    :class:`~timm_csm.training.shift.ShiftEvaluation`."""
-    calibrators = list_calibrators(default=True) if calibrators is None else list(calibrators)
-    output, odir = Path(output), {"reg_lambda": reg_lambda, "reg_mu": reg_mu}
-    given = merge_data_config(data_config, in_chans, img_size)
-    check_arguments(model, output, calibrators, export, select_by, conformal, alpha, reliability, odir, dataset,
-                     calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
-                     {"--n-bins": (n_bins, 1), "--batch-size": (batch_size, 1), "--folds": (folds, 2),
-                      "--bootstrap": (bootstrap, 0), "--workers": (workers, 0)})
-    from .data import image_geometry
+def _config(config: Optional[CalibrateConfig], options: Dict[str, Any]) -> CalibrateConfig:
+    """``config`` (default: the defaults) with ``options`` replacing its fields; an unknown one is one line."""
+    names = {f.name for f in option_fields(CalibrateConfig)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ValueError(f"unknown calibrate options {unknown}; known: {', '.join(sorted(names))}")
+    return dataclasses.replace(config or CalibrateConfig(), **options)
 
-    if test_split is None:
-        cal_data, test_data, cal_source, test_source, dataset = _run_splits(model, checkpoint, dataset, data_dir, log)
+
+def calibrate(model, dataset=None, *, output, config: Optional[CalibrateConfig] = None,
+              data_config: Optional[Dict[str, Any]] = None, transform: Optional[Callable] = None,
+              held_out: Optional[Callable] = None, log: Callable[[str], None] = print, **options) -> Dict[str, Any]:
+    """Fit the calibrators on the calibration split, score them on the test split and write the report and the
+    calibrated model into ``output`` (see the module docstring); returns the report (``report.json``).
+    ``config`` / ``options``: :class:`~timm_csm.evaluation.CalibrateConfig` and its fields as keywords (which
+    replace its values); ``calibrators``: registry names (default: those registered as default), or ``["auto"]``:
+    every registered one that applies; ``export``: the calibrator to export (default: the lowest ``folds``-fold
+    cross-validated ``select_by`` on the calibration split); ``bootstrap``: resamples of the test (and
+    calibration) samples behind the 95% interval of every number (0: none); ``shift`` / ``ood``:
+    :class:`~timm_csm.evaluation.ShiftEvaluation`. ``data_config``: timm's data config keys (``input_size``,
+    ``img_size``, ``in_chans``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``, ``interpolation``), over the
+    config's; ``transform``: for a module, any callable of one PIL image (converted to ``in_chans`` channels, RGB
+    by default); ``held_out``: the rule that finds a training run's own held-out images (without ``test_split``)."""
+    c = _config(config, options)
+    calibrators = list_calibrators(default=True) if c.calibrators is None else list(c.calibrators)
+    output, values = Path(output), c.calibrator_options()
+    given = merge_data_config({**c.data_config(), **{k: v for k, v in (data_config or {}).items() if v is not None}},
+                              c.in_chans, c.img_size)
+    check_arguments(model, output, calibrators, dataset, c)
+    from ..data import image_geometry
+
+    if c.test_split is None:
+        cal_data, test_data, cal_source, test_source, dataset = _run_splits(model, c.checkpoint, dataset, c.data_dir,
+                                                                            held_out, log)
     else:
-        cal_data, test_data, cal_source, test_source = _splits(dataset, test_split, calibration_split,
-                                                               calibration_fraction, seed,
-                                                               (image_column, label_column, data_dir))
+        cal_data, test_data, cal_source, test_source = _splits(dataset, c.test_split, c.calibration_split,
+                                                               c.calibration_fraction, c.seed,
+                                                               (c.image_column, c.label_column, c.data_dir))
     if len(test_data) == 0:
-        raise ValueError(f"the test split {test_split!r} has no images")
-    classifier = load_classifier(model, checkpoint, pretrained_path, num_classes, class_names=class_names,
+        raise ValueError(f"the test split {c.test_split!r} has no images")
+    classifier = load_classifier(model, c.checkpoint, c.pretrained_path, c.num_classes, class_names=c.class_names,
                                  transform=transform, data_config=given,
-                                 native_size=image_geometry(test_data, seed)[1], log=log)
-    check_splits(classifier, dataset, test_split, calibration_split, allow_training_split, log)
+                                 native_size=image_geometry(test_data, c.seed)[1], log=log)
+    check_splits(classifier, dataset, c.test_split, c.calibration_split, c.allow_training_split, log)
     check_classes(classifier, list(test_data.class_names), (classifier.meta or {}).get("num_classes"), log)
-    shift_eval = ShiftEvaluation.create(shift, shift_severities, ood, ood_split, seed=seed, in_dataset=dataset,
-                                        class_names=list(test_data.class_names), data_dir=data_dir)
+    shift_eval = ShiftEvaluation.create(c.shift, c.shift_severities, c.ood, c.ood_split, seed=c.seed,
+                                        in_dataset=dataset, class_names=list(test_data.class_names),
+                                        data_dir=c.data_dir)
     k = len(test_data.class_names)
-    calibrators, left_out = fit_candidates(calibrators, export, k, len(cal_data), folds)
+    calibrators, left_out = fit_candidates(calibrators, c.export, k, len(cal_data), c.folds)
     cal_labels = torch.as_tensor(cal_data.labels)
     check_calibration_samples(calibrators, len(cal_labels), len(torch.unique(cal_labels)), k)
     log(f"predicting {len(cal_data)} calibration and {len(test_data)} test images")
-    cal = _predict(classifier, cal_data, batch_size, device, workers)
+
+    def predict(split):
+        return predict_split(classifier, split, c.batch_size, c.device, c.workers)
+
+    cal = predict(cal_data)
     if cal[0].shape[1] != k:
         raise ValueError(f"the model has {cal[0].shape[1]} outputs, the data {k} classes")
     refuse_chance(cal, classifier)
-    test = _predict(classifier, test_data, batch_size, device, workers)
-    chosen, selection = choose_export(calibrators, export, cal, folds, select_by, seed, n_bins, odir, left_out, log)
-    results = fit_and_score(calibrators, cal, test, n_bins, alpha, conformal, seed, log, odir, bootstrap)
+    test = predict(test_data)
+    chosen, selection = choose_export(calibrators, c.export, cal, c.folds, c.select_by, c.seed, c.n_bins, values,
+                                      left_out, log)
+    results = fit_and_score(calibrators, cal, test, c.n_bins, c.alpha, c.conformal, c.seed, log, values,
+                            c.bootstrap)
     log(f"exported: {chosen['kind']} ({chosen['chosen_by']})")
+    report = _report(classifier, c, dataset, test_data, (cal_source, len(cal_data)), (test_source, len(test_data)),
+                     test, results, selection)
+    if shift_eval is not None:
+        fitted = {name: calibrator for name, (calibrator, _) in results["fitted"].items()}
+        report.update(shift_eval.run(predict, test_data, test, cal, fitted, n_bins=c.n_bins, conformal=c.conformal,
+                                     alpha=c.alpha, resamples=c.bootstrap, log=log, transform=classifier.transform))
+    _write(output, classifier, report, chosen, results, test, test_data, test_source, dataset, c, log)
+    log(f"report: {output / 'report.md'}; calibrated model: {output} (load_trained_classifier(..., "
+        "calibrated=True))")
+    return report
+
+
+def _report(classifier: Classifier, c: CalibrateConfig, dataset, test_data, cal_part, test_part, test, results,
+            selection) -> Dict[str, Any]:
+    """``report.json``'s numbers before the shift sections (``cal_part`` / ``test_part``: (description, size))."""
     pre = classifier.preprocessing
     report: Dict[str, Any] = {
         "model": classifier.description, "dataset": str(dataset), "class_names": list(test_data.class_names),
-        "calibration": {"source": cal_source, "n": len(cal_data)}, "test": {"source": test_source, "n": len(test_data)},
-        "n_bins": n_bins, "alpha": alpha, "seed": seed, "odir": odir,
+        "calibration": {"source": cal_part[0], "n": cal_part[1]}, "test": {"source": test_part[0], "n": test_part[1]},
+        "n_bins": c.n_bins, "alpha": c.alpha, "seed": c.seed, "odir": c.calibrator_options(),
         "preprocessing": None if pre is None else dict(vars(pre), description=pre.describe()),
-        "uncalibrated": {"test": prediction_scores(test[0], test[1], n_bins),
-                         "curves": prediction_curves(test[0], test[1], n_bins)},
+        "uncalibrated": {"test": prediction_scores(test[0], test[1], c.n_bins),
+                         "curves": prediction_curves(test[0], test[1], c.n_bins)},
         "calibrators": results["rows"], "conformal": results["conformal"],
     }
     if results["conformal_left_out"]:
         report["conformal_left_out"] = results["conformal_left_out"]
-    if bootstrap:
-        report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, n_bins, bootstrap, seed)}
-        report["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": DEFAULT_LEVEL, "interval": INTERVAL_NOTE,
+    if c.bootstrap:
+        report["uncalibrated"]["intervals"] = {"test": prediction_intervals(*test, c.n_bins, c.bootstrap, c.seed)}
+        report["bootstrap"] = {"resamples": c.bootstrap, "seed": c.seed, "level": DEFAULT_LEVEL,
+                               "interval": INTERVAL_NOTE,
                                "resampled": "the samples of the test (and calibration) split"}
     if selection is not None:
         report["selection"] = selection
-    if shift_eval is not None:
-        report.update(shift_eval.run(lambda split: _predict(classifier, split, batch_size, device, workers),
-                                     test_data, test, cal, {n: c for n, (c, _) in results["fitted"].items()},
-                                     n_bins=n_bins, conformal=conformal, alpha=alpha, resamples=bootstrap,
-                                     log=log, transform=classifier.transform))
+    return report
+
+
+def _write(output: Path, classifier: Classifier, report, chosen, results, test, test_data, test_source, dataset,
+           c: CalibrateConfig, log) -> None:
+    """The output folder, written into a staging folder renamed to ``output`` at the end (see the module
+    docstring)."""
     with staging_folder(output) as staging:
         (staging / "calibrators").mkdir()
         for name, (calibrator, _) in results["fitted"].items():
@@ -274,8 +268,5 @@ def calibrate(model, dataset=None, *, output, test_split: Optional[str] = None, 
                         {"dataset": str(dataset), "test": test_source})
         write_json_atomic(staging / "report.json", report)
         write_text_atomic(staging / "report.md", report_markdown(report) + shift_markdown(report))
-        write_plots(staging, test, results["fitted"], n_bins, log, reliability)
+        write_plots(staging, test, results["fitted"], c.n_bins, log, c.reliability)
         shift_figure(staging, report, log)
-    log(f"report: {output / 'report.md'}; calibrated model: {output} (load_trained_classifier(..., "
-        "calibrated=True))")
-    return report

@@ -1,11 +1,11 @@
-"""training.memory: freed heap pages go back to the operating system on glibc."""
+"""evaluation.memory: freed heap pages go back to the operating system on glibc."""
 import json
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
-MODULE = Path(__file__).resolve().parents[1] / "timm_csm" / "training" / "memory.py"
+MODULE = Path(__file__).resolve().parents[1] / "timm_csm" / "evaluation" / "memory.py"
 
 # A fresh interpreter with nothing but the module, so the heap starts small and predictable: 1 024 blocks of 64 KiB
 # (below glibc's mmap threshold, so from the heap), each followed by a small block that stays allocated. Freed, the

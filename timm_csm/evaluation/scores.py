@@ -1,25 +1,29 @@
-"""Calibration of a trained classifier from its predictions: metrics before and after temperature scaling, PIECE.
+"""Calibration of a trained classifier from its predictions: metrics before and after each calibrator fitted on
+the validation split (temperature scaling by default), PIECE.
 
 :func:`evaluate_calibration` is pure: it takes the validation and test predictions (logits, labels and, for PIECE,
-penultimate features) and returns the metrics, the temperature and the scaled test logits; it reads and writes no
-files and runs no model.
+penultimate features) and returns the metrics, the temperature and the calibrated test logits; it reads and writes
+no files and runs no model.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..calibration import TemperatureScaling, bootstrap_temperatures
-from ..calibration.temperature import SMALL_VALIDATION, TEMPERATURE_RESAMPLES
-from ..metrics import (DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, ece, nll, percentile_interval, piece,
-                       proximity)
+from ..calibration import TemperatureScaling, calibrator_spec
+from ..metrics import DEFAULT_N_BINS, bootstrap_metrics, calibration_metrics, piece, proximity
 from ..metrics.interval_methods import INTERVAL_NOTE
 from ..metrics.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES
-from .config import TRAINING_TEMPERATURE_METHOD
+from .calibrators import create_with_options, temperature_spread
 
-__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "temperature_spread"]
+__all__ = ["Evaluation", "evaluate_calibration", "metric_row", "RUN_TEMPERATURE"]
+
+#: the calibrator whose phase is a run's ``post_ts`` (its ``temperature`` and ``temperature.safetensors``: what the
+#: comparisons, the studies and ``load_trained_classifier(calibrated=True)`` read); every other calibrator of a run
+#: has its own entry under ``calibrators``
+RUN_TEMPERATURE = "temperature_scaling"
 
 
 class _Scored(NamedTuple):
@@ -32,11 +36,13 @@ class _Scored(NamedTuple):
 class Evaluation(NamedTuple):
     """What :func:`evaluate_calibration` returns: ``metrics`` (``{"temperature", "test", "val"}``, the results.json
     entries), ``post_logits`` (the temperature-scaled test logits, the validation ones without a test split, None
-    without TS) and ``scaler`` (the fitted :class:`~timm_csm.calibration.TemperatureScaling`, None without TS)."""
+    without TS), ``scaler`` (the fitted :class:`~timm_csm.calibration.TemperatureScaling`, None without TS) and
+    ``calibrators`` (every fitted calibrator by name, TS included: what the shift evaluation applies)."""
 
     metrics: Dict[str, Any]
     post_logits: Optional[torch.Tensor]
     scaler: Optional[TemperatureScaling]
+    calibrators: Dict[str, Any] = {}
 
 
 def metric_row(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
@@ -56,12 +62,13 @@ def _piece(logits, labels, feats, ref_feats, n_bins: int, prox=None) -> Tuple[fl
 
 
 def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[Sequence[torch.Tensor]],
-                         n_bins: int = DEFAULT_N_BINS, ts_method: str = TRAINING_TEMPERATURE_METHOD,
-                         with_piece: bool = False,
+                         n_bins: int = DEFAULT_N_BINS, calibrators: Sequence[str] = (RUN_TEMPERATURE,),
+                         options: Optional[Mapping[str, Any]] = None, with_piece: bool = False,
                          fitted: Optional[TemperatureScaling] = None,
                          bootstrap: int = DEFAULT_RESAMPLES) -> Evaluation:
-    """Score ``test`` = (logits, labels[, features]) before and after temperature scaling fitted on ``val`` (same
-    layout; None: no validation split, pre-TS metrics only).
+    """Score ``test`` = (logits, labels[, features]) before and after each of ``calibrators`` (registry names,
+    created with the front end's option values ``options``: :func:`~.calibrators.create_with_options`; ``n_bins``
+    is one of them) fitted on ``val`` (same layout; None: no validation split, pre-TS metrics only).
 
     * ``metrics["test"]["pre_ts"]`` / ``["post_ts"]``: :func:`timm_csm.metrics.calibration_metrics` of the test
       logits and of the scaled ones; ``metrics["val"]`` the same on the validation split;
@@ -74,9 +81,13 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       ``SMALL_VALIDATION``), ``metrics["post_ts_spread"]`` holds the 95% range of the test ECE and NLL after TS
       over those temperatures (``{"n_val", "ece": {"low", "high"}, "nll": {...}}``): how far the after-TS numbers
       move with the temperature alone. Absent with ``bootstrap=0`` or without a temperature fitted here;
-    * TS: :class:`~timm_csm.calibration.TemperatureScaling` (``ts_method``: NLL as Guo et al., a training run's
-      default, or the grid 0.1..10 by ECE of the CSM paper); a fit that fails (e.g. fewer validation samples than
-      classes) is skipped with a warning;
+    * TS (:data:`RUN_TEMPERATURE`, when listed): :class:`~timm_csm.calibration.TemperatureScaling` (its option
+      ``ts_method``: NLL as Guo et al., a training run's default, or the grid 0.1..10 by ECE of the CSM paper); a
+      fit that fails (e.g. fewer validation samples than classes) is skipped with a warning, as for every
+      calibrator;
+    * every other calibrator: ``metrics["calibrators"][name]`` = ``{"test", "val"}``, the metrics of its
+      calibrated logits (PIECE too with ``with_piece``), with ``"intervals"`` ``{split: {metric: ...}}`` as above;
+      absent when only TS is listed;
     * ``test`` None (a dataset with no test split): ``metrics["test"]`` is None, the validation metrics are the
       report (after TS in-sample) and ``post_logits`` are the scaled validation logits;
     * ``with_piece``: the proximity-informed ECE (Xiong et al., NeurIPS 2023) of the test logits before and after
@@ -85,8 +96,18 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
     * ``fitted``: without validation predictions, a temperature fitted before (the training run's, for an
       eval-only run on a folder of held-out images) is applied to the test logits as it is.
     """
-    scored = _evaluate(val, test, n_bins, ts_method, with_piece, fitted)
+    values = {"n_bins": n_bins, **(options or {})}
+    scaler = _fit(RUN_TEMPERATURE, values, val) if RUN_TEMPERATURE in calibrators and val is not None else None
+    scored = _evaluate(val, test, n_bins, scaler, with_piece, fitted)
     metrics = scored.metrics
+    asked = [name for name in calibrators if name != RUN_TEMPERATURE]
+    if asked and val is None:
+        warnings.warn(f"calibrators {', '.join(asked)} skipped: no validation images to fit them on")
+    others = {name: _fit(name, values, val) for name in asked if val is not None}
+    others = {name: c for name, c in others.items() if c is not None}
+    if asked:
+        metrics["calibrators"] = _score_others(others, val, test, n_bins, bootstrap, scored.test_proximity,
+                                               with_piece and val is not None and test is not None)
     if bootstrap:
         val_post = scored.scaler.transform(val[0]) if scored.scaler is not None and val is not None else None
         splits = {"test": (test, scored.post_logits, scored.test_proximity), "val": (val, val_post, None)}
@@ -102,34 +123,50 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
                                 "interval": INTERVAL_NOTE, "resampled": "the samples of each split"}
         if scored.scaler is not None and val is not None:
             metrics.update(temperature_spread(scored.scaler, val, test, n_bins, bootstrap))
-    return Evaluation(metrics, scored.post_logits, scored.scaler)
+    fitted_all = {**({RUN_TEMPERATURE: scored.scaler} if scored.scaler is not None else {}), **others}
+    return Evaluation(metrics, scored.post_logits, scored.scaler, fitted_all)
 
 
-def temperature_spread(scaler: TemperatureScaling, val, test, n_bins: int, bootstrap: int) -> Dict[str, Any]:
-    """``{"temperature_interval"[, "post_ts_spread"]}``: the interval of ``scaler``'s temperature over refits on
-    resampled validation (or calibration) images ``val`` (``bootstrap`` resamples, at most
-    :data:`~timm_csm.calibration.temperature.TEMPERATURE_RESAMPLES`), and with fewer than
-    :data:`~timm_csm.calibration.temperature.SMALL_VALIDATION` of them the range of the ``test`` ECE and NLL after
-    TS over the resampled temperatures (see :func:`evaluate_calibration`)."""
-    resamples = min(bootstrap, TEMPERATURE_RESAMPLES)
-    temperatures = bootstrap_temperatures(val[0], val[1], scaler.method, n_bins, resamples=resamples)
-    low, high = percentile_interval(temperatures)
-    out: Dict[str, Any] = {"temperature_interval": {"low": low, "high": high, "resamples": resamples}}
-    if test is None or len(val[1]) >= SMALL_VALIDATION:
-        return out
-    distinct, which = temperatures.unique(return_inverse=True)  # the grid's fits repeat: score each T once
-    score = {"ece": lambda z: ece(z, test[1], n_bins), "nll": lambda z: nll(z, test[1])}
-    spread = {}
-    for key, of_logits in score.items():
-        values = torch.tensor([of_logits(test[0] / t) for t in distinct.tolist()], dtype=torch.float64)[which]
-        spread[key] = dict(zip(("low", "high"), percentile_interval(values)))
-    out["post_ts_spread"] = {"n_val": len(val[1]), **spread}
+def _fit(name: str, values: Mapping[str, Any], val):
+    """Calibrator ``name`` fitted on the validation predictions, None (with a warning) when it cannot be fitted
+    there (:meth:`~timm_csm.calibration.CalibratorSpec.unmet`) or its fit fails."""
+    what = "temperature scaling" if name == RUN_TEMPERATURE else f"calibrator {name}"
+    why = calibrator_spec(name).unmet(val[0].shape[1], len(val[1]), "the validation split")
+    if why is not None:
+        warnings.warn(f"{what} skipped: it {why}")
+        return None
+    try:
+        return create_with_options(name, values).fit(val[0], val[1])
+    except ValueError as e:  # e.g. fewer validation samples than classes: reported without it
+        warnings.warn(f"{what} skipped: {e}")
+        return None
+
+
+def _score_others(others: Dict[str, Any], val, test, n_bins: int, bootstrap: int, prox,
+                  with_piece: bool) -> Dict[str, Any]:
+    """``{name: {"test", "val"[, "intervals"]}}`` of each calibrator but TS (see :func:`evaluate_calibration`)."""
+    out: Dict[str, Any] = {}
+    for name, calibrator in others.items():
+        row: Dict[str, Any] = {"test": None, "val": None}
+        splits = {"test": (test, prox), "val": (val, None)}
+        for split, (data, split_prox) in splits.items():
+            if data is None:
+                continue
+            logits = calibrator.transform(data[0])
+            row[split] = _scores(logits, data[1], n_bins)
+            if with_piece and split == "test":
+                row[split]["piece"] = _piece(logits, data[1], data[2], val[2], n_bins, split_prox)[0]
+            if bootstrap:
+                row.setdefault("intervals", {})[split] = bootstrap_metrics(logits, data[1], n_bins,
+                                                                           resamples=bootstrap, prox=split_prox)
+        out[name] = row
     return out
 
 
-def _evaluate(val, test, n_bins: int, ts_method: str, with_piece: bool,
+def _evaluate(val, test, n_bins: int, scaler: Optional[TemperatureScaling], with_piece: bool,
               fitted: Optional[TemperatureScaling] = None) -> "_Scored":
-    """The metrics of :func:`evaluate_calibration`, before their intervals."""
+    """The metrics of :func:`evaluate_calibration` before and after ``scaler`` (fitted on ``val``; None: not asked
+    or its fit failed), before their intervals."""
     if val is None and test is None:
         raise ValueError("nothing to evaluate: no validation and no test predictions")
     metrics: Dict[str, Any] = {"temperature": None, "test": None, "val": None}
@@ -147,11 +184,7 @@ def _evaluate(val, test, n_bins: int, ts_method: str, with_piece: bool,
         return _Scored(metrics, post_logits, fitted, None)
     val_logits, val_y = val[0], val[1]
     metrics["val"] = {"pre_ts": _scores(val_logits, val_y, n_bins), "post_ts": None}
-    scaler, prox = None, None
-    try:
-        scaler = TemperatureScaling(method=ts_method, n_bins=n_bins).fit(val_logits, val_y)
-    except ValueError as e:  # e.g. fewer validation samples than classes: report pre-TS metrics only
-        warnings.warn(f"temperature scaling skipped: {e}")
+    prox = None
     if with_piece:
         metrics["test"]["pre_ts"]["piece"], prox = _piece(test[0], test[1], test[2], val[2], n_bins)
     if scaler is None:

@@ -4,7 +4,7 @@
     shift = ShiftEvaluation.create("all", severities=(1, 2, 3, 4, 5), ood="digits", seed=0,
                                    in_dataset="fashion_mnist", class_names=names)   # every check, nothing run
     results.update(shift.run(predict_split, test_split, test_predictions, calibration_predictions,
-                             {"temperature_scaling": scaler}, n_bins=15))
+                             {"temperature_scaling": scaler, "dirichlet": dirichlet}, n_bins=15))
 
 Under each corruption x severity (:mod:`timm_csm.data.corruptions`, applied lazily to the test split with the
 command's seed, at the model's input size: :func:`~timm_csm.data.corruptions.corrupt_at_input`) the caller's own
@@ -15,7 +15,7 @@ distribution), with split-conformal sets fitted there too (their coverage under 
 distribution; on top of a calibrator, a copy of it fitted on one part of the split and the quantile on the other).
 The OOD source's images, none of the model's classes, are scored against the test images by the maximum softmax
 probability, the maximum logit, the energy and the negative entropy
-(:mod:`timm_csm.metrics.ood`), before and after each calibrator. Reports: :mod:`~timm_csm.training.shift_report`.
+(:mod:`timm_csm.metrics.ood`), before and after each calibrator. Reports: :mod:`~timm_csm.evaluation.shift_report`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The checks of ``timm-csm-calibrate`` (:func:`timm_csm.calibrate.calibrate`), each a one-line ``ValueError``: the
+"""The checks of ``timm-csm-calibrate`` (:func:`timm_csm.evaluation.calibrate`), each a one-line ``ValueError``: the
 arguments before anything is loaded, then the data against the model (class names, the training split) and the
 model against chance accuracy before anything is written."""
 from __future__ import annotations
@@ -6,36 +6,27 @@ from __future__ import annotations
 import math
 import numbers
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
-from .calibrate_fit import create_with_penalties
-from .calibrate_report import RELIABILITY_KINDS
-from .calibration import CONFORMAL_METHODS, SELECTION_METRICS
-from .training.classifier import Classifier, require_safetensors
+from ..calibration import CONFORMAL_METHODS, SELECTION_METRICS
+from .calibrators import check_calibrators
+from .classifier import Classifier, require_safetensors
+from .config import CalibrateConfig
+from .report import RELIABILITY_KINDS
 
 __all__ = ["check_arguments", "check_splits", "check_classes", "refuse_chance", "CHANCE_MARGIN"]
 
 
-def check_arguments(model, output: Path, calibrators: List[str], export, select_by, conformal, alpha, reliability,
-                    odir, dataset, calibration_split, calibration_fraction, test_split, checkpoint, pretrained_path,
-                    least: Dict[str, Tuple[int, int]]) -> None:
-    """Every check that needs nothing loaded, in one place, before anything is: one line for the first problem
-    (``least``: {flag: (value, its least value)})."""
+def check_arguments(model, output: Path, calibrators: List[str], dataset, c: CalibrateConfig) -> None:
+    """Every check of the options ``c`` that needs nothing loaded, in one place, before anything is: one line for
+    the first problem."""
     if output.exists():
         raise ValueError(f"--output {output} exists; choose a new folder (nothing is overwritten)")
-    if not calibrators:
-        raise ValueError("give at least one calibrator (--calibrators NAME[,NAME...])")
-    auto = calibrators == ["auto"]
-    if "auto" in calibrators and not auto:
-        raise ValueError("--calibrators auto chooses among every registered calibrator: give it alone")
-    for name in [] if auto else calibrators:
-        create_with_penalties(name, odir)  # unknown names list the registered ones; bad ODIR strengths: one line
-    if export is not None:
-        create_with_penalties(export, odir)
-        if not auto and export not in calibrators:
-            raise ValueError(f"--export {export!r} is not one of --calibrators {','.join(calibrators)}")
+    check_calibrators(calibrators, c.export, c.calibrator_options())
+    select_by, reliability, conformal, alpha = c.select_by, c.reliability, c.conformal, c.alpha
+    test_split, calibration_split, calibration_fraction = c.test_split, c.calibration_split, c.calibration_fraction
     if select_by not in SELECTION_METRICS:
         raise ValueError(f"--select-by must be one of {', '.join(SELECTION_METRICS)}, got {select_by!r}")
     for kind in reliability:
@@ -63,11 +54,13 @@ def check_arguments(model, output: Path, calibrators: List[str], export, select_
                          "fitted on the test split: use --calibration-fraction to hold part of it out")
     if calibration_fraction is not None and not 0.0 < float(calibration_fraction) < 1.0:
         raise ValueError(f"--calibration-fraction must lie in (0, 1), got {calibration_fraction}")
+    least = {"--n-bins": (c.n_bins, 1), "--batch-size": (c.batch_size, 1), "--folds": (c.folds, 2),
+             "--bootstrap": (c.bootstrap, 0), "--workers": (c.workers, 0)}
     for flag, (value, smallest) in least.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < smallest:
             raise ValueError(f"{flag} must be at least {smallest}, a whole number; got {value!r}")
     if isinstance(model, (str, Path)) and not Path(model).exists():  # a timm name: its weights are files here
-        for path, flag in ((checkpoint, "--checkpoint"), (pretrained_path, "--pretrained-path")):
+        for path, flag in ((c.checkpoint, "--checkpoint"), (c.pretrained_path, "--pretrained-path")):
             if path:
                 require_safetensors(path, flag)
 
@@ -76,7 +69,7 @@ def check_splits(classifier: Classifier, dataset, test_split: Optional[str], cal
                  allow_training_split: bool, log) -> None:
     if test_split is None:  # the run's own held-out images (training.data.run_held_out_splits)
         return
-    from .data.sources import dataset_split_names, same_dataset
+    from ..data.sources import dataset_split_names, same_dataset
 
     meta = classifier.meta or {}
     if not meta.get("dataset"):

@@ -1,5 +1,6 @@
-"""The report of ``timm-csm-calibrate`` (:mod:`timm_csm.calibrate`): the curves of ``report.json``, ``report.md``
-from its numbers, and the diagrams (``reliability.png``, the optional adaptive / classwise ones, ``risk_coverage.png``).
+"""The report of ``timm-csm-calibrate`` (:func:`~timm_csm.evaluation.calibrate`): the curves of ``report.json``,
+``report.md`` from its numbers, and the diagrams (``reliability.png``, the optional adaptive / classwise ones,
+``risk_coverage.png``).
 """
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from .calibration import fold_table_markdown
-from .calibration.conformal import coverage_outside_range
-from .calibration.temperature import SMALL_VALIDATION
-from .extras import missing_extra
-from .metrics.interval_methods import no_interval_line
-from .metrics import list_metrics, reliability_table
-from .metrics.plots import RELIABILITY_KINDS, kind_diagrams, reliability_diagrams, risk_coverage_diagram
-from .metrics.selective import risk_coverage_from_points
+from ..calibration import fold_table_markdown
+from ..calibration.conformal import coverage_outside_range
+from ..calibration.temperature import SMALL_VALIDATION
+from ..extras import missing_extra
+from ..metrics.interval_methods import no_interval_line
+from ..metrics import list_metrics, reliability_table
+from ..metrics.plots import RELIABILITY_KINDS, kind_diagrams, reliability_diagrams, risk_coverage_diagram
+from ..metrics.selective import risk_coverage_from_points
 
 __all__ = ["report_markdown", "prediction_curves", "write_plots", "RELIABILITY_KINDS"]
 
