@@ -146,3 +146,10 @@ def test_the_checks_find_a_cycle_and_an_upward_import():
     graph = module_imports()
     assert "timm_csm.data.csm_format" in graph["timm_csm.hub.build"]  # relative imports are resolved
     assert "timm_csm.models" in graph["timm_csm.evaluation.model"]  # `from .. import models`: the submodule
+
+
+def test_no_module_of_the_package_or_the_benchmarks_is_over_400_lines():
+    """One concept a module: a module past 400 lines holds more than one, and is split."""
+    too_long = {str(p.relative_to(ROOT.parent)): n for folder in (ROOT, ROOT.parent / "benchmarks")
+                for p in sorted(folder.rglob("*.py")) if (n := len(p.read_text().splitlines())) > 400}
+    assert not too_long, too_long
