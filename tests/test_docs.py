@@ -66,7 +66,7 @@ def test_the_metrics_page_tabulates_every_metric_and_every_registered_calibrator
 
 
 def test_docstring_roles_become_inline_code():
-    text = "see :func:`~timm_csm.train.run`, :mod:`timm_csm.metrics` and :class:`the task <timm.task.Task>`"
+    text = "see :func:`~timm_csm.training.run`, :mod:`timm_csm.metrics` and :class:`the task <timm.task.Task>`"
     assert build_hooks._ROLE.sub(build_hooks._inline_code, text) == \
         "see `run`, `timm_csm.metrics` and `the task`"
 

@@ -58,7 +58,7 @@ _run = functools.partial(option, group="Run")
 
 @dataclass
 class TrainConfig:
-    """The options of a training run (:func:`timm_csm.train.run`), one field per flag of ``timm-csm-train`` (same
+    """The options of a training run (:func:`timm_csm.training.run`), one field per flag of ``timm-csm-train`` (same
     name with ``_``, same default; ``timm-csm-train --help`` describes each). ``explicit``: the options given
     explicitly; None (a configuration built in Python) counts those that differ from their defaults."""
 
