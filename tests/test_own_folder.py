@@ -103,7 +103,9 @@ def test_the_pipeline_holds_out_one_test_split_of_a_flat_folder_for_every_stage(
     from timm_csm.recipes.steps import PoorGeneratorError
 
     folder = flat[0].name
-    strict = dataclasses.replace(get_profile("smoke"), dataset=folder, test_fraction=0.2, accept_poor_generator=False)
+    smoke = get_profile("smoke")
+    strict = dataclasses.replace(smoke, dataset=folder, test_fraction=0.2,
+                                 annotation=dataclasses.replace(smoke.annotation, accept_poor_generator=False))
     with pytest.raises(PoorGeneratorError, match="the generator is poor: .*--accept-poor-generator"):
         run_recipe(strict, "runs/pipe", log=lambda line: None)
     pipe = flat[0].parent / "runs" / "pipe"
