@@ -34,6 +34,8 @@ def test_each_calibrator_is_fitted_on_validation_and_scored_as_an_independent_fi
     with pytest.warns(UserWarning, match="calibrator dirichlet skipped: it needs at least 20 samples"):
         few = evaluate_calibration(_logits(12, seed=3), test, calibrators=["dirichlet"], bootstrap=0)
     assert few.metrics["calibrators"] == {} and few.calibrators == {}
+    assert few.metrics["calibrators_skipped"]["dirichlet"].startswith("it needs at least 20 samples")
+    assert "calibrators_skipped" not in both.metrics
     only = evaluate_calibration(val, test, calibrators=["dirichlet"], bootstrap=0)
     assert only.metrics["test"]["post_ts"] is None and only.scaler is None and set(only.calibrators) == {"dirichlet"}
 
@@ -61,3 +63,17 @@ def test_an_unknown_calibrator_is_one_line_before_training(tmp_path):
         run(dict(dataset="digits", model="small_cnn", epochs=1, output=str(tmp_path), experiment="x",
                  calibrators="dirichlett,temperature_scaling", progress=False))
     assert not (tmp_path / "x").exists()
+
+
+def test_results_md_says_which_calibrator_was_not_fitted_and_why():
+    from timm_csm.training.reporting import results_markdown
+
+    val, test = _logits(12, seed=3), _logits(300, seed=2)
+    with pytest.warns(UserWarning, match="calibrator dirichlet skipped"):
+        scored = evaluate_calibration(val, test, calibrators=["temperature_scaling", "dirichlet"],
+                                      options={"ts_method": "nll"}, bootstrap=0)
+    results = {"model": "m", "dataset": "d", "loss": "ce", "n_bins": 15, "n_test": 300, "n_val": 12,
+               "ts_method": "nll", "run_id": "r", **scored.metrics}
+    text = results_markdown(results)
+    assert "Not fitted, so not in the table: dirichlet (it needs at least 20 samples" in text
+    assert "after dirichlet" not in text

@@ -97,17 +97,22 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
       eval-only run on a folder of held-out images) is applied to the test logits as it is.
     """
     values = {"n_bins": n_bins, **(options or {})}
-    scaler = _fit(RUN_TEMPERATURE, values, val) if RUN_TEMPERATURE in calibrators and val is not None else None
+    skipped: Dict[str, str] = {}  # calibrators asked for and not fitted, with the reason (said in the report)
+    scaler = (_fit(RUN_TEMPERATURE, values, val, skipped) if RUN_TEMPERATURE in calibrators and val is not None
+              else None)
     scored = _evaluate(val, test, n_bins, scaler, with_piece, fitted)
     metrics = scored.metrics
     asked = [name for name in calibrators if name != RUN_TEMPERATURE]
     if asked and val is None:
         warnings.warn(f"calibrators {', '.join(asked)} skipped: no validation images to fit them on")
-    others = {name: _fit(name, values, val) for name in asked if val is not None}
+        skipped.update(dict.fromkeys(asked, "no validation images to fit it on"))
+    others = {name: _fit(name, values, val, skipped) for name in asked if val is not None}
     others = {name: c for name, c in others.items() if c is not None}
     if asked:
         metrics["calibrators"] = _score_others(others, val, test, n_bins, bootstrap, scored.test_proximity,
                                                with_piece and val is not None and test is not None)
+    if skipped:
+        metrics["calibrators_skipped"] = skipped
     if bootstrap:
         val_post = scored.scaler.transform(val[0]) if scored.scaler is not None and val is not None else None
         splits = {"test": (test, scored.post_logits, scored.test_proximity), "val": (val, val_post, None)}
@@ -127,19 +132,21 @@ def evaluate_calibration(val: Optional[Sequence[torch.Tensor]], test: Optional[S
     return Evaluation(metrics, scored.post_logits, scored.scaler, fitted_all)
 
 
-def _fit(name: str, values: Mapping[str, Any], val):
-    """Calibrator ``name`` fitted on the validation predictions, None (with a warning) when it cannot be fitted
-    there (:meth:`~timm_csm.calibration.CalibratorSpec.unmet`) or its fit fails."""
+def _fit(name: str, values: Mapping[str, Any], val, skipped: Dict[str, str]):
+    """Calibrator ``name`` fitted on the validation predictions, None when it cannot be fitted there
+    (:meth:`~timm_csm.calibration.CalibratorSpec.unmet`) or its fit fails: then warned and its reason kept in
+    ``skipped``, which the report states."""
     what = "temperature scaling" if name == RUN_TEMPERATURE else f"calibrator {name}"
-    why = calibrator_spec(name).unmet(val[0].shape[1], len(val[1]), "the validation split")
-    if why is not None:
-        warnings.warn(f"{what} skipped: it {why}")
-        return None
+    unmet = calibrator_spec(name).unmet(val[0].shape[1], len(val[1]), "the validation split")
     try:
-        return create_with_options(name, values).fit(val[0], val[1])
+        if unmet is None:
+            return create_with_options(name, values).fit(val[0], val[1])
+        why = f"it {unmet}"
     except ValueError as e:  # e.g. fewer validation samples than classes: reported without it
-        warnings.warn(f"{what} skipped: {e}")
-        return None
+        why = str(e)
+    warnings.warn(f"{what} skipped: {why}")
+    skipped[name] = why
+    return None
 
 
 def _score_others(others: Dict[str, Any], val, test, n_bins: int, bootstrap: int, prox,

@@ -59,6 +59,10 @@ def results_markdown(results: Dict[str, Any]) -> str:
     others = {name: (row[split], (row.get("intervals") or {}).get(split) or {})
               for name, row in (results.get("calibrators") or {}).items()}  # --calibrators besides TS
     phases = [(pre, intervals.get("pre_ts", {})), (post, intervals.get("post_ts", {})), *others.values()]
+    skipped = results.get("calibrators_skipped") or {}
+    if skipped:
+        lines += ["Not fitted, so not in the table: " + "; ".join(f"{name} ({why})" for name, why in skipped.items())
+                  + ".", ""]
     lines += ["| metric | before TS | after TS |" + "".join(f" after {name} |" for name in others),
               "|---|---|---|" + "---|" * len(others)]
     for key, label, scale in REPORT_ROWS:
