@@ -106,7 +106,8 @@ def verify_lines(log: Optional[Path]) -> List[str]:
         extra = f"; reported now, not compared: {', '.join(r['not_compared'])}" if r.get("not_compared") else ""
         transcribed = (" (transcribed from the command's printed result: the code at this commit did not write "
                        "the log)" if r.get("transcribed") else "")
-        where = f", torch's CPU capability {r['cpu_capability']}" if r.get("cpu_capability") else ""
+        # a verdict holds at the capability it ran at: an older record that lacks it says so
+        where = f", torch's CPU capability {r.get('cpu_capability') or 'not recorded'}"
         lines.append(f"* `{r['cell']}` at {(r['commit'] or '?')[:7]}{'' if r.get('clean') else ' (modified)'}{where}: "
                      f"{what}{extra}{transcribed}.")
     return lines + [""]
