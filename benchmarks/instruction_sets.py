@@ -10,6 +10,7 @@ difference) to ``benchmarks/cells_isa_verify.json``, and the page is written fro
     env $PINS OMP_NUM_THREADS=1 $VERIFY                                               # pinned, on this machine
     OMP_NUM_THREADS=1 $VERIFY                                                         # unpinned: the control
     env $PINS OMP_NUM_THREADS=1 qemu-x86_64 -cpu Haswell $(which python) $(which timm-csm-study) verify ...
+    [env $PINS] [qemu-x86_64 -cpu MODEL] python benchmarks/instruction_sets.py --ops  # which kernels differ
     python benchmarks/instruction_sets.py --report                                    # benchmarks/instruction_sets.md
 
 The cell's checkpoints stay under ``runs/instruction_sets/`` (outside git); ``benchmarks/cells_isa/ce-s0`` holds its
@@ -18,6 +19,7 @@ The cell's checkpoints stay under ``runs/instruction_sets/`` (outside git); ``be
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "benchmarks" / "instruction_sets.toml"
 CELLS = ROOT / "benchmarks" / "cells_isa"
 LOG = ROOT / "benchmarks" / "cells_isa_verify.json"
+OPS_LOG = ROOT / "benchmarks" / "cells_isa_ops.json"
 PAGE = ROOT / "benchmarks" / "instruction_sets.md"
 RUNS = ROOT / "runs" / "instruction_sets" / "cells"
 CELL, METHOD, SEED = "ce-s0", "ce", 0
@@ -50,6 +53,75 @@ def record_cell() -> Dict[str, Any]:
                        spec_digest=spec_digest(text), repo=ROOT)
     print(f"{CELL}: recorded in {CELLS / CELL} (checkpoints in {folder})")
     return results
+
+
+def op_digests() -> Dict[str, str]:
+    """sha256 (16 hex digits) of the outputs of each kind of kernel a small_cnn training step runs, at the cell's
+    sizes, on inputs drawn from one fixed seed: which kernels give other bits on this machine."""
+    import hashlib
+
+    import torch
+    import torch.nn.functional as F
+
+    def digest(*tensors) -> str:
+        h = hashlib.sha256()
+        for t in tensors:
+            h.update(t.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    g = torch.Generator().manual_seed(0)
+    out: Dict[str, str] = {"rand": digest(torch.rand(4096, generator=g)),
+                           "randn": digest(torch.randn(4096, generator=g))}
+    x = torch.randn(128, 16, 8, 8, generator=g, requires_grad=True)
+    w = torch.randn(32, 16, 3, 3, generator=g, requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    out["conv2d"] = digest(y)
+    gx, gw = torch.autograd.grad(y, (x, w), torch.randn(y.shape, generator=g))
+    out["conv2d backward"] = digest(gx, gw)
+    # each kernel on inputs of its own: a difference is the kernel's, not one carried from the kernel before
+    z = torch.randn(y.shape, generator=g, requires_grad=True)
+    b = F.batch_norm(z, None, None, torch.ones(32), torch.zeros(32), training=True)
+    out["batch_norm"] = digest(b)
+    out["batch_norm backward"] = digest(torch.autograd.grad(b.square().sum(), z)[0])
+    p = F.max_pool2d(torch.relu(z), 2)
+    out["relu, max_pool2d"] = digest(p, torch.autograd.grad(p.sum(), z)[0])
+    a = torch.randn(128, 64, generator=g, requires_grad=True)
+    lw = torch.randn(10, 64, generator=g, requires_grad=True)
+    logits = F.linear(a, lw)
+    out["linear"] = digest(logits)
+    labels = torch.randint(0, 10, (128,), generator=g)
+    loss = F.cross_entropy(logits, labels)
+    out["cross_entropy"] = digest(loss, *torch.autograd.grad(loss, (a, lw)))
+    v = torch.randn(100_000, generator=g)
+    out["exp, log, tanh, sigmoid"] = digest(v.exp(), v.abs().log(), v.tanh(), v.sigmoid())
+    t = torch.randn(128, 10, generator=g)
+    out["softmax, log_softmax"] = digest(t.softmax(1), t.log_softmax(1))
+    out["sum (float32), sum (float64)"] = digest(v.sum(), v.double().sum())
+    m = torch.randn(256, 256, generator=g)
+    out["matmul 256"] = digest(m @ m)
+    params = [torch.randn(32, 16, 3, 3, generator=g), torch.randn(10, 64, generator=g)]
+    for param in params:
+        param.grad = torch.randn(param.shape, generator=g)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=5e-4)
+    for _ in range(3):
+        opt.step()
+    out["SGD (momentum, weight decay)"] = digest(*params)
+    return out
+
+
+def log_ops() -> None:
+    """Append this machine's :func:`op_digests` to :data:`OPS_LOG`, with its CPU capability and pins."""
+    import torch
+
+    from timm_csm.io import write_json_atomic
+    from timm_csm.recipes.cells import cpu_model
+
+    runs = read_json(OPS_LOG) if OPS_LOG.exists() else []
+    entry = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+             "pins": {k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}, "torch": torch.__version__,
+             "digests": op_digests()}
+    write_json_atomic(OPS_LOG, runs + [entry], indent=1)
+    print(f"appended to {OPS_LOG}: {entry['cpu_capability']}, pins {_pins(entry)}")
 
 
 def _pins(entry: Dict[str, Any]) -> str:
@@ -96,19 +168,41 @@ def page_lines(cell: Dict[str, Any], runs: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def ops_lines(runs: List[Dict[str, Any]]) -> List[str]:
+    """One column per run of ``--ops``: whether each kernel gave the bits of the first run (the recording machine's,
+    pinned)."""
+    if not runs:
+        return []
+    reference = runs[0]["digests"]
+    lines = ["", "## Which kernels differ", "",
+             "`--ops` runs each kind of kernel a small_cnn training step runs, at the cell's sizes, on inputs of "
+             "its own from one fixed seed, and logs the sha256 of its outputs (`benchmarks/cells_isa_ops.json`). "
+             "`=`: the same bits as run 1; `x`: other bits.", "",
+             "| kernel | " + " | ".join(f"{i}: {r['cpu_capability']}, {_pins(r)}" for i, r in enumerate(runs, 1)) + " |",
+             "|---|" + "---|" * len(runs)]
+    for op, digest in reference.items():
+        lines.append(f"| {op} | " + " | ".join("=" if r["digests"].get(op) == digest else "x" for r in runs) + " |")
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     verb = p.add_mutually_exclusive_group(required=True)
     verb.add_argument("--record", action="store_true", help="run and commit the cell (the pins in force)")
+    verb.add_argument("--ops", action="store_true", help="log which kernels give which bits on this machine")
     verb.add_argument("--report", action="store_true", help=f"write {PAGE.name} from the verify log")
     args = p.parse_args(argv)
     if args.record:
         record_cell()
         return
+    if args.ops:
+        log_ops()
+        return
     if not LOG.exists():
         raise SystemExit(f"no verify log at {LOG}: verify the cell first (see this script's docstring)")
     lines = page_lines(read_json(CELLS / CELL / "cell.json"), read_json(LOG))
+    lines += ops_lines(read_json(OPS_LOG) if OPS_LOG.exists() else [])
     write_text_atomic(PAGE, "\n".join(lines) + "\n")
     print(f"wrote {PAGE}")
 
