@@ -4,14 +4,15 @@ recorded once with the pins in force, then re-run by ``timm-csm-study verify`` o
 with and without the pins; each verify appends its own record (the CPU capability torch chose, the pins, every
 difference) to ``benchmarks/cells_isa_verify.json``, and the page is written from that log alone.
 
-    PINS="ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"
-    env $PINS OMP_NUM_THREADS=1 python benchmarks/instruction_sets.py --record        # the cell, once
-    VERIFY="timm-csm-study verify benchmarks/instruction_sets.toml ce-s0 --cells benchmarks/cells_isa"
-    env $PINS OMP_NUM_THREADS=1 $VERIFY                                               # pinned, on this machine
-    OMP_NUM_THREADS=1 $VERIFY                                                         # unpinned: the control
-    env $PINS OMP_NUM_THREADS=1 qemu-x86_64 -cpu Haswell $(which python) $(which timm-csm-study) verify ...
-    [env $PINS] [qemu-x86_64 -cpu MODEL] python benchmarks/instruction_sets.py --ops  # which kernels differ
-    python benchmarks/instruction_sets.py --report                                    # benchmarks/instruction_sets.md
+    env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 \
+        python benchmarks/instruction_sets.py --record      # the cell, once
+    python benchmarks/instruction_sets.py --check [STEP ...]  # the steps of STEPS in turn (qemu-user for the others)
+    python benchmarks/instruction_sets.py --report          # benchmarks/instruction_sets.md
+
+A step re-runs the cell with ``timm-csm-study verify`` and/or logs which kernels give which bits (``--ops``), on this
+machine or on a CPU of another instruction set or vendor emulated by QEMU's user mode (``qemu-x86_64 -cpu MODEL``:
+the program sees that CPU's vector units and vendor; ``/proc/cpuinfo`` still names this machine's). Run it from the
+root of a clean checkout, ``python`` and ``timm-csm-study`` on the PATH.
 
 The cell's checkpoints stay under ``runs/instruction_sets/`` (outside git); ``benchmarks/cells_isa/ce-s0`` holds its
 ``cell.json`` and ``results.json``.
@@ -28,6 +29,7 @@ from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, instruction_set_problem
 from timm_csm.study.amendments import spec_digest
 from timm_csm.study.methods import get_method
 from timm_csm.study.options import cell_options, study_recipe
+from timm_csm.study.report_tables import differences_text
 from timm_csm.study.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +40,14 @@ OPS_LOG = ROOT / "benchmarks" / "cells_isa_ops.json"
 PAGE = ROOT / "benchmarks" / "instruction_sets.md"
 RUNS = ROOT / "runs" / "instruction_sets" / "cells"
 CELL, METHOD, SEED = "ce-s0", "ce", 0
+AVX2 = dict(INSTRUCTION_SET_PINS)
+#: MKL's code path for every vendor alike (its conditional numerical reproducibility's compatible branch)
+COMPATIBLE = dict(INSTRUCTION_SET_PINS, MKL_CBWR="COMPATIBLE")
+#: the check's steps, in the order their records are logged: (machine: "native" or a QEMU CPU model, the pins,
+#: whether the step re-runs the cell besides logging the kernels)
+STEPS = ((NATIVE := "native", AVX2, True), (NATIVE, {}, True), ("Haswell", AVX2, True), ("EPYC-Milan", AVX2, True),
+         (NATIVE, COMPATIBLE, False), ("Haswell", COMPATIBLE, False), ("EPYC-Milan", COMPATIBLE, False))
+MACHINES = {"Haswell": "QEMU `Haswell` (Intel, AVX2)", "EPYC-Milan": "QEMU `EPYC-Milan` (AMD, AVX2)"}
 
 
 def record_cell() -> Dict[str, Any]:
@@ -53,6 +63,28 @@ def record_cell() -> Dict[str, Any]:
                        spec_digest=spec_digest(text), repo=ROOT)
     print(f"{CELL}: recorded in {CELLS / CELL} (checkpoints in {folder})")
     return results
+
+
+def run_steps(steps: Sequence[int]) -> None:
+    """Run the steps numbered ``steps`` (1-based; all when empty) of :data:`STEPS`, each in a process of its own."""
+    import shutil
+    import subprocess
+    import sys
+
+    study = shutil.which("timm-csm-study")
+    if study is None:
+        raise SystemExit("timm-csm-study is not on the PATH: install the package (pip install -e .)")
+    for number, (machine, pins, verify) in enumerate(STEPS, 1):
+        if steps and number not in steps:
+            continue
+        prefix = [] if machine == NATIVE else ["qemu-x86_64", "-cpu", machine]
+        env = {k: v for k, v in os.environ.items() if k not in INSTRUCTION_SET_PINS}
+        env.update(pins, OMP_NUM_THREADS="1")
+        print(f"== step {number}: {MACHINES.get(machine, NATIVE)}, pins: {_pins({'pins': pins})}", flush=True)
+        commands = [[study, "verify", str(SPEC.relative_to(ROOT)), CELL, "--cells", str(CELLS.relative_to(ROOT))]
+                    ] * verify + [[str(Path(__file__).relative_to(ROOT)), "--ops"]]
+        for command in commands:
+            subprocess.run(prefix + [sys.executable] + command, cwd=ROOT, env=env, check=True)
 
 
 def op_digests() -> Dict[str, str]:
@@ -125,12 +157,22 @@ def log_ops() -> None:
 
 
 def _pins(entry: Dict[str, Any]) -> str:
-    pins = entry.get("pins") or {}
-    if all(pins.get(k) == v for k, v in INSTRUCTION_SET_PINS.items()):
-        return "pinned"
-    if not any(pins.values()):
+    pins = {k: v for k, v in (entry.get("pins") or {}).items() if v}
+    if not pins:
         return "none"
-    return ", ".join(f"{k}={v}" for k, v in pins.items() if v)
+    other = {k: v for k, v in pins.items() if AVX2.get(k) != v}
+    if not other and len(pins) == len(AVX2):
+        return "AVX2"
+    return "AVX2, but " + ", ".join(f"{k}={v}" for k, v in other.items())
+
+
+def machine_label(machine: str, record: Dict[str, Any]) -> str:
+    return MACHINES.get(machine) or f"{record.get('cpu')} (this machine, {NATIVE})"
+
+
+def step_machines(verify: bool) -> List[str]:
+    """The machine of each record of the verify log (``verify``) or of the kernel log, in the order STEPS logs them."""
+    return [machine for machine, _, verifies in STEPS if verifies or not verify]
 
 
 def page_lines(cell: Dict[str, Any], runs: List[Dict[str, Any]]) -> List[str]:
@@ -143,12 +185,14 @@ def page_lines(cell: Dict[str, Any], runs: List[Dict[str, Any]]) -> List[str]:
         "amendment-4 cell and every cell of `timm-csm-study run --pin-instruction-set` runs with "
         + ", ".join(f"`{k}={v}`" for k, v in INSTRUCTION_SET_PINS.items())
         + ". This page re-runs one such cell on machines of other instruction sets, with and without the pins.", "",
-        "Commands (the script's docstring has them in full):", "",
+        "Commands:", "",
         "    env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 \\",
-        "        python benchmarks/instruction_sets.py --record",
-        "    [env PINS] OMP_NUM_THREADS=1 [qemu-x86_64 -cpu MODEL python] timm-csm-study verify \\",
-        "        benchmarks/instruction_sets.toml ce-s0 --cells benchmarks/cells_isa",
+        "        python benchmarks/instruction_sets.py --record   # the cell, once",
+        "    python benchmarks/instruction_sets.py --check        # each step: timm-csm-study verify and/or --ops",
         "    python benchmarks/instruction_sets.py --report", "",
+        "The other machines are CPUs emulated by QEMU's user mode (`qemu-x86_64 -cpu MODEL`, QEMU 7.2): the program "
+        "sees that model's vector units and vendor (torch's CPU capability below is what torch detected), while "
+        "`/proc/cpuinfo` still names this machine.", "",
         f"The cell: `{CELL}` of `benchmarks/instruction_sets.toml` (CE, small_cnn, scikit-learn's digits, "
         f"{cell['config']['epochs']} epochs, one thread), recorded at commit `{record['commit'][:7]}` on "
         f"{record['cpu']} with torch's CPU capability {record['cpu_capability']} and pins "
@@ -156,15 +200,13 @@ def page_lines(cell: Dict[str, Any], runs: List[Dict[str, Any]]) -> List[str]:
         "its recorded options and compares every number of `results.json` (test and validation metrics, per-epoch "
         "history, the checkpoint's epoch, the temperature) with the recorded ones; the log "
         "`benchmarks/cells_isa_verify.json` is written by the verify command alone.", "",
-        "| # | commit | CPU (`/proc/cpuinfo`) | torch's CPU capability | pins | reproduced | differences | first "
-        "difference |",
-        "|---:|---|---|---|---|---|---:|---|"]
-    for i, run in enumerate(runs, 1):
+        "| # | machine | commit | torch's CPU capability | pins | reproduced |",
+        "|---:|---|---|---|---|---|"]
+    for i, (run, machine) in enumerate(zip(runs, step_machines(verify=True)), 1):
         diffs = run.get("differences") or []
-        first = diffs[0].replace("|", "/") if diffs else ""
-        lines.append(f"| {i} | `{run['commit'][:7]}`{'' if run.get('clean') else ' (changes)'} | {run.get('cpu')} | "
-                     f"{run.get('cpu_capability')} | {_pins(run)} | {'exactly' if run['reproduced'] else 'no'} | "
-                     f"{len(diffs)} | {first[:110]} |")
+        lines.append(f"| {i} | {machine_label(machine, run)} | `{run['commit'][:7]}`"
+                     f"{'' if run.get('clean') else ' (changes)'} | {run.get('cpu_capability')} | {_pins(run)} | "
+                     f"{'exactly' if run['reproduced'] else differences_text(diffs)} |")
     return lines
 
 
@@ -178,7 +220,8 @@ def ops_lines(runs: List[Dict[str, Any]]) -> List[str]:
              "`--ops` runs each kind of kernel a small_cnn training step runs, at the cell's sizes, on inputs of "
              "its own from one fixed seed, and logs the sha256 of its outputs (`benchmarks/cells_isa_ops.json`). "
              "`=`: the same bits as run 1; `x`: other bits.", "",
-             "| kernel | " + " | ".join(f"{i}: {r['cpu_capability']}, {_pins(r)}" for i, r in enumerate(runs, 1)) + " |",
+             "| kernel | " + " | ".join(f"{i}: {machine_label(m, r)}, {r['cpu_capability']}, pins {_pins(r)}"
+                                     for i, (r, m) in enumerate(zip(runs, step_machines(verify=False)), 1)) + " |",
              "|---|" + "---|" * len(runs)]
     for op, digest in reference.items():
         lines.append(f"| {op} | " + " | ".join("=" if r["digests"].get(op) == digest else "x" for r in runs) + " |")
@@ -190,6 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     verb = p.add_mutually_exclusive_group(required=True)
     verb.add_argument("--record", action="store_true", help="run and commit the cell (the pins in force)")
+    verb.add_argument("--check", nargs="*", type=int, metavar="STEP", help="run these steps (default: all)")
     verb.add_argument("--ops", action="store_true", help="log which kernels give which bits on this machine")
     verb.add_argument("--report", action="store_true", help=f"write {PAGE.name} from the verify log")
     args = p.parse_args(argv)
@@ -198,6 +242,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.ops:
         log_ops()
+        return
+    if args.check is not None:
+        run_steps(args.check)
         return
     if not LOG.exists():
         raise SystemExit(f"no verify log at {LOG}: verify the cell first (see this script's docstring)")
