@@ -65,6 +65,27 @@ def record_cell() -> Dict[str, Any]:
     return results
 
 
+#: what the committed logs show (the tables above are computed from them; this reads them)
+FINDINGS = [
+    "", "## What it shows", "",
+    "- **The AVX2 pins carry a cell from an AVX-512 machine to an AVX2-only one of the same vendor.** On the "
+    "emulated AMD EPYC-Milan (verify 4) the cell re-ran to the same training history, checkpoint epoch and every "
+    "test and validation number; 3 values of the validation debiased calibration error differ in the last bit of a "
+    "float64 (2e-16 relative). It is the one metric that takes the square root of a float64 tensor; the kernel "
+    "behind the difference is not isolated (the kernel runs below take no square root).",
+    "- **Without the pins** the same machine computes other numbers from the first epoch on (verify 2): oneDNN's "
+    "convolutions and torch's softmax take their AVX-512 kernels (kernel runs 1 and 2), and the run keeps another "
+    "checkpoint epoch.",
+    "- **Across vendors `MKL_CBWR=AVX2` is not enough.** On the emulated Intel Haswell (verify 3) MKL's matrix "
+    "products and its exp / log take another code path than on AMD under the same pins (kernel run 3), and the cell "
+    "differs from the second epoch on. With `MKL_CBWR=COMPATIBLE` (kernel runs 5-7) every kernel gives the same "
+    "bits on the three CPUs, bits other than the AVX2 branch's, so a cell recorded with `MKL_CBWR=AVX2` does not "
+    "verify under it; a whole cell under `MKL_CBWR=COMPATIBLE` is not verified here.",
+    "- **So** amendment 4's cells, pinned at AVX2 as registered, are expected to reproduce on AMD x86-64 machines "
+    "with AVX2 or AVX-512 (shown above for one cell, on an emulated CPU), not on Intel ones; a study that must "
+    "reproduce across vendors should pin `MKL_CBWR=COMPATIBLE` from its first cell."]
+
+
 def run_steps(steps: Sequence[int]) -> None:
     """Run the steps numbered ``steps`` (1-based; all when empty) of :data:`STEPS`, each in a process of its own."""
     import shutil
@@ -211,20 +232,24 @@ def page_lines(cell: Dict[str, Any], runs: List[Dict[str, Any]]) -> List[str]:
 
 
 def ops_lines(runs: List[Dict[str, Any]]) -> List[str]:
-    """One column per run of ``--ops``: whether each kernel gave the bits of the first run (the recording machine's,
-    pinned)."""
+    """One column per run of ``--ops``: a letter per distinct output of each kernel (``a``: run 1's bits), so that
+    the runs that agree read off a row."""
     if not runs:
         return []
-    reference = runs[0]["digests"]
     lines = ["", "## Which kernels differ", "",
              "`--ops` runs each kind of kernel a small_cnn training step runs, at the cell's sizes, on inputs of "
              "its own from one fixed seed, and logs the sha256 of its outputs (`benchmarks/cells_isa_ops.json`). "
-             "`=`: the same bits as run 1; `x`: other bits.", "",
-             "| kernel | " + " | ".join(f"{i}: {machine_label(m, r)}, {r['cpu_capability']}, pins {_pins(r)}"
-                                     for i, (r, m) in enumerate(zip(runs, step_machines(verify=False)), 1)) + " |",
-             "|---|" + "---|" * len(runs)]
-    for op, digest in reference.items():
-        lines.append(f"| {op} | " + " | ".join("=" if r["digests"].get(op) == digest else "x" for r in runs) + " |")
+             "A letter per distinct output: runs with the same letter in a row computed the same bits.", "",
+             "| run | machine | torch's CPU capability | pins |", "|---:|---|---|---|"]
+    lines += [f"| {i} | {machine_label(m, r)} | {r['cpu_capability']} | {_pins(r)} |"
+              for i, (r, m) in enumerate(zip(runs, step_machines(verify=False)), 1)]
+    lines += ["", "| kernel | " + " | ".join(str(i) for i in range(1, len(runs) + 1)) + " |",
+              "|---|" + "---|" * len(runs)]
+    for op in runs[0]["digests"]:
+        letters: Dict[str, str] = {}
+        for r in runs:
+            letters.setdefault(r["digests"].get(op), "abcdefghij"[len(letters)])
+        lines.append(f"| {op} | " + " | ".join(letters[r["digests"].get(op)] for r in runs) + " |")
     return lines
 
 
@@ -249,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not LOG.exists():
         raise SystemExit(f"no verify log at {LOG}: verify the cell first (see this script's docstring)")
     lines = page_lines(read_json(CELLS / CELL / "cell.json"), read_json(LOG))
-    lines += ops_lines(read_json(OPS_LOG) if OPS_LOG.exists() else [])
+    lines += ops_lines(read_json(OPS_LOG) if OPS_LOG.exists() else []) + FINDINGS
     write_text_atomic(PAGE, "\n".join(lines) + "\n")
     print(f"wrote {PAGE}")
 
