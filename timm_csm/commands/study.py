@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus", type=float, default=0.0, help="GPUs of each cell's Ray task (ray)")
     run.add_argument("--pin-instruction-set", action="store_true",
                      help="run every cell with the instruction set pinned at AVX2 (as amendment 4's cells ran): the "
-                          "same numbers on machines with other vector units")
+                          "same numbers on x86-64 machines of the same vendor with other vector units, not across "
+                          "Intel and AMD (benchmarks/instruction_sets.md)")
     run.add_argument("--generated", nargs="+", type=_setting_path, default=[], metavar="SETTING=DIR",
                      help="each setting's generated CSM dataset, which CSM's configurations read and derive from "
                           "(matched: built from the cells' training images when not given)")

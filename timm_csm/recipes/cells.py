@@ -38,8 +38,9 @@ _WHERE = ("checkpoint", "output_dir", "run_id", "epoch_time", "seconds")
 #: what the instruction set decides, pinned at one level every x86-64 machine of the last decade has: torch's own
 #: vectorised kernels, MKL's code path (its conditional numerical reproducibility) and oneDNN's kernels. Without them
 #: a cell computes other numbers on a machine with other vector units (AVX-512 against AVX2 changed a cell's epoch-0
-#: loss in the fifth digit and its checkpoint epoch from 59 to 34). Read when torch starts: set them in the
-#: environment of the process.
+#: loss in the fifth digit and its checkpoint epoch from 59 to 34). Enough between machines of one vendor, not between
+#: Intel and AMD, where MKL takes another code path (benchmarks/instruction_sets.md). Read when torch starts: set them
+#: in the environment of the process.
 INSTRUCTION_SET_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
