@@ -93,7 +93,7 @@ def test_a_done_stage_is_skipped_on_a_rerun(tmp_path):
                 (stage.folder / "out.txt").write_text("3")
     assert len(calls) == 1 and (calls[0] / "out.txt").read_text() == "3"
     marker = json.loads((calls[0] / MARKER).read_text())
-    assert marker["config"] == {"n": 3} and marker["seconds"] >= 0
+    assert marker["config"] == {"n": 3} and marker["seconds"] >= 0 and marker["cpu_seconds"] >= 0
     assert "done already" in log[-1] and cache.timings == {}
     with StageCache(tmp_path, log.append).stage("work", {"n": 4}) as other:  # another configuration: another folder
         assert not other.done and other.folder != calls[0]

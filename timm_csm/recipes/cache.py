@@ -9,9 +9,9 @@ benchmark tables (:mod:`timm_csm.recipes.cells`) and the benchmark's settings bu
 
 A stage named ``name`` with configuration ``config`` (a JSON-able dict: its own settings and the configurations of
 the stages it reads) owns the folder ``<root>/<name>-<key>/``, ``key`` being the first 10 hex digits of the SHA-256
-of ``json.dumps(config, sort_keys=True, default=str)``. The marker ``DONE.json`` (the configuration and the seconds
-the stage took) is written last, atomically: a folder with the marker is done and skipped on a re-run; a stage
-killed before its marker runs again in the same folder (the long stages resume from what they left there).
+of ``json.dumps(config, sort_keys=True, default=str)``. The marker ``DONE.json`` (the configuration, and the wall and
+CPU seconds the stage took) is written last, atomically: a folder with the marker is done and skipped on a re-run; a
+stage killed before its marker runs again in the same folder (the long stages resume from what they left there).
 """
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ class StageCache:
             return
         keyed.folder.mkdir(parents=True, exist_ok=True)
         self.log(f"[{name}] -> {keyed.folder}")
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         yield Stage(name, keyed.folder, config, done=False)
         self.timings[name] = round(time.time() - t0, 1)
-        keyed.write(seconds=self.timings[name])
+        # the CPU seconds of every thread of this process: a stage's cost, which wall time on a shared machine is not
+        keyed.write(seconds=self.timings[name], cpu_seconds=round(time.process_time() - cpu0, 1))
