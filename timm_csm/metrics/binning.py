@@ -112,28 +112,9 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     if n == 1:
         return v.expand(n_bins + 1).clone()
     lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)
-    if v.device.type == "cpu":  # the order statistics without a sort: several times faster
-        low, high = (torch.from_numpy(a) for a in _order_statistics(v.numpy(), lo.numpy()))
-    else:
-        ordered = v.sort().values
-        low, high = ordered[lo], ordered[hi]
-    return low * (1.0 - frac) + high * frac
-
-
-def _order_statistics(v: np.ndarray, lo: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The values of ranks ``lo`` and ``min(lo + 1, N - 1)`` of ``v`` (rank 0 the smallest) by one partition.
-
-    ``np.partition`` puts the values of ranks ``lo`` in place, everything between two of them in the segment
-    between, so the value of rank ``k + 1`` is the smallest of the segment that follows rank ``k`` (up to and
-    including the next placed rank, which is at least as large as the segment).
-    """
-    n = v.size
-    ranks = np.unique(lo)
-    part = np.partition(v, ranks)
-    following = np.full(ranks.size, part[n - 1])
-    inner = ranks < n - 1
-    following[inner] = np.minimum.reduceat(part, ranks[inner] + 1)
-    return part[lo], following[np.searchsorted(ranks, lo)]
+    # NumPy's sort is several times faster than torch's on the CPU
+    ordered = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
+    return ordered[lo] * (1.0 - frac) + ordered[hi] * frac
 
 
 def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,

@@ -34,7 +34,6 @@ PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
 _F64 = torch.float64
 NARROW_CLASSES = 32
-_GROUP = 64
 
 
 def _check_soft_target(t):
@@ -86,7 +85,7 @@ class ClasswiseSums:
         soft targets ``(n, C)``."""
         n = p.shape[1 - classes_dim] if n is None else n
         self.n += n
-        self.prob_total += _sample_totals(p, 1 - classes_dim)
+        self.prob_total += p.sum(1 - classes_dim, dtype=_F64)
         B = self.B
         if B > 1:
             flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
@@ -111,18 +110,6 @@ class ClasswiseSums:
         state.cw_count.add_(count)
         state.cw_prob_sum.add_(prob.clamp_(min=0))
         state.cw_label_sum.add_(label.clamp_(min=0))
-
-
-def _sample_totals(p: torch.Tensor, samples_dim: int) -> torch.Tensor:
-    """Σ over the samples (dimension ``samples_dim``) of the 2-D ``p``, as float64: summed in ``p``'s precision within
-    groups of 64 consecutive samples (a float32 sum of 64 terms is good to a few units in its last place) and in
-    float64 across the groups, at a third of the cost of converting every entry to float64."""
-    n = p.shape[samples_dim]
-    whole = n // _GROUP * _GROUP
-    if samples_dim == 1:
-        p = p.T
-    head = p[:whole].reshape(-1, _GROUP, p.shape[1]).sum(1).sum(0, dtype=_F64)
-    return head if whole == n else head + p[whole:].sum(0, dtype=_F64)
 
 
 def _entries_at_least(p: torch.Tensor, threshold: float):

@@ -109,7 +109,7 @@ class CalibrationState:
 
 
 def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationState] = None, *,
-               max_elements: int = 1 << 18, **flags) -> CalibrationState:
+               max_elements: int = 1 << 20, **flags) -> CalibrationState:
     """Accumulate the statistics of ``inputs`` into a new state (merged into ``state`` when given).
 
     All blocks are reduced into a fresh state first, so a ``ValueError`` raised by a bad block leaves ``state``
@@ -194,7 +194,7 @@ class SampleValues(NamedTuple):
     target: torch.Tensor
 
 
-def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> SampleValues:
+def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 20) -> SampleValues:
     """The per-sample values of ``inputs`` (:class:`SampleValues`), computed block by block by the code of
     :func:`accumulate`, so that a sum over any subset (a bootstrap resample) equals what the metrics of that subset
     sum. Holds the ``(N, C)`` probabilities, which :func:`accumulate` never does."""
