@@ -26,7 +26,8 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "bin_thresholds", "equal_mass_edges", "equal_mass_positions", "bin_sums",
+__all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "bin_thresholds", "equal_mass_edges",
+           "equal_mass_positions", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
            "classwise_error_from_bins", "debiased_error_from_bins", "check_n_bins"]
 

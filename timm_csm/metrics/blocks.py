@@ -126,11 +126,12 @@ def _entries_at_least(p: torch.Tensor, threshold: float):
     return flat, rows, flat - rows * p.shape[1], p.reshape(-1)[flat]
 
 
-def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int, marks: Callable[[], Optional[torch.Tensor]]) -> None:
+def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int,
+                  marks: Callable[[], Optional[torch.Tensor]]) -> None:
     """Correct ``top`` (``x_y`` equals the maximum of its sample) in place where the maximum is tied: argmax, and
     so the prediction, is the first maximum (the lowest class index). ``marks()`` gives the 0/1 marks of the
-    maxima (samples along ``1 - classes_dim``), or None when no sample's maximum is repeated; it is called only where ``top`` and
-    ``tie_possible`` meet."""
+    maxima (samples along ``1 - classes_dim``), or None when no sample's maximum is repeated; it is called only
+    where ``top`` and ``tie_possible`` meet."""
     maybe_tie = top & tie_possible
     if bool(maybe_tie.any()):
         marked = marks()
