@@ -303,6 +303,22 @@ def test_ties_resolve_to_the_lowest_class_index():
     assert calibration_metrics(z.float(), y)["accuracy"] == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize("classes", [5, 40])  # the column layout (fewer than 32 classes) and the row layout
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_one_pass_equals_the_reference_with_tied_maxima_in_every_precision(classes, dtype):
+    z, y = make_logits(600, classes, seed=40, dtype=torch.float32)
+    z[:150] = z[:150].round()  # many tied maxima, on the label and beside it
+    z[150:200, :3] = z[150:200, :3].amax(1, keepdim=True) + 1.0  # three-way ties at the first classes
+    y[150:175] = 2  # the label on the third of three tied maxima: a miss
+    z = z.to(dtype)
+    exact = z.double()  # the values the metrics see, then in float64
+    p = ref_softmax(exact.numpy())
+    got = calibration_metrics(z, y)
+    assert got["accuracy"] == float((exact.argmax(1) == y).double().mean())  # ties to the lowest class index
+    assert_metrics_close(got, ref_all(p, ref_onehot(y, classes)), 2e-6)
+    assert classwise_ece(z, y) == pytest.approx(got["cece"], abs=1e-15)
+
+
 def test_dense_predictions_with_ignore_index():
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(3, 4, 5, 6, generator=g, dtype=torch.float64)

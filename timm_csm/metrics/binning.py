@@ -20,12 +20,14 @@ mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "equal_mass_edges", "equal_mass_positions", "bin_sums",
+__all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "bin_thresholds", "equal_mass_edges",
+           "equal_mass_positions", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
            "classwise_error_from_bins", "debiased_error_from_bins", "check_n_bins"]
 
@@ -66,6 +68,20 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     return idx
 
 
+def bin_thresholds(n_bins: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The inner edges of :func:`bin_edges` as thresholds for values of ``dtype``: the smallest value of that dtype
+    above each edge ``e[1] ... e[n_bins - 1]``, so that ``v > e[b]`` (the float64 comparison of the binning rule)
+    is ``v >= thresholds[b - 1]`` for any ``v`` of the dtype, and ``torch.bucketize(v, thresholds, right=True)``
+    is :func:`bin_index` of ``v`` exactly, in one binary search and without a float64 copy."""
+    inner = bin_edges(n_bins)[1:-1]
+    rounded = inner.to(dtype)
+    # rounding to the nearest value of dtype lands either above the edge (then nothing of dtype lies between) or on
+    # or below it (then the next value up is the first above)
+    above = torch.where(rounded.to(torch.float64) > inner, rounded,
+                        torch.nextafter(rounded, torch.full_like(rounded, math.inf)))
+    return above.to(device)
+
+
 def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) -> torch.Tensor:
     """Edges that split ``values`` (any order) into ``n_bins`` bins of (nearly) equal count, in float64.
 
@@ -94,12 +110,12 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     if n == 0:
         raise ValueError("equal-mass edges of an empty set are undefined: pass at least one value")
     v = values.reshape(-1).to(torch.float64)
-    # NumPy's sort is several times faster than torch's on the CPU
-    v = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
     if n == 1:
         return v.expand(n_bins + 1).clone()
     lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)
-    return v[lo] * (1.0 - frac) + v[hi] * frac
+    # NumPy's sort is several times faster than torch's on the CPU
+    ordered = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
+    return ordered[lo] * (1.0 - frac) + ordered[hi] * frac
 
 
 def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
@@ -107,14 +123,19 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
     """Where the edges of :func:`equal_mass_edges` lie among ``n`` sorted values: ``(lo, hi, frac)``, each of
     length ``n_bins + 1``, with ``edges = v[lo] (1 - frac) + v[hi] frac`` (the bootstrap evaluates the same rule on
     resampled sequences without sorting them)."""
-    pos = torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64, device=device)
-    lo = pos.floor().clamp(max=n - 1).long()
-    hi = (lo + 1).clamp(max=n - 1)
-    frac = (pos - lo.to(torch.float64)).clamp(0.0, 1.0)
-    # positions beyond the last sample take the last value (np.interp clamps)
-    frac = torch.where(pos >= n - 1, torch.zeros_like(frac), frac)
-    lo = torch.where(pos >= n - 1, torch.full_like(lo, n - 1), lo)
-    return lo, hi, frac
+    lo, hi, frac = [], [], []
+    # a handful of positions: Python arithmetic (the same IEEE operations) costs less than a dozen tensor operations
+    for pos in torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64).tolist():
+        below = min(math.floor(pos), n - 1)
+        hi.append(min(below + 1, n - 1))
+        if pos >= n - 1:  # positions beyond the last sample take the last value (np.interp clamps)
+            lo.append(n - 1)
+            frac.append(0.0)
+        else:
+            lo.append(below)
+            frac.append(min(max(pos - below, 0.0), 1.0))
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+    return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
 
 
 def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,
@@ -141,11 +162,13 @@ def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,
 
 
 def _bin_means(count, conf_sum, acc_sum):
-    nonempty = count > 0
-    c = conf_sum[nonempty] / count[nonempty]
-    a = acc_sum[nonempty] / count[nonempty]
-    w = count[nonempty] / count.sum()
-    return w, c, a
+    """``(w_b, c_b, a_b)`` of every non-empty bin, as Python floats: a few dozen bins cost less in float arithmetic
+    than in a dozen tensor operations."""
+    counts = count.tolist()
+    total = sum(counts)
+    if total <= 0:
+        raise ValueError("no samples: the calibration error of an empty set is undefined")
+    return [(k / total, c / k, a / k) for k, c, a in zip(counts, conf_sum.tolist(), acc_sum.tolist()) if k > 0]
 
 
 def calibration_error_from_bins(count: torch.Tensor, conf_sum: torch.Tensor, acc_sum: torch.Tensor,
@@ -153,27 +176,22 @@ def calibration_error_from_bins(count: torch.Tensor, conf_sum: torch.Tensor, acc
     """ECE (``l1``), RMS calibration error (``l2``) or MCE (``max``) from per-bin sums; see the module docstring."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    if float(count.sum()) <= 0:
-        raise ValueError("no samples: the calibration error of an empty set is undefined")
-    w, c, a = _bin_means(count, conf_sum, acc_sum)
-    gap = (a - c).abs()
+    bins = _bin_means(count, conf_sum, acc_sum)
     if norm == "l1":
-        return float((w * gap).sum())
+        return sum(w * abs(a - c) for w, c, a in bins)
     if norm == "l2":
-        return float((w * gap * gap).sum().sqrt())
-    return float(gap.max())
+        return math.sqrt(sum(w * (a - c) ** 2 for w, c, a in bins))
+    return max(abs(a - c) for _, c, a in bins)
 
 
 def overconfidence_from_bins(count, conf_sum, acc_sum) -> float:
     """OE = Σ_b w_b c_b max(c_b - a_b, 0)."""
-    w, c, a = _bin_means(count, conf_sum, acc_sum)
-    return float((w * c * (c - a).clamp(min=0)).sum())
+    return sum(w * c * max(c - a, 0.0) for w, c, a in _bin_means(count, conf_sum, acc_sum))
 
 
 def underconfidence_from_bins(count, conf_sum, acc_sum) -> float:
     """UE = Σ_b w_b c_b max(a_b - c_b, 0)."""
-    w, c, a = _bin_means(count, conf_sum, acc_sum)
-    return float((w * c * (a - c).clamp(min=0)).sum())
+    return sum(w * c * max(a - c, 0.0) for w, c, a in _bin_means(count, conf_sum, acc_sum))
 
 
 def classwise_error_from_bins(count: torch.Tensor, prob_sum: torch.Tensor, label_sum: torch.Tensor,
@@ -181,15 +199,13 @@ def classwise_error_from_bins(count: torch.Tensor, prob_sum: torch.Tensor, label
     """Classwise ECE from ``(C, n_bins)`` sums: mean over classes k of Σ_b (|B_kb| / N) |ȳ_kb - p̄_kb|.
 
     ``label_sum`` holds Σ 1[y = k] (hard) or Σ y_k (soft) per bin; classes absent from the data still count in the
-    mean (their bins compare p̄ with 0).
+    mean (their bins compare p̄ with 0). Computed as Σ_kb |Σ y_k - Σ p_k| / (C N), the same sum with each bin's
+    count cancelled (an empty bin's sums are 0).
     """
     n = float(count[0].sum()) if n_samples is None else float(n_samples)
     if n <= 0:
         raise ValueError("no samples: the calibration error of an empty set is undefined")
-    safe = count.clamp(min=1)
-    gap = (label_sum / safe - prob_sum / safe).abs()
-    per_class = (count / n * gap).sum(dim=1)
-    return float(per_class.mean())
+    return float((label_sum - prob_sum).abs_().sum()) / (n * count.shape[0])
 
 
 

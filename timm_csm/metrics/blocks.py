@@ -2,22 +2,33 @@
 of :mod:`timm_csm.metrics.state`).
 
 A block of ``(n, C)`` predictions becomes per-sample confidences, accuracies, NLL and Brier values (appended to the
-pending per-sample vectors) and classwise bin sums. Logits of fewer than 32 classes with class-index targets (the
-common case of small classifiers) are reduced in a ``(C, n)`` copy of the block: every sum, maximum and gather over
-the classes then runs along the samples, where torch vectorises (over a short last dimension it runs several times
-slower); the statistics are the same as in the row layout up to the order of float32 additions over the classes.
+pending per-sample vectors) and classwise bin sums, in one read of the block and a few dozen tensor operations
+(the count of operations, not the arithmetic, is what small inputs pay for). Logits of fewer than 32 classes with
+class-index targets (the common case of small classifiers) are reduced in a ``(C, n)`` copy of the block: every
+sum, maximum and gather over the classes then runs along the samples, where torch vectorises (over a short last
+dimension it runs several times slower); the statistics are the same as in the row layout up to the order of
+float32 additions over the classes.
+
+Classwise bins: a row of probabilities summing to 1 has at most ``n_bins - 1`` entries above the first edge, so
+only those entries are found (one comparison with the first edge's threshold in the probabilities' own precision,
+:func:`~timm_csm.metrics.binning.bin_thresholds`, and one flat index: NumPy's on the CPU, where they are several
+times faster than torch's), binned and summed; the first bin is filled by difference with the column totals when
+the pass ends (:meth:`ClasswiseSums.finalize`). The class-index
+targets' sums need no pass of their own: the target's entry is among those found exactly when it lies above the
+first edge.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Dict, Optional
 
+import numpy as np
 import torch
 
-from .binning import bin_index, bin_sums
+from .binning import bin_edges, bin_index, bin_sums, bin_thresholds
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
-__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block"]
+__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block", "ClasswiseSums"]
 
 PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
@@ -41,39 +52,207 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _first_above(threshold: float, dtype: torch.dtype) -> float:
-    """Smallest value of ``dtype`` strictly above the float64 ``threshold``: ``x > threshold`` (exact float64
-    semantics) equals ``x >= _first_above(threshold, dtype)`` for ``x`` of that dtype."""
-    v = torch.tensor(threshold, dtype=dtype)
-    if float(v) <= threshold:
-        v = torch.nextafter(v, torch.tensor(float("inf"), dtype=dtype))
-    return float(v)
-
-
-def _logit_rows(c, x, t, y, soft: bool, want_nll: bool):
-    """Logits ``c`` into ``x = exp(z - max z)`` (in place); the row sums, confidences, per-sample NLL (or None),
-    the row maximum of ``x`` and where a tie for it is possible."""
-    m = c.amax(1)
+def _check_logit_maxima(m: torch.Tensor) -> None:
     # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
     if not bool(torch.isfinite(m).all()):
         raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
+
+
+class ClasswiseSums:
+    """The classwise ``(class, bin)`` sums of one pass: count, Σ p_k and Σ y_k over the entries above the first
+    edge, and the column totals that fill the first bins."""
+
+    def __init__(self, num_classes: int, n_bins: int, device):
+        self.C, self.B, self.device = num_classes, n_bins, device
+        self.edges = bin_edges(n_bins, device=device)
+        self.count, self.prob, self.label = (torch.zeros(num_classes * n_bins, dtype=_F64, device=device)
+                                             for _ in range(3))
+        self.prob_total = torch.zeros(num_classes, dtype=_F64, device=device)
+        self.label_total = torch.zeros(num_classes, dtype=_F64, device=device)
+        self.n = 0
+        self._first: Dict[torch.dtype, float] = {}
+
+    def first_threshold(self, dtype: torch.dtype) -> float:
+        """The smallest value of ``dtype`` in the second bin (:func:`bin_thresholds`)."""
+        if dtype not in self._first:
+            self._first[dtype] = float(bin_thresholds(self.B, dtype)[0])
+        return self._first[dtype]
+
+    def add(self, p: torch.Tensor, classes_dim: int, y: Optional[torch.Tensor] = None,
+            t: Optional[torch.Tensor] = None, n: Optional[int] = None) -> None:
+        """Add a contiguous block of probabilities: ``(n, C)`` rows (``classes_dim=1``) or ``(C, width)`` columns
+        (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices or ``t``
+        soft targets ``(n, C)``."""
+        n = p.shape[1 - classes_dim] if n is None else n
+        self.n += n
+        self.prob_total += p.sum(1 - classes_dim, dtype=_F64)
+        B = self.B
+        if B > 1:
+            flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
+            cls, sample = (rows, cols) if classes_dim == 0 else (cols, rows)
+            index = cls * B + bin_index(vals, self.edges)
+            # the target's mass on each entry found: 1[y = k] for class indices (found exactly when p_y is above
+            # the first edge), y_k for soft targets
+            label = (y.take(sample) == cls).to(_F64) if t is None else t.reshape(-1).take(flat)
+            bin_sums(index, self.C * B, vals, label, out=(self.count, self.prob, self.label))
+        if t is None:
+            self.label_total += torch.bincount(y, minlength=self.C).to(_F64)
+        else:
+            self.label_total += t.sum(0)
+
+    def finalize(self, state) -> None:
+        """Fill the first bins by difference and add every sum into ``state``'s classwise sums."""
+        C, B = self.C, self.B
+        count, prob, label = (s.view(C, B).clone() for s in (self.count, self.prob, self.label))
+        count[:, 0] = self.n - count[:, 1:].sum(1)
+        prob[:, 0] = self.prob_total - prob[:, 1:].sum(1)
+        label[:, 0] = self.label_total - label[:, 1:].sum(1)
+        state.cw_count.add_(count)
+        state.cw_prob_sum.add_(prob.clamp_(min=0))
+        state.cw_label_sum.add_(label.clamp_(min=0))
+
+
+def _entries_at_least(p: torch.Tensor, threshold: float):
+    """The entries of the 2-D ``p`` that are ``>= threshold`` (a value of ``p``'s dtype, so the comparison is exact
+    in it): their flat (row-major) indices, rows, columns and values."""
+    if p.device.type == "cpu":  # NumPy's comparison, flat nonzero and division are several times faster here
+        a = p.numpy().reshape(-1)
+        flat = np.flatnonzero(a >= threshold)
+        rows = flat // p.shape[1]
+        return (torch.from_numpy(flat), torch.from_numpy(rows), torch.from_numpy(flat - rows * p.shape[1]),
+                torch.from_numpy(a[flat]))
+    flat = (p.reshape(-1) >= threshold).nonzero().view(-1)
+    rows = torch.div(flat, p.shape[1], rounding_mode="floor")
+    return flat, rows, flat - rows * p.shape[1], p.reshape(-1)[flat]
+
+
+def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int,
+                  marks: Callable[[], Optional[torch.Tensor]]) -> None:
+    """Correct ``top`` (``x_y`` equals the maximum of its sample) in place where the maximum is tied: argmax, and
+    so the prediction, is the first maximum (the lowest class index). ``marks()`` gives the 0/1 marks of the
+    maxima (samples along ``1 - classes_dim``), or None when no sample's maximum is repeated; it is called only
+    where ``top`` and ``tie_possible`` meet."""
+    maybe_tie = top & tie_possible
+    if bool(maybe_tie.any()):
+        marked = marks()
+        if marked is None:
+            return
+        samples = (maybe_tie & (marked.sum(classes_dim) >= 2)).nonzero().view(-1)
+        if samples.numel():  # argmax of the 0/1 marks is the first maximum
+            top[samples] = marked.index_select(1 - classes_dim, samples).argmax(classes_dim) == y[samples]
+
+
+def _maxima_of_exp(x: torch.Tensor, samples: int, in_place: bool, block: Optional[torch.Tensor] = None,
+                   others: int = 0) -> Callable[[], Optional[torch.Tensor]]:
+    """The ``marks`` of :func:`_resolve_ties` for ``x = exp(z - max z)``, which is exactly 1 at the maxima and below
+    1 elsewhere: None when the entries equal to 1 are no more than one per sample (counted in ``block``, the
+    contiguous memory holding ``x`` and ``others`` further entries equal to 1), else ``floor(x)`` (in place if
+    ``in_place``)."""
+    def marks():
+        whole = x if block is None else block
+        if whole.device.type == "cpu":  # NumPy's comparison and count are several times faster than torch's here
+            ones = int(np.count_nonzero(whole.numpy() == 1.0))
+        else:
+            ones = int((whole == 1.0).sum())
+        if ones <= samples + others:
+            return None
+        return x.floor_() if in_place else torch.floor(x)
+    return marks
+
+
+def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, flags: dict, out,
+                 cw: Optional[ClasswiseSums], buf: torch.Tensor) -> Optional[torch.Tensor]:
+    """Reduce one block into ``out`` (the pending per-sample vectors) and ``cw`` (the classwise sums, or None);
+    ``buf`` is scratch memory of the compute dtype holding at least ``n * C + 64 C`` values. Returns the block's
+    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when ``flags`` keep them (Brier or classwise),
+    else None."""
+    n, C = p_raw.shape
+    logits, soft = inputs.input_type == "logits", inputs.soft
+    if logits and not soft and C < NARROW_CLASSES:
+        return _column_block(p_raw, t.view(-1), flags, out, cw, buf)
+    c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
+    if logits and not soft:
+        return _hard_logit_rows(c, t.view(-1), flags, out, cw, buf[:n * C].view(n, C))
+    x = buf[:n * C].view(n, C)  # working block
+    y = None
+    if soft:
+        t = t.to(_F64)
+        _check_soft_target(t)
+    else:
+        y = t.view(-1, 1)
+    if logits:
+        x, s, conf, nll_i, row_max, tie_possible = _soft_logit_rows(c, x, t, flags["nll"])
+    else:
+        x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
+                                                                     flags["nll"])
+    keep_x = flags["brier"] or cw is not None
+    acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible)
+    if logits and keep_x:
+        x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
+    out.add(conf, acc, nll_i)
+    if flags["brier"]:
+        if soft:
+            out.brier.append((x - t).pow_(2).sum(1))
+        else:
+            sq = torch.linalg.vector_norm(x, dim=1).to(_F64).square_()  # one fused read of the block
+            out.brier.append(sq - 2.0 * x.gather(1, y).view(-1).to(_F64) + 1.0)
+    if cw is not None:
+        if soft:
+            cw.add(x, 1, t=t)
+        else:
+            cw.add(x, 1, y=y.view(-1))
+    return x if keep_x else None
+
+
+def _hard_logit_rows(c, y, flags, out, cw, x):
+    """:func:`reduce_block` for logits of 32 classes or more with class-index targets, in the rows of ``x``."""
+    m = c.amax(1)
+    _check_logit_maxima(m)
+    torch.sub(c, m.view(-1, 1), out=x)
+    x.exp_()  # exp(z - max z): the probabilities times s, exactly 1 at the maxima of each row
+    s32 = x.sum(1)
+    s = s32.to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
+    label = y.view(-1, 1)
+    x_y = x.gather(1, label).view(-1)
+    top = x_y == 1.0
+    keep_x = flags["brier"] or cw is not None
+    # a tie needs a second entry equal to the maximum: s >= 2; floor(x) in place when x is not needed any more
+    _resolve_ties(top, s >= 2.0, y, 1, _maxima_of_exp(x, x.shape[0], not keep_x))
+    nll_i = None
+    if flags["nll"]:
+        nll_i = s.log().add_(m.to(_F64)).sub_(c.gather(1, label).view(-1).to(_F64))
+    out.add(s.reciprocal(), top.to(_F64), nll_i)
+    if not keep_x:
+        return None
+    x.div_(s32.view(-1, 1))  # now the probabilities
+    if flags["brier"]:
+        p_y = (x_y / s32).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
+        sq = torch.linalg.vector_norm(x, dim=1).to(_F64).square_()  # one fused read of the block
+        out.brier.append(sq.sub_(p_y, alpha=2.0).add_(1.0))
+    if cw is not None:
+        cw.add(x, 1, y=y)
+    return x
+
+
+def _soft_logit_rows(c, x, t, want_nll: bool):
+    """Logits ``c`` with soft targets ``t`` into ``x = exp(z - max z)`` (in place); the row sums, confidences,
+    per-sample NLL (or None), the row maximum of ``x`` and where a tie for it is possible."""
+    m = c.amax(1)
+    _check_logit_maxima(m)
     torch.sub(c, m.view(-1, 1), out=x)
     x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
     s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
     nll_i = None
     if want_nll:
         lse = m.to(_F64) + s.log()
-        if soft:
-            tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
-            nll_i = lse * t.sum(1) - tz.sum(1)
-        else:
-            nll_i = lse - c.gather(1, y).view(-1).to(_F64)
+        tz = torch.where(t > 0, t * c, torch.zeros((), dtype=_F64, device=c.device))  # 0 * -inf = 0
+        nll_i = lse * t.sum(1) - tz.sum(1)
     return x, s, s.reciprocal(), nll_i, 1.0, s >= 2.0  # a tie needs a second entry equal to the max: s >= 2
 
 
 def _probability_rows(c, x, t, y, soft: bool, input_type: str, want_nll: bool):
     """Probabilities or log-probabilities ``c`` as probabilities ``x`` (checked: finite, non-negative, rows summing
-    to 1); the same outputs as :func:`_logit_rows`."""
+    to 1); the same outputs as :func:`_soft_logit_rows`."""
     nll_i = None
     if input_type == "log_probs":
         m_log = c.amax(1)
@@ -106,70 +285,17 @@ def _probability_rows(c, x, t, y, soft: bool, input_type: str, want_nll: bool):
     return x, s, conf, nll_i, m.view(-1, 1), 2.0 * conf <= s + 1e-12
 
 
-def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible, logits: bool, keep_x: bool):
-    """Accuracy of the top-label prediction: argmax with ties (equal probabilities) to the lowest class index."""
+def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible):
+    """Accuracy of the top-label prediction from probabilities ``x``: argmax with ties (equal probabilities) to
+    the lowest class index."""
     if soft:
         return t.gather(1, x.argmax(1).view(-1, 1)).view(-1)
     top = (x.gather(1, y) == row_max).view(-1)
-    maybe_tie = top & tie_possible
-    if bool(maybe_tie.any()):
-        if logits:
-            # x = exp(z - max z) <= 1, so floor(x) is 1 exactly at the row maxima and 0 elsewhere; in place when
-            # the probabilities are not needed any more
-            marks = torch.floor(x) if keep_x else x.floor_()
-        else:
-            marks = (x == row_max).to(x.dtype)
-        rows = (maybe_tie & (marks.sum(1) >= 2)).nonzero().view(-1)
-        if rows.numel():  # argmax of the 0/1 marks is the first maximum
-            top[rows] = marks[rows].argmax(1) == y.view(-1)[rows]
+    _resolve_ties(top, tie_possible, y.view(-1), 1, lambda: (x == row_max).to(x.dtype))
     return top.to(_F64)
 
 
-def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, edges: Optional[torch.Tensor],
-                 flags: dict, out, cw, buf: torch.Tensor) -> Optional[torch.Tensor]:
-    """Reduce one block into ``out`` (the pending per-sample vectors) and ``cw`` (the classwise sums, or None);
-    ``buf`` is scratch memory of the compute dtype holding at least ``n * C + 64 C`` values. Returns the block's
-    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when ``flags`` keep them (Brier or classwise),
-    else None."""
-    n, C = p_raw.shape
-    logits, soft = inputs.input_type == "logits", inputs.soft
-    if logits and not soft and C < NARROW_CLASSES:
-        return _column_block(p_raw, t.view(-1), edges, flags, out, cw, buf)
-    c = p_raw if p_raw.dtype == buf.dtype else p_raw.to(buf.dtype)
-    x = buf[:n * C].view(n, C)  # working block
-    y = None
-    if soft:
-        t = t.to(_F64)
-        _check_soft_target(t)
-    else:
-        y = t.view(-1, 1)
-    if logits:
-        x, s, conf, nll_i, row_max, tie_possible = _logit_rows(c, x, t, y, soft, flags["nll"])
-    else:
-        x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
-                                                                     flags["nll"])
-    keep_x = flags["brier"] or flags["classwise"]
-    acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible, logits, keep_x)
-    if logits and keep_x:
-        x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
-
-    out.conf.append(conf)
-    out.acc.append(acc)
-    out.count += n
-    if nll_i is not None:
-        out.nll.append(nll_i)
-    if flags["brier"]:
-        if soft:
-            out.brier.append((x - t).pow_(2).sum(1))
-        else:
-            sq = torch.linalg.vector_norm(x, dim=1).to(_F64).square_()  # one fused read of the block
-            out.brier.append(sq - 2.0 * x.gather(1, y).view(-1).to(_F64) + 1.0)
-    if cw is not None:
-        _classwise_block(x, t, soft, edges, cw)
-    return x if keep_x else None
-
-
-def _column_block(p_raw: torch.Tensor, y: torch.Tensor, edges: Optional[torch.Tensor], flags: dict, out, cw, buf):
+def _column_block(p_raw: torch.Tensor, y: torch.Tensor, flags: dict, out, cw, buf):
     """:func:`reduce_block` for logits of few classes and class-index targets, in a (C, n) copy of the block."""
     n, C = p_raw.shape
     # rows padded to a multiple of 64: every value goes through torch's vectorised kernels (whose results can
@@ -178,58 +304,28 @@ def _column_block(p_raw: torch.Tensor, y: torch.Tensor, edges: Optional[torch.Te
     padded = buf[:C * width].view(C, width)
     padded[:, n:] = 0.0
     z = padded[:, :n].copy_(p_raw.T)
-    m = padded.amax(0)[:n]
-    if not bool(torch.isfinite(m).all()):
-        raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
+    m_all = padded.amax(0)  # the padding's maxima are 0
+    m = m_all[:n]
+    _check_logit_maxima(m)
     label = y.view(1, -1)
     z_y = z.gather(0, label).view(-1)
-    padded[:, :n].sub_(m)
-    x = padded.exp_()  # exp(z - max z): exactly 1 at the maxima of each sample
+    x = padded.sub_(m_all).exp_()  # exp(z - max z): exactly 1 at the maxima of each sample
     totals = x.sum(0)
     s = totals[:n].to(_F64)
     x_y = x.gather(0, label).view(-1)
     top = x_y == 1.0
-    maybe_tie = top & (s >= 2.0)  # a tie needs a second entry equal to the maximum
-    if bool(maybe_tie.any()):
-        # floor(x) is 1 exactly at a sample's maxima (x <= 1): two of them are a tie
-        columns = (maybe_tie & (torch.floor(x).sum(0)[:n] >= 2)).nonzero().view(-1)
-        if columns.numel():  # the first maximum wins, as torch.argmax
-            top[columns] = torch.floor(x[:, columns]).argmax(0) == y[columns]
-    out.conf.append(s.reciprocal())
-    out.acc.append(top.to(_F64))
-    out.count += n
-    if flags["nll"]:
-        out.nll.append(m.to(_F64) + s.log() - z_y.to(_F64))
-    if flags["brier"] or cw is not None:
-        p = x.div_(totals)  # the padding's columns too, so the sums below run on whole rows
-        p_y = p.gather(0, label).view(-1)
-        if flags["brier"]:
-            out.brier.append(p.square().sum(0)[:n].to(_F64) - 2.0 * p_y.to(_F64) + 1.0)
-        if cw is not None:
-            _classwise_block(p[:, :n], y, False, edges, cw, classes=0, p_y=p_y)
-        return p[:, :n].T
-    return None
-
-
-def _classwise_block(x, t, soft, edges, cw, classes: int = 1, p_y=None):
-    """Classwise sums of the probabilities ``x`` of a block: rows of samples (``classes=1``), or a (C, n) block
-    (``classes=0``, class-index targets ``t`` and their probabilities ``p_y`` given)."""
-    B = cw.B
-    cw.n += x.shape[1 - classes]
-    cw.prob_total += x.sum(1 - classes, dtype=_F64)
-    if B > 1:
-        where = (x >= _first_above(float(edges[1]), x.dtype)).nonzero(as_tuple=True)
-        vals = x[where].to(_F64)
-        flat = where[classes] * B + bin_index(vals, edges)
-        values = (vals, t[where]) if soft else (vals,)
-        bin_sums(flat, cw.C * B, *values, out=(cw.count, cw.prob, cw.label)[:1 + len(values)])
-    if soft:
-        cw.label_total += t.sum(0)
-    else:
-        y = t.view(-1)
-        if p_y is None:
-            p_y = x.gather(1, y.view(-1, 1)).view(-1)
-        flat_y = y * B + bin_index(p_y, edges)
-        if cw.hard_labels is None:
-            cw.hard_labels = torch.zeros(cw.C * B, dtype=_F64, device=x.device)
-        bin_sums(flat_y, cw.C * B, out=(cw.hard_labels,))
+    keep_x = flags["brier"] or cw is not None
+    # a tie needs a second entry equal to the maximum: s >= 2; the padding's entries are all 1
+    _resolve_ties(top, s >= 2.0, y, 0, _maxima_of_exp(x[:, :n], n, False, x, C * (width - n)))
+    nll_i = s.log().add_(m.to(_F64)).sub_(z_y.to(_F64)) if flags["nll"] else None
+    out.add(s.reciprocal(), top.to(_F64), nll_i)
+    if not keep_x:
+        return None
+    p = x.div_(totals)  # the padding's columns too, so the sums below run on whole rows
+    if flags["brier"]:
+        p_y = (x_y / totals[:n]).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
+        out.brier.append(p.square().sum(0)[:n].to(_F64).sub_(p_y, alpha=2.0).add_(1.0))
+    if cw is not None:
+        p[:, n:] = 0.0  # the padding holds no entries
+        cw.add(p, 0, y=y, n=n)
+    return p[:, :n].T

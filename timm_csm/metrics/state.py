@@ -31,7 +31,7 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
-from .blocks import PROB_FLOOR, compute_dtype, reduce_block
+from .blocks import PROB_FLOOR, ClasswiseSums, compute_dtype, reduce_block
 from .inputs import PreparedInputs
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
@@ -109,7 +109,7 @@ class CalibrationState:
 
 
 def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationState] = None, *,
-               max_elements: int = 1 << 18, **flags) -> CalibrationState:
+               max_elements: int = 1 << 20, **flags) -> CalibrationState:
     """Accumulate the statistics of ``inputs`` into a new state (merged into ``state`` when given).
 
     All blocks are reduced into a fresh state first, so a ``ValueError`` raised by a bad block leaves ``state``
@@ -118,10 +118,7 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
     if state is not None:
         flags = dict(state.flags)
     local = CalibrationState(n_bins, inputs.num_classes, inputs.device, **flags)
-    edges = bin_edges(n_bins, device=inputs.device)
-    cw_others = None
-    if local.flags["classwise"]:
-        cw_others = _ClasswiseOthers(inputs.num_classes, n_bins, inputs.device)
+    classwise = ClasswiseSums(inputs.num_classes, n_bins, inputs.device) if local.flags["classwise"] else None
     buf = None
     per_sample = _PerSample()
     for p, t in inputs.chunks(max_elements):
@@ -129,44 +126,15 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
             if buf is None or buf.dtype != compute_dtype(p.dtype) or buf.numel() < p.numel() + 64 * p.shape[1]:
                 size = max(max_elements, p.numel()) + 64 * p.shape[1]  # room for padded rows
                 buf = torch.empty(size, dtype=compute_dtype(p.dtype), device=p.device)
-            reduce_block(p, t, inputs, edges, local.flags, per_sample, cw_others, buf)
+            reduce_block(p, t, inputs, local.flags, per_sample, classwise, buf)
             if per_sample.count >= _FLUSH_SAMPLES:
-                per_sample.flush(local, edges)
-    per_sample.flush(local, edges)
-    if cw_others is not None:
-        cw_others.finalize(local)
+                per_sample.flush(local)
+    per_sample.flush(local)
+    if classwise is not None:
+        classwise.finalize(local)
     if state is None:
         return local
     return state.add_(local)
-
-
-class _ClasswiseOthers:
-    """Classwise sums for bins >= 1 plus column totals; bin 0 is filled by difference in :meth:`finalize`."""
-
-    def __init__(self, C, B, device):
-        self.C, self.B = C, B
-        self.count = torch.zeros(C * B, dtype=_F64, device=device)
-        self.prob = torch.zeros(C * B, dtype=_F64, device=device)
-        self.label = torch.zeros(C * B, dtype=_F64, device=device)
-        self.prob_total = torch.zeros(C, dtype=_F64, device=device)
-        self.label_total = torch.zeros(C, dtype=_F64, device=device)
-        self.n = 0
-        self.hard_labels = None  # (C*B,) exact label counts for class-index targets
-
-    def finalize(self, state: CalibrationState):
-        C, B = self.C, self.B
-        count = self.count.view(C, B).clone()
-        prob = self.prob.view(C, B).clone()
-        count[:, 0] = self.n - count[:, 1:].sum(1)
-        prob[:, 0] = self.prob_total - prob[:, 1:].sum(1)
-        if self.hard_labels is not None:
-            label = self.hard_labels.view(C, B).clone()
-        else:
-            label = self.label.view(C, B).clone()
-            label[:, 0] = self.label_total - label[:, 1:].sum(1)
-        state.cw_count.add_(count)
-        state.cw_prob_sum.add_(prob.clamp(min=0))
-        state.cw_label_sum.add_(label.clamp(min=0))
 
 
 _FLUSH_SAMPLES = 1 << 16
@@ -180,25 +148,37 @@ class _PerSample:
         self.conf, self.acc, self.nll, self.brier = [], [], [], []
         self.count = 0
 
-    def flush(self, st: CalibrationState, edges: torch.Tensor) -> None:
+    def add(self, conf: torch.Tensor, acc: torch.Tensor, nll: Optional[torch.Tensor]) -> None:
+        """The confidences, accuracies and (when computed) NLL of a block's samples."""
+        self.conf.append(conf)
+        self.acc.append(acc)
+        if nll is not None:
+            self.nll.append(nll)
+        self.count += conf.numel()
+
+    def flush(self, st: CalibrationState) -> None:
         if not self.conf:
             return
-        conf, acc = torch.cat(self.conf), torch.cat(self.acc)
+        conf, acc = _cat(self.conf), _cat(self.acc)
         st.n += conf.numel()
         st.correct += acc.sum()
         st.confidence += conf.sum()
         if self.nll:
-            st.nll += torch.cat(self.nll).sum()
+            st.nll += _cat(self.nll).sum()
         if self.brier:
-            st.brier += torch.cat(self.brier).sum()
+            st.brier += _cat(self.brier).sum()
         if st.flags["binned"]:
-            bin_sums(bin_index(conf, edges), st.n_bins, conf, acc, acc * acc,
+            bin_sums(bin_index(conf, bin_edges(st.n_bins, device=conf.device)), st.n_bins, conf, acc, acc * acc,
                      out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)
         self.conf, self.acc, self.nll, self.brier = [], [], [], []
         self.count = 0
+
+
+def _cat(tensors: List[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 class SampleValues(NamedTuple):
@@ -214,7 +194,7 @@ class SampleValues(NamedTuple):
     target: torch.Tensor
 
 
-def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> SampleValues:
+def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 20) -> SampleValues:
     """The per-sample values of ``inputs`` (:class:`SampleValues`), computed block by block by the code of
     :func:`accumulate`, so that a sum over any subset (a bootstrap resample) equals what the metrics of that subset
     sum. Holds the ``(N, C)`` probabilities, which :func:`accumulate` never does."""
@@ -223,7 +203,8 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 18) -> Sample
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
             buf = torch.empty(p.numel() + 64 * p.shape[1], dtype=compute_dtype(p.dtype), device=p.device)
-            probs.append(reduce_block(p, t, inputs, None, flags, per_sample, None, buf).clone(memory_format=torch.contiguous_format))
+            block = reduce_block(p, t, inputs, flags, per_sample, None, buf)
+            probs.append(block.clone(memory_format=torch.contiguous_format))
             targets.append(t.to(_F64) if inputs.soft else t.reshape(-1))
     if not probs:
         raise ValueError("no samples: per-sample values of an empty set are undefined")
