@@ -57,7 +57,7 @@ LABELS = {
     ("ece", "torch-uncertainty"): "torch-uncertainty `CalibrationError` (probabilities)",
     ("ece", "probmetrics"): "probmetrics `ece-15` (logits)",
     ("ece", "netcal"): "netcal `ECE` (probabilities)",
-    ("all", "timm_csm"): "timm_csm `calibration_metrics` (10 metrics, logits)",
+    ("all", "timm_csm"): "timm_csm `calibration_metrics` (11 metrics, logits)",
     ("all", "torch-uncertainty"): "torch-uncertainty ECE, MCE, aECE, cwECE, NLL, Brier, accuracy",
     ("all", "probmetrics"): "probmetrics accuracy, logloss, brier, ece-15, mce-15 (logits)",
     ("all", "scikit-learn"): "scikit-learn accuracy, log loss, Brier (probabilities)",
@@ -312,7 +312,7 @@ NOTES = """Notes:
 
 - Values agree to the digits shown where the libraries compute the same quantity: timm_csm and netcal sum in
   float64, torchmetrics (and torch-uncertainty and probmetrics, which call it) in float32 (7th digit). The full-set
-  rows report their ECE; the sets differ (timm_csm's 10 metrics in one pass; the peers' subsets are listed).
+  rows report their ECE; the sets differ (timm_csm's 11 metrics in one pass; the peers' subsets are listed).
 - netcal, torch-uncertainty's calibration classes and scikit-learn are given probabilities (the softmax is computed
   outside the timer); the others compute it.
 - What the full set costs beyond one pass: the pass's exponentials once more (the probabilities), the classwise
