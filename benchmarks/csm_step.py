@@ -70,7 +70,7 @@ def run_seeds(args) -> None:
         res = json.loads(results_file.read_text())
         val = res["val"]["pre_ts"]
         rows[str(seed)] = {"val_accuracy": val["accuracy"], "val_ece": val["ece"],
-                           "val_ece_after_ts": res["val"]["post_ts"]["ece"], "epochs": len(res.get("history", []))}
+                           "val_ece_after_ts": res["val"]["post_ts"]["ece"], "best_epoch": res["checkpoint_epoch"]}
         print(args.variant, seed, rows[str(seed)], flush=True)
     _update_results(f"seeds_{args.variant}", {"epochs": args.epochs or 60, "rows": rows})
 

@@ -51,7 +51,9 @@ def _step_section(results: dict) -> list:
         out.append(f"| {v} | {step[f'{v}_best']:.4f} | {step[f'{v}_median']:.4f} |")
     low, high = step["ratio_range"]
     out += ["", f"concat / two-pass: {step['ratio_best']:.2f} (best against best), "
-            f"{step['ratio_median_of_rounds']:.2f} (median of the rounds' ratios; range {low:.2f}-{high:.2f}).", "",
+            f"{step['ratio_median_of_rounds']:.2f} (median of the rounds' ratios; range {low:.2f}-{high:.2f}). "
+            "Both forms do the same arithmetic; on this CPU one forward over the 3x larger batch costs more than two "
+            "smaller ones, as [train.md](train.md) found for a CE step at 3x the batch.", "",
             "(c) The demo's training loader against the step, over two epochs of batches (CPU seconds per step, "
             "medians; wall seconds where the step waits):", "",
             "| loader workers | steps | `next(loader)` CPU (s) | of which companions' Arrow reads + PNG decoding (s) "
@@ -142,9 +144,12 @@ def _decision(results: dict) -> list:
                f"({step['ratio_best']:.2f}x the two passes' CPU time per step) and its validation ECE is "
                f"{'within' if equal else 'not within'} the seeds' spread of the two passes'")
     return ["## Decision", "", f"By the issue's rule (keep two passes unless one forward is equal within the spread): "
-            f"{verdict}. `--csm-forward concat` stays an option (`timm-csm-train --help`); its batch-norm "
-            "statistics are those of real and generated images together, so the generated images' statistics also "
-            "reach the running averages the evaluation uses.", ""]
+            f"{verdict}. `--csm-forward concat` stays an option (`timm-csm-train --help`). What it changes is the "
+            "normalisation during training: each image is normalised by the statistics of the real and generated "
+            "images together instead of its own batch's; the running averages the evaluation uses see the generated "
+            "images in both forms (two passes update them once per pass). No GPU was lent for this measurement: "
+            "there, where a step is bound by kernel launches rather than arithmetic, one forward may pay; it is not "
+            "measured here.", ""]
 
 
 def write_page() -> None:
