@@ -14,7 +14,7 @@ numbers into ``benchmarks/csm_step.json`` under its own key; ``page`` writes ``b
 
 * ``seeds``: the demo profile's CSM training run (``timm_csm.recipes.stages.train_config``, the paper's temperature
   rule) at seeds 0, 1, 2 with ``--csm-forward VARIANT``; its validation accuracy and ECE before temperature scaling
-  (the test split is not read here). Runs resume in ``runs/csm_step/<variant>-s<seed>``.
+  (the test split is not read here). Runs resume in ``runs/csm_step/e<epochs>/<variant>-s<seed>``.
 * ``step``: (a) CPU seconds of one optimizer step (forward, backward, clip, SGD) of the demo's model on one demo
   batch, two passes against concat, in interleaved rounds, best of N (``time.process_time``, one thread);
   (c) one epoch of the demo's training loader with the step: CPU time in ``next(loader)`` (reading, decoding and
@@ -62,7 +62,7 @@ def run_seeds(args) -> None:
 
     rows = {}
     for seed in args.seeds:
-        out = Path(args.runs) / f"{args.variant}-s{seed}"
+        out = Path(args.runs or f"runs/csm_step/e{args.epochs or 60}") / f"{args.variant}-s{seed}"
         results_file = out / "results.json"
         if not results_file.exists():
             run(dict(demo_options(args.csm_dataset, args.variant, seed, args.epochs), output=str(out),
@@ -273,7 +273,7 @@ def main(argv=None) -> None:
     seeds.add_argument("--variant", choices=VARIANTS, required=True)
     seeds.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     seeds.add_argument("--epochs", type=int, default=None, help="default: the demo's 60")
-    seeds.add_argument("--runs", default="runs/csm_step")
+    seeds.add_argument("--runs", default=None, help="default: runs/csm_step/e<epochs>")
     step = sub.add_parser("step", help="seconds per step, two passes against concat; the loader against the step")
     step.add_argument("--csm-dataset", required=True)
     step.add_argument("--rounds", type=int, default=20)

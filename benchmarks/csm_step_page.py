@@ -29,7 +29,8 @@ def _seed_section(results: dict) -> list:
         out.append(f"| {seed} | {100 * a['val_accuracy']:.2f} | {100 * b['val_accuracy']:.2f} | "
                    f"{100 * a['val_ece']:.2f} | {100 * b['val_ece']:.2f} |")
     out.append("")
-    for key, name in (("val_accuracy", "accuracy"), ("val_ece", "ECE")):
+    for key, name in (("val_accuracy", "accuracy"), ("val_ece", "ECE"),
+                      ("val_ece_after_ts", "ECE after temperature scaling (fitted on the same 250 images)")):
         per = {v: {sd: 100 * rows[v][sd][key] for sd in seeds} for v in VARIANTS}
         spread = ", ".join(f"{v} {m:.2f} ± {sd_:.2f}" for v in VARIANTS
                            for m, sd_ in [mean_std(list(per[v].values()))] if sd_ is not None)
@@ -139,10 +140,12 @@ def _decision(results: dict) -> list:
     interval = paired_t_interval(ece["concat"], ece["two-pass"])
     equal = interval is not None and paired_outcome(interval) == "none"
     cheaper = step["ratio_best"] < 1.0 and step["ratio_median_of_rounds"] < 1.0
+    shown = (f"not shown to differ from the two passes' (the paired interval over {interval.n} seeds holds 0, "
+             f"{100 * interval.low:+.2f} to {100 * interval.high:+.2f} points)" if equal else
+             f"different from the two passes' ({100 * interval.low:+.2f} to {100 * interval.high:+.2f} points)")
     verdict = ("concat is equal within the spread and cheaper: it could become the default" if equal and cheaper else
                f"two passes stay the default: concat is {'not cheaper' if not cheaper else 'cheaper'} on this CPU "
-               f"({step['ratio_best']:.2f}x the two passes' CPU time per step) and its validation ECE is "
-               f"{'within' if equal else 'not within'} the seeds' spread of the two passes'")
+               f"({step['ratio_best']:.2f}x the two passes' CPU time per step) and its validation ECE is {shown}")
     return ["## Decision", "", f"By the issue's rule (keep two passes unless one forward is equal within the spread): "
             f"{verdict}. `--csm-forward concat` stays an option (`timm-csm-train --help`). What it changes is the "
             "normalisation during training: each image is normalised by the statistics of the real and generated "
@@ -156,13 +159,13 @@ def write_page() -> None:
     from timm_csm.io import write_text_atomic
 
     results = json.loads(RESULTS.read_text())
+    seeds = " ".join(sorted(results.get(f"seeds_{VARIANTS[0]}", {}).get("rows", {}), key=int))
     lines = ["# The CSM step and the annotation's share (issue 43, items 2 and 3)", "",
              "Commands (from the repository root; `DEMO_RUN` is the folder of a `timm-csm-pipeline --profile demo` "
-             "run, here `runs/demo` of the run [demo.md](demo.md) reports, its CSM set "
+             "run, here `runs/demo` of the run [demo.md](demo.md) reports; `DEMO_SET` is its CSM set, "
              "`DEMO_RUN/annotated-<key>/csm-fmnist-aug`, 9 588 images):", "",
-             "    OMP_NUM_THREADS=1 python benchmarks/csm_step.py seeds --csm-dataset DEMO_SET --variant two-pass "
-             "--epochs 20", "    OMP_NUM_THREADS=1 python benchmarks/csm_step.py seeds --csm-dataset DEMO_SET "
-             "--variant concat --epochs 20",
+             *(f"    OMP_NUM_THREADS=1 python benchmarks/csm_step.py seeds --csm-dataset DEMO_SET --variant {v} "
+               f"--epochs 20 --seeds {seeds}" for v in VARIANTS),
              "    OMP_NUM_THREADS=1 python benchmarks/csm_step.py step --csm-dataset DEMO_SET",
              "    OMP_NUM_THREADS=1 python benchmarks/csm_step.py encoder --demo-run DEMO_RUN",
              "    python benchmarks/csm_step.py page", "",
