@@ -20,8 +20,8 @@ def _seed_section(results: dict) -> list:
     epochs = runs[VARIANTS[0]]["epochs"]
     rows = {v: runs[v]["rows"] for v in VARIANTS}
     seeds = sorted(set(rows["two-pass"]) & set(rows["concat"]), key=int)
-    out = [f"(b) The demo's CSM recipe at {epochs} epochs (the demo trains 60; the learning-rate steps keep their "
-           f"share of the run), seeds {', '.join(seeds)}, each variant from the same seed (same real subset, "
+    out = [f"(b) The demo's CSM recipe at {epochs} epochs (the demo trains 60, over 20 minutes a run on this loaded "
+           f"machine; the learning-rate steps keep their share of the run), seeds {', '.join(seeds)}, each variant from the same seed (same real subset, "
            "initialisation, batches and companions); validation split (250 images), before temperature scaling, "
            "in %:", "", "| seed | two-pass acc | concat acc | two-pass ECE | concat ECE |", "|---|---|---|---|---|"]
     for seed in seeds:
