@@ -33,14 +33,28 @@ from pathlib import Path
 
 import torch
 
-from csm_step_page import RESULTS, VARIANTS, write_page
+from csm_step_page import RESULTS, ROOT, VARIANTS, write_page
+
+
+def _record() -> dict:
+    """What a part's numbers depend on besides its options: the code's commit (and whether the tree was clean),
+    torch, its threads and the CPU capability it ran with."""
+    import subprocess
+
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "clean": not git("status", "--porcelain", "--",
+                                                                            "timm_csm", "benchmarks/csm_step.py"),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _update_results(key: str, value) -> None:
     from timm_csm.io import write_json_atomic
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[key] = value
+    results[key] = dict(value, record=_record()) if isinstance(value, dict) else value
     write_json_atomic(RESULTS, results, indent=1)
 
 

@@ -155,6 +155,13 @@ def _decision(results: dict) -> list:
             "measured here.", ""]
 
 
+def _records(results: dict) -> str:
+    seen = sorted({f"{r['commit']}{'' if r['clean'] else '+changes'}, torch {r['torch']}, {r['torch_threads']} "
+                   f"thread, {r['cpu_capability']}" for r in (v.get("record") for v in results.values()
+                                                             if isinstance(v, dict)) if r})
+    return "; ".join(seen) or "not recorded"
+
+
 def write_page() -> None:
     from timm_csm.io import write_text_atomic
 
@@ -173,7 +180,8 @@ def write_page() -> None:
              "**The machine was loaded**: two long benchmark jobs held both cores and other jobs ran beside them "
              "(load average about 10), and the two `seeds` processes ran at once. Times are CPU time "
              "(`time.process_time`), the variants timed in interleaved rounds in one process; wall times are "
-             "inflated several-fold. The numbers are in [csm_step.json](csm_step.json).", "",
+             "inflated several-fold. The numbers are in [csm_step.json](csm_step.json), each part with its record "
+             f"(commit, torch, threads, CPU capability: {_records(results)}).", "",
              "## The CSM step: two passes against one concatenated forward", "",
              "`--csm-forward two-pass` (the default, the paper's) runs the real batch, then its generated companions: "
              "batch norm normalises each batch by its own statistics. `--csm-forward concat` runs both in one forward "
