@@ -60,7 +60,7 @@ def _step_section(results: dict) -> list:
             "| loader workers | steps | `next(loader)` CPU (s) | of which companions' Arrow reads + PNG decoding (s) "
             "| step CPU (s) | loader share of CPU | `next(loader)` wall, median / max (s) |",
             "|---|---|---|---|---|---|---|"]
-    for workers, d in sorted(data.items()):
+    for workers, d in sorted((k, v) for k, v in data.items() if k.isdigit()):
         decode = f"{d['decode_median']:.4f}" if "decode_median" in d else "(in the worker)"
         out.append(f"| {workers} | {d['steps']} | {d['load_median']:.4f} | {decode} | {d['step_median']:.4f} | "
                    f"{100 * d['load_share']:.1f}% | {d['wall_load_median']:.3f} / {d['wall_load_max']:.3f} |")
@@ -178,7 +178,7 @@ def write_page() -> None:
              "    python benchmarks/csm_step.py page", "",
              "Machine: 2-core AMD EPYC (AVX-512 with BF16), CPU only, torch 2.14.1, one torch thread per process. "
              "**The machine was loaded**: two long benchmark jobs held both cores and other jobs ran beside them "
-             "(load average about 10), and the two `seeds` processes ran at once. Times are CPU time "
+             "(load average 6-10), and the two `seeds` processes ran at once. Times are CPU time "
              "(`time.process_time`), the variants timed in interleaved rounds in one process; wall times are "
              "inflated several-fold. The numbers are in [csm_step.json](csm_step.json), each part with its record "
              f"(commit, torch, threads, CPU capability: {_records(results)}).", "",
