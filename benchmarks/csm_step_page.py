@@ -104,14 +104,17 @@ def _encoder_section(results: dict) -> list:
     rows = {(r["batch_size"], r["precision"]): r for r in fwd["rows"]}
     bf16, rate = rows[(256, "bfloat16")]["ratio"], rows[(256, "float32")]["images_per_cpu_second"]
     annotated, encoder, quality = (stages.get(k, 0.0) for k in ("annotated", "encoder", "quality"))
+    others = " and ".join(f"batch {b} takes {r['ratio']:.2f}x" for (b, p), r in rows.items()
+                          if p == "float32" and b != 256)
+    pays = all(r["ratio"] > 0.95 for (b, p), r in rows.items() if p == "float32")
+    batches = f"{others} the default batch 256's CPU time{' (no batch size pays beyond the noise)' if pays else ''}"
     out += ["", f"Annotation and the reference encoder take {annotated + encoder:.1f} s of the demo's {total:.0f} s "
             f"({100 * (annotated + encoder) / total:.1f}%; with the generator's quality check "
             f"{100 * (annotated + encoder + quality) / total:.1f}%): the encoder's training {encoder:.1f} s, the "
             f"annotation {annotated:.1f} s (the encoder's passes over the 60 000 real training images, the "
             "prototypes' 54 000 and the 6 000 held out that choose s, and over the 13 500 generated images: at the "
             f"float32 rate above, 73 500 forwards are about {73500 / rate:.0f} CPU-seconds, most of the stage). "
-            f"Batch 256, the default, is the fastest float32 batch; bfloat16 autocast takes {bf16:.2f}x its CPU "
-            f"time, so it would save at most about {(1 - bf16) * annotated:.1f} s of the annotation stage "
+            f"In float32, {batches}; bfloat16 autocast takes {bf16:.2f}x the default's CPU time, so it would save at most about {(1 - bf16) * annotated:.1f} s of the annotation stage "
             f"({100 * (1 - bf16) * annotated / total:.1f}% of the demo)."]
     step = enc.get("train_step")
     if step:
