@@ -21,9 +21,9 @@ def _seed_section(results: dict) -> list:
     rows = {v: runs[v]["rows"] for v in VARIANTS}
     seeds = sorted(set(rows["two-pass"]) & set(rows["concat"]), key=int)
     out = [f"(b) The demo's CSM recipe at {epochs} epochs (the demo trains 60, over 20 minutes a run on this loaded "
-           f"machine; the learning-rate steps keep their share of the run), seeds {', '.join(seeds)}, each variant from the same seed (same real subset, "
-           "initialisation, batches and companions); validation split (250 images), before temperature scaling, "
-           "in %:", "", "| seed | two-pass acc | concat acc | two-pass ECE | concat ECE |", "|---|---|---|---|---|"]
+           f"machine; the learning-rate steps keep their share of the run), seeds {', '.join(seeds)}, each variant "
+           "from the same seed (same real subset, initialisation, batches and companions); validation split (250 "
+           "images), before temperature scaling, in %:", "", "| seed | two-pass acc | concat acc | two-pass ECE | concat ECE |", "|---|---|---|---|---|"]
     for seed in seeds:
         a, b = rows["two-pass"][seed], rows["concat"][seed]
         out.append(f"| {seed} | {100 * a['val_accuracy']:.2f} | {100 * b['val_accuracy']:.2f} | "
@@ -114,7 +114,8 @@ def _encoder_section(results: dict) -> list:
             f"annotation {annotated:.1f} s (the encoder's passes over the 60 000 real training images, the "
             "prototypes' 54 000 and the 6 000 held out that choose s, and over the 13 500 generated images: at the "
             f"float32 rate above, 73 500 forwards are about {73500 / rate:.0f} CPU-seconds, most of the stage). "
-            f"In float32, {batches}; bfloat16 autocast takes {bf16:.2f}x the default's CPU time, so it would save at most about {(1 - bf16) * annotated:.1f} s of the annotation stage "
+            f"In float32, {batches}; bfloat16 autocast takes {bf16:.2f}x the default's CPU time, so it would save "
+            f"at most about {(1 - bf16) * annotated:.1f} s of the annotation stage "
             f"({100 * (1 - bf16) * annotated / total:.1f}% of the demo)."]
     step = enc.get("train_step")
     if step:
