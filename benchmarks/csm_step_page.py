@@ -23,7 +23,8 @@ def _seed_section(results: dict) -> list:
     out = [f"(b) The demo's CSM recipe at {epochs} epochs (the demo trains 60, over 20 minutes a run on this loaded "
            f"machine; the learning-rate steps keep their share of the run), seeds {', '.join(seeds)}, each variant "
            "from the same seed (same real subset, initialisation, batches and companions); validation split (250 "
-           "images), before temperature scaling, in %:", "", "| seed | two-pass acc | concat acc | two-pass ECE | concat ECE |", "|---|---|---|---|---|"]
+           "images), before temperature scaling, in %:", "",
+           "| seed | two-pass acc | concat acc | two-pass ECE | concat ECE |", "|---|---|---|---|---|"]
     for seed in seeds:
         a, b = rows["two-pass"][seed], rows["concat"][seed]
         out.append(f"| {seed} | {100 * a['val_accuracy']:.2f} | {100 * b['val_accuracy']:.2f} | "
