@@ -127,6 +127,36 @@ def test_csm_task_runs_real_and_generated_batches_in_two_passes():
     assert abs(float(one_pass.detach()) - float(out["loss"].detach())) > 1e-4
 
 
+def _calls(model):
+    """A list that records the batch size of each call of ``model``."""
+    sizes = []
+    model.register_forward_hook(lambda module, inputs, output: sizes.append(len(inputs[0])))
+    return sizes
+
+
+def test_csm_concat_forward_is_one_call_with_the_two_passes_loss_without_batch_norm_statistics():
+    images, labels = _data()
+    model = _model().eval()  # batch norm on its running statistics: the two forms must give the same numbers
+    companions = CSMCompanionSampler(_groups(), n_aug=1, num_classes=K)
+    two_pass = CSMTask(model, create_loss("csm", weight=0.7), companions)
+    concat = CSMTask.from_config(_args("--loss", "csm", "--csm-dataset", "x", "--csm-forward", "concat"), model,
+                                 create_loss("csm", weight=0.7), K, companions)
+    batch = _batch(two_pass, images, labels)
+    calls = _calls(model)
+    expected = two_pass(batch)
+    assert calls == [B, 2 * B]
+    calls.clear()
+    out = concat(batch)
+    assert calls == [3 * B]  # one forward over the real batch and its 2 * B companions
+    _check(out, expected["loss"].detach(), expected["output"].detach())
+    assert {k: float(v) for k, v in out["terms"].items()} == pytest.approx(
+        {k: float(v) for k, v in expected["terms"].items()}, abs=1e-6)
+    model.train()  # training-mode batch norm: one pass over both batches has other statistics, another loss
+    assert abs(float(concat(batch)["loss"].detach()) - float(two_pass(batch)["loss"].detach())) > 1e-4
+    with pytest.raises(ValueError, match="CSM forward 'joint'"):
+        CSMTask(model, create_loss("csm"), companions, forward="joint")
+
+
 def _args(*argv):
     return parse_args(list(argv))
 
@@ -148,6 +178,7 @@ def test_select_task_reads_the_loss_spec(argv, task):
     (["--loss", "ce", "--cutmix", "1", "--regmixup", "2"], "--regmixup mixes its own copy"),
     (["--loss", "csm"], "needs --csm-dataset"),
     (["--loss", "focal", "--csm-dataset", "x"], "used by the csm losses only"),
+    (["--loss", "focal", "--csm-forward", "concat"], "--csm-forward is used by the csm losses only"),
 ])
 def test_select_task_refuses_conflicting_options(argv, match):
     args = _args(*argv)

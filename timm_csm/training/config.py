@@ -33,8 +33,8 @@ from ..options import comma_separated, key_value, option, option_types as _field
 from .checkpoint import SELECT_METRICS
 from .timm_args import TIMM_TRAIN_KEYS, from_timm_args
 
-__all__ = ["PAPER_SEED", "TRAINING_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "CONFIG_MARKER", "TrainConfig",
-           "option", "option_names", "option_types", "read_yaml_options", "upgrade_stored_config"]
+__all__ = ["PAPER_SEED", "TRAINING_TEMPERATURE_METHOD", "PAPER_TEMPERATURE_METHOD", "CONFIG_MARKER", "CSM_FORWARDS",
+           "TrainConfig", "option", "option_names", "option_types", "read_yaml_options", "upgrade_stored_config"]
 
 PAPER_SEED = 12345
 #: the temperature fit of a training run unless it names one: the NLL (Guo et al.), a smooth objective whose
@@ -43,6 +43,8 @@ PAPER_SEED = 12345
 TRAINING_TEMPERATURE_METHOD = "nll"
 #: the key that marks the args.yaml a run writes (its value: the timm-csm version)
 CONFIG_MARKER = "timm_csm_version"
+#: how a CSM step runs its real batch and its generated companions (``--csm-forward``; the first is the default)
+CSM_FORWARDS = ("two-pass", "concat")
 
 
 _dataset = functools.partial(option, group="Dataset")
@@ -210,6 +212,11 @@ class TrainConfig:
                                                      "run folder / model file")
     n_aug: int = _calibration(1, help="interior group members per real image besides the endpoint")
     csm_weight: float = _calibration(1.0, help="weight of the generated-batch term of CSM")
+    csm_forward: str = _calibration(
+        CSM_FORWARDS[0], choices=CSM_FORWARDS,
+        help="CSM step: 'two-pass' runs the real batch, then its generated companions (batch-norm statistics per "
+             "batch, the paper's); 'concat' runs both in one forward, so batch-norm statistics are computed over "
+             "real and generated images together; the loss is unchanged in form (benchmarks/csm_step.md)")
     calibrators: List[str] = _calibration(
         ["temperature_scaling"], type=comma_separated, nargs=None, metavar="NAME[,NAME...]",
         help="post-hoc calibrators fitted on the validation split and scored on the test split, comma-separated "

@@ -14,11 +14,15 @@ RegMixupTask       ``regmixup_objective(loss(f(x), y), CE(f(x~), y~))``, clean a
                    NeurIPS 2022; the released code's concatenated batch)
 RankMixupTask      ``loss(f(x), y, f(x~), y~)``, clean and mixed copies in two passes (Noh et al., ICCV 2023)
 CSMTask            ``loss(f(x), y, f(x_gen), q_gen)``, real and generated batches in two passes (Luo et al., ICML 2025)
+                   or, with ``--csm-forward concat``, in one forward over their concatenation
 DistillationTask   ``loss(f(x), y, t(x))`` with a frozen teacher ``t`` on the same batch (Hinton et al., 2015)
 =================  =================================================================================================
 
 Two passes keep separate batch-norm statistics per batch, as CSM and RankMixup specify; both run inside one
-forward of :class:`TrainingModule`, so a distributed wrapper sees one forward and one backward per step.
+forward of :class:`TrainingModule`, so a distributed wrapper sees one forward and one backward per step. CSM's
+``concat`` forward computes them over the real and generated images together (one larger batch, one call of the
+classifier); without batch norm in training mode it gives the two passes' logits and loss
+(``benchmarks/csm_step.md`` measures its cost and its validation ECE).
 :func:`select_task` picks the task from the loss's registry spec (:func:`timm_csm.losses.loss_spec`, returned by
 :func:`create_criterion` with the loss and handed to the task) and the ``--mixup`` / ``--regmixup`` flags.
 """
@@ -32,7 +36,7 @@ import torch.nn as nn
 from ..data import CSMCollator, ImageCollator, MixupCollator, RankMixupCollator, RegMixupCollator, TimmMixupCollator
 from ..losses import LOSS_INPUTS, CrossEntropyLoss, LossBase, LossSpec, create_loss, loss_spec, regmixup_objective
 from ..registry import Registry
-from .config import TrainConfig
+from .config import CSM_FORWARDS, TrainConfig
 
 __all__ = ["TrainingModule", "TrainingTask", "ClassificationTask", "MixupTask", "TimmMixupTask", "RegMixupTask",
            "RankMixupTask", "TRAINING_TASKS", "register_training_task",
@@ -108,6 +112,12 @@ class TrainingTask(nn.Module):
         if self.spec.needs_index:
             return self.criterion(logits, batch["labels"], index=batch["index"])
         return self.criterion(logits, batch["labels"])
+
+    def _forward_concatenated(self, x: torch.Tensor, x2: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The logits of ``x`` and of ``x2`` from one forward over ``cat([x, x2])`` (one set of batch-norm
+        statistics for both)."""
+        both = self.forward_module(torch.cat([x, x2]))
+        return both[:len(x)], both[len(x):]
 
     def _result(self, loss: torch.Tensor, output: torch.Tensor) -> Dict[str, object]:
         return {"loss": loss, "output": output, "terms": self.criterion.terms}
@@ -187,21 +197,22 @@ class RegMixupTask(TrainingTask):
         return RegMixupCollator(images, labels, transform, self.num_classes, alpha=self.alpha, seed=seed)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
-        x = batch["pixel_values"]
-        both = self.forward_module(torch.cat([x, batch["mix_pixel_values"]]))
-        logits, logits_mix = both[:len(x)], both[len(x):]
+        logits, logits_mix = self._forward_concatenated(batch["pixel_values"], batch["mix_pixel_values"])
         loss = regmixup_objective(self._clean_loss(logits, batch), self.mixed_loss(logits_mix, batch["mix_targets"]),
                                   self.weight, self.reduction)
         return self._result(loss, logits)
 
 
 class _TwoPassTask(TrainingTask):
-    """``loss(f(x), y, f(x2), y2)`` with the second batch ``mix_pixel_values`` / ``mix_targets`` in its own pass."""
+    """``loss(f(x), y, f(x2), y2)`` with the second batch ``mix_pixel_values`` / ``mix_targets`` in its own pass,
+    or, where ``concatenated``, both batches in one forward."""
 
     batch_keys = ("pixel_values", "labels", "index", "mix_pixel_values", "mix_targets")
+    concatenated = False
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
-        logits, logits_mix = self.forward_module(batch["pixel_values"], batch["mix_pixel_values"])
+        x, x2 = batch["pixel_values"], batch["mix_pixel_values"]
+        logits, logits_mix = self._forward_concatenated(x, x2) if self.concatenated else self.forward_module(x, x2)
         return self._result(self.criterion(logits, batch["labels"], logits_mix, batch["mix_targets"]), logits)
 
 
@@ -229,18 +240,23 @@ class RankMixupTask(_TwoPassTask):
 
 class CSMTask(_TwoPassTask):
     """CSM: the real batch and its generated companions (:class:`~timm_csm.data.CSMCollator`: per real image the
-    best-matching group member and ``n_aug`` interior members, with their annotated soft labels), in two passes."""
+    best-matching group member and ``n_aug`` interior members, with their annotated soft labels), in two passes
+    (``forward="two-pass"``, the paper's) or in one forward over their concatenation (``"concat"``: batch-norm
+    statistics over both; the loss is the same function of the two sets of logits)."""
 
     needs_companions = True
 
-    def __init__(self, model, criterion, companions, spec: Optional[LossSpec] = None):
+    def __init__(self, model, criterion, companions, spec: Optional[LossSpec] = None, forward: str = CSM_FORWARDS[0]):
         super().__init__(model, criterion, spec)
+        if forward not in CSM_FORWARDS:
+            raise ValueError(f"CSM forward {forward!r}: choose one of {', '.join(CSM_FORWARDS)}")
         self.companions = companions
+        self.concatenated = forward == "concat"
 
     @classmethod
     def from_config(cls, config: TrainConfig, model, criterion, num_classes: int, companions=None,
                   spec: Optional[LossSpec] = None, data_info: Optional[Dict] = None) -> "CSMTask":
-        return cls(model, criterion, companions, spec)
+        return cls(model, criterion, companions, spec, config.csm_forward)
 
     def create_collator(self, images, labels, transform, seed: int):
         return CSMCollator(images, labels, transform, self.companions, seed=seed)
@@ -355,6 +371,8 @@ def select_task(config: TrainConfig, spec: LossSpec) -> Type[TrainingTask]:
         raise ValueError(f"--loss {config.loss} needs --csm-dataset (the generated CSM dataset)")
     if not task.needs_companions and config.csm_dataset:
         raise ValueError(f"--csm-dataset is used by the csm losses only; --loss {config.loss} is not one")
+    if not task.needs_companions and config.csm_forward != CSM_FORWARDS[0]:
+        raise ValueError(f"--csm-forward is used by the csm losses only; --loss {config.loss} is not one")
     if config.teacher and task is not DistillationTask:
         raise ValueError(f"--teacher is used by distillation losses (kd) only; --loss {config.loss} is not one")
     return task

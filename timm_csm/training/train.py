@@ -20,7 +20,8 @@ Pipeline of one run (``run(config)``; the pieces live in the other modules of :m
    ``--regmixup``) builds the batches and computes each step's loss: plain losses, Mixup, RegMixup
    (``(loss(f(x), y) + w * CE(f(x~), y~)) / 2``, the released code's mean; ``--regmixup-reduction sum`` drops the
    1/2), RankMixup ("mrl", "mndcg": clean and mixed copies in two passes) and CSM (real and generated batches in
-   two passes, separate batch-norm statistics, one backward pass of ``loss(logits_real, y, logits_gen, q_gen)``).
+   two passes, separate batch-norm statistics, or in one with ``--csm-forward concat``; one backward pass of
+   ``loss(logits_real, y, logits_gen, q_gen)``).
    After each epoch (:mod:`~timm_csm.training.loop`): validation logits (gathered over processes), the loss's
    ``sync`` and ``on_epoch_end`` hooks, the scheduler step, the per-epoch log, ``last.safetensors`` (model,
    optimizer, scheduler, loss state, RNG) and ``model_best.safetensors`` when ``--select-by`` improves
