@@ -70,8 +70,7 @@ class TrainConfig:
                                                "override it")
 
     # Dataset
-    dataset: str = _dataset("cifar10", help="fashion_mnist, digits, cifar10, cifar100, or a Hugging Face dataset name "
-                                            "or folder")
+    dataset: str = _dataset("cifar10", help="fashion_mnist, digits, cifar10, cifar100, a Hugging Face dataset, folder")
     train_split: str = _dataset("train", help="split to train on")
     val_split: Optional[str] = _dataset(None, help="split used as the validation set (checkpoint selection, "
                                                    "temperature scaling) instead of holding out --val-fraction of the "
@@ -130,8 +129,7 @@ class TrainConfig:
 
     # Input and transforms
     input_size: Optional[List[int]] = _input(
-        None, nargs=3, metavar="N", help="input (channels, height, width), as timm: sets --in-chans and --img-size "
-                                         "(square)")
+        None, nargs=3, metavar="N", help="input (C, H, W), as timm's: sets --in-chans and a square --img-size")
     transform: str = _input(
         "auto", choices=("auto", "cifar", "timm"), help="cifar: resize, zero-padded random crop, flip (the paper's "
                                                         "CIFAR recipe, batched); timm: timm.data.create_transform "
@@ -158,8 +156,7 @@ class TrainConfig:
     batch_size: int = _optim(128, short="-b", help="real images per process and step")
     validation_batch_size: Optional[int] = _optim(
         None, short="-vb", help="evaluation batch size (default: --batch-size)")
-    grad_accum_steps: int = _optim(1, help="batches per optimizer update (the update's batch: steps x processes x "
-                                           "--batch-size)")
+    grad_accum_steps: int = _optim(1, help="batches per optimizer update (its batch: steps x processes x --batch-size)")
     epochs: int = _optim(200, help="epochs to train")
     opt: str = _optim("momentum", help="timm optimizer name; 'momentum' is SGD without Nesterov (the paper), 'sgd' is "
                                        "Nesterov")
@@ -212,11 +209,9 @@ class TrainConfig:
                                                      "run folder / model file")
     n_aug: int = _calibration(1, help="interior group members per real image besides the endpoint")
     csm_weight: float = _calibration(1.0, help="weight of the generated-batch term of CSM")
-    csm_forward: str = _calibration(
-        CSM_FORWARDS[0], choices=CSM_FORWARDS,
-        help="CSM step: 'two-pass' runs the real batch, then its generated companions (batch-norm statistics per "
-             "batch, the paper's); 'concat' runs both in one forward, so batch-norm statistics are computed over "
-             "real and generated images together; the loss is unchanged in form (benchmarks/csm_step.md)")
+    csm_forward: str = _calibration(CSM_FORWARDS[0], choices=CSM_FORWARDS, help=(
+        "CSM step: 'two-pass' (the real batch, then its companions: batch-norm statistics per batch, the paper's) or "
+        "'concat' (one forward, statistics over both; the loss unchanged in form; benchmarks/csm_step.md)"))
     calibrators: List[str] = _calibration(
         ["temperature_scaling"], type=comma_separated, nargs=None, metavar="NAME[,NAME...]",
         help="post-hoc calibrators fitted on the validation split and scored on the test split, comma-separated "
