@@ -113,6 +113,20 @@ def test_scheduler_swap_is_recorded_in_config_and_provenance(tmp_path):
         create_scheduler("euler", pipe.scheduler.config)
 
 
+def test_a_mixing_config_sets_the_time_steps_and_precision_of_a_generator_folder(tmp_path):
+    from timm_csm.generation import MixingConfig, create_generator
+
+    _tiny_pipeline().save_pretrained(tmp_path / "gen")
+    leading = create_generator(tmp_path / "gen", MixingConfig(steps=4, guidance_scale=1.0))
+    assert leading.scheduler.config.timestep_spacing == "leading" and "timestep_spacing" not in leading.provenance
+    pipe = create_generator(tmp_path / "gen", MixingConfig(steps=4, guidance_scale=1.0, scheduler="unipc",
+                                                           timestep_spacing="trailing", precision="bfloat16"))
+    pipe.scheduler.set_timesteps(4)
+    assert isinstance(pipe.scheduler, UniPCMultistepScheduler) and pipe.scheduler.timesteps.tolist()[0] == 999
+    assert pipe.precision == "bfloat16"
+    assert (pipe.provenance["timestep_spacing"], pipe.provenance["precision"]) == ("trailing", "bfloat16")
+
+
 def test_bfloat16_precision_runs_the_network_in_bfloat16_and_is_recorded():
     pipe = _tiny_pipeline(guidance_scale=1.0)
     groups = plan_groups(K, 2)

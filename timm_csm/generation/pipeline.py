@@ -229,6 +229,9 @@ class SemanticMixingPipeline(DiffusionPipeline):
         }
         if self.anchors is not None:
             out["start"] = f"real anchors, strength {self.strength:g}"
+        spacing = self.scheduler.config.get("timestep_spacing", "leading")
+        if spacing != "leading":  # as precision: the sets of the shipped generators' spacing keep their provenance
+            out["timestep_spacing"] = spacing
         if self.precision != PRECISIONS[0]:  # float32 sets keep the provenance they were written with
             out["precision"] = self.precision
         return out

@@ -145,10 +145,9 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
     if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
     else:  # keys of the default sampler's (DDIM, float32) sets stay those written before the choices existed
-        if mixing.scheduler != MIXING_DEFAULTS.scheduler:
-            config["scheduler"] = mixing.scheduler
-        if mixing.precision != MIXING_DEFAULTS.precision:
-            config["precision"] = mixing.precision
+        for option in ("scheduler", "timestep_spacing", "precision"):
+            if getattr(mixing, option) != getattr(MIXING_DEFAULTS, option):
+                config[option] = getattr(mixing, option)
     with cache.stage("generated", config) as stage:
         if not stage.done:
             steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.mixing,
