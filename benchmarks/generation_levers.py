@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 DEFAULT_OUTPUT = "runs/generation_levers"
-COMMAND = "OMP_NUM_THREADS=1 python benchmarks/generation_levers.py"
+COMMAND = ("OMP_NUM_THREADS=1 python benchmarks/generation_levers.py   # run here phase by phase: --phase quality, "
+           "timing, compile, avx2, page")
 #: the generation seeds of the quality sets: group i of seed k has the group seed SEED_BASE + k * SEED_STRIDE + i
 #: (apart from every dataset's seeds, which start at 0, and from the generator check's)
 SEED_BASE, SEED_STRIDE = 50_000_000, 1_000_000
@@ -211,7 +212,7 @@ def time_compile(generator, num_groups: int, rounds: int) -> Dict:
                 pipe(groups[i:i + TODAY.batch_groups], lams, return_dict=False)
             best[name] = min(best[name], time.process_time() - t0)
     return {"compile_cpu_s": first - eager_batch, "eager_s_per_group": best["eager"] / num_groups,
-            "compiled_s_per_group": best["compiled"] / num_groups}
+            "compiled_s_per_group": best["compiled"] / num_groups, "rounds": rounds}
 
 
 def main(argv=None):

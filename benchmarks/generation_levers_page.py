@@ -102,7 +102,7 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
         f"run): a setting's quality equals today's when each measure's mean lies within today's mean ± {BAND:g} sd "
         "(today's sd over the same seeds), or beyond it on the better side (more recognised, fewer flagged); "
         "(out) marks a measure outside. Batch size and memory format leave the images as today's (quality: "
-        "today's).", "",
+        "today's). A dash: the setting's quality sets were not made in this run (timed only).", "",
         "| lever | setting | CPU s / group | x today's time | " + " | ".join(h for _, h, _, _ in MEASURES)
         + " | TV to today's labels | equal quality |",
         "|---|---|---|---|" + "---|" * len(MEASURES) + "---|---|",
@@ -125,7 +125,13 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
         "(`make demo`, `OMP_NUM_THREADS=2`); 2 processes of one thread each (`accelerate launch` of "
         "`timm-csm-generate`) divide the same CPU time between the cores, so they change the wall time, not the "
         "CPU seconds per group compared here. The machine was loaded, so a wall-time comparison of the two would "
-        "measure the other jobs.", ""]
+        "measure the other jobs.", "",
+        "## Not measured here", "",
+        "- the downstream validation ECE of a CSM cell on a faster set (the trailing-steps sets above), which would "
+        "say whether their different soft labels are worse, equal or better for calibration;",
+        "- the same levers on the `matched` generator of PROTOCOL.md amendment 2;",
+        "- the `full` profile: its EDM network is sampled with EDM's Heun sampler in float64; these levers apply to a "
+        "generator folder (the options refuse an EDM pickle), and bfloat16 / float16 on a GPU were not timed.", ""]
     write_text_atomic(report, "\n".join(lines))
     write_text_atomic(json_path, json.dumps({"timing": timing, "rows": rows, "best": best["setting"]}, indent=1))
 
@@ -205,7 +211,7 @@ def _compile(output: Path, timing: Dict) -> List[str]:
     lines += [f"Today's network compiled (`unet.compile()`, default mode): compile time {c['compile_cpu_s']:.0f} "
               f"CPU-s (the first batch, compile workers included, less an eager batch); then "
               f"{c['compiled_s_per_group']:.4f} CPU-s per group against eager's {c['eager_s_per_group']:.4f} "
-              f"({c['compiled_s_per_group'] / c['eager_s_per_group']:.2f}x), best of {timing['rounds']} interleaved "
+              f"({c['compiled_s_per_group'] / c['eager_s_per_group']:.2f}x), best of {c['rounds']} interleaved "
               f"rounds."]
     if gain > 0:
         lines.append(f"It pays after {c['compile_cpu_s'] / gain:.0f} groups; the demo generates {demo_groups}: "

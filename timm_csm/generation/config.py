@@ -73,8 +73,8 @@ class MixingConfig:
     batch_groups: int = option(16, help="groups per forward batch")
     seed_offset: int = option(0, help="seed of the first group (group i has seed offset + i)")
     precision: str = option(PRECISIONS[0], choices=PRECISIONS,
-                            help="generator folder: the network in float32, or under bfloat16 autocast (its speed "
-                                 "and quality: benchmarks/generation.md)")
+                            help="generator folder: the network in float32, or under bfloat16 autocast (faster only "
+                                 "where the CPU has bfloat16 instructions, or on a GPU: benchmarks/generation.md)")
     strength: float = option(1.0, _anchored, help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = "
                                                   "start from real anchors")
 
