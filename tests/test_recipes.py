@@ -71,6 +71,10 @@ def test_stage_keys_equal_the_keys_of_existing_caches(tmp_path, monkeypatch):
 
     assert stages.generator(cache, profile, None, log.append) == Path("run") / f"generator-{OLD_KEYS['generator']}"
     generated = stages.generate(cache, profile, Path("gen"))
+    for other in ({"precision": "bfloat16"}, {"scheduler": "unipc"}, {"timestep_spacing": "trailing"}):  # another set
+        with pytest.raises(AssertionError, match=r"\[generated\] key changed"):
+            stages.generate(cache, dataclasses.replace(profile, mixing=dataclasses.replace(profile.mixing, **other)),
+                            Path("gen"))
     encoder_dir = stages.encoder(cache, profile, None, None, log.append)
     assert stages.quality(cache, profile, Path("gen"), generated, encoder_dir) == {"accuracy": 0.5}
     annotated = Stage("annotated", Path("run") / f"annotated-{OLD_KEYS['annotated']}", OLD_ANNOTATED, done=True)
@@ -213,6 +217,11 @@ def test_an_edm_pickle_is_sampled_without_guidance_and_must_exist(tmp_path):
         with pytest.raises(ValueError, match="Heun sampler without guidance"):
             stages.generate(cache, RecipeProfile(generator=str(pkl), num_groups=1,
                                                  mixing=dataclasses.replace(RECIPE_MIXING, **bad)), pkl, list("wxyz"))
+    for other, why in (({"precision": "bfloat16"}, "sampled in float64 .* precision 'bfloat16' applies"),
+                       ({"timestep_spacing": "trailing"}, "EDM's noise levels: timestep_spacing 'trailing' applies")):
+        with pytest.raises(ValueError, match=why):
+            stages.generate(cache, RecipeProfile(generator=str(pkl), num_groups=1,
+                                                 mixing=dataclasses.replace(RECIPE_MIXING, **other)), pkl, list("wxyz"))
     missing = RecipeProfile(generator=str(tmp_path / "absent.pkl"))
     with pytest.raises(FileNotFoundError, match=f"absent.pkl not found: download it .*{re.escape(FULL_EDM_PICKLE_URL)}"
                                                 ".*--generator"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
+from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, UniPCMultistepScheduler
 
 from timm_csm.generation import (EDMSemanticMixingPipeline, GENERATOR_PROFILES, SemanticMixingPipeline,
                                  SemanticMixingPipelineOutput, create_class_unet, create_scheduler, plan_groups,
@@ -106,8 +106,42 @@ def test_scheduler_swap_is_recorded_in_config_and_provenance(tmp_path):
     assert isinstance(pipe.scheduler, DPMSolverMultistepScheduler) and pipe.provenance["sampler"] == "dpm-solver++"
     pipe.save_pretrained(tmp_path)
     assert isinstance(SemanticMixingPipeline.from_pretrained(tmp_path).scheduler, DPMSolverMultistepScheduler)
+    pipe.scheduler = create_scheduler("unipc", pipe.scheduler.config)
+    assert isinstance(pipe.scheduler, UniPCMultistepScheduler) and pipe.scheduler.config.beta_schedule == \
+        "squaredcos_cap_v2"
     with pytest.raises(ValueError, match="unknown scheduler 'euler'"):
         create_scheduler("euler", pipe.scheduler.config)
+
+
+def test_a_mixing_config_sets_the_time_steps_and_precision_of_a_generator_folder(tmp_path):
+    from timm_csm.generation import MixingConfig, create_generator
+
+    _tiny_pipeline().save_pretrained(tmp_path / "gen")
+    leading = create_generator(tmp_path / "gen", MixingConfig(steps=4, guidance_scale=1.0))
+    assert leading.scheduler.config.timestep_spacing == "leading" and "timestep_spacing" not in leading.provenance
+    pipe = create_generator(tmp_path / "gen", MixingConfig(steps=4, guidance_scale=1.0, scheduler="unipc",
+                                                           timestep_spacing="trailing", precision="bfloat16"))
+    pipe.scheduler.set_timesteps(4)
+    assert isinstance(pipe.scheduler, UniPCMultistepScheduler) and pipe.scheduler.timesteps.tolist()[0] == 999
+    assert pipe.precision == "bfloat16"
+    assert (pipe.provenance["timestep_spacing"], pipe.provenance["precision"]) == ("trailing", "bfloat16")
+
+
+def test_bfloat16_precision_runs_the_network_in_bfloat16_and_is_recorded():
+    pipe = _tiny_pipeline(guidance_scale=1.0)
+    groups = plan_groups(K, 2)
+    full = pipe(groups, LAMBDAS).images
+    assert "precision" not in pipe.provenance  # float32 sets keep the provenance they were written with
+    seen = []
+    hook = pipe.unet.conv_in.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    pipe.set_precision("bfloat16")
+    half = pipe(groups, LAMBDAS).images
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16} and pipe.provenance["precision"] == "bfloat16"
+    assert half.dtype == torch.uint8 and not torch.equal(half, full)
+    assert (half.int() - full.int()).abs().float().mean() < 8  # the same images, to bfloat16's precision
+    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'bfloat16'\], got 'fp16'"):
+        pipe.set_precision("fp16")
 
 
 def test_bad_configs_are_refused_with_what_to_fix(tmp_path):

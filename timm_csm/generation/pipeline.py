@@ -26,7 +26,7 @@ from diffusers.utils import BaseOutput
 
 from .conditioning import (enable_soft_class_conditioning, enable_soft_dit_conditioning, find_soft_class_table,
                            mix_weights)
-from .config import SCHEDULERS
+from .config import PRECISIONS, SCHEDULERS
 from .plan import Group, group_noise
 from .sampling import DEFAULT_INFERENCE_STEPS, sample_with_edm_scheduler, sample_with_scheduler, to_uint8
 from .scheduling_edm import EDMHeunScheduler
@@ -141,7 +141,8 @@ class SemanticMixingPipeline(DiffusionPipeline):
     ``metadata`` (name, dataset, training recipe, losses).
 
     Sampling defaults (not configuration; ``from_pretrained(folder, num_inference_steps=20, ...)`` passes them):
-    ``num_inference_steps``, ``guidance_scale`` (None: the recommended scale; 1 = none, as the paper) and the start:
+    ``num_inference_steps``, ``guidance_scale`` (None: the recommended scale; 1 = none, as the paper), ``precision``
+    (``"float32"``, or ``"bfloat16"`` autocast of the network) and the start:
     with an :class:`~timm_csm.generation.anchors.AnchorPool` ``anchors`` and ``strength`` t < 1 each group starts
     from its anchor (a real image of class a or b) noised to strength t with the group's noise (SDEdit) instead of
     pure noise; ``strength = 1`` (the default) is the paper's mode.
@@ -152,7 +153,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
     def __init__(self, unet: ModelMixin, scheduler: SchedulerMixin, class_names: Optional[List[str]] = None,
                  recommended_guidance_scale: float = 1.0, metadata: Optional[Dict] = None,
                  num_inference_steps: int = DEFAULT_INFERENCE_STEPS, guidance_scale: Optional[float] = None,
-                 anchors=None, strength: float = 1.0):
+                 anchors=None, strength: float = 1.0, precision: str = PRECISIONS[0]):
         super().__init__()
         rows = find_soft_class_table(_soft_conditioned(unet)).num_embeddings
         names = _class_names(rows, class_names)
@@ -162,6 +163,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
         self.num_inference_steps = int(num_inference_steps)
         self.guidance_scale = self._guidance(guidance_scale)
         self.set_anchors(anchors, strength)
+        self.set_precision(precision)
 
     @property
     def class_names(self) -> List[str]:
@@ -195,6 +197,13 @@ class SemanticMixingPipeline(DiffusionPipeline):
                              f"{self.image_shape}")
         self.anchors, self.strength = (anchors if strength < 1.0 else None), float(strength)
 
+    def set_precision(self, precision: str) -> None:
+        """Run the network in ``precision`` while sampling: ``"float32"``, or ``"bfloat16"`` under autocast (the
+        sampler's arithmetic stays float32)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
+
     def anchor_index(self, group: Group) -> int:
         """The anchor pool row ``group`` starts from; -1 in the paper's mode (pure noise)."""
         return -1 if self.anchors is None else self.anchors.index_for(group)
@@ -220,6 +229,11 @@ class SemanticMixingPipeline(DiffusionPipeline):
         }
         if self.anchors is not None:
             out["start"] = f"real anchors, strength {self.strength:g}"
+        spacing = self.scheduler.config.get("timestep_spacing", "leading")
+        if spacing != "leading":  # as precision: the sets of the shipped generators' spacing keep their provenance
+            out["timestep_spacing"] = spacing
+        if self.precision != PRECISIONS[0]:  # float32 sets keep the provenance they were written with
+            out["precision"] = self.precision
         return out
 
     @torch.no_grad()
@@ -245,7 +259,8 @@ class SemanticMixingPipeline(DiffusionPipeline):
             init = self.anchors.images_for(groups).repeat_interleave(len(lambdas), 0).to(device)
         x = sample_with_scheduler(self.unet, self.scheduler, w.to(device), noise.to(device), steps, scale,
                                   init_images=init, strength=self.strength, generator=generator,
-                                  progress=self.progress_bar)
+                                  progress=self.progress_bar,
+                                  autocast_dtype=torch.bfloat16 if self.precision == "bfloat16" else None)
         self.maybe_free_model_hooks()
         return _output(to_uint8(x).cpu(), members, output_type, return_dict)
 

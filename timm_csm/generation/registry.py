@@ -9,8 +9,8 @@ The kinds here:
   EDM's Heun sampler and no guidance (the paper), its classes named in label order
   (:meth:`~timm_csm.generation.EDMSemanticMixingPipeline.from_edm_pickle`);
 * ``diffusers``: a generator folder (``model_index.json``, ``unet/``, ``scheduler/``):
-  :class:`~timm_csm.generation.SemanticMixingPipeline` with the configuration's scheduler, steps, guidance and
-  real-anchored start. It takes any generator no other kind claims.
+  :class:`~timm_csm.generation.SemanticMixingPipeline` with the configuration's scheduler and its time steps, steps,
+  guidance, precision and real-anchored start. It takes any generator no other kind claims.
 
 Whether a path holds a generator of its kind (:func:`find_generator`) is decided here too, so that every front end
 that takes a generator (the pipeline's ``--generator``, ``timm-csm-generate``, ``timm-csm-evaluate-generator``)
@@ -143,6 +143,12 @@ def _edm_check(mixing: MixingConfig) -> None:
     if mixing.strength < 1.0:
         raise ValueError("an EDM pickle samples from pure noise only; a strength below 1 needs a generator folder")
     default = MixingConfig()
+    if mixing.timestep_spacing is not None:
+        raise ValueError(f"an EDM network pickle is sampled at EDM's noise levels: timestep_spacing "
+                         f"{mixing.timestep_spacing!r} applies to a generator folder only; leave it at None")
+    if mixing.precision != default.precision:
+        raise ValueError(f"an EDM network pickle is sampled in float64 as the reference sampler: precision "
+                         f"{mixing.precision!r} applies to a generator folder only; leave it at {default.precision!r}")
     if mixing.guidance_scale not in (None, 1.0) or mixing.scheduler != default.scheduler:
         raise ValueError("an EDM network pickle is sampled with EDM's Heun sampler without guidance (the paper): "
                          f"guidance_scale {mixing.guidance_scale} and scheduler {mixing.scheduler!r} do not apply; "
@@ -161,8 +167,11 @@ def _folder_create(path: Path, mixing: MixingConfig, class_names, anchors, devic
 
     steps = {} if mixing.steps is None else {"num_inference_steps": mixing.steps}
     pipe = SemanticMixingPipeline.from_pretrained(path, guidance_scale=mixing.guidance_scale, anchors=anchors,
-                                                  strength=mixing.strength, **steps)
-    pipe.scheduler = create_scheduler(mixing.scheduler, pipe.scheduler.config)
+                                                  strength=mixing.strength, precision=mixing.precision, **steps)
+    config = dict(pipe.scheduler.config)
+    if mixing.timestep_spacing is not None:
+        config["timestep_spacing"] = mixing.timestep_spacing
+    pipe.scheduler = create_scheduler(mixing.scheduler, config)
     return pipe.to(device)
 
 

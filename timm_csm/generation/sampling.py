@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -47,6 +48,7 @@ def sample_with_scheduler(
     strength: float = 1.0,
     generator: Optional[torch.Generator] = None,
     progress: Optional[Callable[[Iterable], Iterable]] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """Denoise ``noise`` (B, C, H, W) under soft conditions ``class_weights`` (B, K); returns x0 in [-1, 1].
 
@@ -61,6 +63,9 @@ def sample_with_scheduler(
     ``generator`` goes to ``scheduler.step`` where the step draws noise (DDPM, DDIM with eta > 0, SDE solvers); DDIM
     with eta 0 and DPM-Solver++ draw nothing. ``progress`` wraps the time steps run (e.g. a pipeline's
     ``progress_bar``).
+
+    ``autocast_dtype`` (``torch.bfloat16``) runs the model under ``torch.autocast`` on the noise's device; its output
+    is cast back to float32, so that the scheduler's update and the sample stay float32 (None: all float32).
     """
     if class_weights.ndim != 2 or class_weights.shape[0] != noise.shape[0]:
         raise ValueError(f"class_weights must be (B, K) with B = {noise.shape[0]}, got {tuple(class_weights.shape)}")
@@ -80,13 +85,19 @@ def sample_with_scheduler(
     for t in (progress or iter)(timesteps):
         x_in = torch.cat([x, x]) if guidance_scale != 1.0 else x
         x_in = scheduler.scale_model_input(x_in, t)
-        out = model(x_in, t.to(device).expand(x_in.shape[0]), class_labels=w).sample
-        out = out[:, : x.shape[1]]  # learned-variance models (DiT) return (eps, variance) channels
+        with _autocast(device, autocast_dtype):
+            out = model(x_in, t.to(device).expand(x_in.shape[0]), class_labels=w).sample
+        out = out[:, : x.shape[1]].float()  # learned-variance models (DiT) return (eps, variance) channels
         if guidance_scale != 1.0:
             cond, uncond = out.chunk(2)
             out = uncond + guidance_scale * (cond - uncond)
         x = scheduler.step(out, t, x, **step_kwargs).prev_sample
     return x.clamp(-1, 1)
+
+
+def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    """``torch.autocast`` to ``dtype`` on ``device``; no context for None (float32 throughout)."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def _start(scheduler, noise: torch.Tensor, num_steps: int, init_images: Optional[torch.Tensor], strength: float):

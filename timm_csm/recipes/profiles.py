@@ -56,7 +56,8 @@ class RecipeProfile:
     generator: str = "shipped"
     generator_steps: Optional[int] = None
     num_groups: int = 225  # 5 per class pair for 10 classes: 1 800 images
-    # the lambda grid, the sampler ("ddim" or "dpm"), its steps (also those of the quality measurement), guidance
+    # the lambda grid, the sampler ("ddim", "dpm" or "unipc") and its time steps, its steps (also those of the quality
+    # measurement), guidance, the network's precision
     mixing: MixingConfig = RECIPE_MIXING
     # re-annotation
     encoder: str = "reference"  # "reference" or "open_clip:<model>:<pretrained tag or weights file>"
@@ -157,7 +158,8 @@ register_profile("smoke", RecipeProfile(generator="smoke", num_groups=24,
 # for "Better diffusion models further improve adversarial training" (ICML 2023, github.com/wzekai99/DM-Improves-AT),
 # the one the CSM authors sample (their gen_edm-mix/README.md); the user downloads it (FULL_EDM_PICKLE_URL) into the
 # working directory or names their copy with --generator. The reader follows NVlabs' published pickle format; it has
-# not yet been run on the released file. 25 Heun steps, no guidance, one noise per group. Volume:
+# not yet been run on the released file. 25 Heun steps, no guidance, one noise per group, in float64 (the sampler
+# levers of benchmarks/generation.md apply to a generator folder, not to an EDM network). Volume:
 # the released gen_edm-mix/run_mix.sh samples seeds 0-19799 for CIFAR-100: 19 800 groups x 8 lambdas = 158 400
 # images; 159 840 (19 980 groups x 8) is the volume of its CIFAR-10 run. CLIP: open_clip's "openai" tag, which
 # open_clip downloads when online; OpenAI's weights run with QuickGELU, which the -quickgelu config builds (offline:

@@ -144,9 +144,10 @@ def generate(cache: StageCache, profile: RecipeProfile, generator_path: Path,
               "lambdas": mixing.num_lambdas, "steps": mixing.steps, "guidance": mixing.guidance_scale}
     if kind.names_classes:
         config["class_names"] = stage_key({"class_names": class_names})
-    elif mixing.scheduler != MIXING_DEFAULTS.scheduler:  # keys of the default sampler's (DDIM) sets stay those
-        # written before the choice existed
-        config["scheduler"] = mixing.scheduler
+    else:  # keys of the default sampler's (DDIM, float32) sets stay those written before the choices existed
+        for option in ("scheduler", "timestep_spacing", "precision"):
+            if getattr(mixing, option) != getattr(MIXING_DEFAULTS, option):
+                config[option] = getattr(mixing, option)
     with cache.stage("generated", config) as stage:
         if not stage.done:
             steps.generate_groups(generator_path, stage.folder, profile.num_groups, profile.mixing,
