@@ -57,7 +57,8 @@ def record_cell() -> Dict[str, Any]:
     if problem is not None:
         raise SystemExit(problem)
     text = SPEC.read_text(encoding="utf-8")
-    folder = RUNS / CELL
+    os.chdir(ROOT)  # the cell's results name its folder relative to the repository, as every committed cell's do
+    folder = RUNS.relative_to(ROOT) / CELL
     options = cell_options(study_recipe(parse_spec(text)), get_method(METHOD), SEED, folder)
     results = run_cell(dict(options, progress=False), folder, METHOD, SEED, committed=CELLS / CELL,
                        spec_digest=spec_digest(text), repo=ROOT)
