@@ -71,8 +71,8 @@ FINDINGS = [
     "", "## What it shows", "",
     "- **The AVX2 pins carry a cell from an AVX-512 machine to an AVX2-only one of the same vendor.** On the "
     "emulated AMD EPYC-Milan (verify 4) the cell re-ran to the same training history, checkpoint epoch and every "
-    "test and validation number; 3 values of the validation debiased calibration error differ in the last bit of a "
-    "float64 (2e-16 relative). It is the one metric that takes the square root of a float64 tensor; the kernel "
+    "test number; its only differences (its row above) are last-bit ones in the validation debiased calibration "
+    "error, the one metric that takes the square root of a float64 tensor; the kernel "
     "behind the difference is not isolated (the kernel runs below take no square root).",
     "- **Without the pins** the same machine computes other numbers from the first epoch on (verify 2): oneDNN's "
     "convolutions and torch's softmax take their AVX-512 kernels (kernel runs 1 and 2), and the run keeps another "
