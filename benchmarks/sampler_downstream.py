@@ -1,0 +1,203 @@
+"""The downstream check of a faster sampler (issue 43, item 1): does the demo's CSM classifier calibrate as well on
+the set DDIM 4 + trailing steps makes (0.49x today's generation time, benchmarks/generation.md) as on today's
+(DDIM 8)? Its quality measures fell outside today's band on a measure whose better side the levers' rule does not
+name (its annotated lambda-hat lies closer to the mixing ratio); the page said a downstream CSM cell decides.
+
+    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py sets --setting today       # first: trains the encoder
+    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py sets --setting candidate
+    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py seeds --setting today
+    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py seeds --setting candidate
+    python benchmarks/sampler_downstream.py page
+
+The rule, fixed in this file before any of its sets or cells ran:
+
+* sets: the ``demo`` profile's recipe (3,375 groups x 4 lambdas from the shipped generator, the reference encoder
+  trained here, s chosen on the held-out tenth, flagged groups dropped), once with today's sampler and once with the
+  candidate, in one run folder (one encoder for both);
+* cells: the demo's CSM training (two passes) at ``EPOCHS`` epochs (the demo trains 60; its learning-rate steps keep
+  their share), seeds ``SEEDS``; a seed gives both sets the same real images, initialisation and batches; read on
+  the validation split (250 images) only, before temperature scaling;
+* decision: the candidate becomes the ``demo`` profile's sampler when, over the seeds, the paired 95% t-interval
+  of validation ECE (candidate - today, points) ends below ``+ECE_MARGIN`` and that of validation accuracy starts
+  above ``-ACCURACY_MARGIN``; otherwise today's sampler stays. ECE after temperature scaling is reported, secondary.
+* power: at the paired sd of validation ECE seen between two CSM variants of the same recipe (1.82 points,
+  benchmarks/csm_step.md), 20 seeds give a half-width of 0.85 points; a true difference of 0 passes with about 94%
+  probability, one of +1.5 points with at most 2.5%.
+
+Everything is written under ``--runs`` (default ``runs/sampler_downstream``) and resumes there; the numbers go to
+``benchmarks/sampler_downstream.json`` with the commit they ran at, the page to ``benchmarks/sampler_downstream.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "sampler_downstream.json"
+PAGE = ROOT / "sampler_downstream.md"
+EPOCHS = 20
+SEEDS = tuple(range(20))
+ECE_MARGIN, ACCURACY_MARGIN = 1.5, 1.0
+#: the two samplers: (steps, timestep_spacing), every other sampling option the demo's
+SETTINGS = {"today": (8, None), "candidate": (4, "trailing")}
+NAMES = {"today": "DDIM 8 (today's demo)", "candidate": "DDIM 4 + trailing steps"}
+
+
+def demo_profile(setting: str):
+    from timm_csm.recipes import get_profile
+
+    profile = get_profile("demo")
+    steps, spacing = SETTINGS[setting]
+    return dataclasses.replace(profile, mixing=dataclasses.replace(profile.mixing, steps=steps,
+                                                                  timestep_spacing=spacing))
+
+
+def _record() -> dict:
+    import torch
+
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "clean": not git("status", "--porcelain", "--", "timm_csm", "benchmarks/sampler_downstream.py"),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def _update(key: str, value: dict) -> None:
+    """Write ``value`` under ``key``; the two settings' processes run side by side, so under a lock."""
+    import fcntl
+
+    from timm_csm.io import write_json_atomic
+
+    with open(__file__) as lock:  # this file: no lock file to leave behind
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results[key] = dict(value, record=_record())
+        write_json_atomic(RESULTS, results, indent=1)
+
+
+def build_set(setting: str, runs: Path) -> Path:
+    """The demo's stages up to the CSM dataset with ``setting``'s sampler; returns the dataset's folder and records
+    the set's quality measures and stage CPU seconds."""
+    from timm_csm.recipes import stages
+    from timm_csm.recipes.cache import StageCache
+    from timm_csm.recipes.profiles import resolve_dataset
+
+    profile = resolve_dataset(demo_profile(setting), print)
+    cache = StageCache(runs, print)
+    train_real, test_real, profile = stages.real_splits(profile, print)
+    generator_dir = stages.generator(cache, profile, train_real, print)
+    generated = stages.generate(cache, profile, generator_dir, train_real.class_names)
+    encoder_dir = stages.encoder(cache, profile, train_real, test_real, print)
+    quality = stages.quality(cache, profile, generator_dir, generated, encoder_dir, train_real.class_names)
+    annotated = stages.annotate(cache, profile, generated, encoder_dir, train_real)
+    annotation = json.loads((annotated.folder / "annotation.json").read_text())
+    images = profile.num_groups * profile.mixing.num_lambdas
+    cpu = json.loads((generated.folder / "DONE.json").read_text()).get("cpu_seconds")
+    _update(f"set_{setting}", {"generated": generated.folder.name, "annotated": annotated.folder.name,
+                               "pure_class_recognised": quality["accuracy"], "s": annotation["s"],
+                               "images": images, "kept": annotation["rows"], "generation_cpu_seconds": cpu})
+    return stages.csm_dataset_folder(annotated, profile.dataset)
+
+
+def run_seeds(setting: str, runs: Path, seeds) -> None:
+    """The demo's CSM cells on ``setting``'s set, one per seed (resumable); their validation numbers."""
+    from timm_csm.recipes.profiles import paper_protocol, with_epochs
+    from timm_csm.recipes.stages import train_config
+    from timm_csm.training import run
+
+    dataset = build_set(setting, runs)  # done stages are read, not run again
+    profile = with_epochs(demo_profile(setting), EPOCHS)
+    rows = json.loads(RESULTS.read_text()).get(f"seeds_{setting}", {}).get("rows", {}) if RESULTS.exists() else {}
+    for seed in seeds:
+        out = runs / "cells" / f"{setting}-s{seed}"
+        if not (out / "results.json").exists():
+            options = train_config(profile, "csm", dataset)
+            run(paper_protocol(dict(options, seed=seed, bootstrap=0, progress=False, output=str(out),
+                                    auto_resume=True)))
+        res = json.loads((out / "results.json").read_text())
+        val = res["val"]["pre_ts"]
+        rows[str(seed)] = {"val_accuracy": val["accuracy"], "val_ece": val["ece"],
+                           "val_ece_after_ts": res["val"]["post_ts"]["ece"], "best_epoch": res["checkpoint_epoch"]}
+        print(setting, seed, rows[str(seed)], flush=True)
+        _update(f"seeds_{setting}", {"epochs": EPOCHS, "rows": rows})
+
+
+def decision(results: dict):
+    """``(intervals by measure, passed)`` over the seeds both settings have; None before two."""
+    from timm_csm.metrics.paired import paired_t_interval
+
+    rows = {s: results.get(f"seeds_{s}", {}).get("rows", {}) for s in SETTINGS}
+    seeds = sorted(set(rows["today"]) & set(rows["candidate"]), key=int)
+    if len(seeds) < 2:
+        return None
+    intervals = {key: paired_t_interval({s: 100 * rows["candidate"][s][key] for s in seeds},
+                                        {s: 100 * rows["today"][s][key] for s in seeds})
+                 for key in ("val_ece", "val_accuracy", "val_ece_after_ts")}
+    passed = (len(seeds) == len(SEEDS) and intervals["val_ece"].high < ECE_MARGIN
+              and intervals["val_accuracy"].low > -ACCURACY_MARGIN)
+    return intervals, passed
+
+
+def write_page() -> str:
+    from timm_csm.metrics.paired import interval_text, mean_std
+
+    results = json.loads(RESULTS.read_text())
+    out = ["# A faster sampler, checked downstream: the demo's CSM classifier on each set", "",
+           "Commands (`benchmarks/sampler_downstream.py`; its docstring holds the rule, fixed before the run):", ""]
+    out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py {verb} --setting {s}"
+            for verb in ("sets", "seeds") for s in SETTINGS]
+    out += ["    python benchmarks/sampler_downstream.py page", "",
+            "| set | sampler | pure-class recognised (%) | images kept / made | s | generation CPU s |",
+            "|---|---|---|---|---|---|"]
+    for s in SETTINGS:
+        st = results.get(f"set_{s}")
+        if st:
+            cpu = "-" if st["generation_cpu_seconds"] is None else f"{st['generation_cpu_seconds']:.0f}"
+            out.append(f"| {s} | {NAMES[s]} | {100 * st['pure_class_recognised']:.1f} | {st['kept']} / "
+                       f"{st['images']} | {st['s']:.2f} | {cpu} |")
+    found = decision(results)
+    if found is None:
+        out += ["", "The cells have not run yet."]
+        return "\n".join(out) + "\n"
+    intervals, passed = found
+    rows = {s: results[f"seeds_{s}"]["rows"] for s in SETTINGS}
+    out += ["", f"The demo's CSM training at {EPOCHS} epochs, validation split (250 images), before temperature "
+            f"scaling, in % (mean ± sd over seeds; paired interval candidate - today, 95% t):", "",
+            "| measure | today | candidate | candidate - today |", "|---|---|---|---|"]
+    for key, name in (("val_ece", "ECE"), ("val_accuracy", "accuracy"),
+                      ("val_ece_after_ts", "ECE after temperature scaling (secondary)")):
+        cells = [f"{m:.2f} ± {sd:.2f}" for s in SETTINGS
+                 for m, sd in [mean_std([100 * r[key] for r in rows[s].values()])]]
+        out.append(f"| {name} | {cells[0]} | {cells[1]} | {interval_text(intervals[key])} |")
+    verdict = ("passes: the candidate becomes the demo's sampler" if passed else "does not pass: today's sampler stays")
+    out += ["", f"**Decision** (ECE interval below +{ECE_MARGIN}, accuracy interval above -{ACCURACY_MARGIN}, "
+            f"{len(SEEDS)} seeds): the candidate {verdict}. Observed paired sd of validation ECE: "
+            f"{intervals['val_ece'].sd:.2f} points.", "",
+            "Records (commit, torch, threads) of each part: `benchmarks/sampler_downstream.json`."]
+    PAGE.write_text("\n".join(out) + "\n")
+    return PAGE.read_text()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("part", choices=["sets", "seeds", "page"])
+    p.add_argument("--setting", choices=list(SETTINGS))
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    p.add_argument("--runs", type=Path, default=Path("runs/sampler_downstream"))
+    args = p.parse_args(argv)
+    if args.part != "page" and args.setting is None:
+        p.error(f"{args.part} needs --setting")
+    if args.part == "sets":
+        print(build_set(args.setting, args.runs))
+    elif args.part == "seeds":
+        run_seeds(args.setting, args.runs, args.seeds)
+    else:
+        print(write_page())
+
+
+if __name__ == "__main__":
+    main()
