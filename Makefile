@@ -33,6 +33,14 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# the demo needs the package with its generation, plots and statistics extras only: the dev extras (the tests' and
+# the benchmarks' peers, the docs) would lengthen a fresh set-up; an environment that has them serves it too
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(BIN)/pip install --quiet -e ".[gen,plots,calibration]"
+	touch $(DEMO_STAMP)
+
 install: $(STAMP)
 
 # one worker per core, each test file on one worker (a file's module fixtures are built once)
@@ -41,7 +49,7 @@ test: fashion-mnist $(STAMP)
 
 # the demo is the only job on the machine: let torch use both cores (DEMO_THREADS=1 leaves one free)
 DEMO_THREADS ?= 2
-demo: fashion-mnist $(STAMP)
+demo: fashion-mnist $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(OFFLINE) OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m timm_csm.commands.pipeline --profile demo
 
 # the calibration benchmark of benchmarks/PROTOCOL.md: each setting's generated set (resumable, hours on a CPU), then

@@ -81,6 +81,29 @@ def test_make_with_the_data_present_calls_no_apt(tmp_path):
     assert res.returncode == 0 and calls == []
 
 
+def test_make_demo_installs_the_demo_extras_unless_the_dev_environment_exists(tmp_path):
+    data = tmp_path / "fashion-mnist"
+    data.mkdir()
+    (data / IDX).touch()
+    work = tmp_path / "checkout"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    for name in ("setup.cfg", "pyproject.toml"):
+        (work / name).touch()
+    (work / ".venv" / "bin" / "python").touch()
+
+    def dry_run():
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TIMM_CSM", "MAKE"))}
+        res = subprocess.run(["make", "-n", "-f", str(ROOT / "Makefile"), "-C", str(work), "demo",
+                              f"TIMM_CSM_FASHION_MNIST={data}"], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    fresh = dry_run()
+    assert '-e ".[gen,plots,calibration]"' in fresh and ".[dev]" not in fresh
+    (work / ".venv" / ".installed").touch()  # `make test` set up the dev extras: the demo installs nothing more
+    assert "pip install" not in dry_run()
+
+
 def test_ci_entry_point_is_the_readme_command():
     script = (ROOT / ".ci" / "run").read_text()
     assert script.strip().splitlines()[-1] == "make test" and "apt-get" not in script
