@@ -147,10 +147,20 @@ def write_page() -> str:
 
     results = json.loads(RESULTS.read_text())
     out = ["# A faster sampler, checked downstream: the demo's CSM classifier on each set", "",
+           "In [generation.md](generation.md)'s quality cells (90 groups at each of 3 seeds) DDIM 4 + trailing steps "
+           "took 0.49x today's CPU time per group, recognised more pure-class images and flagged fewer groups; its "
+           "members' mean abs(lambda-hat - lambda) lay below today's band (soft labels that follow the mixing ratio "
+           "more closely), a measure whose better side that page's rule does not name. This check decides whether "
+           "the classifier the demo trains on its set is as well calibrated.", "",
            "Commands (`benchmarks/sampler_downstream.py`; its docstring holds the rule, fixed before the run):", ""]
     out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py {verb} --setting {s}"
             for verb in ("sets", "seeds") for s in SETTINGS]
     out += ["    python benchmarks/sampler_downstream.py page", "",
+            "Machine: 2 cores, one torch thread per process; the two settings' processes ran side by side, beside "
+            "other jobs (a loaded machine: the generation CPU seconds below compare the samplers, they are not the "
+            "demo's times, which `make demo` measures with 2 threads, benchmarks/demo.md). A set's pure-class "
+            "recognition is the pipeline's quality stage (90 groups); images kept are those of the groups the "
+            "annotation checks do not flag.", "",
             "| set | sampler | pure-class recognised (%) | images kept / made | s | generation CPU s |",
             "|---|---|---|---|---|---|"]
     for s in SETTINGS:
@@ -173,10 +183,13 @@ def write_page() -> str:
         cells = [f"{m:.2f} ± {sd:.2f}" for s in SETTINGS
                  for m, sd in [mean_std([100 * r[key] for r in rows[s].values()])]]
         out.append(f"| {name} | {cells[0]} | {cells[1]} | {interval_text(intervals[key])} |")
-    verdict = ("passes: the candidate becomes the demo's sampler" if passed else "does not pass: today's sampler stays")
-    out += ["", f"**Decision** (ECE interval below +{ECE_MARGIN}, accuracy interval above -{ACCURACY_MARGIN}, "
-            f"{len(SEEDS)} seeds): the candidate {verdict}. Observed paired sd of validation ECE: "
-            f"{intervals['val_ece'].sd:.2f} points.", "",
+    verdict = (f"passed: {NAMES['candidate']} becomes the `demo` profile's sampler" if passed
+               else f"not passed: {NAMES['today']} stays the `demo` profile's sampler")
+    out += ["", f"**Decision** (the rule: ECE interval below +{ECE_MARGIN}, accuracy interval above "
+            f"-{ACCURACY_MARGIN}, {len(SEEDS)} seeds): {verdict}. Observed paired sd of validation ECE: "
+            f"{intervals['val_ece'].sd:.2f} points (the rule's power assumed 1.82). A difference in ECE is not shown "
+            "either way where its interval holds 0; the rule asks only that the candidate be not worse by the "
+            "margin.", "",
             "Records (commit, torch, threads) of each part: `benchmarks/sampler_downstream.json`."]
     PAGE.write_text("\n".join(out) + "\n")
     return PAGE.read_text()
