@@ -42,7 +42,8 @@ def test_the_command_and_the_recipe_read_the_same_defaults():
     assert recipe.annotation == cli
     # a profile that changes a setting hands it on, and its seed is its annotation's
     demo = get_profile("demo")
-    assert (demo.mixing.num_lambdas, demo.mixing.steps, demo.annotation.drop_flagged) == (4, 8, True)
+    assert (demo.mixing.num_lambdas, demo.mixing.steps, demo.mixing.timestep_spacing,
+            demo.annotation.drop_flagged) == (4, 4, "trailing", True)
     assert dataclasses.replace(demo, seed=3).annotation.seed == 3
     assert RecipeProfile(mixing=MixingConfig(groups_per_shard=5)).mixing.groups_per_shard == 32
     with pytest.raises(ValueError, match="annotation an AnnotationConfig"):

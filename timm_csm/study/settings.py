@@ -16,9 +16,10 @@ the build record the study page's cost section reads (``[report] builds``).
 
 The generator profile and its steps, the generated volume and sampler, and the annotator's epochs come from the
 spec's ``[settings.matched]`` table (:class:`~.settings_spec.MatchedSettingSpec`); what it leaves out follows from
-the image size (:func:`generator_defaults`: 8 px digits, 3 000 steps; 16-32 px fmnist, 6 000 steps), 75 groups per class pair
-of 4 lambdas from 8 DDIM steps without guidance (the ``demo`` recipe's sampler), and the annotator trained as many
-epochs as the cells' recipe.
+the image size (:func:`generator_defaults`: 8 px digits, 3 000 steps; 16-32 px fmnist, 6 000 steps), 75 groups per
+class pair of 4 lambdas from 8 DDIM steps without guidance (the ``demo`` recipe's sampler when amendment 2 was
+registered; the recipe's is now 4 trailing steps, checked on its shipped generator, not on a ``matched`` one), and
+the annotator trained as many epochs as the cells' recipe.
 """
 from __future__ import annotations
 
