@@ -9,6 +9,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from timm_csm.metrics.paired import interval_text
+
 #: the quality measures: key, heading, the side on which a candidate may lie beyond today's band ("high": higher is
 #: better, "low": lower is better, None: it must lie inside), scale for the page
 MEASURES = [("recognition", "pure-class recognised (%)", "high", 100.0),
@@ -84,7 +86,8 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
         "# Generation at half its cost: each lever beside today's sampler", "",
         "The `demo` profile's generator (the shipped Fashion-MNIST one, `timm_csm/assets/generator-fmnist`, an "
         "epsilon-prediction UNet) with the demo's lambda grid (4 values) and no guidance. Today's sampler (the demo's "
-        "default before this page): DDIM, 8 steps, float32, 32 groups a forward pass (the recipe's shards). Each "
+        "default before these levers were measured): DDIM, 8 steps, float32, 32 groups a forward pass (the recipe's "
+        "shards). Each "
         "lever changes one thing; *combined* changes the sampler and the precision together.", "",
         "Command:", "", f"    {command}", "",
         f"Machine: {machine}. **The machine was loaded**: two long benchmark jobs (one torch thread each) and "
@@ -118,6 +121,7 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
     goal = "meets" if best["ratio"] <= 0.5 else "misses"
     lines += ["", f"**Fastest setting of equal quality: {best['setting']}, {best['ratio']:.2f}x today's CPU time per "
               f"group** ({goal} the goal of 0.5x).", "", _decision(best, output, levers, today), ""]
+    lines += _downstream(rows)
     lines += _faster_but_different(rows, best)
     lines += _per_seed(quality, keys, seeds) + _compile(output, timing) + _avx2(output, levers, today) + [
         "## Processes", "",
@@ -127,8 +131,8 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
         "CPU seconds per group compared here. The machine was loaded, so a wall-time comparison of the two would "
         "measure the other jobs.", "",
         "## Not measured here", "",
-        "- the downstream validation ECE of a CSM cell on a faster set (the trailing-steps sets above), which would "
-        "say whether their different soft labels are worse, equal or better for calibration;",
+        "- the downstream validation ECE of a CSM cell on the other faster sets (only DDIM 4 + trailing steps was "
+        "checked, [sampler_downstream.md](sampler_downstream.md));",
         "- the same levers on the `matched` generator of PROTOCOL.md amendment 2;",
         "- the `full` profile: its EDM network is sampled with EDM's Heun sampler in float64; these levers apply to a "
         "generator folder (the options refuse an EDM pickle), and bfloat16 / float16 on a GPU were not timed.", ""]
@@ -139,9 +143,8 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
 def _decision(best: Dict, output: Path, levers, today) -> str:
     """The default the page supports, in one paragraph."""
     if best["ratio"] > 0.5:
-        return ("**The `demo` profile's sampler stays today's**: no setting of equal quality reaches 0.5x. The levers "
-                "stay options (`--scheduler unipc`, `--timestep-spacing`, `--precision bfloat16` of "
-                "`timm-csm-generate`; a profile's `mixing`).")
+        return ("No setting of equal quality by this rule reaches 0.5x. The levers are options (`--scheduler "
+                "unipc`, `--timestep-spacing`, `--precision bfloat16` of `timm-csm-generate`; a profile's `mixing`).")
     avx2 = output / "timing_avx2.json"
     if "bfloat16" in best["setting"] and avx2.exists():
         t = json.loads(avx2.read_text())["s_per_group"]
@@ -150,6 +153,36 @@ def _decision(best: Dict, output: Path, levers, today) -> str:
                 f"which costs {t[half] / t[today.name]:.0f}x float32's time on a CPU without bfloat16 instructions "
                 "(below), so as a default it would slow the demo there; `--precision bfloat16` is an option.")
     return f"The `demo` profile's default becomes {best['setting']} (the demo's numbers change with it)."
+
+
+def _downstream(rows: List[Dict]) -> List[str]:
+    """The downstream check of benchmarks/sampler_downstream.py, where it ran: the default it decided."""
+    import sampler_downstream
+
+    if not sampler_downstream.RESULTS.exists():
+        return []
+    found = sampler_downstream.decision(json.loads(sampler_downstream.RESULTS.read_text()))
+    if found is None:
+        return []
+    intervals, passed = found
+    steps, spacing = sampler_downstream.SETTINGS["candidate"]
+    name = f"ddim {steps} + {spacing} steps"
+    row = next(r for r in rows if r["setting"] == name)
+    check = (f"the CSM classifier the demo trains on its set has a validation ECE of "
+             f"{interval_text(intervals['val_ece'])} points against today's set's (margin +"
+             f"{sampler_downstream.ECE_MARGIN}) and an accuracy of {interval_text(intervals['val_accuracy'])} "
+             f"(margin -{sampler_downstream.ACCURACY_MARGIN}), over {intervals['val_ece'].n} paired seeds")
+    if not passed:
+        return [f"Checked downstream ([sampler_downstream.md](sampler_downstream.md), its rule fixed before the run): "
+                f"{name} did not pass: {check}; the demo's sampler stays today's.", ""]
+    q = row["quality"]
+    outside = [(heading, side, "above" if q[m]["mean"] > q[m]["band"][1] else "below")
+               for m, heading, side, _ in MEASURES if q and not q[m]["inside"]]
+    where = "; ".join(f"{heading} {place}" + ("" if side else " (a measure the rule gives no better side)")
+                      for heading, side, place in outside) or "none"
+    return [f"**The `demo` profile's sampler is now {name}** ({row['ratio']:.2f}x today's CPU time per group; "
+            f"outside today's band: {where}), checked downstream ([sampler_downstream.md](sampler_downstream.md), "
+            "its rule fixed before the run): " + check + ".", ""]
 
 
 def _faster_but_different(rows: List[Dict], best: Dict) -> List[str]:
