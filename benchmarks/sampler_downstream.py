@@ -43,7 +43,7 @@ SEEDS = tuple(range(20))
 ECE_MARGIN, ACCURACY_MARGIN = 1.5, 1.0
 #: the two samplers: (steps, timestep_spacing), every other sampling option the demo's
 SETTINGS = {"today": (8, None), "candidate": (4, "trailing")}
-NAMES = {"today": "DDIM 8 (today's demo)", "candidate": "DDIM 4 + trailing steps"}
+NAMES = {"today": "DDIM 8 (the demo's sampler before this check)", "candidate": "DDIM 4 + trailing steps"}
 
 
 def demo_profile(setting: str):
@@ -153,9 +153,10 @@ def write_page() -> str:
            "more closely), a measure whose better side that page's rule does not name. This check decides whether "
            "the classifier the demo trains on its set is as well calibrated.", "",
            "Commands (`benchmarks/sampler_downstream.py`; its docstring holds the rule, fixed before the run):", ""]
-    out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py {verb} --setting {s}"
-            for verb in ("sets", "seeds") for s in SETTINGS]
+    out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py seeds --setting {s}" for s in SETTINGS]
     out += ["    python benchmarks/sampler_downstream.py page", "",
+            "`seeds` builds its setting's set first (`sets` alone builds it); the two ran side by side, the "
+            "candidate's set generated while today's was, its encoder stage read from today's run.", "",
             "Machine: 2 cores, one torch thread per process; the two settings' processes ran side by side, beside "
             "other jobs (a loaded machine: the generation CPU seconds below compare the samplers, they are not the "
             "demo's times, which `make demo` measures with 2 threads, benchmarks/demo.md). A set's pure-class "
