@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 __all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "bin_thresholds", "equal_mass_edges",
-           "equal_mass_positions", "bin_sums",
+           "equal_mass_positions", "order_statistics", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
            "classwise_error_from_bins", "debiased_error_from_bins", "check_n_bins"]
 
@@ -58,6 +58,8 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     """
     v = values.to(edges.dtype)
     if not equal_width:
+        if v.device.type == "cpu":  # NumPy's binary search is faster than torch's here
+            return torch.from_numpy(np.searchsorted(edges[1:-1].numpy(), v.numpy(), side="left"))
         return torch.bucketize(v, edges[1:-1], right=False)
     n_bins = edges.numel() - 1
     scaled = v * n_bins
@@ -112,10 +114,37 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     v = values.reshape(-1).to(torch.float64)
     if n == 1:
         return v.expand(n_bins + 1).clone()
+    lo, hi, frac = _positions(n, n_bins, quantile)
+    if v.device.type == "cpu":  # the edges read 2 (n_bins + 1) ranks of the sorted values: select only those
+        lo_v, hi_v = np.split(order_statistics(v.numpy(), np.array(lo + hi)), 2)
+        return torch.from_numpy(lo_v * (1.0 - np.array(frac)) + hi_v * np.array(frac))
     lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)
-    # NumPy's sort is several times faster than torch's on the CPU
-    ordered = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
+    ordered = v.sort().values
     return ordered[lo] * (1.0 - frac) + ordered[hi] * frac
+
+
+def order_statistics(values: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """``np.sort(values)[ranks]`` (1-D float ``values`` without NaN, integer ``ranks``) without sorting them all.
+
+    The values are counted into about ``N / 8`` buckets of equal width between their minimum and maximum (a
+    bucket's number never decreases with the value, so bucket order is value order), the cumulative counts name the
+    bucket that holds each rank, and only the values of those buckets are sorted: a few linear passes instead of a
+    sort of all ``N`` (ten times faster at N = 1e6). Values crowded into one bucket cost at most that sort.
+    """
+    lowest, highest = float(values.min()), float(values.max())
+    n_buckets = max(64, 1 << max(0, (len(values) // 8).bit_length()))
+    scale = n_buckets / (highest - lowest) if highest > lowest else 0.0
+    bucket = ((values - lowest) * scale).astype(np.int64)
+    np.minimum(bucket, n_buckets - 1, out=bucket)
+    counts = np.bincount(bucket, minlength=n_buckets)
+    ends = np.cumsum(counts)
+    holding = np.searchsorted(ends, ranks, side="right")  # the bucket of each rank
+    wanted = np.zeros(n_buckets, dtype=bool)
+    wanted[holding] = True
+    chosen = np.sort(values[wanted[bucket]])  # the values of the wanted buckets, in order
+    chosen_ends = np.cumsum(np.where(wanted, counts, 0))
+    # rank r in bucket b: the (r - first rank of b)-th value of b, after the chosen values of the buckets before b
+    return chosen[ranks - (ends - counts)[holding] + (chosen_ends - np.where(wanted, counts, 0))[holding]]
 
 
 def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
@@ -123,6 +152,13 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
     """Where the edges of :func:`equal_mass_edges` lie among ``n`` sorted values: ``(lo, hi, frac)``, each of
     length ``n_bins + 1``, with ``edges = v[lo] (1 - frac) + v[hi] frac`` (the bootstrap evaluates the same rule on
     resampled sequences without sorting them)."""
+    lo, hi, frac = _positions(n, n_bins, quantile)
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+    return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
+
+
+def _positions(n: int, n_bins: int, quantile: bool) -> Tuple[list, list, list]:
+    """:func:`equal_mass_positions` as Python lists."""
     lo, hi, frac = [], [], []
     # a handful of positions: Python arithmetic (the same IEEE operations) costs less than a dozen tensor operations
     for pos in torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64).tolist():
@@ -134,8 +170,7 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
         else:
             lo.append(below)
             frac.append(min(max(pos - below, 0.0), 1.0))
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
-    return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
+    return lo, hi, frac
 
 
 def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,

@@ -19,6 +19,7 @@ first edge.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Dict, Optional
 
@@ -70,13 +71,10 @@ class ClasswiseSums:
         self.prob_total = torch.zeros(num_classes, dtype=_F64, device=device)
         self.label_total = torch.zeros(num_classes, dtype=_F64, device=device)
         self.n = 0
-        self._first: Dict[torch.dtype, float] = {}
 
     def first_threshold(self, dtype: torch.dtype) -> float:
         """The smallest value of ``dtype`` in the second bin (:func:`bin_thresholds`)."""
-        if dtype not in self._first:
-            self._first[dtype] = float(bin_thresholds(self.B, dtype)[0])
-        return self._first[dtype]
+        return _first_threshold(self.B, dtype)
 
     def add(self, p: torch.Tensor, classes_dim: int, y: Optional[torch.Tensor] = None,
             t: Optional[torch.Tensor] = None, n: Optional[int] = None) -> None:
@@ -85,7 +83,7 @@ class ClasswiseSums:
         soft targets ``(n, C)``."""
         n = p.shape[1 - classes_dim] if n is None else n
         self.n += n
-        self.prob_total += p.sum(1 - classes_dim, dtype=_F64)
+        self.prob_total += _column_totals(p, 1 - classes_dim)
         B = self.B
         if B > 1:
             flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
@@ -110,6 +108,26 @@ class ClasswiseSums:
         state.cw_count.add_(count)
         state.cw_prob_sum.add_(prob.clamp_(min=0))
         state.cw_label_sum.add_(label.clamp_(min=0))
+
+
+def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
+    """``p.sum(dim)`` in float64, a few hundred thousand values at a time: the sum's float64 copy of its input
+    then stays in the cache instead of taking fresh memory for the whole block."""
+    if p.dtype == _F64 or p.numel() <= _TOTALS_CHUNK:
+        return p.sum(dim, dtype=_F64)
+    step = max(1, _TOTALS_CHUNK // (p.numel() // p.shape[dim]))
+    totals = p.narrow(dim, 0, min(step, p.shape[dim])).sum(dim, dtype=_F64)
+    for start in range(step, p.shape[dim], step):
+        totals += p.narrow(dim, start, min(step, p.shape[dim] - start)).sum(dim, dtype=_F64)
+    return totals
+
+
+_TOTALS_CHUNK = 1 << 16
+
+
+@functools.lru_cache(maxsize=None)
+def _first_threshold(n_bins: int, dtype: torch.dtype) -> float:
+    return float(bin_thresholds(n_bins, dtype)[0])  # a dozen tensor operations: once per (n_bins, dtype)
 
 
 def _entries_at_least(p: torch.Tensor, threshold: float):
