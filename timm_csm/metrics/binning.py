@@ -20,6 +20,7 @@ mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -163,8 +164,10 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
     return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
 
 
-def _positions(n: int, n_bins: int, quantile: bool) -> Tuple[list, list, list]:
-    """:func:`equal_mass_positions` as Python lists."""
+@functools.lru_cache(maxsize=64)
+def _positions(n: int, n_bins: int, quantile: bool) -> Tuple[tuple, tuple, tuple]:
+    """:func:`equal_mass_positions` as tuples of Python numbers (kept for the last few sizes asked: an evaluation
+    asks for the same ones again and again)."""
     lo, hi, frac = [], [], []
     # a handful of positions: Python arithmetic (the same IEEE operations) costs less than a dozen tensor operations
     for pos in torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64).tolist():
@@ -176,7 +179,7 @@ def _positions(n: int, n_bins: int, quantile: bool) -> Tuple[list, list, list]:
         else:
             lo.append(below)
             frac.append(min(max(pos - below, 0.0), 1.0))
-    return lo, hi, frac
+    return tuple(lo), tuple(hi), tuple(frac)
 
 
 def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,

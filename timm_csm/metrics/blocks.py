@@ -122,7 +122,7 @@ def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
     return totals
 
 
-_TOTALS_CHUNK = 1 << 16
+_TOTALS_CHUNK = 1 << 18
 
 
 @functools.lru_cache(maxsize=None)
