@@ -53,6 +53,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)`` in place, as ``2^(x log2 e)``: torch's base-2 exponential costs a third of its natural one on the
+    CPU (a tenth more on accelerators, for the product); 0 stays exactly 0, so the maxima of ``z - max z`` stay
+    exactly 1, and the product's rounding is below that of ``z - max z`` itself."""
+    return x.mul_(_LOG2_E).exp2_()
+
+
+_LOG2_E = math.log2(math.e)
+
+
 def _check_logit_maxima(m: torch.Tensor) -> None:
     # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
     if not bool(torch.isfinite(m).all()):
@@ -243,7 +253,7 @@ def _hard_logit_rows(c, y, flags, out, cw, x):
     m = c.amax(1)
     _check_logit_maxima(m)
     torch.sub(c, m.view(-1, 1), out=x)
-    x.exp_()  # exp(z - max z): the probabilities times s, exactly 1 at the maxima of each row
+    _exp_(x)  # exp(z - max z): the probabilities times s, exactly 1 at the maxima of each row
     s32 = x.sum(1)
     s = s32.to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
     label = y.view(-1, 1)
@@ -274,7 +284,7 @@ def _soft_logit_rows(c, x, t, want_nll: bool):
     m = c.amax(1)
     _check_logit_maxima(m)
     torch.sub(c, m.view(-1, 1), out=x)
-    x.exp_()  # b = exp(z - max z): the probabilities times s, with max 1 exactly
+    _exp_(x)  # b = exp(z - max z): the probabilities times s, with max 1 exactly
     s = x.sum(1).to(_F64)  # a row sum of C terms: per-sample math, in the compute precision
     nll_i = None
     if want_nll:
@@ -343,7 +353,7 @@ def _column_block(p_raw: torch.Tensor, y: torch.Tensor, flags: dict, out, cw, bu
     _check_logit_maxima(m)
     label = y.view(1, -1)
     z_y = z.gather(0, label).view(-1)
-    x = padded.sub_(m_all).exp_()  # exp(z - max z): exactly 1 at the maxima of each sample
+    x = _exp_(padded.sub_(m_all))  # exp(z - max z): exactly 1 at the maxima of each sample
     totals = x.sum(0)
     s = totals[:n].to(_F64)
     x_y = x.gather(0, label).view(-1)
