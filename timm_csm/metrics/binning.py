@@ -61,9 +61,12 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     inner = edges[1:-1]
     if values.device.type != "cpu":
         return torch.bucketize(values.to(edges.dtype), inner, right=False)
-    v = values.detach().numpy().astype(edges.numpy().dtype, copy=False)
+    v = values.detach().numpy()
+    if v.dtype not in (np.float32, np.float64):
+        v = v.astype(np.float64)
     if not equal_width:
         return torch.from_numpy(np.searchsorted(inner.numpy(), v, side="left"))
+    # in the values' precision: float32 values are within rounding of k / B only where float32 rounding says so
     n_bins = edges.numel() - 1
     scaled = v * n_bins
     idx = np.ceil(scaled)

@@ -73,8 +73,8 @@ class ClasswiseSums:
     """The classwise ``(class, bin)`` sums of one pass: count, Σ p_k and Σ y_k over the entries above the first
     edge, and the column totals that fill the first bins."""
 
-    def __init__(self, num_classes: int, n_bins: int, device):
-        self.C, self.B, self.device = num_classes, n_bins, device
+    def __init__(self, num_classes: int, n_bins: int, device, soft: bool = False):
+        self.C, self.B, self.device, self.soft = num_classes, n_bins, device, soft
         self.edges = bin_edges(n_bins, device=device)
         self.count, self.prob, self.label = (torch.zeros(num_classes * n_bins, dtype=_F64, device=device)
                                              for _ in range(3))
@@ -90,34 +90,39 @@ class ClasswiseSums:
             t: Optional[torch.Tensor] = None, n: Optional[int] = None) -> None:
         """Add a contiguous block of probabilities: ``(n, C)`` rows (``classes_dim=1``) or ``(C, width)`` columns
         (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices or ``t``
-        soft targets ``(n, C)``."""
+        soft targets ``(n, C)`` (the blocks of one :class:`ClasswiseSums` have either kind, not both)."""
         n = p.shape[1 - classes_dim] if n is None else n
         self.n += n
         self.prob_total += _column_totals(p, 1 - classes_dim)
         B = self.B
-        if B > 1:
-            flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
-            cls, sample = (rows, cols) if classes_dim == 0 else (cols, rows)
-            index = cls * B + bin_index(vals, self.edges)
-            # the target's mass on each entry found: 1[y = k] for class indices (found exactly when p_y is above
-            # the first edge), y_k for soft targets
-            label = (y.take(sample) == cls).to(_F64) if t is None else t.reshape(-1).take(flat)
-            bin_sums(index, self.C * B, vals, label, out=(self.count, self.prob, self.label))
         if t is None:
-            self.label_total += torch.bincount(y, minlength=self.C).to(_F64)
+            # the label sums are those of the target's entries, one per sample: gathered, binned and counted, the
+            # first bin's included
+            p_y = p.gather(classes_dim, y.view((1, -1) if classes_dim == 0 else (-1, 1))).view(-1)
+            self.label += torch.bincount(y * B + bin_index(p_y, self.edges), minlength=self.C * B)
         else:
             self.label_total += t.sum(0)
+        if B > 1:
+            flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
+            index = (rows if classes_dim == 0 else cols) * B + bin_index(vals, self.edges)
+            if t is None:
+                bin_sums(index, self.C * B, vals, out=(self.count, self.prob))
+            else:  # the target's mass on each entry found
+                bin_sums(index, self.C * B, vals, t.reshape(-1).take(flat), out=(self.count, self.prob, self.label))
 
     def finalize(self, state) -> None:
-        """Fill the first bins by difference and add every sum into ``state``'s classwise sums."""
+        """Fill the first bins by difference (the label sums of class-index targets are complete) and add every
+        sum into ``state``'s classwise sums."""
         C, B = self.C, self.B
         count, prob, label = (s.view(C, B).clone() for s in (self.count, self.prob, self.label))
         count[:, 0] = self.n - count[:, 1:].sum(1)
         prob[:, 0] = self.prob_total - prob[:, 1:].sum(1)
-        label[:, 0] = self.label_total - label[:, 1:].sum(1)
+        if self.soft:
+            label[:, 0] = self.label_total - label[:, 1:].sum(1)
+            label.clamp_(min=0)
         state.cw_count.add_(count)
         state.cw_prob_sum.add_(prob.clamp_(min=0))
-        state.cw_label_sum.add_(label.clamp_(min=0))
+        state.cw_label_sum.add_(label)
 
 
 def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
