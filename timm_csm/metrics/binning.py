@@ -181,8 +181,9 @@ class _Buckets:
         return chosen[ranks - (ends - self.counts)[holding] + (np.cumsum(chosen_counts) - chosen_counts)[holding]]
 
     def bins(self, inner: np.ndarray) -> np.ndarray:
-        """The number of the (sorted) ``inner`` edges below each value: ``bin_index`` of the right-closed bins. A value in a bucket that holds no edge lies above exactly the edges of the buckets
-        before its own; the few values sharing a bucket with an edge are placed by a binary search."""
+        """The number of the (sorted) ``inner`` edges below each value: ``bin_index`` of the right-closed bins. A
+        value in a bucket that holds no edge lies above exactly the edges of the buckets before its own; the few
+        values sharing a bucket with an edge are placed by a binary search."""
         edge_buckets = self.of(inner)
         index = np.searchsorted(edge_buckets, np.arange(self.size), side="left")[self.of_values]
         shared = np.zeros(self.size, dtype=bool)

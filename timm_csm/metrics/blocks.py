@@ -12,10 +12,12 @@ float32 additions over the classes.
 Classwise bins: a row of probabilities summing to 1 has at most ``n_bins - 1`` entries above the first edge, so
 only those entries are found (one comparison with the first edge's threshold in the probabilities' own precision,
 :func:`~timm_csm.metrics.binning.bin_thresholds`, and one flat index: NumPy's on the CPU, where they are several
-times faster than torch's), binned and summed; the first bin is filled by difference with the column totals when
-the pass ends (:meth:`ClasswiseSums.finalize`). The class-index
-targets' sums need no pass of their own: the target's entry is among those found exactly when it lies above the
-first edge.
+times faster than torch's, reading the comparison's bytes eight at a time), binned and summed; the first bin is
+filled by difference with the column totals when the pass ends (:meth:`ClasswiseSums.finalize`). The label sums of
+class-index targets come from the target's entries alone, one per sample (their bins include the first).
+
+The exponentials are base-2 exponentials of the scaled differences (:func:`_exp_`), which torch computes at a
+third of the cost of its natural exponential on the CPU.
 """
 from __future__ import annotations
 
