@@ -55,8 +55,10 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     On the CPU, for the equal-width edges of :func:`bin_edges` the bin is ``ceil(v B) - 1``: exact unless ``v B``
     lies within rounding of an integer (the edges are within a few units in the last place of ``k / B``), and only
     those values are placed by exact comparisons with the edges; several times faster than a binary search, and
-    NumPy's operations cost a third of torch's on these short vectors. Other edges (``equal_width=False``), and
-    every tensor on an accelerator, are placed by one binary search (NumPy's ``searchsorted``, ``torch.bucketize``).
+    NumPy's operations cost less than torch's on these short vectors; float32 values are scaled in float32 (their
+    distance to an integer is then judged with float32's epsilon). Other edges (``equal_width=False``), and every
+    tensor on an accelerator, are placed by one binary search (NumPy's ``searchsorted``, ``torch.bucketize``) of the
+    sorted inner edges: the bin is the number of edges below the value.
     """
     inner = edges[1:-1]
     if not equal_width:  # edges interpolated between tied values can be out of order by a rounding: the bin is the
@@ -151,8 +153,8 @@ def equal_mass_bins(values: torch.Tensor, n_bins: int, quantile: bool = False,
 class _Buckets:
     """1-D float values (no NaN) counted into about ``N / 8`` buckets of equal width between their minimum and
     maximum. A bucket's number never decreases with the value, so bucket order is value order: ranks and bins of
-    the sorted values are found in a few linear passes instead of a sort of all ``N`` (ten times faster at
-    N = 1e6) and a binary search per value (whose branches a CPU cannot predict); values crowded into one bucket
+    the sorted values are found in a few linear passes instead of a sort of all ``N`` (several times faster)
+    and a binary search per value (whose branches a CPU cannot predict); values crowded into one bucket
     cost at most that sort."""
 
     def __init__(self, values: np.ndarray):
