@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def _exp_(x: torch.Tensor) -> torch.Tensor:
     """``exp(x)`` in place, as ``2^(x log2 e)``: torch's base-2 exponential costs several times less than its
     natural one on the CPU (the product adds a cheap elementwise pass); 0 stays exactly 0, so the maxima of
-    ``z - max z`` stay exactly 1, and the product's rounding is below that of ``z - max z`` itself."""
+    ``z - max z`` stay exactly 1, and the product adds one rounding, of the size of that of ``z - max z``."""
     return x.mul_(_LOG2_E).exp2_()
 
 
@@ -73,7 +73,8 @@ def _check_logit_maxima(m: torch.Tensor) -> None:
 
 class ClasswiseSums:
     """The classwise ``(class, bin)`` sums of one pass: count, Σ p_k and Σ y_k over the entries above the first
-    edge, and the column totals that fill the first bins."""
+    edge (Σ y_k of class-index targets over every bin, from the target's entries), and the column totals that fill
+    the first bins."""
 
     def __init__(self, num_classes: int, n_bins: int, device, soft: bool = False):
         self.C, self.B, self.device, self.soft = num_classes, n_bins, device, soft
