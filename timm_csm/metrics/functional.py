@@ -110,9 +110,9 @@ def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.T
                                   equal_mass: bool = False) -> ReliabilityTable:
     """The reliability table of ``(N,)`` (confidence, accuracy) pairs: equal-width bins, or with ``equal_mass``
     the adaptive ones (edges interpolate the sorted confidences at positions ``b N / n_bins``,
-    :func:`~timm_csm.metrics.binning.equal_mass_edges`). Bins are right-closed, so samples tied at an edge share a bin and every sample (the
-    lowest included) is counted. Its ``ece`` is the top-label ECE, resp. the adaptive ECE, of the pairs; pairs
-    (p_ik, 1[y_i = k]) of every class give the classwise (marginal) diagram."""
+    :func:`~timm_csm.metrics.binning.equal_mass_edges`). Bins are right-closed, so samples tied at an edge share a
+    bin and every sample (the lowest included) is counted. Its ``ece`` is the top-label ECE, resp. the adaptive
+    ECE, of the pairs; pairs (p_ik, 1[y_i = k]) of every class give the classwise (marginal) diagram."""
     check_n_bins(n_bins)
     if confidences.numel() == 0:
         raise ValueError("no samples: the calibration error of an empty set is undefined")
