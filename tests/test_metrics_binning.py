@@ -6,7 +6,8 @@ import torch
 
 from timm_csm.calibration import TemperatureScaling
 from timm_csm.metrics import adaptive_ece, bin_edges, bin_index, ece, piece, proximity
-from timm_csm.metrics.binning import bin_sums, calibration_error_from_bins, equal_mass_edges
+from timm_csm.metrics.binning import _Buckets, bin_sums, calibration_error_from_bins, equal_mass_bins, equal_mass_edges
+from timm_csm.metrics.blocks import _flat_nonzero
 from timm_csm.metrics.inputs import prepare_inputs
 from timm_csm.metrics.state import _FLUSH_SAMPLES, accumulate
 
@@ -154,3 +155,43 @@ def test_piece_agrees_with_its_old_quantile_code_on_continuous_proximities():
     prox_bin = torch.bucketize(prox, torch.quantile(prox, torch.linspace(0, 1, 11, dtype=torch.float64)[1:-1]))
     gap = torch.zeros(150, dtype=torch.float64).index_add_(0, prox_bin * 15 + conf_bin, correct - confidence)
     assert piece(z, y, None, prox=prox) == pytest.approx(float(gap.abs().sum() / 1000), abs=1e-13)
+
+
+def test_bucketed_order_statistics_and_bins_equal_a_sort_and_a_count():
+    rng = np.random.default_rng(0)
+    out_of_order = 0
+    for n in (2, 3, 17, 100, 5000):
+        crowd = np.concatenate([rng.random(max(1, n // 50)), 0.5 + 1e-12 * rng.random(n - max(1, n // 50))])
+        for v in (rng.random(n), rng.integers(0, 3, n) / 3.0, np.full(n, 0.3), 1e3 * rng.normal(size=n), crowd):
+            ranks = np.unique(np.concatenate([rng.integers(0, n, 20), [0, n - 1]]))
+            assert np.array_equal(_Buckets(v).order_statistics(ranks), np.sort(v)[ranks])
+            for quantile in (False, True):
+                edges, index = equal_mass_bins(torch.from_numpy(v), 15, quantile)
+                assert torch.equal(edges, equal_mass_edges(torch.from_numpy(v), 15, quantile))
+                inner = edges[1:-1].numpy()
+                out_of_order += bool((np.diff(inner) < 0).any())  # interpolated between ties, off by a rounding
+                below = (inner[None, :] < v[:, None]).sum(1)  # the bin: the number of edges below the value
+                assert np.array_equal(index.numpy(), below)
+                assert np.array_equal(bin_index(torch.from_numpy(v), edges, equal_width=False).numpy(), below)
+    assert out_of_order  # the count, not a binary search of unsorted edges, was checked
+
+
+def test_sparse_flat_nonzero_and_float32_bins_are_exact():
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 7, 8, 9, 65, 4099):
+        for density in (0.0, 0.02, 0.5, 1.0):
+            mask = rng.random(n + 3) < density
+            for m in (mask[:n], mask[3:]):  # an offset start too
+                assert np.array_equal(_flat_nonzero(m), np.flatnonzero(m))
+    for n_bins in (2, 3, 10, 15, 40):
+        edges = bin_edges(n_bins)
+        exact = torch.arange(n_bins + 1, dtype=torch.float64) / n_bins
+        v = torch.cat([edges, exact, torch.rand(300, dtype=torch.float64)]).float()
+        near = [v]
+        for direction in (2.0, -1.0):  # every float32 within four steps of an edge
+            w = v
+            for _ in range(4):
+                w = torch.nextafter(w, torch.full_like(w, direction))
+                near.append(w)
+        v = torch.cat(near).clamp(0, 1)
+        assert torch.equal(bin_index(v, edges), torch.bucketize(v.double(), edges[1:-1], right=False))

@@ -20,6 +20,7 @@ mean confidence ``c_b = conf_b / count_b`` and accuracy ``a_b = acc_b / count_b`
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 __all__ = ["DEFAULT_N_BINS", "NORMS", "bin_edges", "bin_index", "bin_thresholds", "equal_mass_edges",
-           "equal_mass_positions", "bin_sums",
+           "equal_mass_positions", "equal_mass_bins", "bin_sums",
            "calibration_error_from_bins", "overconfidence_from_bins", "underconfidence_from_bins",
            "classwise_error_from_bins", "debiased_error_from_bins", "check_n_bins"]
 
@@ -51,21 +52,36 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     """Bin of each value for right-closed bins ``(e[b], e[b+1]]``; values <= e[1] (0 included) go to bin 0 and
     values > e[-2] (1.0 included) to the last bin. ``values`` are compared in the dtype of ``edges`` (float64).
 
-    For the equal-width edges of :func:`bin_edges` the bin is ``ceil(v B) - 1``: exact unless ``v B`` lies within
-    rounding of an integer (the edges are within a few units in the last place of ``k / B``), and only those values
-    are placed by exact comparisons with the edges; several times faster than a binary search. Other edges
-    (``equal_width=False``) use ``torch.bucketize``.
+    On the CPU, for the equal-width edges of :func:`bin_edges` the bin is ``ceil(v B) - 1``: exact unless ``v B``
+    lies within rounding of an integer (the edges are within a few units in the last place of ``k / B``), and only
+    those values are placed by exact comparisons with the edges; several times faster than a binary search, and
+    NumPy's operations cost less than torch's on these short vectors; float32 values are scaled in float32 (their
+    distance to an integer is then judged with float32's epsilon). Other edges (``equal_width=False``), and every
+    tensor on an accelerator, are placed by one binary search (NumPy's ``searchsorted``, ``torch.bucketize``) of the
+    sorted inner edges: the bin is the number of edges below the value.
     """
-    v = values.to(edges.dtype)
+    inner = edges[1:-1]
+    if not equal_width:  # edges interpolated between tied values can be out of order by a rounding: the bin is the
+        inner = inner.sort().values  # number of edges below the value, which a search of the sorted edges counts
+    if values.device.type != "cpu":
+        return torch.bucketize(values.to(edges.dtype), inner, right=False)
+    v = values.detach().numpy()
+    if v.dtype not in (np.float32, np.float64):
+        v = v.astype(np.float64)
     if not equal_width:
-        return torch.bucketize(v, edges[1:-1], right=False)
+        return torch.from_numpy(np.searchsorted(inner.numpy(), v, side="left"))
+    # in the values' precision: float32 values are within rounding of k / B only where float32 rounding says so
     n_bins = edges.numel() - 1
     scaled = v * n_bins
-    idx = scaled.ceil().sub_(1).clamp_(0, n_bins - 1).long()
-    near = (scaled - scaled.round()).abs_() <= 8 * torch.finfo(scaled.dtype).eps * n_bins
-    if bool(near.any()):
-        idx[near] = torch.bucketize(v[near], edges[1:-1], right=False)
-    return idx
+    idx = np.ceil(scaled)
+    idx -= 1
+    np.clip(idx, 0, n_bins - 1, out=idx)
+    idx = idx.astype(np.int64)
+    distance = scaled - np.rint(scaled)
+    near = np.abs(distance, out=distance) <= 8 * np.finfo(scaled.dtype).eps * n_bins
+    if near.any():
+        idx[near] = np.searchsorted(inner.numpy(), v[near], side="left")
+    return torch.from_numpy(idx)
 
 
 def bin_thresholds(n_bins: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -105,17 +121,78 @@ def equal_mass_edges(values: torch.Tensor, n_bins: int, quantile: bool = False) 
     :func:`bin_index` (``equal_width=False``) every sample lands in a bin, the lowest one included (the
     focal-calibration code drops it).
     """
+    return equal_mass_bins(values, n_bins, quantile, index=False)[0]
+
+
+def equal_mass_bins(values: torch.Tensor, n_bins: int, quantile: bool = False,
+                    index: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The edges of :func:`equal_mass_edges` and (with ``index``) the bin of each value under them,
+    ``bin_index(values, edges, equal_width=False)``: on the CPU both from one bucketing of the values
+    (:class:`_Buckets`), which reads the sorted values only at the edges' ranks and places a value by its bucket
+    unless an edge shares it."""
     check_n_bins(n_bins)
     n = values.numel()
     if n == 0:
         raise ValueError("equal-mass edges of an empty set are undefined: pass at least one value")
     v = values.reshape(-1).to(torch.float64)
     if n == 1:
-        return v.expand(n_bins + 1).clone()
+        edges = v.expand(n_bins + 1).clone()
+        return edges, (torch.zeros(1, dtype=torch.long, device=v.device) if index else None)
+    lo, hi, frac = _positions(n, n_bins, quantile)
+    if v.device.type == "cpu":
+        buckets = _Buckets(v.detach().numpy())
+        lo_v, hi_v = np.split(buckets.order_statistics(np.array(lo + hi)), 2)
+        edges = lo_v * (1.0 - np.array(frac)) + hi_v * np.array(frac)
+        return torch.from_numpy(edges), (torch.from_numpy(buckets.bins(np.sort(edges[1:-1]))) if index else None)
     lo, hi, frac = equal_mass_positions(n, n_bins, quantile, device=v.device)
-    # NumPy's sort is several times faster than torch's on the CPU
-    ordered = torch.from_numpy(np.sort(v.numpy())) if v.device.type == "cpu" else v.sort().values
-    return ordered[lo] * (1.0 - frac) + ordered[hi] * frac
+    ordered = v.sort().values
+    edges = ordered[lo] * (1.0 - frac) + ordered[hi] * frac
+    return edges, (bin_index(v, edges, equal_width=False) if index else None)
+
+
+class _Buckets:
+    """1-D float values (no NaN) counted into about ``N / 8`` buckets of equal width between their minimum and
+    maximum. A bucket's number never decreases with the value, so bucket order is value order: ranks and bins of
+    the sorted values are found in a few linear passes instead of a sort of all ``N`` (several times faster)
+    and a binary search per value (whose branches a CPU cannot predict); values crowded into one bucket
+    cost at most that sort."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        self.lowest, highest = float(values.min()), float(values.max())
+        self.size = max(64, 1 << max(0, (len(values) // 8).bit_length()))
+        self.scale = self.size / (highest - self.lowest) if highest > self.lowest else 0.0
+        self.of_values = self.of(values)
+        self.counts = np.bincount(self.of_values, minlength=self.size)
+
+    def of(self, x: np.ndarray) -> np.ndarray:
+        """The bucket numbers of ``x`` (a non-decreasing function of the value)."""
+        bucket = ((x - self.lowest) * self.scale).astype(np.int64)
+        return np.clip(bucket, 0, self.size - 1, out=bucket)
+
+    def order_statistics(self, ranks: np.ndarray) -> np.ndarray:
+        """``np.sort(values)[ranks]``: only the values of the buckets holding a rank are sorted."""
+        ends = np.cumsum(self.counts)
+        holding = np.searchsorted(ends, ranks, side="right")  # the bucket of each rank
+        wanted = np.zeros(self.size, dtype=bool)
+        wanted[holding] = True
+        chosen = np.sort(self.values[wanted[self.of_values]])  # the values of the wanted buckets, in order
+        chosen_counts = np.where(wanted, self.counts, 0)
+        # rank r in bucket b: the (r - first rank of b)-th value of b, after the chosen values of the buckets
+        # before b
+        return chosen[ranks - (ends - self.counts)[holding] + (np.cumsum(chosen_counts) - chosen_counts)[holding]]
+
+    def bins(self, inner: np.ndarray) -> np.ndarray:
+        """The number of the (sorted) ``inner`` edges below each value: ``bin_index`` of the right-closed bins. A
+        value in a bucket that holds no edge lies above exactly the edges of the buckets before its own; the few
+        values sharing a bucket with an edge are placed by a binary search."""
+        edge_buckets = self.of(inner)
+        index = np.searchsorted(edge_buckets, np.arange(self.size), side="left")[self.of_values]
+        shared = np.zeros(self.size, dtype=bool)
+        shared[edge_buckets] = True
+        at = np.flatnonzero(shared[self.of_values])
+        index[at] = np.searchsorted(inner, self.values[at], side="left")
+        return index
 
 
 def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
@@ -123,6 +200,15 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
     """Where the edges of :func:`equal_mass_edges` lie among ``n`` sorted values: ``(lo, hi, frac)``, each of
     length ``n_bins + 1``, with ``edges = v[lo] (1 - frac) + v[hi] frac`` (the bootstrap evaluates the same rule on
     resampled sequences without sorting them)."""
+    lo, hi, frac = _positions(n, n_bins, quantile)
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+    return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(n: int, n_bins: int, quantile: bool) -> Tuple[tuple, tuple, tuple]:
+    """:func:`equal_mass_positions` as tuples of Python numbers (kept for the last few sizes asked: an evaluation
+    asks for the same ones again and again)."""
     lo, hi, frac = [], [], []
     # a handful of positions: Python arithmetic (the same IEEE operations) costs less than a dozen tensor operations
     for pos in torch.linspace(0.0, float(n - 1 if quantile else n), n_bins + 1, dtype=torch.float64).tolist():
@@ -134,8 +220,7 @@ def equal_mass_positions(n: int, n_bins: int, quantile: bool = False,
         else:
             lo.append(below)
             frac.append(min(max(pos - below, 0.0), 1.0))
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
-    return as_tensor(lo, torch.long), as_tensor(hi, torch.long), as_tensor(frac, torch.float64)
+    return tuple(lo), tuple(hi), tuple(frac)
 
 
 def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,

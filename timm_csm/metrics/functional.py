@@ -25,7 +25,7 @@ from typing import Dict, Optional
 import torch
 
 from .binning import (DEFAULT_N_BINS, NORMS, bin_edges, bin_index, bin_sums, calibration_error_from_bins, check_n_bins,
-                      classwise_error_from_bins, debiased_error_from_bins, equal_mass_edges,
+                      classwise_error_from_bins, debiased_error_from_bins, equal_mass_bins,
                       overconfidence_from_bins, underconfidence_from_bins)
 from .inputs import prepare_inputs
 from .smooth import smooth_calibration_error
@@ -110,15 +110,18 @@ def reliability_table_from_points(confidences: torch.Tensor, accuracies: torch.T
                                   equal_mass: bool = False) -> ReliabilityTable:
     """The reliability table of ``(N,)`` (confidence, accuracy) pairs: equal-width bins, or with ``equal_mass``
     the adaptive ones (edges interpolate the sorted confidences at positions ``b N / n_bins``,
-    :func:`equal_mass_edges`). Bins are right-closed, so samples tied at an edge share a bin and every sample (the
-    lowest included) is counted. Its ``ece`` is the top-label ECE, resp. the adaptive ECE, of the pairs; pairs
-    (p_ik, 1[y_i = k]) of every class give the classwise (marginal) diagram."""
+    :func:`~timm_csm.metrics.binning.equal_mass_edges`). Bins are right-closed, so samples tied at an edge share a
+    bin and every sample (the lowest included) is counted. Its ``ece`` is the top-label ECE, resp. the adaptive
+    ECE, of the pairs; pairs (p_ik, 1[y_i = k]) of every class give the classwise (marginal) diagram."""
     check_n_bins(n_bins)
     if confidences.numel() == 0:
         raise ValueError("no samples: the calibration error of an empty set is undefined")
     conf = confidences.to(torch.float64).reshape(-1)
-    edges = equal_mass_edges(conf, n_bins) if equal_mass else bin_edges(n_bins, device=conf.device)
-    b = bin_index(conf, edges, equal_width=not equal_mass)
+    if equal_mass:
+        edges, b = equal_mass_bins(conf, n_bins)
+    else:
+        edges = bin_edges(n_bins, device=conf.device)
+        b = bin_index(conf, edges)
     return ReliabilityTable(edges, *bin_sums(b, n_bins, conf, accuracies.to(torch.float64).reshape(-1)))
 
 

@@ -118,7 +118,8 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
     if state is not None:
         flags = dict(state.flags)
     local = CalibrationState(n_bins, inputs.num_classes, inputs.device, **flags)
-    classwise = ClasswiseSums(inputs.num_classes, n_bins, inputs.device) if local.flags["classwise"] else None
+    classwise = (ClasswiseSums(inputs.num_classes, n_bins, inputs.device, inputs.soft) if local.flags["classwise"]
+                 else None)
     buf = None
     per_sample = _PerSample()
     for p, t in inputs.chunks(max_elements):
