@@ -136,7 +136,7 @@ _WIDE = {"model_kwargs": {"widths": [16, 32, 64, 128, 256]}}
 # (crops + flips, weight decay 5e-4, step decay, best validation accuracy) on 2 500 real images to convergence (60
 # epochs: CE is over-confident, ECE 4.59 +- 0.38% before temperature scaling at 3 seeds); 75 groups per class pair x 4
 # lambdas (13 500 images, 6 per real training image; the benchmark has 150 per pair) from DDIM with 4 trailing steps
-# and no guidance: 0.49x the CPU time of the 8 leading steps the sampler study chose (benchmarks/sampler_study.md),
+# and no guidance: 0.48x the CPU time of the 8 leading steps the sampler study chose (benchmarks/sampler_study.md),
 # with more pure-class images recognised, fewer groups flagged, and its CSM classifier's validation ECE not worse by
 # the pre-set margin (benchmarks/generation.md, benchmarks/sampler_downstream.md); s chosen on held-out real images
 # the encoder never saw; the groups the annotation checks flag dropped.
