@@ -63,7 +63,8 @@ def _record() -> dict:
 
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "clean": not git("status", "--porcelain", "--", "timm_csm", "benchmarks/sampler_downstream.py"),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _update(key: str, value: dict) -> None:
