@@ -36,16 +36,16 @@ import torch
 from csm_step_page import RESULTS, ROOT, VARIANTS, write_page
 
 
-def _record() -> dict:
-    """What a part's numbers depend on besides its options: the code's commit (and whether the tree was clean),
-    torch, its threads and the CPU capability it ran with."""
+def record(script: str = "benchmarks/csm_step.py") -> dict:
+    """What a part's numbers depend on besides its options: the code's commit (and whether the package and
+    ``script`` were clean), torch, its threads and the CPU capability it ran with."""
     import subprocess
 
     def git(*argv):
-        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *argv], cwd=ROOT.parent, capture_output=True, text=True).stdout.strip()
 
     return {"commit": git("rev-parse", "--short", "HEAD"), "clean": not git("status", "--porcelain", "--",
-                                                                            "timm_csm", "benchmarks/csm_step.py"),
+                                                                            "timm_csm", script),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
@@ -54,17 +54,18 @@ def _update_results(key: str, value) -> None:
     from timm_csm.io import write_json_atomic
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[key] = dict(value, record=_record()) if isinstance(value, dict) else value
+    results[key] = dict(value, record=record()) if isinstance(value, dict) else value
     write_json_atomic(RESULTS, results, indent=1)
 
 
-def demo_options(csm_dataset: str, variant: str, seed: int, epochs=None) -> dict:
-    """The demo profile's CSM training options (as its pipeline stage runs them) with ``--csm-forward variant``."""
+def demo_options(csm_dataset: str, variant: str, seed: int, epochs=None, profile=None) -> dict:
+    """The demo profile's (or ``profile``'s) CSM training options, as its pipeline stage runs them, with
+    ``--csm-forward variant``."""
     from timm_csm.recipes import get_profile
     from timm_csm.recipes.profiles import paper_protocol, with_epochs
     from timm_csm.recipes.stages import train_config
 
-    profile = get_profile("demo")
+    profile = get_profile("demo") if profile is None else profile
     if epochs is not None:
         profile = with_epochs(profile, epochs)
     options = train_config(profile, "csm", Path(csm_dataset))
@@ -81,12 +82,17 @@ def run_seeds(args) -> None:
         if not results_file.exists():
             run(dict(demo_options(args.csm_dataset, args.variant, seed, args.epochs), output=str(out),
                      auto_resume=True))
-        res = json.loads(results_file.read_text())
-        val = res["val"]["pre_ts"]
-        rows[str(seed)] = {"val_accuracy": val["accuracy"], "val_ece": val["ece"],
-                           "val_ece_after_ts": res["val"]["post_ts"]["ece"], "best_epoch": res["checkpoint_epoch"]}
+        rows[str(seed)] = validation_row(results_file)
         print(args.variant, seed, rows[str(seed)], flush=True)
     _update_results(f"seeds_{args.variant}", {"epochs": args.epochs or 60, "rows": rows})
+
+
+def validation_row(results_file: Path) -> dict:
+    """A run's validation accuracy and ECE before and after temperature scaling, and its checkpoint's epoch."""
+    res = json.loads(Path(results_file).read_text())
+    val = res["val"]["pre_ts"]
+    return {"val_accuracy": val["accuracy"], "val_ece": val["ece"], "val_ece_after_ts": res["val"]["post_ts"]["ece"],
+            "best_epoch": res["checkpoint_epoch"]}
 
 
 def _demo_training(csm_dataset: str):

@@ -32,8 +32,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 from pathlib import Path
+
+from csm_step import demo_options, record, validation_row
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "sampler_downstream.json"
@@ -55,18 +56,6 @@ def demo_profile(setting: str):
                                                                   timestep_spacing=spacing))
 
 
-def _record() -> dict:
-    import torch
-
-    def git(*argv):
-        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "clean": not git("status", "--porcelain", "--", "timm_csm", "benchmarks/sampler_downstream.py"),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
 def _update(key: str, value: dict) -> None:
     """Write ``value`` under ``key``; the two settings' processes run side by side, so under a lock."""
     import fcntl
@@ -76,7 +65,7 @@ def _update(key: str, value: dict) -> None:
     with open(__file__) as lock:  # this file: no lock file to leave behind
         fcntl.flock(lock, fcntl.LOCK_EX)
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        results[key] = dict(value, record=_record())
+        results[key] = dict(value, record=record("benchmarks/sampler_downstream.py"))
         write_json_atomic(RESULTS, results, indent=1)
 
 
@@ -106,23 +95,16 @@ def build_set(setting: str, runs: Path) -> Path:
 
 def run_seeds(setting: str, runs: Path, seeds) -> None:
     """The demo's CSM cells on ``setting``'s set, one per seed (resumable); their validation numbers."""
-    from timm_csm.recipes.profiles import paper_protocol, with_epochs
-    from timm_csm.recipes.stages import train_config
     from timm_csm.training import run
 
     dataset = build_set(setting, runs)  # done stages are read, not run again
-    profile = with_epochs(demo_profile(setting), EPOCHS)
     rows = json.loads(RESULTS.read_text()).get(f"seeds_{setting}", {}).get("rows", {}) if RESULTS.exists() else {}
     for seed in seeds:
         out = runs / "cells" / f"{setting}-s{seed}"
         if not (out / "results.json").exists():
-            options = train_config(profile, "csm", dataset)
-            run(paper_protocol(dict(options, seed=seed, bootstrap=0, progress=False, output=str(out),
-                                    auto_resume=True)))
-        res = json.loads((out / "results.json").read_text())
-        val = res["val"]["pre_ts"]
-        rows[str(seed)] = {"val_accuracy": val["accuracy"], "val_ece": val["ece"],
-                           "val_ece_after_ts": res["val"]["post_ts"]["ece"], "best_epoch": res["checkpoint_epoch"]}
+            options = demo_options(str(dataset), "two-pass", seed, EPOCHS, demo_profile(setting))
+            run(dict(options, output=str(out), auto_resume=True))
+        rows[str(seed)] = validation_row(out / "results.json")
         print(setting, seed, rows[str(seed)], flush=True)
         _update(f"seeds_{setting}", {"epochs": EPOCHS, "rows": rows})
 
