@@ -39,13 +39,10 @@ from csm_step_page import RESULTS, ROOT, VARIANTS, write_page
 def record(script: str = "benchmarks/csm_step.py") -> dict:
     """What a part's numbers depend on besides its options: the code's commit (and whether the package and
     ``script`` were clean), torch, its threads and the CPU capability it ran with."""
-    import subprocess
+    from timm_csm.recipes.cells import git
 
-    def git(*argv):
-        return subprocess.run(["git", *argv], cwd=ROOT.parent, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "--short", "HEAD"), "clean": not git("status", "--porcelain", "--",
-                                                                            "timm_csm", script),
+    return {"commit": git("rev-parse", "--short", "HEAD", repo=ROOT),
+            "clean": not git("status", "--porcelain", "--", "timm_csm", script, repo=ROOT.parent),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
