@@ -215,6 +215,19 @@ def time_compile(generator, num_groups: int, rounds: int) -> Dict:
             "compiled_s_per_group": best["compiled"] / num_groups, "rounds": rounds}
 
 
+def _record() -> Dict:
+    """The code's commit (and whether the package and this script were clean), torch, its threads, its CPU
+    capability and the instruction-set variables in force."""
+    from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, git
+
+    root = Path(__file__).resolve().parent.parent
+    return {"commit": git("rev-parse", "--short", "HEAD", repo=root),
+            "clean": not git("status", "--porcelain", "--", "timm_csm", "benchmarks/generation_levers.py", repo=root),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "pins": {k: os.environ[k] for k in INSTRUCTION_SET_PINS if k in os.environ}}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phase", choices=["all", "quality", "timing", "compile", "avx2", "page"], default="all",
@@ -237,6 +250,8 @@ def main(argv=None):
     generator = shipped_generator("fashion_mnist")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
+    if args.phase != "page":  # what this phase's numbers depend on besides its options
+        write_text_atomic(output / f"record_{args.phase}.json", json.dumps(_record(), indent=1))
     if args.phase in ("all", "quality"):
         run_quality(generator, QUALITY_ORDER, args.seeds, args.groups, output,
                     tuple(int(v) for v in args.share.split("/")))

@@ -123,6 +123,7 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
               f"group** ({goal} the goal of 0.5x).", "", _decision(best, output, levers, today), ""]
     lines += _downstream(rows)
     lines += _faster_but_different(rows, best)
+    lines += _records(output)
     lines += _per_seed(quality, keys, seeds) + _compile(output, timing) + _avx2(output, levers, today) + [
         "## Processes", "",
         "Not measured here: on a 2-core machine the demo already runs its generation with torch's 2 threads "
@@ -201,6 +202,18 @@ def _faster_but_different(rows: List[Dict], best: Dict) -> List[str]:
     return ["Faster, but outside today's quality band (the rule decides the default; a measure outside on the side "
             "the rule does not call better is a different set, not a worse one, until a downstream CSM cell "
             "compares them):", "", *lines, ""]
+
+
+def _records(output: Path) -> List[str]:
+    """The phases' records (commit, torch threads, CPU capability), or that the run kept none."""
+    records = {p.stem[len("record_"):]: json.loads(p.read_text()) for p in sorted(output.glob("record_*.json"))}
+    if not records:
+        return ["Records: the phases of this run kept no record of their code version, threads or CPU capability "
+                "(they ran before the script wrote one).", ""]
+    return ["Records (each phase's code version, torch threads, CPU capability, instruction-set variables): "
+            + "; ".join(f"{phase}: {r['commit']}{'' if r['clean'] else ' with changes'}, {r['torch_threads']} "
+                        f"thread(s), {r['cpu_capability']}, {r['pins'] or 'no pins'}" for phase, r in records.items())
+            + ".", ""]
 
 
 def _per_seed(quality: Dict, keys, seeds) -> List[str]:
