@@ -66,7 +66,9 @@ def _fmt(q: Dict, scale: float) -> str:
 
 
 def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path, json_path: Path, machine: str,
-               command: str) -> None:
+               command: str, generator: str = "demo") -> None:
+    """The page of the levers measured on ``generator`` ("demo": the shipped generator, whose profile's default the
+    page decides; "matched": amendment 2's matched generator, where the page reports the demo's decision's setting)."""
     from timm_csm.io import write_text_atomic
 
     timing = json.loads((output / "timing.json").read_text())
@@ -82,34 +84,10 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
                      "quality": q})
     passing = [r for r in rows if r["quality"] and r["quality"]["passes"] and r["s_per_group"] is not None]
     best = min(passing, key=lambda r: r["s_per_group"])
-    lines = [
-        "# Generation at half its cost: each lever beside today's sampler", "",
-        "The `demo` profile's generator (the shipped Fashion-MNIST one, `timm_csm/assets/generator-fmnist`, an "
-        "epsilon-prediction UNet) with the demo's lambda grid (4 values) and no guidance. Today's sampler (the demo's "
-        "default before these levers were measured): DDIM, 8 steps, float32, 32 groups a forward pass (the recipe's "
-        "shards). Each "
-        "lever changes one thing; *combined* changes the sampler and the precision together.", "",
-        "Command:", "", f"    {command}", "",
-        f"Machine: {machine}. **The machine was loaded**: two long benchmark jobs (one torch thread each) and "
-        "another job ran on its 2 cores throughout, so the times are CPU times of this process "
-        "(`time.process_time`, one torch thread), each the best of "
-        f"{timing['rounds']} rounds of {timing['groups']} groups, every lever once per round in the same process, "
-        "rounds interleaved; the ratios are the result, the absolute seconds are those of a loaded machine.", "",
-        f"Quality: for each sampler setting, {num_groups} groups (each ordered class pair once) at each of "
-        f"{len(seeds)} generation seeds, annotated as the demo annotates (the reference encoder learned without the "
-        "held-out tenth of the real training split, s chosen on that tenth, the annotation checks). Measures: the "
-        "pure-class images (lambda 0 and 1) recognised by their nearest real-class prototype, the share of groups "
-        "the checks flag (lambda-hat not monotone, or a misread endpoint), the soft labels' mean confidence max_k "
-        "q_k, the members' mean abs(lambda-hat - lambda), and the soft labels' mean total-variation distance to "
-        "today's on the same groups (same seeds, same noise). Mean ± sd over the seeds. **Rule** (fixed before the "
-        f"run): a setting's quality equals today's when each measure's mean lies within today's mean ± {BAND:g} sd "
-        "(today's sd over the same seeds), or beyond it on the better side (more recognised, fewer flagged); "
-        "(out) marks a measure outside. Batch size and memory format leave the images as today's (quality: "
-        "today's). A dash: the setting's quality sets were not made in this run (timed only).", "",
-        "| lever | setting | CPU s / group | x today's time | " + " | ".join(h for _, h, _, _ in MEASURES)
-        + " | TV to today's labels | equal quality |",
-        "|---|---|---|---|" + "---|" * len(MEASURES) + "---|---|",
-    ]
+    lines = [*_intro(generator, command, machine, timing, num_groups, seeds),
+             "| lever | setting | CPU s / group | x today's time | " + " | ".join(h for _, h, _, _ in MEASURES)
+             + " | TV to today's labels | equal quality |",
+             "|---|---|---|---|" + "---|" * len(MEASURES) + "---|---|"]
     for r in rows:
         q = r["quality"]
         cells = [_fmt(q[m], scale) for m, _, _, scale in MEASURES] if q else ["-"] * len(MEASURES)
@@ -120,11 +98,94 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
                      f"{mark} | " + " | ".join(cells) + f" | {tv} | {verdict} |")
     goal = "meets" if best["ratio"] <= 0.5 else "misses"
     lines += ["", f"**Fastest setting of equal quality: {best['setting']}, {best['ratio']:.2f}x today's CPU time per "
-              f"group** ({goal} the goal of 0.5x).", "", _decision(best, output, levers, today), ""]
-    lines += _downstream(rows)
+              f"group** ({goal} the goal of 0.5x).", ""]
+    if generator == "matched":
+        lines += _matched_findings(rows)
+    else:
+        lines += [_decision(best, output, levers, today), "", *_downstream(rows)]
     lines += _faster_but_different(rows, best)
     lines += _records(output)
-    lines += _per_seed(quality, keys, seeds) + _compile(output, timing) + _avx2(output, levers, today) + [
+    lines += _per_seed(quality, keys, seeds)
+    lines += _matched_not_measured() if generator == "matched" else _demo_tail(output, timing, levers, today)
+    write_text_atomic(report, "\n".join(lines))
+    write_text_atomic(json_path, json.dumps({"timing": timing, "rows": rows, "best": best["setting"]}, indent=1))
+
+
+def _intro(generator: str, command: str, machine: str, timing: Dict, num_groups: int, seeds) -> List[str]:
+    """The title, what was measured on which generator, the command, the machine and the quality rule."""
+    if generator == "matched":
+        head = ["# Generation levers on the matched generator", "",
+                "PROTOCOL.md amendment 2's `matched` generator (the shipped generator's recipe and network, learned "
+                "from the benchmark's 2 500 real Fashion-MNIST images only; built by `python "
+                "benchmarks/matched_setting.py --setting matched`) with the demo's lambda grid (4 values) and no "
+                "guidance. Today's sampler is amendment 2's registered one, the demo's before issue 43: DDIM, 8 "
+                "steps, float32, 32 groups a forward pass. The levers are the samplers and precisions that "
+                "[generation.md](generation.md) found fastest on the demo's generator; batch size, memory format "
+                "and compile act on the network, which is the demo's, so they are not repeated here."]
+        annotated = ("annotated as the matched setting annotates (its reference encoder, learned from its 2 500 real "
+                     "images without their held-out tenth, s chosen on that tenth, the annotation checks)")
+    else:
+        head = ["# Generation at half its cost: each lever beside today's sampler", "",
+                "The `demo` profile's generator (the shipped Fashion-MNIST one, `timm_csm/assets/generator-fmnist`, "
+                "an epsilon-prediction UNet) with the demo's lambda grid (4 values) and no guidance. Today's sampler "
+                "(the demo's default before these levers were measured): DDIM, 8 steps, float32, 32 groups a forward "
+                "pass (the recipe's shards). Each lever changes one thing; *combined* changes the sampler and the "
+                "precision together."]
+        annotated = ("annotated as the demo annotates (the reference encoder learned without the held-out tenth of "
+                     "the real training split, s chosen on that tenth, the annotation checks)")
+    return head + [
+        "", "Command:", "", f"    {command}", "",
+        f"Machine: {machine}. **The machine was loaded**: two long benchmark jobs (one torch thread each) and "
+        "another job ran on its 2 cores throughout, so the times are CPU times of this process "
+        "(`time.process_time`, one torch thread), each the best of "
+        f"{timing['rounds']} rounds of {timing['groups']} groups, every lever once per round in the same process, "
+        "rounds interleaved; the ratios are the result, the absolute seconds are those of a loaded machine.", "",
+        f"Quality: for each sampler setting, {num_groups} groups (each ordered class pair once) at each of "
+        f"{len(seeds)} generation seeds, {annotated}. Measures: the "
+        "pure-class images (lambda 0 and 1) recognised by their nearest real-class prototype, the share of groups "
+        "the checks flag (lambda-hat not monotone, or a misread endpoint), the soft labels' mean confidence max_k "
+        "q_k, the members' mean abs(lambda-hat - lambda), and the soft labels' mean total-variation distance to "
+        "today's on the same groups (same seeds, same noise). Mean ± sd over the seeds. **Rule** (fixed before the "
+        f"run): a setting's quality equals today's when each measure's mean lies within today's mean ± {BAND:g} sd "
+        "(today's sd over the same seeds), or beyond it on the better side (more recognised, fewer flagged); "
+        "(out) marks a measure outside. Batch size and memory format leave the images as today's (quality: "
+        "today's). A dash: the setting's quality sets were not made in this run (timed only).", ""]
+
+
+def _matched_findings(rows: List[Dict]) -> List[str]:
+    """What the matched generator says of the demo's new sampler; the matched setting's own sampler is registered."""
+    import sampler_downstream
+
+    steps, spacing = sampler_downstream.SETTINGS["candidate"]
+    name = f"ddim {steps} + {spacing} steps"
+    row = next((r for r in rows if r["setting"] == name), None)
+    lines = ["The `matched` setting's sampler stays amendment 2's registered one: its cells (amendments 2 and 4) "
+             "read the sets it made, so its cost on [cost.md](cost.md) has no after column."]
+    if row and row["quality"]:
+        q = row["quality"]
+        outside = [f"{heading} {'above' if q[m]['mean'] > q[m]['band'][1] else 'below'}"
+                   for m, heading, _, _ in MEASURES if not q[m]["inside"]]
+        lines.append(f"The demo's new sampler ({name}, chosen on the demo's generator by "
+                     f"[sampler_downstream.md](sampler_downstream.md)) costs {row['ratio']:.2f}x today's CPU time per "
+                     "group on this generator too; its quality here is "
+                     + ("inside today's band on every measure." if not outside else
+                        "outside today's band on " + ", ".join(outside) + " (no downstream CSM cell checked it on "
+                        "this generator)."))
+    return [" ".join(lines), ""]
+
+
+def _matched_not_measured() -> List[str]:
+    return ["## Not measured here", "",
+            "- a downstream CSM cell on a set of this generator made with a faster sampler (the demo's was checked, "
+            "[sampler_downstream.md](sampler_downstream.md));",
+            "- batch size, memory format, compile and bfloat16 on a CPU without bfloat16 instructions: the network is "
+            "the demo's ([generation.md](generation.md)).", ""]
+
+
+def _demo_tail(output: Path, timing: Dict, levers, today) -> List[str]:
+    return _compile(output, timing) + _avx2(output, levers, today) + [
+        "The samplers and precision on PROTOCOL.md amendment 2's `matched` generator: "
+        "[generation_matched.md](generation_matched.md).", "",
         "## Processes", "",
         "Not measured here: on a 2-core machine the demo already runs its generation with torch's 2 threads "
         "(`make demo`, `OMP_NUM_THREADS=2`); 2 processes of one thread each (`accelerate launch` of "
@@ -134,11 +195,8 @@ def write_page(levers, today, output: Path, seeds, num_groups: int, report: Path
         "## Not measured here", "",
         "- the downstream validation ECE of a CSM cell on the other faster sets (only DDIM 4 + trailing steps was "
         "checked, [sampler_downstream.md](sampler_downstream.md));",
-        "- the same levers on the `matched` generator of PROTOCOL.md amendment 2;",
         "- the `full` profile: its EDM network is sampled with EDM's Heun sampler in float64; these levers apply to a "
         "generator folder (the options refuse an EDM pickle), and bfloat16 / float16 on a GPU were not timed.", ""]
-    write_text_atomic(report, "\n".join(lines))
-    write_text_atomic(json_path, json.dumps({"timing": timing, "rows": rows, "best": best["setting"]}, indent=1))
 
 
 def _decision(best: Dict, output: Path, levers, today) -> str:
