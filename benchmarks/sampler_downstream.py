@@ -24,6 +24,18 @@ The rule, fixed in this file before any of its sets or cells ran:
   benchmarks/csm_step.md), 20 seeds give a half-width of 0.85 points; a true difference of 0 passes with about 94%
   probability, one of +1.5 points with at most 2.5%.
 
+On amendment 2's ``matched`` generator (``--generator matched``; reported only, no decision: that setting's sampler
+is registered and its cells keep it), fixed before its set or cells ran:
+
+* sets: today's is the matched setting's registered set (``runs/settings/matched``, DDIM 8); the candidate's is made
+  with amendment 2's generation options but ``--steps 4 --timestep-spacing trailing`` (the same plan, groups and
+  seeds) and annotated by the matched setting's annotator (its reference encoder, s chosen on its held-out tenth);
+* cells: the protocol's CSM cell (``calibration_bench.py --recipe matched --methods csm``, one thread, the recipe's
+  60 epochs) on each set at training seeds ``MATCHED_SEEDS``;
+* reported: the paired 95% t-intervals (candidate - today) of validation ECE, accuracy and ECE after temperature
+  scaling, the observed paired sd. Power: at the demo check's paired sd (1.28 points) 5 seeds give a half-width of
+  about 1.6 points: only a large difference would show.
+
 Everything is written under ``--runs`` (default ``runs/sampler_downstream``) and resumes there; the numbers go to
 ``benchmarks/sampler_downstream.json`` with the commit they ran at, the page to ``benchmarks/sampler_downstream.md``.
 """
@@ -32,6 +44,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from csm_step import demo_options, record, validation_row
@@ -45,6 +59,9 @@ ECE_MARGIN, ACCURACY_MARGIN = 1.5, 1.0
 #: the two samplers: (steps, timestep_spacing), every other sampling option the demo's
 SETTINGS = {"today": (8, None), "candidate": (4, "trailing")}
 NAMES = {"today": "DDIM 8 (the demo's sampler before this check)", "candidate": "DDIM 4 + trailing steps"}
+MATCHED_SEEDS = tuple(range(5))
+#: amendment 2's matched setting, as benchmarks/matched_setting.py builds it
+MATCHED_ROOT = Path("runs/settings/matched")
 
 
 def demo_profile(setting: str):
@@ -109,11 +126,46 @@ def run_seeds(setting: str, runs: Path, seeds) -> None:
         _update(f"seeds_{setting}", {"epochs": EPOCHS, "rows": rows})
 
 
-def decision(results: dict):
-    """``(intervals by measure, passed)`` over the seeds both settings have; None before two."""
+def matched_set(setting: str, runs: Path) -> Path:
+    """The CSM dataset of ``setting``'s sampler on the matched generator: the registered set for today's, the
+    candidate's made (resumably) under ``runs/matched``."""
+    from matched_setting import GENERATION
+
+    from timm_csm.study.settings import STAGE_COMMANDS, annotate_command, generate_command, run_stage
+
+    if setting == "today":
+        return MATCHED_ROOT / "csm" / "csm-fmnist-aug"
+    steps, spacing = SETTINGS[setting]
+    options = [*GENERATION, "--timestep-spacing", spacing]
+    options[options.index("--steps") + 1] = str(steps)
+    root, launch = runs / "matched", {name: [sys.executable, *args] for name, args in STAGE_COMMANDS.items()}
+    generated = run_stage("generate", root / "generated", generate_command(
+        launch["generate"], MATCHED_ROOT / "generator", options, root / "generated"))
+    # the matched setting's annotation (benchmarks/matched_setting.py): its encoder, trained for 60 epochs there
+    run_stage("annotate", root / "csm", annotate_command(launch["annotate"], root / "generated",
+                                                         str(MATCHED_ROOT / "real"), root / "csm", "csm-fmnist-aug",
+                                                         MATCHED_ROOT / "reference", 60))
+    _update(f"matched_set_{setting}", {"generation_cpu_seconds": generated.get("cpu_seconds")})
+    return root / "csm" / "csm-fmnist-aug"
+
+
+def run_matched_seeds(setting: str, runs: Path, seeds) -> None:
+    """The protocol's CSM cells on the matched generator's ``setting`` set, one per seed (resumable)."""
+    dataset, out = matched_set(setting, runs), runs / "matched" / f"cells-{setting}"
+    subprocess.run([sys.executable, "benchmarks/calibration_bench.py", "--recipe", "matched", "--methods", "csm",
+                    "--seeds", *map(str, seeds), "--csm-dataset", str(dataset), "--threads", "1", "--output",
+                    str(out), "--report", str(out / "calibration.md"), "--no-progress"], check=True)
+    rows = {str(seed): validation_row(next((out / "cells").glob(f"csm*-s{seed}")) / "results.json")
+            for seed in seeds}
+    _update(f"matched_seeds_{setting}", {"rows": rows})
+
+
+def decision(results: dict, prefix: str = ""):
+    """``(intervals by measure, passed)`` over the seeds both settings have (``prefix`` "matched_": the matched
+    generator's, whose pass is reported only); None before two."""
     from timm_csm.metrics.paired import paired_t_interval
 
-    rows = {s: results.get(f"seeds_{s}", {}).get("rows", {}) for s in SETTINGS}
+    rows = {s: results.get(f"{prefix}seeds_{s}", {}).get("rows", {}) for s in SETTINGS}
     seeds = sorted(set(rows["today"]) & set(rows["candidate"]), key=int)
     if len(seeds) < 2:
         return None
@@ -185,15 +237,19 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=["sets", "seeds", "page"])
     p.add_argument("--setting", choices=list(SETTINGS))
-    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    p.add_argument("--generator", choices=["demo", "matched"], default="demo",
+                   help="matched: amendment 2's matched generator, the protocol's CSM cells (reported only)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: SEEDS, or MATCHED_SEEDS")
     p.add_argument("--runs", type=Path, default=Path("runs/sampler_downstream"))
     args = p.parse_args(argv)
     if args.part != "page" and args.setting is None:
         p.error(f"{args.part} needs --setting")
+    matched = args.generator == "matched"
     if args.part == "sets":
-        print(build_set(args.setting, args.runs))
+        print((matched_set if matched else build_set)(args.setting, args.runs))
     elif args.part == "seeds":
-        run_seeds(args.setting, args.runs, args.seeds)
+        seeds = args.seeds or (MATCHED_SEEDS if matched else SEEDS)
+        (run_matched_seeds if matched else run_seeds)(args.setting, args.runs, seeds)
     else:
         print(write_page())
 
