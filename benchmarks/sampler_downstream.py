@@ -178,14 +178,13 @@ def decision(results: dict, prefix: str = ""):
 
 
 def write_page() -> str:
-    from timm_csm.metrics.paired import interval_text, mean_std
-
     results = json.loads(RESULTS.read_text())
     levers = json.loads((ROOT / "generation.json").read_text())["rows"]
     ratio = next(r["ratio"] for r in levers if r["setting"] == "ddim {} + {} steps".format(*SETTINGS["candidate"]))
     out = ["# A faster sampler, checked downstream: the demo's CSM classifier on each set", "",
            "In [generation.md](generation.md)'s quality cells (90 groups at each of 3 seeds) DDIM 4 + trailing steps "
-           f"took {ratio:.2f}x today's CPU time per group (in its timing rounds), recognised more pure-class images and flagged fewer groups; its "
+           f"took {ratio:.2f}x today's CPU time per group (in its timing rounds), recognised more pure-class images "
+           "and flagged fewer groups; its "
            "members' mean abs(lambda-hat - lambda) lay below today's band (soft labels that follow the mixing ratio "
            "more closely), a measure whose better side that page's rule does not name. This check decides whether "
            "the classifier the demo trains on its set is as well calibrated.", "",
@@ -215,12 +214,7 @@ def write_page() -> str:
     rows = {s: results[f"seeds_{s}"]["rows"] for s in SETTINGS}
     out += ["", f"The demo's CSM training at {EPOCHS} epochs, validation split (250 images), before temperature "
             f"scaling, in % (mean ± sd over seeds; paired interval candidate - today, 95% t):", "",
-            "| measure | today | candidate | candidate - today |", "|---|---|---|---|"]
-    for key, name in (("val_ece", "ECE"), ("val_accuracy", "accuracy"),
-                      ("val_ece_after_ts", "ECE after temperature scaling (secondary)")):
-        cells = [f"{m:.2f} ± {sd:.2f}" for s in SETTINGS
-                 for m, sd in [mean_std([100 * r[key] for r in rows[s].values()])]]
-        out.append(f"| {name} | {cells[0]} | {cells[1]} | {interval_text(intervals[key])} |")
+            *_interval_table(rows, intervals, ("today", "candidate"))]
     verdict = (f"passed: {NAMES['candidate']} becomes the `demo` profile's sampler" if passed
                else f"not passed: {NAMES['today']} stays the `demo` profile's sampler")
     out += ["", f"**Decision** (the rule: ECE interval below +{ECE_MARGIN}, accuracy interval above "
@@ -228,9 +222,52 @@ def write_page() -> str:
             f"{intervals['val_ece'].sd:.2f} points (the rule's power assumed 1.82). A difference in ECE is not shown "
             "either way where its interval holds 0; the rule asks only that the candidate be not worse by the "
             "margin.", "",
-            "Records (commit, torch, threads) of each part: `benchmarks/sampler_downstream.json`."]
+            "Records (commit, torch, threads) of each part: `benchmarks/sampler_downstream.json`.", ""]
+    out += _matched_section(results)
     PAGE.write_text("\n".join(out) + "\n")
     return PAGE.read_text()
+
+
+def _interval_table(rows: dict, intervals: dict, names: tuple) -> list:
+    """Each measure's mean ± sd per set and the paired interval candidate - today, in %."""
+    from timm_csm.metrics.paired import interval_text, mean_std
+
+    out = [f"| measure | {names[0]} | {names[1]} | candidate - today |", "|---|---|---|---|"]
+    for key, name in (("val_ece", "ECE"), ("val_accuracy", "accuracy"),
+                      ("val_ece_after_ts", "ECE after temperature scaling (secondary)")):
+        cells = [f"{m:.2f} ± {sd:.2f}" for s in SETTINGS
+                 for m, sd in [mean_std([100 * r[key] for r in rows[s].values()])]]
+        out.append(f"| {name} | {cells[0]} | {cells[1]} | {interval_text(intervals[key])} |")
+    return out
+
+
+def _matched_section(results: dict) -> list:
+    """The same samplers on amendment 2's matched generator, the protocol's CSM cells: reported only."""
+    out = ["## On amendment 2's `matched` generator (reported only)", "",
+           "The matched setting's sampler is registered (its cells read the sets it made), so this decides nothing; "
+           "the rule in the docstring was fixed before the candidate's set or any cell ran. Today's set is the "
+           "registered one (`runs/settings/matched`, DDIM 8); the candidate's is made with amendment 2's generation "
+           "options at DDIM 4 + trailing steps (the same plan and noise) and annotated by the matched annotator. The "
+           "cells are the protocol's CSM cell (its classifier recipe, 60 epochs, one thread), read on the 2 000 "
+           "validation images. Quality measures of both samplers on this generator: "
+           "[generation_matched.md](generation_matched.md).",
+           "", "Commands:", ""]
+    out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py seeds --generator matched --setting {s}"
+            for s in SETTINGS]
+    cpu = results.get("matched_set_candidate", {}).get("generation_cpu_seconds")
+    if cpu is not None:
+        out += ["", f"The candidate's set took {cpu:.0f} CPU-s to generate (6 750 groups, one thread, a loaded "
+                "machine)."]
+    found = decision(results, "matched_")
+    if found is None:
+        return out + ["", "The cells have not all run yet.", ""]
+    intervals = found[0]
+    rows = {s: results[f"matched_seeds_{s}"]["rows"] for s in SETTINGS}
+    out += ["", f"Validation split, in % (mean ± sd over {intervals['val_ece'].n} seeds; paired interval "
+            "candidate - today, 95% t):", "", *_interval_table(rows, intervals, ("today (DDIM 8)", "candidate")), "",
+            f"Observed paired sd of validation ECE: {intervals['val_ece'].sd:.2f} points. An interval that holds 0 "
+            "shows no difference either way.", ""]
+    return out
 
 
 def main(argv=None) -> None:
