@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -36,15 +37,18 @@ import torch
 from csm_step_page import RESULTS, ROOT, VARIANTS, write_page
 
 
-def record(script: str = "benchmarks/csm_step.py") -> dict:
+def record(*scripts: str) -> dict:
     """What a part's numbers depend on besides its options: the code's commit (and whether the package and
-    ``script`` were clean), torch, its threads and the CPU capability it ran with."""
-    from timm_csm.recipes.cells import git
+    ``scripts``, by default this one, were clean), torch, its threads, the CPU capability it ran with and the
+    instruction-set variables in force."""
+    from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, git
 
     return {"commit": git("rev-parse", "--short", "HEAD", repo=ROOT),
-            "clean": not git("status", "--porcelain", "--", "timm_csm", script, repo=ROOT.parent),
+            "clean": not git("status", "--porcelain", "--", "timm_csm", *(scripts or ("benchmarks/csm_step.py",)),
+                             repo=ROOT.parent),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "pins": {k: os.environ[k] for k in INSTRUCTION_SET_PINS if k in os.environ}}
 
 
 def _update_results(key: str, value) -> None:

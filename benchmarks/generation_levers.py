@@ -36,6 +36,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from csm_step import record
+
 #: per generator: the run folder, the page, its JSON and the command that made them
 TARGETS = {
     "demo": ("runs/generation_levers", "benchmarks/generation.md", "benchmarks/generation.json",
@@ -257,20 +259,6 @@ def time_compile(generator, num_groups: int, rounds: int) -> Dict:
             "compiled_s_per_group": best["compiled"] / num_groups, "rounds": rounds}
 
 
-def _record() -> Dict:
-    """The code's commit (and whether the package and this script were clean), torch, its threads, its CPU
-    capability and the instruction-set variables in force."""
-    from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, git
-
-    root = Path(__file__).resolve().parent.parent
-    return {"commit": git("rev-parse", "--short", "HEAD", repo=root),
-            "clean": not git("status", "--porcelain", "--", "timm_csm", "benchmarks/generation_levers.py",
-                              "benchmarks/generation_levers_page.py", repo=root),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "pins": {k: os.environ[k] for k in INSTRUCTION_SET_PINS if k in os.environ}}
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generator", choices=list(TARGETS), default="demo",
@@ -306,7 +294,8 @@ def main(argv=None):
     generator = setting_generator(args.generator, settings_root) if phases != ("page",) else None
     output.mkdir(parents=True, exist_ok=True)
     if args.phase != "page":  # what this phase's numbers depend on besides its options
-        write_text_atomic(output / f"record_{args.phase}.json", json.dumps(_record(), indent=1))
+        scripts = ("benchmarks/generation_levers.py", "benchmarks/generation_levers_page.py")
+        write_text_atomic(output / f"record_{args.phase}.json", json.dumps(record(*scripts), indent=1))
     if "quality" in phases:
         run_quality(generator, levers if matched else QUALITY_ORDER, args.seeds, args.groups, output,
                     setting_annotator(args.generator, settings_root, output),
