@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Callable, Optional
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 from .binning import bin_edges, bin_index, bin_sums, bin_thresholds
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
-__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block", "ClasswiseSums"]
+__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block", "scratch", "ClasswiseSums"]
 
 PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
@@ -53,6 +54,24 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Per-sample math runs in the input's precision (float64 stays float64, anything else becomes float32);
     every sum over samples is float64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def scratch(numel: int, dtype: torch.dtype, device, purpose: str = "block") -> torch.Tensor:
+    """Scratch memory of at least ``numel`` values, kept per thread and ``purpose`` between calls on the CPU (up to
+    ``_SCRATCH_KEEP`` values): a fresh block of a few megabytes is paged in on every call (its first writes fault,
+    about a microsecond a page, a large share of a small evaluation); accelerators' allocators keep theirs anyway."""
+    device = torch.device(device)
+    if device.type != "cpu" or numel > _SCRATCH_KEEP:
+        return torch.empty(numel, dtype=dtype, device=device)
+    kept = _SCRATCH.__dict__.setdefault(purpose, {})
+    buf = kept.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = kept[dtype] = torch.empty(numel, dtype=dtype)
+    return buf
+
+
+_SCRATCH = threading.local()
+_SCRATCH_KEEP = 1 << 21
 
 
 def _exp_(x: torch.Tensor) -> torch.Tensor:
@@ -129,14 +148,17 @@ class ClasswiseSums:
 
 
 def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
-    """``p.sum(dim)`` in float64, a few hundred thousand values at a time: the sum's float64 copy of its input
-    then stays in the cache instead of taking fresh memory for the whole block."""
-    if p.dtype == _F64 or p.numel() <= _TOTALS_CHUNK:
-        return p.sum(dim, dtype=_F64)
+    """``p.sum(dim)`` in float64, a few hundred thousand values at a time copied into kept float64 scratch memory
+    (:func:`scratch`): the copy stays in the cache, and no fresh memory is paged in for it."""
+    if p.dtype == _F64:
+        return p.sum(dim)
     step = max(1, _TOTALS_CHUNK // (p.numel() // p.shape[dim]))
-    totals = p.narrow(dim, 0, min(step, p.shape[dim])).sum(dim, dtype=_F64)
-    for start in range(step, p.shape[dim], step):
-        totals += p.narrow(dim, start, min(step, p.shape[dim] - start)).sum(dim, dtype=_F64)
+    wide = scratch(min(step, p.shape[dim]) * (p.numel() // p.shape[dim]), _F64, p.device, "totals")
+    totals = None
+    for start in range(0, p.shape[dim], step):
+        piece = p.narrow(dim, start, min(step, p.shape[dim] - start))
+        piece_sum = wide[:piece.numel()].view(piece.shape).copy_(piece).sum(dim)
+        totals = piece_sum if totals is None else totals.add_(piece_sum)
     return totals
 
 

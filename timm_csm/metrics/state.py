@@ -31,7 +31,7 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
-from .blocks import PROB_FLOOR, ClasswiseSums, compute_dtype, reduce_block
+from .blocks import PROB_FLOOR, ClasswiseSums, compute_dtype, reduce_block, scratch
 from .inputs import PreparedInputs
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
@@ -126,7 +126,7 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
         if p.shape[0]:
             if buf is None or buf.dtype != compute_dtype(p.dtype) or buf.numel() < p.numel() + 64 * p.shape[1]:
                 size = max(max_elements, p.numel()) + 64 * p.shape[1]  # room for padded rows
-                buf = torch.empty(size, dtype=compute_dtype(p.dtype), device=p.device)
+                buf = scratch(size, compute_dtype(p.dtype), p.device)
             reduce_block(p, t, inputs, local.flags, per_sample, classwise, buf)
             if per_sample.count >= _FLUSH_SAMPLES:
                 per_sample.flush(local)
@@ -203,7 +203,7 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 20) -> Sample
     per_sample, probs, targets = _PerSample(), [], []
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
-            buf = torch.empty(p.numel() + 64 * p.shape[1], dtype=compute_dtype(p.dtype), device=p.device)
+            buf = scratch(p.numel() + 64 * p.shape[1], compute_dtype(p.dtype), p.device)
             block = reduce_block(p, t, inputs, flags, per_sample, None, buf)
             probs.append(block.clone(memory_format=torch.contiguous_format))
             targets.append(t.to(_F64) if inputs.soft else t.reshape(-1))
