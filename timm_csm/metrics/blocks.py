@@ -109,10 +109,11 @@ class ClasswiseSums:
         return _first_threshold(self.B, dtype)
 
     def add(self, p: torch.Tensor, classes_dim: int, y: Optional[torch.Tensor] = None,
-            t: Optional[torch.Tensor] = None, n: Optional[int] = None) -> None:
+            t: Optional[torch.Tensor] = None, n: Optional[int] = None, p_y: Optional[torch.Tensor] = None) -> None:
         """Add a contiguous block of probabilities: ``(n, C)`` rows (``classes_dim=1``) or ``(C, width)`` columns
-        (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices or ``t``
-        soft targets ``(n, C)`` (the blocks of one :class:`ClasswiseSums` have either kind, not both)."""
+        (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices (and
+        ``p_y``, their probabilities, when known) or ``t`` soft targets ``(n, C)`` (the blocks of one
+        :class:`ClasswiseSums` have either kind, not both)."""
         n = p.shape[1 - classes_dim] if n is None else n
         self.n += n
         self.prob_total += _column_totals(p, 1 - classes_dim)
@@ -120,31 +121,37 @@ class ClasswiseSums:
         if t is None:
             # the label sums are those of the target's entries, one per sample: gathered, binned and counted, the
             # first bin's included
-            p_y = p.gather(classes_dim, y.view((1, -1) if classes_dim == 0 else (-1, 1))).view(-1)
-            self.label += torch.bincount(y * B + bin_index(p_y, self.edges), minlength=self.C * B)
+            if p_y is None:
+                p_y = p.gather(classes_dim, y.view((1, -1) if classes_dim == 0 else (-1, 1))).view(-1)
+            self.label += bin_sums(y * B + bin_index(p_y, self.edges), self.C * B)[0]
         else:
             self.label_total += t.sum(0)
         if B > 1:
             flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
             index = (rows if classes_dim == 0 else cols) * B + bin_index(vals, self.edges)
+            # the block's sums (NumPy's bincount on the CPU), added to those of the blocks before
             if t is None:
-                bin_sums(index, self.C * B, vals, out=(self.count, self.prob))
+                sums, totals = bin_sums(index, self.C * B, vals), (self.count, self.prob)
             else:  # the target's mass on each entry found
-                bin_sums(index, self.C * B, vals, t.reshape(-1).take(flat), out=(self.count, self.prob, self.label))
+                sums = bin_sums(index, self.C * B, vals, t.reshape(-1).take(flat))
+                totals = (self.count, self.prob, self.label)
+            for total, part in zip(totals, sums):
+                total += part
 
     def finalize(self, state) -> None:
         """Fill the first bins by difference (the label sums of class-index targets are complete) and add every
         sum into ``state``'s classwise sums."""
         C, B = self.C, self.B
-        count, prob, label = (s.view(C, B).clone() for s in (self.count, self.prob, self.label))
+        # in NumPy: a dozen operations on (C, n_bins) sums cost several times less there than in torch
+        count, prob, label = (s.cpu().numpy().reshape(C, B).copy() for s in (self.count, self.prob, self.label))
         count[:, 0] = self.n - count[:, 1:].sum(1)
-        prob[:, 0] = self.prob_total - prob[:, 1:].sum(1)
+        prob[:, 0] = self.prob_total.cpu().numpy() - prob[:, 1:].sum(1)
+        np.maximum(prob, 0.0, out=prob)
         if self.soft:
-            label[:, 0] = self.label_total - label[:, 1:].sum(1)
-            label.clamp_(min=0)
-        state.cw_count.add_(count)
-        state.cw_prob_sum.add_(prob.clamp_(min=0))
-        state.cw_label_sum.add_(label)
+            label[:, 0] = self.label_total.cpu().numpy() - label[:, 1:].sum(1)
+            np.maximum(label, 0.0, out=label)
+        for total, part in zip((state.cw_count, state.cw_prob_sum, state.cw_label_sum), (count, prob, label)):
+            total.add_(torch.from_numpy(part).to(total.device))
 
 
 def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
@@ -201,34 +208,46 @@ def _flat_nonzero(mask: np.ndarray) -> np.ndarray:
 
 
 def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int,
-                  marks: Callable[[], Optional[torch.Tensor]]) -> None:
+                  marks: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]]) -> None:
     """Correct ``top`` (``x_y`` equals the maximum of its sample) in place where the maximum is tied: argmax, and
-    so the prediction, is the first maximum (the lowest class index). ``marks()`` gives the 0/1 marks of the
-    maxima (samples along ``1 - classes_dim``), or None when no sample's maximum is repeated; it is called only
-    where ``top`` and ``tie_possible`` meet."""
-    maybe_tie = top & tie_possible
-    if bool(maybe_tie.any()):
-        marked = marks()
+    so the prediction, is the first maximum (the lowest class index). ``marks(samples)`` gives the 0/1 marks of the
+    maxima of those samples (along ``1 - classes_dim``), and ``marks(None)`` those of every sample, or None when no
+    sample's maximum is repeated; it is called only where ``top`` and ``tie_possible`` meet, for those samples alone
+    when they are few."""
+    candidates = (top & tie_possible).nonzero().view(-1)
+    if not candidates.numel():
+        return
+    if candidates.numel() * _FEW_CANDIDATES <= top.numel():  # a few samples: only their entries are read
+        marked = marks(candidates)
+        within = (marked.sum(classes_dim) >= 2).nonzero().view(-1)
+        samples = candidates[within]
+    else:
+        marked = marks(None)
         if marked is None:
             return
-        samples = (maybe_tie & (marked.sum(classes_dim) >= 2)).nonzero().view(-1)
-        if samples.numel():  # argmax of the 0/1 marks is the first maximum
-            top[samples] = marked.index_select(1 - classes_dim, samples).argmax(classes_dim) == y[samples]
+        within = samples = (top & tie_possible & (marked.sum(classes_dim) >= 2)).nonzero().view(-1)
+    if samples.numel():  # argmax of the 0/1 marks is the first maximum
+        top[samples] = marked.index_select(1 - classes_dim, within).argmax(classes_dim) == y[samples]
 
 
-def _maxima_of_exp(x: torch.Tensor, samples: int, in_place: bool, block: Optional[torch.Tensor] = None,
-                   others: int = 0) -> Callable[[], Optional[torch.Tensor]]:
+_FEW_CANDIDATES = 16
+
+
+def _maxima_of_exp(x: torch.Tensor, classes_dim: int, in_place: bool, block: Optional[torch.Tensor] = None,
+                   others: int = 0) -> Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]]:
     """The ``marks`` of :func:`_resolve_ties` for ``x = exp(z - max z)``, which is exactly 1 at the maxima and below
-    1 elsewhere: None when the entries equal to 1 are no more than one per sample (counted in ``block``, the
-    contiguous memory holding ``x`` and ``others`` further entries equal to 1), else ``floor(x)`` (in place if
-    ``in_place``)."""
-    def marks():
+    1 elsewhere: for given samples, their entries equal to 1; for every sample, None when the entries equal to 1
+    are no more than one per sample (counted in ``block``, the contiguous memory holding ``x`` and ``others``
+    further entries equal to 1), else ``floor(x)`` (in place if ``in_place``)."""
+    def marks(samples: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if samples is not None:
+            return (x.index_select(1 - classes_dim, samples) == 1.0).to(x.dtype)
         whole = x if block is None else block
         if whole.device.type == "cpu":  # NumPy's comparison and count are several times faster than torch's here
             ones = int(np.count_nonzero(whole.numpy() == 1.0))
         else:
             ones = int((whole == 1.0).sum())
-        if ones <= samples + others:
+        if ones <= x.shape[1 - classes_dim] + others:
             return None
         return x.floor_() if in_place else torch.floor(x)
     return marks
@@ -238,8 +257,8 @@ def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, f
                  cw: Optional[ClasswiseSums], buf: torch.Tensor) -> Optional[torch.Tensor]:
     """Reduce one block into ``out`` (the pending per-sample vectors) and ``cw`` (the classwise sums, or None);
     ``buf`` is scratch memory of the compute dtype holding at least ``n * C + 64 C`` values. Returns the block's
-    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when ``flags`` keep them (Brier or classwise),
-    else None."""
+    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when the classwise sums or ``flags["probs"]`` ask
+    for them, else None."""
     n, C = p_raw.shape
     logits, soft = inputs.input_type == "logits", inputs.soft
     if logits and not soft and C < NARROW_CLASSES:
@@ -259,7 +278,7 @@ def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, f
     else:
         x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
                                                                      flags["nll"])
-    keep_x = flags["brier"] or cw is not None
+    keep_x = flags["brier"] or flags.get("probs", False) or cw is not None
     acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible)
     if logits and keep_x:
         x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
@@ -289,23 +308,39 @@ def _hard_logit_rows(c, y, flags, out, cw, x):
     label = y.view(-1, 1)
     x_y = x.gather(1, label).view(-1)
     top = x_y == 1.0
-    keep_x = flags["brier"] or cw is not None
-    # a tie needs a second entry equal to the maximum: s >= 2; floor(x) in place when x is not needed any more
-    _resolve_ties(top, s >= 2.0, y, 1, _maxima_of_exp(x, x.shape[0], not keep_x))
+    keep_p = flags.get("probs", False) or cw is not None
+    squares = torch.linalg.vector_norm(x, dim=1).to(_F64).square_() if flags["brier"] else None  # one fused read
+    # floor(x) in place when x is not needed any more
+    _resolve_ties(top, _tie_possible(s, squares, x.shape[1], x.dtype), y, 1,
+                  _maxima_of_exp(x, 1, not keep_p))
     nll_i = None
     if flags["nll"]:
         nll_i = s.log().add_(m.to(_F64)).sub_(c.gather(1, label).view(-1).to(_F64))
     out.add(s.reciprocal(), top.to(_F64), nll_i)
-    if not keep_x:
+    if squares is not None:
+        out.brier.append(_brier_of_exp(squares, x_y, s))
+    if not keep_p:
         return None
     x.div_(s32.view(-1, 1))  # now the probabilities
-    if flags["brier"]:
-        p_y = (x_y / s32).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
-        sq = torch.linalg.vector_norm(x, dim=1).to(_F64).square_()  # one fused read of the block
-        out.brier.append(sq.sub_(p_y, alpha=2.0).add_(1.0))
     if cw is not None:
-        cw.add(x, 1, y=y)
+        cw.add(x, 1, y=y, p_y=x_y / s32)  # the same division as the block's: the gathered probability, bit for bit
     return x
+
+
+def _tie_possible(s: torch.Tensor, squares: Optional[torch.Tensor], C: int, dtype: torch.dtype) -> torch.Tensor:
+    """Where the maximum of ``x = exp(z - max z)`` (exactly 1) may be tied: a second entry equal to 1 makes
+    ``Σ x^2 >= 2`` (``squares``, a float sum of C squares, within its rounding: at most ``C + 2`` units of ``dtype``
+    below), and, without the squares, ``s = Σ x >= 2``, which most rows of many classes meet."""
+    if squares is None:
+        return s >= 2.0
+    return squares >= 2.0 * (1.0 - (C + 2) * torch.finfo(dtype).eps)
+
+
+def _brier_of_exp(squares: torch.Tensor, x_y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The Brier score of class-index targets from the exponentials ``x = s p`` (``squares``: ``Σ_k x_k^2`` in
+    float64, ``x_y`` the target's entry, ``s`` the row sums): ``Σ_k p_k^2 - 2 p_y + 1 = (Σ_k x_k^2 / s - 2 x_y) / s
+    + 1``, so the probabilities need not be formed."""
+    return squares.div_(s).sub_(x_y.to(_F64), alpha=2.0).div_(s).add_(1.0)
 
 
 def _soft_logit_rows(c, x, t, want_nll: bool):
@@ -365,7 +400,12 @@ def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible):
     if soft:
         return t.gather(1, x.argmax(1).view(-1, 1)).view(-1)
     top = (x.gather(1, y) == row_max).view(-1)
-    _resolve_ties(top, tie_possible, y.view(-1), 1, lambda: (x == row_max).to(x.dtype))
+    def marks(samples):
+        if samples is None:
+            return (x == row_max).to(x.dtype)
+        at_max = row_max if isinstance(row_max, float) else row_max.index_select(0, samples)
+        return (x.index_select(0, samples) == at_max).to(x.dtype)
+    _resolve_ties(top, tie_possible, y.view(-1), 1, marks)
     return top.to(_F64)
 
 
@@ -388,18 +428,20 @@ def _column_block(p_raw: torch.Tensor, y: torch.Tensor, flags: dict, out, cw, bu
     s = totals[:n].to(_F64)
     x_y = x.gather(0, label).view(-1)
     top = x_y == 1.0
-    keep_x = flags["brier"] or cw is not None
-    # a tie needs a second entry equal to the maximum: s >= 2; the padding's entries are all 1
-    _resolve_ties(top, s >= 2.0, y, 0, _maxima_of_exp(x[:, :n], n, False, x, C * (width - n)))
+    keep_p = flags.get("probs", False) or cw is not None
+    squares = x.square().sum(0)[:n].to(_F64) if flags["brier"] else None
+    # the padding's entries are all 1
+    _resolve_ties(top, _tie_possible(s, squares, C, x.dtype), y, 0,
+                  _maxima_of_exp(x[:, :n], 0, False, x, C * (width - n)))
     nll_i = s.log().add_(m.to(_F64)).sub_(z_y.to(_F64)) if flags["nll"] else None
     out.add(s.reciprocal(), top.to(_F64), nll_i)
-    if not keep_x:
+    if squares is not None:
+        out.brier.append(_brier_of_exp(squares, x_y, s))
+    if not keep_p:
         return None
     p = x.div_(totals)  # the padding's columns too, so the sums below run on whole rows
-    if flags["brier"]:
-        p_y = (x_y / totals[:n]).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
-        out.brier.append(p.square().sum(0)[:n].to(_F64).sub_(p_y, alpha=2.0).add_(1.0))
     if cw is not None:
         p[:, n:] = 0.0  # the padding holds no entries
-        cw.add(p, 0, y=y, n=n)
+        # the same division as the block's: the gathered probability, bit for bit
+        cw.add(p, 0, y=y, n=n, p_y=x_y / totals[:n])
     return p[:, :n].T

@@ -161,6 +161,7 @@ class _PerSample:
         if not self.conf:
             return
         conf, acc = _cat(self.conf), _cat(self.acc)
+        first = float(st.n) == 0
         st.n += conf.numel()
         st.correct += acc.sum()
         st.confidence += conf.sum()
@@ -169,8 +170,13 @@ class _PerSample:
         if self.brier:
             st.brier += _cat(self.brier).sum()
         if st.flags["binned"]:
-            bin_sums(bin_index(conf, bin_edges(st.n_bins, device=conf.device)), st.n_bins, conf, acc, acc * acc,
-                     out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
+            index, totals = bin_index(conf, bin_edges(st.n_bins, device=conf.device)), (st.count, st.conf_sum,
+                                                                                        st.acc_sum, st.acc_sq_sum)
+            if first:  # fresh sums (NumPy's on the CPU), the same as added into the zeros
+                for total, part in zip(totals, bin_sums(index, st.n_bins, conf, acc, acc * acc)):
+                    total.copy_(part)
+            else:
+                bin_sums(index, st.n_bins, conf, acc, acc * acc, out=totals)
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)
@@ -199,7 +205,7 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 20) -> Sample
     """The per-sample values of ``inputs`` (:class:`SampleValues`), computed block by block by the code of
     :func:`accumulate`, so that a sum over any subset (a bootstrap resample) equals what the metrics of that subset
     sum. Holds the ``(N, C)`` probabilities, which :func:`accumulate` never does."""
-    flags = dict(binned=False, classwise=False, nll=True, brier=True, points=True)
+    flags = dict(binned=False, classwise=False, nll=True, brier=True, points=True, probs=True)
     per_sample, probs, targets = _PerSample(), [], []
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
