@@ -17,7 +17,10 @@ filled by difference with the column totals when the pass ends (:meth:`Classwise
 class-index targets come from the target's entries alone, one per sample (their bins include the first).
 
 The exponentials are base-2 exponentials of the scaled differences (:func:`_exp_`), which torch computes at
-several times less cost than its natural exponential on the CPU.
+several times less cost than its natural exponential on the CPU. The Brier score of class-index targets comes from
+the exponentials' sum of squares and row sum (:func:`_brier_of_exp`), so the probabilities are formed only for the
+classwise sums (or when asked for); the same sum of squares tells the few samples whose maximum may be tied
+(:func:`_tie_possible`). The block's working memory is kept between calls (:func:`scratch`).
 """
 from __future__ import annotations
 
@@ -127,8 +130,8 @@ class ClasswiseSums:
         else:
             self.label_total += t.sum(0)
         if B > 1:
-            flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
-            index = (rows if classes_dim == 0 else cols) * B + bin_index(vals, self.edges)
+            flat, classes, vals = _entries_at_least(p, self.first_threshold(p.dtype), classes_dim)
+            index = classes.mul_(B).add_(bin_index(vals, self.edges))
             # the block's sums (NumPy's bincount on the CPU), added to those of the blocks before
             if t is None:
                 sums, totals = bin_sums(index, self.C * B, vals), (self.count, self.prob)
@@ -177,18 +180,19 @@ def _first_threshold(n_bins: int, dtype: torch.dtype) -> float:
     return float(bin_thresholds(n_bins, dtype)[0])  # a dozen tensor operations: once per (n_bins, dtype)
 
 
-def _entries_at_least(p: torch.Tensor, threshold: float):
+def _entries_at_least(p: torch.Tensor, threshold: float, classes_dim: int):
     """The entries of the 2-D ``p`` that are ``>= threshold`` (a value of ``p``'s dtype, so the comparison is exact
-    in it): their flat (row-major) indices, rows, columns and values."""
+    in it): their flat (row-major) indices, classes (along ``classes_dim``) and values."""
+    width = p.shape[1]
     if p.device.type == "cpu":  # NumPy's comparison, flat nonzero and division are several times faster here
         a = p.numpy().reshape(-1)
-        flat = _flat_nonzero(a >= threshold)
-        rows = flat // p.shape[1]
-        return (torch.from_numpy(flat), torch.from_numpy(rows), torch.from_numpy(flat - rows * p.shape[1]),
-                torch.from_numpy(a[flat]))
+        mask = scratch(a.size, torch.bool, "cpu", "mask").numpy()[:a.size]  # no fresh pages to fault in
+        flat = _flat_nonzero(np.greater_equal(a, threshold, out=mask))
+        classes = flat // width if classes_dim == 0 else flat - flat // width * width
+        return torch.from_numpy(flat), torch.from_numpy(classes), torch.from_numpy(a[flat])
     flat = (p.reshape(-1) >= threshold).nonzero().view(-1)
-    rows = torch.div(flat, p.shape[1], rounding_mode="floor")
-    return flat, rows, flat - rows * p.shape[1], p.reshape(-1)[flat]
+    rows = torch.div(flat, width, rounding_mode="floor")
+    return flat, (rows if classes_dim == 0 else flat - rows * width), p.reshape(-1)[flat]
 
 
 def _flat_nonzero(mask: np.ndarray) -> np.ndarray:
@@ -214,23 +218,38 @@ def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor
     maxima of those samples (along ``1 - classes_dim``), and ``marks(None)`` those of every sample, or None when no
     sample's maximum is repeated; it is called only where ``top`` and ``tie_possible`` meet, for those samples alone
     when they are few."""
-    candidates = (top & tie_possible).nonzero().view(-1)
+    candidates = _nonzero(top & tie_possible)
     if not candidates.numel():
         return
     if candidates.numel() * _FEW_CANDIDATES <= top.numel():  # a few samples: only their entries are read
         marked = marks(candidates)
-        within = (marked.sum(classes_dim) >= 2).nonzero().view(-1)
+        within = _nonzero(marked.sum(classes_dim) >= 2)
         samples = candidates[within]
     else:
         marked = marks(None)
         if marked is None:
             return
-        within = samples = (top & tie_possible & (marked.sum(classes_dim) >= 2)).nonzero().view(-1)
+        within = samples = _nonzero(top & tie_possible & (marked.sum(classes_dim) >= 2))
     if samples.numel():  # argmax of the 0/1 marks is the first maximum
         top[samples] = marked.index_select(1 - classes_dim, within).argmax(classes_dim) == y[samples]
 
 
 _FEW_CANDIDATES = 16
+
+
+def _nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of the True entries of a 1-D ``mask`` (NumPy's on the CPU, several times faster there)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().view(-1)
+
+
+def _equal_marks(x: torch.Tensor, value) -> torch.Tensor:
+    """``x == value`` as 0/1 bytes (NumPy's comparison on the CPU, several times faster there than torch's)."""
+    if x.device.type == "cpu":
+        other = value.numpy() if isinstance(value, torch.Tensor) else value
+        return torch.from_numpy((x.numpy() == other).view(np.uint8))
+    return (x == value).to(torch.uint8)
 
 
 def _maxima_of_exp(x: torch.Tensor, classes_dim: int, in_place: bool, block: Optional[torch.Tensor] = None,
@@ -241,7 +260,7 @@ def _maxima_of_exp(x: torch.Tensor, classes_dim: int, in_place: bool, block: Opt
     further entries equal to 1), else ``floor(x)`` (in place if ``in_place``)."""
     def marks(samples: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if samples is not None:
-            return (x.index_select(1 - classes_dim, samples) == 1.0).to(x.dtype)
+            return _equal_marks(x.index_select(1 - classes_dim, samples), 1.0)
         whole = x if block is None else block
         if whole.device.type == "cpu":  # NumPy's comparison and count are several times faster than torch's here
             ones = int(np.count_nonzero(whole.numpy() == 1.0))
@@ -404,7 +423,7 @@ def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible):
         if samples is None:
             return (x == row_max).to(x.dtype)
         at_max = row_max if isinstance(row_max, float) else row_max.index_select(0, samples)
-        return (x.index_select(0, samples) == at_max).to(x.dtype)
+        return _equal_marks(x.index_select(0, samples), at_max)
     _resolve_ties(top, tie_possible, y.view(-1), 1, marks)
     return top.to(_F64)
 
