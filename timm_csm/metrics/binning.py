@@ -73,15 +73,18 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     # in the values' precision: float32 values are within rounding of k / B only where float32 rounding says so
     n_bins = edges.numel() - 1
     scaled = v * n_bins
-    idx = np.ceil(scaled)
-    idx -= 1
-    np.clip(idx, 0, n_bins - 1, out=idx)
-    idx = idx.astype(np.int64)
+    # away from the integers, ceil(v B) - 1 is floor(v B): the conversion's truncation of a value above 0
+    idx = scaled.astype(np.int64)
+    np.maximum(idx, 0, out=idx)
+    np.minimum(idx, n_bins - 1, out=idx)
     distance = scaled - np.rint(scaled)
-    near = np.abs(distance, out=distance) <= 8 * np.finfo(scaled.dtype).eps * n_bins
+    near = np.abs(distance, out=distance) <= _NEAR_EPS[scaled.dtype.type] * n_bins
     if near.any():
         idx[near] = np.searchsorted(inner.numpy(), v[near], side="left")
     return torch.from_numpy(idx)
+
+
+_NEAR_EPS = {np.float32: 8 * float(np.finfo(np.float32).eps), np.float64: 8 * float(np.finfo(np.float64).eps)}
 
 
 def bin_thresholds(n_bins: int, dtype: torch.dtype, device=None) -> torch.Tensor:

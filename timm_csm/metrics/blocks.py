@@ -89,7 +89,9 @@ _LOG2_E = math.log2(math.e)
 
 def _check_logit_maxima(m: torch.Tensor) -> None:
     # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
-    if not bool(torch.isfinite(m).all()):
+    # NumPy's test on the CPU: torch's isfinite is several operations
+    finite = np.isfinite(m.numpy()).all() if m.device.type == "cpu" else torch.isfinite(m).all()
+    if not bool(finite):
         raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
 
 
@@ -352,7 +354,10 @@ def _tie_possible(s: torch.Tensor, squares: Optional[torch.Tensor], C: int, dtyp
     below), and, without the squares, ``s = Σ x >= 2``, which most rows of many classes meet."""
     if squares is None:
         return s >= 2.0
-    return squares >= 2.0 * (1.0 - (C + 2) * torch.finfo(dtype).eps)
+    return squares >= 2.0 * (1.0 - (C + 2) * _EPS[dtype])
+
+
+_EPS = {dtype: torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64)}
 
 
 def _brier_of_exp(squares: torch.Tensor, x_y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

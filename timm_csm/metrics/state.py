@@ -173,8 +173,7 @@ class _PerSample:
             index, totals = bin_index(conf, bin_edges(st.n_bins, device=conf.device)), (st.count, st.conf_sum,
                                                                                         st.acc_sum, st.acc_sq_sum)
             if first:  # fresh sums (NumPy's on the CPU), the same as added into the zeros
-                for total, part in zip(totals, bin_sums(index, st.n_bins, conf, acc, acc * acc)):
-                    total.copy_(part)
+                st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum = bin_sums(index, st.n_bins, conf, acc, acc * acc)
             else:
                 bin_sums(index, st.n_bins, conf, acc, acc * acc, out=totals)
         if st.flags["points"]:
