@@ -315,12 +315,10 @@ def findings(results):
 
 #: why the full set stays above 3 passes at a size, where it does
 MISSED = {
-    "1e4x10": "a pass here is only 1e5 exponentials, and what does not grow with the classes exceeds it alone, "
-              "several times: the fixed operations (about 150 tensor and NumPy operations of a few microseconds "
-              "each: the metrics from their sums, the classwise first bins, the per-sample flush) and, per sample, "
-              "the 1e4 confidences' equal-width bins, the adaptive ECE's bucketed edges and bins and the classwise "
-              "entries (with 10 classes many of the probabilities lie above the first edge, and each one is binned "
-              "and summed).",
+    "1e4x10": "a pass here is only 1e5 exponentials, and what does not grow with the classes exceeds it several "
+              "times: the fixed operations (about 150 tensor and NumPy operations of a few microseconds each) and, "
+              "per sample, the 1e4 confidences' equal-width bins, the adaptive ECE's bucketed edges and bins and the "
+              "classwise entries (with 10 classes many probabilities lie above the first edge, each binned, summed).",
     "1e4x100": "the classwise part is the largest share (the `classwise_ece` row beside the `ece` row): the division "
                "into probabilities, their float64 column totals (float64 so that the first bins, filled by "
                "difference, equal the bootstrap's sums), the comparison with the first edge and the flat index of "
@@ -345,8 +343,7 @@ NOTES = """Notes:
   ranks they need, instead of a sort, and its bins from the same buckets), plus a fixed number of tensor and NumPy
   operations (about 150, a few microseconds each). The block's exponentials are base-2 exponentials of the scaled
   differences, which torch computes in less time than `exp` on this CPU, so they cost less than the pass's. A tie
-  of a sample's maximum is looked for only where the sum of squares reaches 2 (a second entry equal to the maximum
-  needs it), in those samples' rows alone when they are few.
+  of a sample's maximum is looked for only where the sum of squares reaches 2, in those rows alone when they are few.
 - The pass's CPU time includes the page faults of the N x C temporary `torch.logsumexp` allocates (400 MB at
   1e6 x 100), which differ from run to run on a loaded machine; timm_csm reads the logits in blocks of 2^20 values
   and keeps the block's working memory (and the classwise totals' float64 copies) between calls, so its pages are

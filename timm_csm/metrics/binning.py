@@ -232,9 +232,9 @@ def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,
 
     ``count[b] = #{i : index[i] = b}`` and ``sum_k[b] = Σ_{i : index[i] = b} values[k][i]``. The values are added
     one sample after the other, in the order given (``index_add_``, or NumPy's ``bincount`` for fresh sums on the
-    CPU: both sequential, so the sums are reproducible bit for bit), in float64. With ``out`` (``1 + len(values)`` float64 tensors of shape
-    ``(n_bins,)``, e.g. the sums of a streaming state) the samples are added into those tensors in place, which
-    are returned.
+    CPU: both sequential, so the sums are reproducible bit for bit), in float64. With ``out`` (``1 + len(values)``
+    float64 tensors of shape ``(n_bins,)``, e.g. the sums of a streaming state) the samples are added into those
+    tensors in place, which are returned.
     """
     if out is not None and (len(out) != len(values) + 1
                             or any(t.shape != (n_bins,) or t.dtype != torch.float64 for t in out)):

@@ -9,33 +9,27 @@ sum, maximum and gather over the classes then runs along the samples, where torc
 dimension it runs several times slower); the statistics are the same as in the row layout up to the order of
 float32 additions over the classes.
 
-Classwise bins: a row of probabilities summing to 1 has at most ``n_bins - 1`` entries above the first edge, so
-only those entries are found (one comparison with the first edge's threshold in the probabilities' own precision,
-:func:`~timm_csm.metrics.binning.bin_thresholds`, and one flat index: NumPy's on the CPU, where they are several
-times faster than torch's, reading the comparison's bytes eight at a time), binned and summed; the first bin is
-filled by difference with the column totals when the pass ends (:meth:`ClasswiseSums.finalize`). The label sums of
-class-index targets come from the target's entries alone, one per sample (their bins include the first).
+The classwise sums of the block's probabilities: :mod:`timm_csm.metrics.classwise`.
 
 The exponentials are base-2 exponentials of the scaled differences (:func:`_exp_`), which torch computes at
 several times less cost than its natural exponential on the CPU. The Brier score of class-index targets comes from
 the exponentials' sum of squares and row sum (:func:`_brier_of_exp`), so the probabilities are formed only for the
 classwise sums (or when asked for); the same sum of squares tells the few samples whose maximum may be tied
-(:func:`_tie_possible`). The block's working memory is kept between calls (:func:`scratch`).
+(:func:`_tie_possible`). The block's working memory is kept between calls
+(:func:`~timm_csm.metrics.scratch.scratch`).
 """
 from __future__ import annotations
 
-import functools
 import math
-import threading
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from .binning import bin_edges, bin_index, bin_sums, bin_thresholds
+from .classwise import ClasswiseSums
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
-__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block", "scratch", "ClasswiseSums"]
+__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block"]
 
 PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
@@ -59,24 +53,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def scratch(numel: int, dtype: torch.dtype, device, purpose: str = "block") -> torch.Tensor:
-    """Scratch memory of at least ``numel`` values, kept per thread and ``purpose`` between calls on the CPU (up to
-    ``_SCRATCH_KEEP`` values): a fresh block of a few megabytes is paged in on every call (its first writes fault,
-    about a microsecond a page, a large share of a small evaluation); accelerators' allocators keep theirs anyway."""
-    device = torch.device(device)
-    if device.type != "cpu" or numel > _SCRATCH_KEEP:
-        return torch.empty(numel, dtype=dtype, device=device)
-    kept = _SCRATCH.__dict__.setdefault(purpose, {})
-    buf = kept.get(dtype)
-    if buf is None or buf.numel() < numel:
-        buf = kept[dtype] = torch.empty(numel, dtype=dtype)
-    return buf
-
-
-_SCRATCH = threading.local()
-_SCRATCH_KEEP = 1 << 21
-
-
 def _exp_(x: torch.Tensor) -> torch.Tensor:
     """``exp(x)`` in place, as ``2^(x log2 e)``: torch's base-2 exponential costs several times less than its
     natural one on the CPU (the product adds a cheap elementwise pass); 0 stays exactly 0, so the maxima of
@@ -93,124 +69,6 @@ def _check_logit_maxima(m: torch.Tensor) -> None:
     finite = np.isfinite(m.numpy()).all() if m.device.type == "cpu" else torch.isfinite(m).all()
     if not bool(finite):
         raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
-
-
-class ClasswiseSums:
-    """The classwise ``(class, bin)`` sums of one pass: count, Σ p_k and Σ y_k over the entries above the first
-    edge (Σ y_k of class-index targets over every bin, from the target's entries), and the column totals that fill
-    the first bins."""
-
-    def __init__(self, num_classes: int, n_bins: int, device, soft: bool = False):
-        self.C, self.B, self.device, self.soft = num_classes, n_bins, device, soft
-        self.edges = bin_edges(n_bins, device=device)
-        self.count, self.prob, self.label = (torch.zeros(num_classes * n_bins, dtype=_F64, device=device)
-                                             for _ in range(3))
-        self.prob_total = torch.zeros(num_classes, dtype=_F64, device=device)
-        self.label_total = torch.zeros(num_classes, dtype=_F64, device=device)
-        self.n = 0
-
-    def first_threshold(self, dtype: torch.dtype) -> float:
-        """The smallest value of ``dtype`` in the second bin (:func:`bin_thresholds`)."""
-        return _first_threshold(self.B, dtype)
-
-    def add(self, p: torch.Tensor, classes_dim: int, y: Optional[torch.Tensor] = None,
-            t: Optional[torch.Tensor] = None, n: Optional[int] = None, p_y: Optional[torch.Tensor] = None) -> None:
-        """Add a contiguous block of probabilities: ``(n, C)`` rows (``classes_dim=1``) or ``(C, width)`` columns
-        (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices (and
-        ``p_y``, their probabilities, when known) or ``t`` soft targets ``(n, C)`` (the blocks of one
-        :class:`ClasswiseSums` have either kind, not both)."""
-        n = p.shape[1 - classes_dim] if n is None else n
-        self.n += n
-        self.prob_total += _column_totals(p, 1 - classes_dim)
-        B = self.B
-        if t is None:
-            # the label sums are those of the target's entries, one per sample: gathered, binned and counted, the
-            # first bin's included
-            if p_y is None:
-                p_y = p.gather(classes_dim, y.view((1, -1) if classes_dim == 0 else (-1, 1))).view(-1)
-            self.label += bin_sums(y * B + bin_index(p_y, self.edges), self.C * B)[0]
-        else:
-            self.label_total += t.sum(0)
-        if B > 1:
-            flat, classes, vals = _entries_at_least(p, self.first_threshold(p.dtype), classes_dim)
-            index = classes.mul_(B).add_(bin_index(vals, self.edges))
-            # the block's sums (NumPy's bincount on the CPU), added to those of the blocks before
-            if t is None:
-                sums, totals = bin_sums(index, self.C * B, vals), (self.count, self.prob)
-            else:  # the target's mass on each entry found
-                sums = bin_sums(index, self.C * B, vals, t.reshape(-1).take(flat))
-                totals = (self.count, self.prob, self.label)
-            for total, part in zip(totals, sums):
-                total += part
-
-    def finalize(self, state) -> None:
-        """Fill the first bins by difference (the label sums of class-index targets are complete) and add every
-        sum into ``state``'s classwise sums."""
-        C, B = self.C, self.B
-        # in NumPy: a dozen operations on (C, n_bins) sums cost several times less there than in torch
-        count, prob, label = (s.cpu().numpy().reshape(C, B).copy() for s in (self.count, self.prob, self.label))
-        count[:, 0] = self.n - count[:, 1:].sum(1)
-        prob[:, 0] = self.prob_total.cpu().numpy() - prob[:, 1:].sum(1)
-        np.maximum(prob, 0.0, out=prob)
-        if self.soft:
-            label[:, 0] = self.label_total.cpu().numpy() - label[:, 1:].sum(1)
-            np.maximum(label, 0.0, out=label)
-        for total, part in zip((state.cw_count, state.cw_prob_sum, state.cw_label_sum), (count, prob, label)):
-            total.add_(torch.from_numpy(part).to(total.device))
-
-
-def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
-    """``p.sum(dim)`` in float64, a few hundred thousand values at a time copied into kept float64 scratch memory
-    (:func:`scratch`): the copy stays in the cache, and no fresh memory is paged in for it."""
-    if p.dtype == _F64:
-        return p.sum(dim)
-    step = max(1, _TOTALS_CHUNK // (p.numel() // p.shape[dim]))
-    wide = scratch(min(step, p.shape[dim]) * (p.numel() // p.shape[dim]), _F64, p.device, "totals")
-    totals = None
-    for start in range(0, p.shape[dim], step):
-        piece = p.narrow(dim, start, min(step, p.shape[dim] - start))
-        piece_sum = wide[:piece.numel()].view(piece.shape).copy_(piece).sum(dim)
-        totals = piece_sum if totals is None else totals.add_(piece_sum)
-    return totals
-
-
-_TOTALS_CHUNK = 1 << 18
-
-
-@functools.lru_cache(maxsize=None)
-def _first_threshold(n_bins: int, dtype: torch.dtype) -> float:
-    return float(bin_thresholds(n_bins, dtype)[0])  # a dozen tensor operations: once per (n_bins, dtype)
-
-
-def _entries_at_least(p: torch.Tensor, threshold: float, classes_dim: int):
-    """The entries of the 2-D ``p`` that are ``>= threshold`` (a value of ``p``'s dtype, so the comparison is exact
-    in it): their flat (row-major) indices, classes (along ``classes_dim``) and values."""
-    width = p.shape[1]
-    if p.device.type == "cpu":  # NumPy's comparison, flat nonzero and division are several times faster here
-        a = p.numpy().reshape(-1)
-        mask = scratch(a.size, torch.bool, "cpu", "mask").numpy()[:a.size]  # no fresh pages to fault in
-        flat = _flat_nonzero(np.greater_equal(a, threshold, out=mask))
-        classes = flat // width if classes_dim == 0 else flat - flat // width * width
-        return torch.from_numpy(flat), torch.from_numpy(classes), torch.from_numpy(a[flat])
-    flat = (p.reshape(-1) >= threshold).nonzero().view(-1)
-    rows = torch.div(flat, width, rounding_mode="floor")
-    return flat, (rows if classes_dim == 0 else flat - rows * width), p.reshape(-1)[flat]
-
-
-def _flat_nonzero(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` of a flat boolean array whose entries are mostly False: its bytes read as 64-bit
-    words, and only the words holding an entry looked into (NumPy's nonzero looks at every byte, and costs several
-    times the comparison that made the mask)."""
-    whole = mask.size - mask.size % 8
-    words = mask[:whole].view(np.uint64)
-    holding = np.flatnonzero(words != 0)
-    if 4 * holding.size > words.size:  # dense (few classes): nothing to skip
-        return np.flatnonzero(mask)
-    within = np.flatnonzero(words[holding].view(np.bool_))  # the bytes of those words, in memory order
-    flat = (holding[within >> 3] << 3) | (within & 7)
-    if whole == mask.size:
-        return flat
-    return np.concatenate([flat, whole + np.flatnonzero(mask[whole:])])
 
 
 def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int,

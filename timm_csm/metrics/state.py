@@ -31,7 +31,9 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
-from .blocks import PROB_FLOOR, ClasswiseSums, compute_dtype, reduce_block, scratch
+from .blocks import PROB_FLOOR, compute_dtype, reduce_block
+from .classwise import ClasswiseSums
+from .scratch import scratch
 from .inputs import PreparedInputs
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
