@@ -33,8 +33,8 @@ import torch
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
 from .blocks import PROB_FLOOR, compute_dtype, reduce_block
 from .classwise import ClasswiseSums
-from .scratch import scratch
 from .inputs import PreparedInputs
+from .scratch import scratch
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
 
@@ -172,12 +172,11 @@ class _PerSample:
         if self.brier:
             st.brier += _cat(self.brier).sum()
         if st.flags["binned"]:
-            index, totals = bin_index(conf, bin_edges(st.n_bins, device=conf.device)), (st.count, st.conf_sum,
-                                                                                        st.acc_sum, st.acc_sq_sum)
+            index = bin_index(conf, bin_edges(st.n_bins, device=conf.device))
             if first:  # fresh sums (NumPy's on the CPU), the same as added into the zeros
                 st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum = bin_sums(index, st.n_bins, conf, acc, acc * acc)
             else:
-                bin_sums(index, st.n_bins, conf, acc, acc * acc, out=totals)
+                bin_sums(index, st.n_bins, conf, acc, acc * acc, out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)
