@@ -315,14 +315,15 @@ def findings(results):
 
 #: why the full set stays above 3 passes at a size, where it does
 MISSED = {
-    "1e4x10": "a pass here is only 1e5 exponentials, and what does not grow with the classes exceeds it alone: the "
-              "fixed tensor operations and, per sample, the 1e4 confidences' equal-width bins, the adaptive ECE's "
-              "bucketed edges and bins and the classwise entries (with 10 classes many of the probabilities lie "
-              "above the first edge, and each one is binned and summed).",
-    "1e4x100": "the classwise part is the largest share (the `classwise_ece` row beside the `ece` row): the float64 "
-               "column totals of the 1e6 probabilities, the comparison with the first edge and the flat index of "
-               "the entries above it, their bins and sums; then the division into probabilities, the Brier norms "
-               "and, per sample, the adaptive ECE.",
+    "1e4x10": "a pass here is only 1e5 exponentials, and what does not grow with the classes exceeds it several "
+              "times: the fixed operations (about 150 tensor and NumPy operations of a few microseconds each) and, "
+              "per sample, the 1e4 confidences' equal-width bins, the adaptive ECE's bucketed edges and bins and the "
+              "classwise entries (with 10 classes many probabilities lie above the first edge, each binned, summed).",
+    "1e4x100": "the classwise part is the largest share (the `classwise_ece` row beside the `ece` row): the division "
+               "into probabilities, their float64 column totals (float64 so that the first bins, filled by "
+               "difference, equal the bootstrap's sums), the comparison with the first edge and the flat index of "
+               "the entries above it, their bins and sums; then the Brier score's sum of squares and, per sample, "
+               "the bins and the adaptive ECE.",
 }
 
 
@@ -333,17 +334,20 @@ NOTES = """Notes:
   rows report their ECE; the sets differ (timm_csm's 11 metrics in one pass; the peers' subsets are listed).
 - netcal, torch-uncertainty's calibration classes and scikit-learn are given probabilities (the softmax is computed
   outside the timer); the others compute it.
-- What the full set costs beyond one pass: the division of the exponentials into probabilities, their Brier norms,
-  the classwise part (the probabilities' float64 column totals, one comparison with the first edge and a flat
-  index of the entries above it, read eight comparison bytes at a time, then each entry found is binned and
-  summed; the label sums come from the target's entries, one per sample), per sample the confidences'
+- What the full set costs beyond one pass: the classwise part (the division of the exponentials into
+  probabilities, their float64 column totals, one comparison with the first edge and a flat index of the entries
+  above it, read eight comparison bytes at a time, then each entry found is binned and summed by NumPy's bincount;
+  the label sums come from the target's entries, one per sample), the Brier score's sum of squares of the
+  exponentials (with their row sums it gives the score without the probabilities), per sample the confidences'
   equal-width bins and the adaptive ECE (its edges read off a bucketing of the N confidences at the 2 (B + 1)
-  ranks they need, instead of a sort, and its bins from the same buckets), plus a fixed number of tensor
+  ranks they need, instead of a sort, and its bins from the same buckets), plus a fixed number of tensor and NumPy
   operations (about 150, a few microseconds each). The block's exponentials are base-2 exponentials of the scaled
-  differences, which torch computes in less time than `exp` on this CPU, so they cost less than the pass's.
+  differences, which torch computes in less time than `exp` on this CPU, so they cost less than the pass's. A tie
+  of a sample's maximum is looked for only where the sum of squares reaches 2, in those rows alone when they are few.
 - The pass's CPU time includes the page faults of the N x C temporary `torch.logsumexp` allocates (400 MB at
-  1e6 x 100), which differ from run to run on a loaded machine; timm_csm reads the logits in blocks of 2^20 values.
-  At 5e4 x 1000 the pass's 5e7 exponentials outweigh the rest.
+  1e6 x 100), which differ from run to run on a loaded machine; timm_csm reads the logits in blocks of 2^20 values
+  and keeps the block's working memory (and the classwise totals' float64 copies) between calls, so its pages are
+  not faulted in again. At 5e4 x 1000 the pass's 5e7 exponentials outweigh the rest.
 """
 
 

@@ -319,6 +319,30 @@ def test_one_pass_equals_the_reference_with_tied_maxima_in_every_precision(class
     assert classwise_ece(z, y) == pytest.approx(got["cece"], abs=1e-15)
 
 
+@pytest.mark.parametrize("classes", [5, 40])  # the column layout and the row layout
+def test_a_few_tied_maxima_among_many_samples_resolve_to_the_lowest_class_index(classes):
+    # a sum of squares of at least 2 marks the rows that may hold a tie: with 5 classes they are few, and only their
+    # rows are read; with 40 many rows reach 2, and the whole block's maxima are counted
+    z, y = make_logits(2000, classes, seed=41, dtype=torch.float32)
+    z[:12, 1] = z[:12].amax(1)  # class 1 ties the maximum of twelve rows
+    y[:6], y[6:12] = 1, z[6:12].argmax(1)  # the label on the second of the tied maxima (a miss), then on the first
+    got = calibration_metrics(z, y)
+    assert got["accuracy"] == float((z.argmax(1) == y).double().mean())
+    assert brier_score(z, y) == pytest.approx(got["brier"], abs=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("classes", [5, 40])
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 60.0])  # nearly uniform, ordinary and saturated (p_y within 1e-26 of 1)
+def test_brier_from_the_exponentials_equals_the_brier_of_the_probabilities(dtype, classes, scale):
+    z, y = make_logits(500, classes, seed=42, scale=2.0 * scale, boost=2.0 * scale)
+    z[:5, 0] = -math.inf  # masked classes: probability 0
+    p = ref_softmax(z.to(dtype).double().numpy())
+    want = ref_brier(p, ref_onehot(y, classes))
+    tol = 1e-12 if dtype == torch.float64 else 2e-7  # the float32 exponentials' rounding, not a cancellation
+    assert brier_score(z.to(dtype), y) == pytest.approx(want, abs=tol)
+
+
 def test_dense_predictions_with_ignore_index():
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(3, 4, 5, 6, generator=g, dtype=torch.float64)

@@ -7,7 +7,7 @@ import torch
 from timm_csm.calibration import TemperatureScaling
 from timm_csm.metrics import adaptive_ece, bin_edges, bin_index, ece, piece, proximity
 from timm_csm.metrics.binning import _Buckets, bin_sums, calibration_error_from_bins, equal_mass_bins, equal_mass_edges
-from timm_csm.metrics.blocks import _flat_nonzero
+from timm_csm.metrics.classwise import _flat_nonzero
 from timm_csm.metrics.inputs import prepare_inputs
 from timm_csm.metrics.state import _FLUSH_SAMPLES, accumulate
 

@@ -73,15 +73,18 @@ def bin_index(values: torch.Tensor, edges: torch.Tensor, equal_width: bool = Tru
     # in the values' precision: float32 values are within rounding of k / B only where float32 rounding says so
     n_bins = edges.numel() - 1
     scaled = v * n_bins
-    idx = np.ceil(scaled)
-    idx -= 1
-    np.clip(idx, 0, n_bins - 1, out=idx)
-    idx = idx.astype(np.int64)
+    # away from the integers, ceil(v B) - 1 is floor(v B): the conversion's truncation of a value above 0
+    idx = scaled.astype(np.int64)
+    np.maximum(idx, 0, out=idx)
+    np.minimum(idx, n_bins - 1, out=idx)
     distance = scaled - np.rint(scaled)
-    near = np.abs(distance, out=distance) <= 8 * np.finfo(scaled.dtype).eps * n_bins
+    near = np.abs(distance, out=distance) <= _NEAR_EPS[scaled.dtype.type] * n_bins
     if near.any():
         idx[near] = np.searchsorted(inner.numpy(), v[near], side="left")
     return torch.from_numpy(idx)
+
+
+_NEAR_EPS = {np.float32: 8 * float(np.finfo(np.float32).eps), np.float64: 8 * float(np.finfo(np.float64).eps)}
 
 
 def bin_thresholds(n_bins: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -228,22 +231,36 @@ def bin_sums(index: torch.Tensor, n_bins: int, *values: torch.Tensor,
     """Per-bin count and sums: ``(count, Σ values[0], Σ values[1], ...)``, each ``(n_bins,)`` float64.
 
     ``count[b] = #{i : index[i] = b}`` and ``sum_k[b] = Σ_{i : index[i] = b} values[k][i]``. The values are added
-    one sample after the other, in the order given (``index_add_``; sequential on CPU, so the sums are
-    reproducible bit for bit), in float64. With ``out`` (``1 + len(values)`` float64 tensors of shape
-    ``(n_bins,)``, e.g. the sums of a streaming state) the samples are added into those tensors in place, which
-    are returned.
+    one sample after the other, in the order given (``index_add_``, or NumPy's ``bincount`` for fresh sums on the
+    CPU: both sequential, so the sums are reproducible bit for bit), in float64. With ``out`` (``1 + len(values)``
+    float64 tensors of shape ``(n_bins,)``, e.g. the sums of a streaming state) the samples are added into those
+    tensors in place, which are returned.
     """
-    if out is None:
-        out = tuple(torch.zeros(n_bins, dtype=torch.float64, device=index.device) for _ in range(len(values) + 1))
-    elif len(out) != len(values) + 1 or any(t.shape != (n_bins,) or t.dtype != torch.float64 for t in out):
+    if out is not None and (len(out) != len(values) + 1
+                            or any(t.shape != (n_bins,) or t.dtype != torch.float64 for t in out)):
         raise ValueError(f"out must hold {len(values) + 1} float64 tensors of shape ({n_bins},)")
     if any(v.shape != index.shape for v in values):
         raise ValueError(f"values must have the shape of index {tuple(index.shape)}, got "
                          f"{[tuple(v.shape) for v in values]}")
+    if out is None and index.device.type == "cpu":  # NumPy's bincount adds in the same order, at less cost per call
+        i = index.numpy()
+        count = np.bincount(i, minlength=n_bins)
+        if count.size != n_bins:
+            raise ValueError(f"index holds bins beyond the {n_bins} bins")
+        return (torch.from_numpy(count.astype(np.float64)),
+                *(torch.from_numpy(np.bincount(i, _float_array(v), minlength=n_bins)) for v in values))
+    if out is None:
+        out = tuple(torch.zeros(n_bins, dtype=torch.float64, device=index.device) for _ in range(len(values) + 1))
     out[0].index_add_(0, index, torch.ones(index.shape, dtype=torch.float64, device=index.device))
     for total, v in zip(out[1:], values):
         total.index_add_(0, index, v.to(torch.float64))
     return tuple(out)
+
+
+def _float_array(v: torch.Tensor) -> np.ndarray:
+    """The NumPy view of a CPU tensor, float32 and float64 as they are (bincount reads them in float64)."""
+    v = v.detach()
+    return v.numpy() if v.dtype in (torch.float32, torch.float64) else v.to(torch.float64).numpy()
 
 
 def _bin_means(count, conf_sum, acc_sum):
@@ -305,14 +322,17 @@ def debiased_error_from_bins(count: torch.Tensor, conf_sum: torch.Tensor, acc_su
     adds nothing). Here the variance of a_b is s_b^2 / n_b with s_b^2 = (Σ acc^2 - n_b a_b^2) / (n_b - 1), the sample
     variance of the bin's accuracies (``acc_sq_sum``: Σ acc^2): the paper's term for hard labels, and unbiased as
     well for soft targets (accuracy = the target mass on the predicted class). Returns sqrt(max(estimate, 0)), or
-    with ``squared`` the estimate of the squared error itself (unbiased, so it can be negative)."""
-    total = count.sum(-1, keepdim=True)
-    if bool((total <= 0).any()):
+    with ``squared`` the estimate of the squared error itself (unbiased, so it can be negative), as a float64 tensor
+    on the CPU."""
+    # in NumPy on the CPU: a dozen operations on a few bins cost several times less there than in torch
+    count, conf_sum, acc_sum, acc_sq_sum = (t.detach().cpu().numpy().astype(np.float64, copy=False)
+                                            for t in (count, conf_sum, acc_sum, acc_sq_sum))
+    total = count.sum(-1, keepdims=True)
+    if (total <= 0).any():
         raise ValueError("no samples: the calibration error of an empty set is undefined")
     several = count > 1.5  # float counts (resampled weights): at least two samples
-    n = torch.where(several, count, torch.full_like(count, 2.0))
+    n = np.where(several, count, 2.0)
     a, c = acc_sum / n, conf_sum / n
-    variance = ((acc_sq_sum - n * a * a) / (n - 1.0)).clamp(min=0.0)
-    terms = torch.where(several, count / total * ((a - c) ** 2 - variance / n), torch.zeros_like(count))
-    estimate = terms.sum(-1)
-    return estimate if squared else estimate.clamp(min=0.0).sqrt()
+    variance = np.maximum((acc_sq_sum - n * a * a) / (n - 1.0), 0.0)
+    estimate = np.where(several, count / total * ((a - c) ** 2 - variance / n), 0.0).sum(-1)
+    return torch.from_numpy(np.asarray(estimate if squared else np.sqrt(np.maximum(estimate, 0.0))))

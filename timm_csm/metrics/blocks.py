@@ -9,29 +9,27 @@ sum, maximum and gather over the classes then runs along the samples, where torc
 dimension it runs several times slower); the statistics are the same as in the row layout up to the order of
 float32 additions over the classes.
 
-Classwise bins: a row of probabilities summing to 1 has at most ``n_bins - 1`` entries above the first edge, so
-only those entries are found (one comparison with the first edge's threshold in the probabilities' own precision,
-:func:`~timm_csm.metrics.binning.bin_thresholds`, and one flat index: NumPy's on the CPU, where they are several
-times faster than torch's, reading the comparison's bytes eight at a time), binned and summed; the first bin is
-filled by difference with the column totals when the pass ends (:meth:`ClasswiseSums.finalize`). The label sums of
-class-index targets come from the target's entries alone, one per sample (their bins include the first).
+The classwise sums of the block's probabilities: :mod:`timm_csm.metrics.classwise`.
 
 The exponentials are base-2 exponentials of the scaled differences (:func:`_exp_`), which torch computes at
-several times less cost than its natural exponential on the CPU.
+several times less cost than its natural exponential on the CPU. The Brier score of class-index targets comes from
+the exponentials' sum of squares and row sum (:func:`_brier_of_exp`), so the probabilities are formed only for the
+classwise sums (or when asked for); the same sum of squares tells the few samples whose maximum may be tied
+(:func:`_tie_possible`). The block's working memory is kept between calls
+(:func:`~timm_csm.metrics.scratch.scratch`).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from .binning import bin_edges, bin_index, bin_sums, bin_thresholds
+from .classwise import ClasswiseSums
 from .inputs import ROW_SUM_ATOL, PreparedInputs
 
-__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block", "ClasswiseSums"]
+__all__ = ["PROB_FLOOR", "compute_dtype", "reduce_block"]
 
 PROB_FLOOR = 1e-12
 _LOG_FLOOR = math.log(PROB_FLOOR)
@@ -67,146 +65,68 @@ _LOG2_E = math.log2(math.e)
 
 def _check_logit_maxima(m: torch.Tensor) -> None:
     # amax propagates NaN and +inf; -inf is a masked class (probability 0) unless the whole row is -inf
-    if not bool(torch.isfinite(m).all()):
+    # NumPy's test on the CPU: torch's isfinite is several operations
+    finite = np.isfinite(m.numpy()).all() if m.device.type == "cpu" else torch.isfinite(m).all()
+    if not bool(finite):
         raise ValueError("preds (logits) contain NaN or +inf (or a row that is -inf everywhere)")
 
 
-class ClasswiseSums:
-    """The classwise ``(class, bin)`` sums of one pass: count, Σ p_k and Σ y_k over the entries above the first
-    edge (Σ y_k of class-index targets over every bin, from the target's entries), and the column totals that fill
-    the first bins."""
-
-    def __init__(self, num_classes: int, n_bins: int, device, soft: bool = False):
-        self.C, self.B, self.device, self.soft = num_classes, n_bins, device, soft
-        self.edges = bin_edges(n_bins, device=device)
-        self.count, self.prob, self.label = (torch.zeros(num_classes * n_bins, dtype=_F64, device=device)
-                                             for _ in range(3))
-        self.prob_total = torch.zeros(num_classes, dtype=_F64, device=device)
-        self.label_total = torch.zeros(num_classes, dtype=_F64, device=device)
-        self.n = 0
-
-    def first_threshold(self, dtype: torch.dtype) -> float:
-        """The smallest value of ``dtype`` in the second bin (:func:`bin_thresholds`)."""
-        return _first_threshold(self.B, dtype)
-
-    def add(self, p: torch.Tensor, classes_dim: int, y: Optional[torch.Tensor] = None,
-            t: Optional[torch.Tensor] = None, n: Optional[int] = None) -> None:
-        """Add a contiguous block of probabilities: ``(n, C)`` rows (``classes_dim=1``) or ``(C, width)`` columns
-        (``classes_dim=0``) of which the first ``n`` are samples and the rest zeros; ``y`` class indices or ``t``
-        soft targets ``(n, C)`` (the blocks of one :class:`ClasswiseSums` have either kind, not both)."""
-        n = p.shape[1 - classes_dim] if n is None else n
-        self.n += n
-        self.prob_total += _column_totals(p, 1 - classes_dim)
-        B = self.B
-        if t is None:
-            # the label sums are those of the target's entries, one per sample: gathered, binned and counted, the
-            # first bin's included
-            p_y = p.gather(classes_dim, y.view((1, -1) if classes_dim == 0 else (-1, 1))).view(-1)
-            self.label += torch.bincount(y * B + bin_index(p_y, self.edges), minlength=self.C * B)
-        else:
-            self.label_total += t.sum(0)
-        if B > 1:
-            flat, rows, cols, vals = _entries_at_least(p, self.first_threshold(p.dtype))
-            index = (rows if classes_dim == 0 else cols) * B + bin_index(vals, self.edges)
-            if t is None:
-                bin_sums(index, self.C * B, vals, out=(self.count, self.prob))
-            else:  # the target's mass on each entry found
-                bin_sums(index, self.C * B, vals, t.reshape(-1).take(flat), out=(self.count, self.prob, self.label))
-
-    def finalize(self, state) -> None:
-        """Fill the first bins by difference (the label sums of class-index targets are complete) and add every
-        sum into ``state``'s classwise sums."""
-        C, B = self.C, self.B
-        count, prob, label = (s.view(C, B).clone() for s in (self.count, self.prob, self.label))
-        count[:, 0] = self.n - count[:, 1:].sum(1)
-        prob[:, 0] = self.prob_total - prob[:, 1:].sum(1)
-        if self.soft:
-            label[:, 0] = self.label_total - label[:, 1:].sum(1)
-            label.clamp_(min=0)
-        state.cw_count.add_(count)
-        state.cw_prob_sum.add_(prob.clamp_(min=0))
-        state.cw_label_sum.add_(label)
-
-
-def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
-    """``p.sum(dim)`` in float64, a few hundred thousand values at a time: the sum's float64 copy of its input
-    then stays in the cache instead of taking fresh memory for the whole block."""
-    if p.dtype == _F64 or p.numel() <= _TOTALS_CHUNK:
-        return p.sum(dim, dtype=_F64)
-    step = max(1, _TOTALS_CHUNK // (p.numel() // p.shape[dim]))
-    totals = p.narrow(dim, 0, min(step, p.shape[dim])).sum(dim, dtype=_F64)
-    for start in range(step, p.shape[dim], step):
-        totals += p.narrow(dim, start, min(step, p.shape[dim] - start)).sum(dim, dtype=_F64)
-    return totals
-
-
-_TOTALS_CHUNK = 1 << 18
-
-
-@functools.lru_cache(maxsize=None)
-def _first_threshold(n_bins: int, dtype: torch.dtype) -> float:
-    return float(bin_thresholds(n_bins, dtype)[0])  # a dozen tensor operations: once per (n_bins, dtype)
-
-
-def _entries_at_least(p: torch.Tensor, threshold: float):
-    """The entries of the 2-D ``p`` that are ``>= threshold`` (a value of ``p``'s dtype, so the comparison is exact
-    in it): their flat (row-major) indices, rows, columns and values."""
-    if p.device.type == "cpu":  # NumPy's comparison, flat nonzero and division are several times faster here
-        a = p.numpy().reshape(-1)
-        flat = _flat_nonzero(a >= threshold)
-        rows = flat // p.shape[1]
-        return (torch.from_numpy(flat), torch.from_numpy(rows), torch.from_numpy(flat - rows * p.shape[1]),
-                torch.from_numpy(a[flat]))
-    flat = (p.reshape(-1) >= threshold).nonzero().view(-1)
-    rows = torch.div(flat, p.shape[1], rounding_mode="floor")
-    return flat, rows, flat - rows * p.shape[1], p.reshape(-1)[flat]
-
-
-def _flat_nonzero(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero(mask)`` of a flat boolean array whose entries are mostly False: its bytes read as 64-bit
-    words, and only the words holding an entry looked into (NumPy's nonzero looks at every byte, and costs several
-    times the comparison that made the mask)."""
-    whole = mask.size - mask.size % 8
-    words = mask[:whole].view(np.uint64)
-    holding = np.flatnonzero(words != 0)
-    if 4 * holding.size > words.size:  # dense (few classes): nothing to skip
-        return np.flatnonzero(mask)
-    within = np.flatnonzero(words[holding].view(np.bool_))  # the bytes of those words, in memory order
-    flat = (holding[within >> 3] << 3) | (within & 7)
-    if whole == mask.size:
-        return flat
-    return np.concatenate([flat, whole + np.flatnonzero(mask[whole:])])
-
-
 def _resolve_ties(top: torch.Tensor, tie_possible: torch.Tensor, y: torch.Tensor, classes_dim: int,
-                  marks: Callable[[], Optional[torch.Tensor]]) -> None:
+                  marks: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]]) -> None:
     """Correct ``top`` (``x_y`` equals the maximum of its sample) in place where the maximum is tied: argmax, and
-    so the prediction, is the first maximum (the lowest class index). ``marks()`` gives the 0/1 marks of the
-    maxima (samples along ``1 - classes_dim``), or None when no sample's maximum is repeated; it is called only
-    where ``top`` and ``tie_possible`` meet."""
-    maybe_tie = top & tie_possible
-    if bool(maybe_tie.any()):
-        marked = marks()
+    so the prediction, is the first maximum (the lowest class index). ``marks(samples)`` gives the 0/1 marks of the
+    maxima of those samples (along ``1 - classes_dim``), and ``marks(None)`` those of every sample, or None when no
+    sample's maximum is repeated; it is called only where ``top`` and ``tie_possible`` meet, for those samples alone
+    when they are few."""
+    candidates = _nonzero(top & tie_possible)
+    if not candidates.numel():
+        return
+    if candidates.numel() * _FEW_CANDIDATES <= top.numel():  # a few samples: only their entries are read
+        marked = marks(candidates)
+        within = _nonzero(marked.sum(classes_dim) >= 2)
+        samples = candidates[within]
+    else:
+        marked = marks(None)
         if marked is None:
             return
-        samples = (maybe_tie & (marked.sum(classes_dim) >= 2)).nonzero().view(-1)
-        if samples.numel():  # argmax of the 0/1 marks is the first maximum
-            top[samples] = marked.index_select(1 - classes_dim, samples).argmax(classes_dim) == y[samples]
+        within = samples = _nonzero(top & tie_possible & (marked.sum(classes_dim) >= 2))
+    if samples.numel():  # argmax of the 0/1 marks is the first maximum
+        top[samples] = marked.index_select(1 - classes_dim, within).argmax(classes_dim) == y[samples]
 
 
-def _maxima_of_exp(x: torch.Tensor, samples: int, in_place: bool, block: Optional[torch.Tensor] = None,
-                   others: int = 0) -> Callable[[], Optional[torch.Tensor]]:
+_FEW_CANDIDATES = 16
+
+
+def _nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of the True entries of a 1-D ``mask`` (NumPy's on the CPU, several times faster there)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().view(-1)
+
+
+def _equal_marks(x: torch.Tensor, value) -> torch.Tensor:
+    """``x == value`` as 0/1 bytes (NumPy's comparison on the CPU, several times faster there than torch's)."""
+    if x.device.type == "cpu":
+        other = value.numpy() if isinstance(value, torch.Tensor) else value
+        return torch.from_numpy((x.numpy() == other).view(np.uint8))
+    return (x == value).to(torch.uint8)
+
+
+def _maxima_of_exp(x: torch.Tensor, classes_dim: int, in_place: bool, block: Optional[torch.Tensor] = None,
+                   others: int = 0) -> Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]]:
     """The ``marks`` of :func:`_resolve_ties` for ``x = exp(z - max z)``, which is exactly 1 at the maxima and below
-    1 elsewhere: None when the entries equal to 1 are no more than one per sample (counted in ``block``, the
-    contiguous memory holding ``x`` and ``others`` further entries equal to 1), else ``floor(x)`` (in place if
-    ``in_place``)."""
-    def marks():
+    1 elsewhere: for given samples, their entries equal to 1; for every sample, None when the entries equal to 1
+    are no more than one per sample (counted in ``block``, the contiguous memory holding ``x`` and ``others``
+    further entries equal to 1), else ``floor(x)`` (in place if ``in_place``)."""
+    def marks(samples: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if samples is not None:
+            return _equal_marks(x.index_select(1 - classes_dim, samples), 1.0)
         whole = x if block is None else block
         if whole.device.type == "cpu":  # NumPy's comparison and count are several times faster than torch's here
             ones = int(np.count_nonzero(whole.numpy() == 1.0))
         else:
             ones = int((whole == 1.0).sum())
-        if ones <= samples + others:
+        if ones <= x.shape[1 - classes_dim] + others:
             return None
         return x.floor_() if in_place else torch.floor(x)
     return marks
@@ -216,8 +136,8 @@ def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, f
                  cw: Optional[ClasswiseSums], buf: torch.Tensor) -> Optional[torch.Tensor]:
     """Reduce one block into ``out`` (the pending per-sample vectors) and ``cw`` (the classwise sums, or None);
     ``buf`` is scratch memory of the compute dtype holding at least ``n * C + 64 C`` values. Returns the block's
-    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when ``flags`` keep them (Brier or classwise),
-    else None."""
+    ``(n, C)`` probabilities (a view of ``buf`` or of the input) when the classwise sums or ``flags["probs"]`` ask
+    for them, else None."""
     n, C = p_raw.shape
     logits, soft = inputs.input_type == "logits", inputs.soft
     if logits and not soft and C < NARROW_CLASSES:
@@ -237,7 +157,7 @@ def reduce_block(p_raw: torch.Tensor, t: torch.Tensor, inputs: PreparedInputs, f
     else:
         x, s, conf, nll_i, row_max, tie_possible = _probability_rows(c, x, t, y, soft, inputs.input_type,
                                                                      flags["nll"])
-    keep_x = flags["brier"] or cw is not None
+    keep_x = flags["brier"] or flags.get("probs", False) or cw is not None
     acc = _top_label_accuracy(x, t, y, soft, row_max, tie_possible)
     if logits and keep_x:
         x.div_(s.to(x.dtype).view(-1, 1))  # now the probabilities
@@ -267,23 +187,42 @@ def _hard_logit_rows(c, y, flags, out, cw, x):
     label = y.view(-1, 1)
     x_y = x.gather(1, label).view(-1)
     top = x_y == 1.0
-    keep_x = flags["brier"] or cw is not None
-    # a tie needs a second entry equal to the maximum: s >= 2; floor(x) in place when x is not needed any more
-    _resolve_ties(top, s >= 2.0, y, 1, _maxima_of_exp(x, x.shape[0], not keep_x))
+    keep_p = flags.get("probs", False) or cw is not None
+    squares = torch.linalg.vector_norm(x, dim=1).to(_F64).square_() if flags["brier"] else None  # one fused read
+    # floor(x) in place when x is not needed any more
+    _resolve_ties(top, _tie_possible(s, squares, x.shape[1], x.dtype), y, 1,
+                  _maxima_of_exp(x, 1, not keep_p))
     nll_i = None
     if flags["nll"]:
         nll_i = s.log().add_(m.to(_F64)).sub_(c.gather(1, label).view(-1).to(_F64))
     out.add(s.reciprocal(), top.to(_F64), nll_i)
-    if not keep_x:
+    if squares is not None:
+        out.brier.append(_brier_of_exp(squares, x_y, s))
+    if not keep_p:
         return None
     x.div_(s32.view(-1, 1))  # now the probabilities
-    if flags["brier"]:
-        p_y = (x_y / s32).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
-        sq = torch.linalg.vector_norm(x, dim=1).to(_F64).square_()  # one fused read of the block
-        out.brier.append(sq.sub_(p_y, alpha=2.0).add_(1.0))
     if cw is not None:
-        cw.add(x, 1, y=y)
+        cw.add(x, 1, y=y, p_y=x_y / s32)  # the same division as the block's: the gathered probability, bit for bit
     return x
+
+
+def _tie_possible(s: torch.Tensor, squares: Optional[torch.Tensor], C: int, dtype: torch.dtype) -> torch.Tensor:
+    """Where the maximum of ``x = exp(z - max z)`` (exactly 1) may be tied: a second entry equal to 1 makes
+    ``Σ x^2 >= 2`` (``squares``, a float sum of C squares, within its rounding: at most ``C + 2`` units of ``dtype``
+    below), and, without the squares, ``s = Σ x >= 2``, which most rows of many classes meet."""
+    if squares is None:
+        return s >= 2.0
+    return squares >= 2.0 * (1.0 - (C + 2) * _EPS[dtype])
+
+
+_EPS = {dtype: torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64)}
+
+
+def _brier_of_exp(squares: torch.Tensor, x_y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The Brier score of class-index targets from the exponentials ``x = s p`` (``squares``: ``Σ_k x_k^2`` in
+    float64, ``x_y`` the target's entry, ``s`` the row sums): ``Σ_k p_k^2 - 2 p_y + 1 = (Σ_k x_k^2 / s - 2 x_y) / s
+    + 1``, so the probabilities need not be formed."""
+    return squares.div_(s).sub_(x_y.to(_F64), alpha=2.0).div_(s).add_(1.0)
 
 
 def _soft_logit_rows(c, x, t, want_nll: bool):
@@ -343,7 +282,12 @@ def _top_label_accuracy(x, t, y, soft: bool, row_max, tie_possible):
     if soft:
         return t.gather(1, x.argmax(1).view(-1, 1)).view(-1)
     top = (x.gather(1, y) == row_max).view(-1)
-    _resolve_ties(top, tie_possible, y.view(-1), 1, lambda: (x == row_max).to(x.dtype))
+    def marks(samples):
+        if samples is None:
+            return (x == row_max).to(x.dtype)
+        at_max = row_max if isinstance(row_max, float) else row_max.index_select(0, samples)
+        return _equal_marks(x.index_select(0, samples), at_max)
+    _resolve_ties(top, tie_possible, y.view(-1), 1, marks)
     return top.to(_F64)
 
 
@@ -366,18 +310,20 @@ def _column_block(p_raw: torch.Tensor, y: torch.Tensor, flags: dict, out, cw, bu
     s = totals[:n].to(_F64)
     x_y = x.gather(0, label).view(-1)
     top = x_y == 1.0
-    keep_x = flags["brier"] or cw is not None
-    # a tie needs a second entry equal to the maximum: s >= 2; the padding's entries are all 1
-    _resolve_ties(top, s >= 2.0, y, 0, _maxima_of_exp(x[:, :n], n, False, x, C * (width - n)))
+    keep_p = flags.get("probs", False) or cw is not None
+    squares = x.square().sum(0)[:n].to(_F64) if flags["brier"] else None
+    # the padding's entries are all 1
+    _resolve_ties(top, _tie_possible(s, squares, C, x.dtype), y, 0,
+                  _maxima_of_exp(x[:, :n], 0, False, x, C * (width - n)))
     nll_i = s.log().add_(m.to(_F64)).sub_(z_y.to(_F64)) if flags["nll"] else None
     out.add(s.reciprocal(), top.to(_F64), nll_i)
-    if not keep_x:
+    if squares is not None:
+        out.brier.append(_brier_of_exp(squares, x_y, s))
+    if not keep_p:
         return None
     p = x.div_(totals)  # the padding's columns too, so the sums below run on whole rows
-    if flags["brier"]:
-        p_y = (x_y / totals[:n]).to(_F64)  # the same division as the block's: the gathered probability, bit for bit
-        out.brier.append(p.square().sum(0)[:n].to(_F64).sub_(p_y, alpha=2.0).add_(1.0))
     if cw is not None:
         p[:, n:] = 0.0  # the padding holds no entries
-        cw.add(p, 0, y=y, n=n)
+        # the same division as the block's: the gathered probability, bit for bit
+        cw.add(p, 0, y=y, n=n, p_y=x_y / totals[:n])
     return p[:, :n].T

@@ -31,8 +31,10 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from .binning import bin_edges, bin_index, bin_sums, check_n_bins
-from .blocks import PROB_FLOOR, ClasswiseSums, compute_dtype, reduce_block
+from .blocks import PROB_FLOOR, compute_dtype, reduce_block
+from .classwise import ClasswiseSums
 from .inputs import PreparedInputs
+from .scratch import scratch
 
 __all__ = ["PROB_FLOOR", "CalibrationState", "accumulate", "SampleValues", "sample_values"]
 
@@ -126,7 +128,7 @@ def accumulate(inputs: PreparedInputs, n_bins: int, state: Optional[CalibrationS
         if p.shape[0]:
             if buf is None or buf.dtype != compute_dtype(p.dtype) or buf.numel() < p.numel() + 64 * p.shape[1]:
                 size = max(max_elements, p.numel()) + 64 * p.shape[1]  # room for padded rows
-                buf = torch.empty(size, dtype=compute_dtype(p.dtype), device=p.device)
+                buf = scratch(size, compute_dtype(p.dtype), p.device)
             reduce_block(p, t, inputs, local.flags, per_sample, classwise, buf)
             if per_sample.count >= _FLUSH_SAMPLES:
                 per_sample.flush(local)
@@ -161,6 +163,7 @@ class _PerSample:
         if not self.conf:
             return
         conf, acc = _cat(self.conf), _cat(self.acc)
+        first = float(st.n) == 0
         st.n += conf.numel()
         st.correct += acc.sum()
         st.confidence += conf.sum()
@@ -169,8 +172,11 @@ class _PerSample:
         if self.brier:
             st.brier += _cat(self.brier).sum()
         if st.flags["binned"]:
-            bin_sums(bin_index(conf, bin_edges(st.n_bins, device=conf.device)), st.n_bins, conf, acc, acc * acc,
-                     out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
+            index = bin_index(conf, bin_edges(st.n_bins, device=conf.device))
+            if first:  # fresh sums (NumPy's on the CPU), the same as added into the zeros
+                st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum = bin_sums(index, st.n_bins, conf, acc, acc * acc)
+            else:
+                bin_sums(index, st.n_bins, conf, acc, acc * acc, out=(st.count, st.conf_sum, st.acc_sum, st.acc_sq_sum))
         if st.flags["points"]:
             st.conf_points.append(conf)
             st.acc_points.append(acc)
@@ -199,11 +205,11 @@ def sample_values(inputs: PreparedInputs, max_elements: int = 1 << 20) -> Sample
     """The per-sample values of ``inputs`` (:class:`SampleValues`), computed block by block by the code of
     :func:`accumulate`, so that a sum over any subset (a bootstrap resample) equals what the metrics of that subset
     sum. Holds the ``(N, C)`` probabilities, which :func:`accumulate` never does."""
-    flags = dict(binned=False, classwise=False, nll=True, brier=True, points=True)
+    flags = dict(binned=False, classwise=False, nll=True, brier=True, points=True, probs=True)
     per_sample, probs, targets = _PerSample(), [], []
     for p, t in inputs.chunks(max_elements):
         if p.shape[0]:
-            buf = torch.empty(p.numel() + 64 * p.shape[1], dtype=compute_dtype(p.dtype), device=p.device)
+            buf = scratch(p.numel() + 64 * p.shape[1], compute_dtype(p.dtype), p.device)
             block = reduce_block(p, t, inputs, flags, per_sample, None, buf)
             probs.append(block.clone(memory_format=torch.contiguous_format))
             targets.append(t.to(_F64) if inputs.soft else t.reshape(-1))
