@@ -1,6 +1,7 @@
 """Calibration metrics side by side and against the limit: timm_csm beside torchmetrics, netcal, torch-uncertainty,
 probmetrics, scikit-learn and relplot, every time also a multiple of one fused pass over the logits.
 
+    pip install -e ".[bench]"   # the peers
     OMP_NUM_THREADS=1 python benchmarks/metrics_bench.py [--sizes 1e4x10 1e4x100 5e4x1000 1e6x100] [--repeats 3]
                                                          [--output benchmarks/metrics.md]
 
