@@ -132,7 +132,7 @@ def matched_lines() -> List[str]:
               "registered spec. The faster sampler the demo now uses was checked downstream on the demo's shipped "
               "generator only ([sampler_downstream.md](sampler_downstream.md)); on the `matched` generator its "
               "generation time and quality measures beside today's are on [generation_matched.md]"
-              "(generation_matched.md), with no downstream cell."]
+              "(generation_matched.md), and a downstream check, reported only, on the same page as the demo's."]
     return lines
 
 

@@ -153,7 +153,8 @@ def _intro(generator: str, command: str, machine: str, timing: Dict, num_groups:
 
 
 def _matched_findings(rows: List[Dict]) -> List[str]:
-    """What the matched generator says of the demo's new sampler; the matched setting's own sampler is registered."""
+    """What the matched generator says of the demo's new sampler, with the downstream cells where they ran; the
+    matched setting's own sampler is registered."""
     import sampler_downstream
 
     steps, spacing = sampler_downstream.SETTINGS["candidate"]
@@ -161,6 +162,15 @@ def _matched_findings(rows: List[Dict]) -> List[str]:
     row = next((r for r in rows if r["setting"] == name), None)
     lines = ["The `matched` setting's sampler stays amendment 2's registered one: its cells (amendments 2 and 4) "
              "read the sets it made, so its cost on [cost.md](cost.md) has no after column."]
+    found = (sampler_downstream.decision(json.loads(sampler_downstream.RESULTS.read_text()), "matched_")
+             if sampler_downstream.RESULTS.exists() else None)
+    if found is None:
+        downstream = "no downstream CSM cell checked it on this generator"
+    else:
+        ece = found[0]["val_ece"]
+        downstream = (f"downstream, the protocol's CSM cell on its full set against today's set: validation ECE "
+                      f"{interval_text(ece)} points, reported only "
+                      "([sampler_downstream.md](sampler_downstream.md))")
     if row and row["quality"]:
         q = row["quality"]
         outside = [f"{heading} {'above' if q[m]['mean'] > q[m]['band'][1] else 'below'}"
@@ -168,16 +178,14 @@ def _matched_findings(rows: List[Dict]) -> List[str]:
         lines.append(f"The demo's new sampler ({name}, chosen on the demo's generator by "
                      f"[sampler_downstream.md](sampler_downstream.md)) costs {row['ratio']:.2f}x today's CPU time per "
                      "group on this generator too; its quality here is "
-                     + ("inside today's band on every measure." if not outside else
-                        "outside today's band on " + ", ".join(outside) + " (no downstream CSM cell checked it on "
-                        "this generator)."))
+                     + ("inside today's band on every measure" if not outside else
+                        "outside today's band on " + ", ".join(outside)) + f"; {downstream}.")
     return [" ".join(lines), ""]
 
 
 def _matched_not_measured() -> List[str]:
     return ["## Not measured here", "",
-            "- a downstream CSM cell on a set of this generator made with a faster sampler (the demo's was checked, "
-            "[sampler_downstream.md](sampler_downstream.md));",
+            "- a downstream CSM cell on this generator's sets of the other faster samplers;",
             "- batch size, memory format, compile and bfloat16 on a CPU without bfloat16 instructions: the network is "
             "the demo's ([generation.md](generation.md)).", ""]
 
