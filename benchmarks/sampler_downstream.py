@@ -129,7 +129,7 @@ def run_seeds(setting: str, runs: Path, seeds) -> None:
 def matched_set(setting: str, runs: Path) -> Path:
     """The CSM dataset of ``setting``'s sampler on the matched generator: the registered set for today's, the
     candidate's made (resumably) under ``runs/matched``."""
-    from matched_setting import GENERATION
+    from matched_setting import ENCODER_EPOCHS, GENERATION
 
     from timm_csm.study.settings import STAGE_COMMANDS, annotate_command, generate_command, run_stage
 
@@ -141,10 +141,10 @@ def matched_set(setting: str, runs: Path) -> Path:
     root, launch = runs / "matched", {name: [sys.executable, *args] for name, args in STAGE_COMMANDS.items()}
     generated = run_stage("generate", root / "generated", generate_command(
         launch["generate"], MATCHED_ROOT / "generator", options, root / "generated"))
-    # the matched setting's annotation (benchmarks/matched_setting.py): its encoder, trained for 60 epochs there
+    # the matched setting's annotation (benchmarks/matched_setting.py): its encoder, trained there
     run_stage("annotate", root / "csm", annotate_command(launch["annotate"], root / "generated",
                                                          str(MATCHED_ROOT / "real"), root / "csm", "csm-fmnist-aug",
-                                                         MATCHED_ROOT / "reference", 60))
+                                                         MATCHED_ROOT / "reference", ENCODER_EPOCHS["matched"]))
     _update(f"matched_set_{setting}", {"generation_cpu_seconds": generated.get("cpu_seconds")})
     return root / "csm" / "csm-fmnist-aug"
 
