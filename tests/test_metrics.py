@@ -649,3 +649,27 @@ def test_the_debiased_ce_removes_the_binned_estimates_bias():
     probs = torch.stack([conf[0], 1 - conf[0]], 1)  # two classes: the confidence is the first class's probability
     assert debiased_ce(probs, 1 - correct[0].long(), input_type="probs") == pytest.approx(
         ref_debiased_ce(conf[0].numpy(), correct[0].numpy()), abs=1e-12)
+
+
+def test_classwise_first_bins_clear_rounding_only():
+    """A first bin's sum (column total less the other bins) below 0 by rounding is cleared; a deficit beyond
+    rounding is a fault of the sums and raised, not cleared."""
+    from types import SimpleNamespace
+
+    from timm_csm.metrics.classwise import ClasswiseSums
+
+    def finalize(deficit):
+        sums = ClasswiseSums(num_classes=2, n_bins=3, device="cpu", soft=True)
+        sums.n = 10
+        sums.prob[1] = sums.label[1] = 4.0  # class 0, second bin
+        sums.prob_total[0] = sums.label_total[0] = 4.0 - deficit
+        state = SimpleNamespace(**{k: torch.zeros(2, 3, dtype=torch.float64)
+                                   for k in ("cw_count", "cw_prob_sum", "cw_label_sum")})
+        sums.finalize(state)
+        return state
+
+    state = finalize(1e-13)
+    assert float(state.cw_prob_sum[0, 0]) == 0.0 and float(state.cw_label_sum[0, 0]) == 0.0
+    assert float(state.cw_prob_sum[0, 1]) == 4.0
+    with pytest.raises(RuntimeError, match="below 0 by more than rounding"):
+        finalize(0.5)

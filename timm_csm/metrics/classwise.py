@@ -78,13 +78,27 @@ class ClasswiseSums:
         # in NumPy: a dozen operations on (C, n_bins) sums cost several times less there than in torch
         count, prob, label = (s.cpu().numpy().reshape(C, B).copy() for s in (self.count, self.prob, self.label))
         count[:, 0] = self.n - count[:, 1:].sum(1)
-        prob[:, 0] = self.prob_total.cpu().numpy() - prob[:, 1:].sum(1)
-        np.maximum(prob, 0.0, out=prob)
+        prob[:, 0] = _first_bins(self.prob_total.cpu().numpy(), prob, self.n, "probability")
         if self.soft:
-            label[:, 0] = self.label_total.cpu().numpy() - label[:, 1:].sum(1)
-            np.maximum(label, 0.0, out=label)
+            label[:, 0] = _first_bins(self.label_total.cpu().numpy(), label, self.n, "label")
         for total, part in zip((state.cw_count, state.cw_prob_sum, state.cw_label_sum), (count, prob, label)):
             total.add_(torch.from_numpy(part).to(total.device))
+
+
+def _first_bins(totals: np.ndarray, sums: np.ndarray, n: int, what: str) -> np.ndarray:
+    """The first bins' sums: the column totals less the other bins' sums. A sum of non-negative values, so below 0
+    only by the rounding of the two float64 sums (far less than ``_ROUNDING * n``), which is cleared; a larger
+    deficit is a fault of the sums, raised."""
+    first = totals - sums[:, 1:].sum(1)
+    if first.min(initial=0.0) < -_ROUNDING * max(n, 1):
+        raise RuntimeError(f"classwise {what} sums: a first bin came out at {first.min():.3g}, below 0 by more than "
+                           "rounding (the column totals and the other bins' sums disagree)")
+    return np.maximum(first, 0.0)
+
+
+#: the share of the samples a first bin's sum may lie below 0 by rounding (two float64 sums of n values in [0, 1]
+#: differ by at most about n^2 * 1.1e-16, below this for any n under 9e9)
+_ROUNDING = 1e-6
 
 
 def _column_totals(p: torch.Tensor, dim: int) -> torch.Tensor:
