@@ -157,7 +157,10 @@ def matched_set(setting: str, runs: Path) -> Path:
 
 
 def run_matched_seeds(setting: str, runs: Path, seeds) -> None:
-    """The protocol's CSM cells on the matched generator's ``setting`` set, one per seed (resumable)."""
+    """The protocol's CSM cells on the matched generator's ``setting`` set, one per seed (resumable), and the
+    set's content fingerprint."""
+    from timm_csm.hub.content import content_fingerprint
+
     dataset, out = matched_set(setting, runs), runs / "matched" / f"cells-{setting}"
     subprocess.run([sys.executable, "benchmarks/calibration_bench.py", "--recipe", "matched", "--methods", "csm",
                     "--seeds", *map(str, seeds), "--csm-dataset", str(dataset), "--threads", "1", "--output",
@@ -165,6 +168,8 @@ def run_matched_seeds(setting: str, runs: Path, seeds) -> None:
     rows = {str(seed): validation_row(next((out / "cells").glob(f"csm*-s{seed}")) / "results.json")
             for seed in seeds}
     _update(f"matched_seeds_{setting}", {"rows": rows})
+    # what the cells read, by content: the folder under runs/ may not outlive the machine
+    _update(f"matched_set_{setting}_content", {"folder": dataset.as_posix(), "sha256": content_fingerprint(dataset)})
 
 
 def decision(results: dict, prefix: str = ""):
@@ -265,6 +270,10 @@ def _matched_section(results: dict) -> list:
     if cpu is not None:
         out += ["", f"The candidate's set took {cpu:.0f} CPU-s to generate (6 750 groups, one thread, a loaded "
                 "machine)."]
+    read = {s: results.get(f"matched_set_{s}_content", {}).get("sha256") for s in SETTINGS}
+    if all(read.values()):
+        out += ["", "The sets the cells read, by content (sha256 of images, soft labels, ratios and groups, first 12 "
+                "digits): " + ", ".join(f"{s} `{read[s][:12]}`" for s in SETTINGS) + "."]
     found = decision(results, "matched_")
     if found is None:
         return out + ["", "The cells have not all run yet.", ""]
