@@ -88,36 +88,55 @@ def generation_rows(args, steps: int, num_classes: int = 100):
     return rows
 
 
-def training_rows(args, num_classes: int = 100):
-    """Seconds per CE and per CSM step of resnet50_cifar at real batch ``args.batch``."""
+def training_setup(device: str, batch: int, num_classes: int = 100, model: str = "resnet50_cifar", in_chans: int = 3,
+                   size: int = 32, **model_kwargs):
+    """``model`` (random weights) in training mode on ``device``, the recipe's optimiser (SGD 0.1, momentum 0.9, weight
+    decay 5e-4), a real batch of ``batch`` random images and its 2 x ``batch`` companions with soft labels."""
     import timm
     from timm.optim import create_optimizer_v2
 
-    from timm_csm.losses import create_loss  # importing timm_csm registers resnet50_cifar
-    from timm_csm.training import ClassificationTask, CSMTask
+    import timm_csm  # noqa: F401 (registers resnet50_cifar and small_cnn)
 
     torch.manual_seed(0)
-    model = timm.create_model("resnet50_cifar", num_classes=num_classes).to(args.device).train()
-    opt = create_optimizer_v2(model, opt="momentum", lr=0.1, momentum=0.9, weight_decay=5e-4)
-    b, dev = args.batch, args.device
-    real = {"pixel_values": torch.randn(b, 3, 32, 32, device=dev),
-            "labels": torch.randint(0, num_classes, (b,), device=dev), "index": torch.arange(b, device=dev)}
-    companions = {"mix_pixel_values": torch.randn(2 * b, 3, 32, 32, device=dev),
-                  "mix_targets": torch.softmax(torch.randn(2 * b, num_classes, device=dev), 1)}
+    net = timm.create_model(model, num_classes=num_classes, in_chans=in_chans, **model_kwargs).to(device).train()
+    opt = create_optimizer_v2(net, opt="momentum", lr=0.1, momentum=0.9, weight_decay=5e-4)
+    real = {"pixel_values": torch.randn(batch, in_chans, size, size, device=device),
+            "labels": torch.randint(0, num_classes, (batch,), device=device),
+            "index": torch.arange(batch, device=device)}
+    companions = {"mix_pixel_values": torch.randn(2 * batch, in_chans, size, size, device=device),
+                  "mix_targets": torch.softmax(torch.randn(2 * batch, num_classes, device=device), 1)}
+    return net, opt, real, companions
+
+
+def training_step(task, batch: dict, opt, autocast_dtype=None):
+    """One step as the training loop takes it (forward and loss, under ``autocast_dtype`` autocast when given;
+    backward, gradient norm clipped at 2, step, clear)."""
+    device = batch["pixel_values"].device.type
+
+    def step():
+        with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = task(batch)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(task.model.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def training_rows(args, num_classes: int = 100):
+    """Seconds per CE and per CSM step of resnet50_cifar at real batch ``args.batch``."""
+    from timm_csm.losses import create_loss
+    from timm_csm.training import ClassificationTask, CSMTask
+
+    model, opt, real, companions = training_setup(args.device, args.batch, num_classes)
     tasks = {"CE": (ClassificationTask(model, create_loss("ce")), real),
              "CSM": (CSMTask(model, create_loss("csm"), companions=None), {**real, **companions})}
     rows = []
     for name, (task, batch) in tasks.items():
-        task.criterion.to(dev)
-
-        def step():  # the training loop's order: backward, clip, step, clear
-            task(batch)["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        rows.append({"loss": name, "batch": b, "images_per_step": b * (3 if name == "CSM" else 1),
-                     "seconds_per_step": timed(step, args.repeats, dev)})
+        task.criterion.to(args.device)
+        rows.append({"loss": name, "batch": args.batch, "images_per_step": args.batch * (3 if name == "CSM" else 1),
+                     "seconds_per_step": timed(training_step(task, batch, opt), args.repeats, args.device)})
     return rows
 
 
@@ -227,13 +246,13 @@ def main(argv=None):
     full = get_profile("full")
     args.repeats = args.repeats or (1 if args.toy else 5)
     args.groups, args.batch = (1, 4) if args.toy else (32, full.batch_size)
-    images = full.num_groups * full.num_lambdas
-    flop_gen, flop_train = flop_rows(full.sampler_steps, full.batch_size)
+    images = full.num_groups * full.mixing.num_lambdas
+    flop_gen, flop_train = flop_rows(full.mixing.steps, full.batch_size)
     flops = {"projection": project_flops(flop_gen, flop_train, images, full.epochs, full.batch_size),
              "generation": flop_gen, "training": flop_train}
     gen, train = [], []
     if not args.flops_only:
-        gen = generation_rows(args, 2 if args.toy else full.sampler_steps)
+        gen = generation_rows(args, 2 if args.toy else full.mixing.steps)
         train = training_rows(args)
     result = {"device": args.device, "toy": args.toy, "flops_only": args.flops_only, "torch": torch.__version__,
               "machine": platform.machine(),
