@@ -204,7 +204,10 @@ def _demo_tail(output: Path, timing: Dict, levers, today) -> List[str]:
         "- the downstream validation ECE of a CSM cell on the other faster sets (only DDIM 4 + trailing steps was "
         "checked, [sampler_downstream.md](sampler_downstream.md));",
         "- the `full` profile: its EDM network is sampled with EDM's Heun sampler in float64; these levers apply to a "
-        "generator folder (the options refuse an EDM pickle), and bfloat16 / float16 on a GPU were not timed.", ""]
+        "generator folder (the options refuse an EDM pickle);",
+        "- bfloat16 / float16 (`--precision float16`) on a GPU: `python benchmarks/gpu_levers.py` times them and "
+        "measures how far they move the demo generator's images, on the demo's generator and the full profile's; "
+        "it has not run on a GPU yet.", ""]
 
 
 def _decision(best: Dict, output: Path, levers, today) -> str:

@@ -127,7 +127,7 @@ def test_a_mixing_config_sets_the_time_steps_and_precision_of_a_generator_folder
     assert (pipe.provenance["timestep_spacing"], pipe.provenance["precision"]) == ("trailing", "bfloat16")
 
 
-def test_bfloat16_precision_runs_the_network_in_bfloat16_and_is_recorded():
+def test_autocast_precisions_run_the_network_in_their_dtype_and_are_recorded():
     pipe = _tiny_pipeline(guidance_scale=1.0)
     groups = plan_groups(K, 2)
     full = pipe(groups, LAMBDAS).images
@@ -140,7 +140,15 @@ def test_bfloat16_precision_runs_the_network_in_bfloat16_and_is_recorded():
     assert seen and set(seen) == {torch.bfloat16} and pipe.provenance["precision"] == "bfloat16"
     assert half.dtype == torch.uint8 and not torch.equal(half, full)
     assert (half.int() - full.int()).abs().float().mean() < 8  # the same images, to bfloat16's precision
-    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'bfloat16'\], got 'fp16'"):
+    seen.clear()
+    hook = pipe.unet.conv_in.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    pipe.set_precision("float16")
+    fp16 = pipe(groups, LAMBDAS).images
+    hook.remove()
+    assert set(seen) == {torch.float16} and pipe.provenance["precision"] == "float16"
+    # float16 keeps 3 more mantissa bits than bfloat16: closer to float32's images
+    assert (fp16.int() - full.int()).abs().float().mean() < (half.int() - full.int()).abs().float().mean()
+    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'bfloat16', 'float16'\], got 'fp16'"):
         pipe.set_precision("fp16")
 
 

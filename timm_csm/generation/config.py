@@ -47,9 +47,9 @@ register_scheduler("unipc", "UniPCMultistepScheduler")
 #: belongs (Lin et al., "Common Diffusion Noise Schedules and Sample Steps are Flawed", WACV 2024)
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 
-#: the precisions the network of a generator folder runs in while sampling: float32, or bfloat16 autocast (the
-#: sampler's own arithmetic stays float32)
-PRECISIONS = ("float32", "bfloat16")
+#: the precisions the network of a generator folder runs in while sampling: float32, or bfloat16 / float16 autocast
+#: (the sampler's own arithmetic stays float32; float16 is a GPU's: CPUs run it, slowly)
+PRECISIONS = ("float32", "bfloat16", "float16")
 
 _anchored = "real-anchored mode"
 
@@ -74,7 +74,8 @@ class MixingConfig:
     seed_offset: int = option(0, help="seed of the first group (group i has seed offset + i)")
     precision: str = option(PRECISIONS[0], choices=PRECISIONS,
                             help="generator folder: the network in float32, or under bfloat16 autocast (faster only "
-                                 "where the CPU has bfloat16 instructions, or on a GPU: benchmarks/generation.md)")
+                                 "where the CPU has bfloat16 instructions, or on a GPU: benchmarks/generation.md), "
+                                 "or float16 autocast (a GPU's)")
     strength: float = option(1.0, _anchored, help="SDEdit strength t in (0, 1]; 1 = pure noise (the paper), < 1 = "
                                                   "start from real anchors")
 

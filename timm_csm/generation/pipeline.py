@@ -35,6 +35,8 @@ __all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixin
            "create_scheduler", "expand_groups"]
 
 OUTPUT_TYPES = ("pt", "np", "pil")
+#: the autocast dtype of each precision but float32's
+_AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 
@@ -142,7 +144,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
 
     Sampling defaults (not configuration; ``from_pretrained(folder, num_inference_steps=20, ...)`` passes them):
     ``num_inference_steps``, ``guidance_scale`` (None: the recommended scale; 1 = none, as the paper), ``precision``
-    (``"float32"``, or ``"bfloat16"`` autocast of the network) and the start:
+    (``"float32"``, or ``"bfloat16"`` / ``"float16"`` autocast of the network) and the start:
     with an :class:`~timm_csm.generation.anchors.AnchorPool` ``anchors`` and ``strength`` t < 1 each group starts
     from its anchor (a real image of class a or b) noised to strength t with the group's noise (SDEdit) instead of
     pure noise; ``strength = 1`` (the default) is the paper's mode.
@@ -198,8 +200,8 @@ class SemanticMixingPipeline(DiffusionPipeline):
         self.anchors, self.strength = (anchors if strength < 1.0 else None), float(strength)
 
     def set_precision(self, precision: str) -> None:
-        """Run the network in ``precision`` while sampling: ``"float32"``, or ``"bfloat16"`` under autocast (the
-        sampler's arithmetic stays float32)."""
+        """Run the network in ``precision`` while sampling: ``"float32"``, or ``"bfloat16"`` / ``"float16"`` under
+        autocast (the sampler's arithmetic stays float32)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
         self.precision = precision
@@ -260,7 +262,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
         x = sample_with_scheduler(self.unet, self.scheduler, w.to(device), noise.to(device), steps, scale,
                                   init_images=init, strength=self.strength, generator=generator,
                                   progress=self.progress_bar,
-                                  autocast_dtype=torch.bfloat16 if self.precision == "bfloat16" else None)
+                                  autocast_dtype=_AUTOCAST_DTYPES.get(self.precision))
         self.maybe_free_model_hooks()
         return _output(to_uint8(x).cpu(), members, output_type, return_dict)
 
