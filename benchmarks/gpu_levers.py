@@ -70,8 +70,8 @@ def demo_generator_rows(args):
     batches = {"recipe": mixing.batch_groups, "big": args.big_batch}
     rows, reference = [], None
     for name, precision, allow_tf32, batch in DEMO_ROWS:
-        pipe = load_mixing_pipeline(shipped_generator("fashion_mnist"), dataclasses.replace(mixing, precision=precision),
-                                    device=args.device)
+        sampler = dataclasses.replace(mixing, precision=precision)
+        pipe = load_mixing_pipeline(shipped_generator("fashion_mnist"), sampler, device=args.device)
         pipe.set_progress_bar_config(disable=True)
         with tf32(allow_tf32):
             images = _generate(pipe, groups, lambdas, batches[batch]).int()
@@ -154,8 +154,8 @@ def markdown(result) -> str:
     lines = [f"Device: {result['device']} ({result['device_name']}); torch {result['torch']}; {sizes}.", "",
              f"The demo's generator (shipped weights), DDIM {demo['steps']} {demo['spacing']} steps, {demo['groups']} "
              f"groups x {demo['lambdas']} lambdas, the same noise in every row; distances to the first row's images:",
-             "", "| setting | groups a batch | s / group | x reference | mean abs diff (levels) | pixels > 8 levels off "
-             "| max diff |", "|---|---|---|---|---|---|---|"]
+             "", "| setting | groups a batch | s / group | x reference | mean abs diff (levels) | "
+             "pixels > 8 levels off | max diff |", "|---|---|---|---|---|---|---|"]
     ref = demo["rows"][0]["s_per_group"]
     lines += [f"| {r['setting']} | {r['batch_groups']} | {r['s_per_group']:.5f} | {r['s_per_group'] / ref:.2f} | "
               f"{r['mean_abs_levels']:.3f} | {100 * r['share_over_8_levels']:.3f}% | {r['max_levels']} |"
@@ -167,8 +167,9 @@ def markdown(result) -> str:
     lines += [f"| {r['route']} | {r['precision']} | {r['steps']} | {r['images_per_s']:.1f} | "
               f"{r['images_per_s'] / base[r['route']]:.2f} |" for r in full["rows"]]
     lines += ["", "Training steps (random data; CSM: 2 x batch companions):", "",
-              "| model | step | precision | real batch | s / step | x float32 two passes |", "|---|---|---|---|---|---|"]
-    two = {(r["model"]): r["seconds_per_step"] for r in result["training"]
+              "| model | step | precision | real batch | s / step | x float32 two passes |",
+              "|---|---|---|---|---|---|"]
+    two = {r["model"]: r["seconds_per_step"] for r in result["training"]
            if r["step"] == "CSM, two passes" and r["precision"] == "float32"}
     lines += [f"| {r['model']} | {r['step']} | {r['precision']} | {r['batch']} | {r['seconds_per_step']:.5f} | "
               f"{r['seconds_per_step'] / two[r['model']]:.2f} |" for r in result["training"]]
