@@ -23,7 +23,8 @@ What each method computes:
   ECE, classwise ECE, MCE, over- / under-confidence, NLL, Brier, in one pass); torch-uncertainty's classes for the
   same set (``CalibrationError`` l1 and max, ``AdaptiveCalibrationError``, ``ClasswiseCalibrationError``,
   ``CategoricalNLL``, ``BrierScore``, torchmetrics' accuracy); probmetrics ``accuracy, logloss, brier, ece-15,
-  mce-15``; scikit-learn ``accuracy_score, log_loss, brier_score_loss`` (the subset it has).
+  mce-15``; scikit-learn ``accuracy_score, log_loss, brier_score_loss`` (the subset it has); and a yardstick, no
+  peer: the same 11 metrics by their textbook formulas in plain NumPy, without timm_csm's checks (``metrics_plain.py``).
 * ``cece`` (classwise ECE): timm_csm ``classwise_ece``; torch-uncertainty ``ClasswiseCalibrationError``; run where
   N x C <= 5e7.
 * ``smece`` (smooth ECE, C = 100 only): timm_csm ``smooth_ece`` from logits; relplot ``smECE`` and probmetrics
@@ -41,33 +42,16 @@ import subprocess
 import sys
 import time
 
+from metrics_page import LABELS, NOTES, findings, table
+
 SIZES = ["1e4x10", "1e4x100", "5e4x1000", "1e6x100"]
 METHODS = {
     "ece": ["timm_csm", "timm_csm_batched", "torchmetrics", "torchmetrics_batched", "torch-uncertainty", "probmetrics",
             "netcal"],
-    "all": ["timm_csm", "torch-uncertainty", "probmetrics", "scikit-learn"],
+    "all": ["timm_csm", "torch-uncertainty", "probmetrics", "scikit-learn", "plain_numpy"],
     "cece": ["timm_csm", "torch-uncertainty"],
     "smece": ["timm_csm", "relplot", "probmetrics"],
     "evaluate_ece": ["array_route"],
-}
-LABELS = {
-    ("ece", "timm_csm"): "timm_csm `ece` (logits)",
-    ("ece", "timm_csm_batched"): "timm_csm `CalibrationAccumulator`, batches of 1e4",
-    ("ece", "torchmetrics"): "torchmetrics `multiclass_calibration_error` (logits)",
-    ("ece", "torchmetrics_batched"): "torchmetrics `MulticlassCalibrationError`, batches of 1e4",
-    ("ece", "torch-uncertainty"): "torch-uncertainty `CalibrationError` (probabilities)",
-    ("ece", "probmetrics"): "probmetrics `ece-15` (logits)",
-    ("ece", "netcal"): "netcal `ECE` (probabilities)",
-    ("all", "timm_csm"): "timm_csm `calibration_metrics` (11 metrics, logits)",
-    ("all", "torch-uncertainty"): "torch-uncertainty ECE, MCE, aECE, cwECE, NLL, Brier, accuracy",
-    ("all", "probmetrics"): "probmetrics accuracy, logloss, brier, ece-15, mce-15 (logits)",
-    ("all", "scikit-learn"): "scikit-learn accuracy, log loss, Brier (probabilities)",
-    ("cece", "timm_csm"): "timm_csm `classwise_ece`",
-    ("cece", "torch-uncertainty"): "torch-uncertainty `ClasswiseCalibrationError`",
-    ("smece", "timm_csm"): "timm_csm `smooth_ece` (logits)",
-    ("smece", "relplot"): "relplot `smECE` (confidence, accuracy)",
-    ("smece", "probmetrics"): "probmetrics `smece` (logits)",
-    ("evaluate_ece", "array_route"): "evaluate module `ece`, arrays (no Arrow)",
 }
 
 
@@ -192,6 +176,11 @@ def build(metric, method, z, y):
         conf, pred = softmax_copy(z).max(1)
         conf, acc = conf.double().numpy(), (pred == y).double().numpy()
         return (lambda: relplot.smECE(conf, acc))
+    if method == "plain_numpy":
+        from metrics_plain import plain_metric_set
+
+        zn, yn = z.numpy(), y.numpy()
+        return (lambda: plain_metric_set(zn, yn)["ece"])
     if method == "array_route":
         from timm_csm import load_metric
 
@@ -272,84 +261,6 @@ def run_size(size, repeats, budget):
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
         return [dict(metric=m, method=k, size=size, error=tail[:120]) for m, k in jobs_for(size)]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def table(results):
-    lines = ["| metric / method | N × C | value | CPU s | passes | time / timm_csm's |",
-             "|---|---|---:|---:|---:|---:|"]
-    ours = {(r["metric"], r["size"]): r for r in results if r["method"] == "timm_csm" and "error" not in r}
-    for r in results:
-        n, c = parse_size(r["size"])
-        size = f"{n:.0e} × {c}".replace("e+0", "e")
-        label = LABELS[(r["metric"], r["method"])]
-        if "error" in r:
-            lines.append(f"| {label} | {size} | {r['error']} | | | |")
-            continue
-        base = ours.get((r["metric"], r["size"]))
-        ratio = "" if base is None or r["method"] == "timm_csm" else f"{r['cpu_s'] / base['cpu_s']:.3g}x"
-        lines.append(f"| {label} | {size} | {r['value']:.6f} | {r['cpu_s']:.4g} | {r['cpu_s'] / r['pass_s']:.2f} | "
-                     f"{ratio} |")
-    return "\n".join(lines)
-
-
-def findings(results):
-    """The pass multiples of timm_csm's ECE and full set, the sizes where the full set misses 3 passes (with why),
-    and every peer faster than timm_csm."""
-    ok = [r for r in results if "error" not in r]
-    ours = {(r["metric"], r["size"]): r for r in ok if r["method"] == "timm_csm"}
-    out = []
-    for metric, what in (("ece", "top-label ECE"), ("all", "the full metric set")):
-        rows = [r for r in ok if r["metric"] == metric and r["method"] == "timm_csm"]
-        if rows:
-            out.append(f"- {what}: " + ", ".join(f"{r['size']} {r['cpu_s'] / r['pass_s']:.2f}" for r in rows)
-                       + " passes (target: 3).")
-    missed = [r for r in ok if r["metric"] == "all" and r["method"] == "timm_csm" and r["cpu_s"] > 3 * r["pass_s"]]
-    for r in missed:
-        out.append(f"- the full set misses 3 passes at {r['size']} ({r['cpu_s'] / r['pass_s']:.2f}): "
-                   + MISSED.get(r["size"], "see the notes."))
-    faster = [f"{r['metric']} at {r['size']}: {r['method']} {r['cpu_s'] / ours[(r['metric'], r['size'])]['cpu_s']:.2f}x"
-              for r in ok if r["method"] not in ("timm_csm", "timm_csm_batched", "array_route")
-              and (r["metric"], r["size"]) in ours and r["cpu_s"] < ours[(r["metric"], r["size"])]["cpu_s"]]
-    out.append("- a peer faster than timm_csm: " + ("; ".join(faster) if faster else "none."))
-    return "\n".join(out)
-
-
-#: why the full set stays above 3 passes at a size, where it does
-MISSED = {
-    "1e4x10": "a pass here is only 1e5 exponentials, and what does not grow with the classes exceeds it several "
-              "times: the fixed operations (about 150 tensor and NumPy operations of a few microseconds each) and, "
-              "per sample, the 1e4 confidences' equal-width bins, the adaptive ECE's bucketed edges and bins and the "
-              "classwise entries (with 10 classes many probabilities lie above the first edge, each binned, summed).",
-    "1e4x100": "the classwise part is the largest share (the `classwise_ece` row beside the `ece` row): the division "
-               "into probabilities, their float64 column totals (float64 so that the first bins, filled by "
-               "difference, equal the bootstrap's sums), the comparison with the first edge and the flat index of "
-               "the entries above it, their bins and sums; then the Brier score's sum of squares and, per sample, "
-               "the bins and the adaptive ECE.",
-}
-
-
-NOTES = """Notes:
-
-- Values agree to the digits shown where the libraries compute the same quantity: timm_csm and netcal sum in
-  float64, torchmetrics (and torch-uncertainty and probmetrics, which call it) in float32 (7th digit). The full-set
-  rows report their ECE; the sets differ (timm_csm's 11 metrics in one pass; the peers' subsets are listed).
-- netcal, torch-uncertainty's calibration classes and scikit-learn are given probabilities (the softmax is computed
-  outside the timer); the others compute it.
-- What the full set costs beyond one pass: the classwise part (the division of the exponentials into
-  probabilities, their float64 column totals, one comparison with the first edge and a flat index of the entries
-  above it, read eight comparison bytes at a time, then each entry found is binned and summed by NumPy's bincount;
-  the label sums come from the target's entries, one per sample), the Brier score's sum of squares of the
-  exponentials (with their row sums it gives the score without the probabilities), per sample the confidences'
-  equal-width bins and the adaptive ECE (its edges read off a bucketing of the N confidences at the 2 (B + 1)
-  ranks they need, instead of a sort, and its bins from the same buckets), plus a fixed number of tensor and NumPy
-  operations (about 150, a few microseconds each). The block's exponentials are base-2 exponentials of the scaled
-  differences, which torch computes in less time than `exp` on this CPU, so they cost less than the pass's. A tie
-  of a sample's maximum is looked for only where the sum of squares reaches 2, in those rows alone when they are few.
-- The pass's CPU time includes the page faults of the N x C temporary `torch.logsumexp` allocates (400 MB at
-  1e6 x 100), which differ from run to run on a loaded machine; timm_csm reads the logits in blocks of 2^20 values
-  and keeps the block's working memory (and the classwise totals' float64 copies) between calls, so its pages are
-  not faulted in again. At 5e4 x 1000 the pass's 5e7 exponentials outweigh the rest.
-"""
 
 
 def main(argv=None):
