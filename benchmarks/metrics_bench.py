@@ -303,7 +303,11 @@ def main(argv=None):
         from timm_csm.io import write_json_atomic, write_text_atomic
 
         write_text_atomic(args.output, text)
-        write_json_atomic(os.path.splitext(args.output)[0] + ".json", {"command": command.strip(), "results": results})
+        from csm_step import record
+
+        scripts = ("benchmarks/metrics_bench.py", "benchmarks/metrics_page.py", "benchmarks/metrics_plain.py")
+        write_json_atomic(os.path.splitext(args.output)[0] + ".json",
+                          {"command": command.strip(), "record": record(*scripts), "results": results})
     return 0
 
 
