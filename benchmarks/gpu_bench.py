@@ -254,20 +254,28 @@ def main(argv=None):
     if not args.flops_only:
         gen = generation_rows(args, 2 if args.toy else full.mixing.steps)
         train = training_rows(args)
-    result = {"device": args.device, "toy": args.toy, "flops_only": args.flops_only, "torch": torch.__version__,
-              "machine": platform.machine(),
-              "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-              else platform.processor() or platform.machine(),
+    result = {**device_record(args), "flops_only": args.flops_only,
               "projection": project(gen, train, images, full.epochs, args.batch),
               "generation": gen, "training": train, "flops": flops}
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (out / "gpu_bench.md").write_text(text)
-    print(text)
-    print(f"total wall time {time.time() - t0:.0f} s")
+    write_result(args.output, "gpu_bench", result, markdown(result), t0)
     return result
+
+
+def device_record(args) -> dict:
+    """What the times depend on: the device and its name, toy sizes or not, torch, the machine."""
+    return {"device": args.device, "toy": args.toy, "torch": torch.__version__, "machine": platform.machine(),
+            "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+            else platform.processor() or platform.machine()}
+
+
+def write_result(output: str, stem: str, result: dict, text: str, t0: float) -> None:
+    """``<output>/<stem>.json`` and ``<stem>.md``; the tables and the wall time since ``t0`` printed."""
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+    print(f"total wall time {time.time() - t0:.0f} s; tables in {out / stem}.md")
 
 
 if __name__ == "__main__":

@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import platform
 import time
-from pathlib import Path
 
 import torch
 
-from gpu_bench import EDM_CIFAR, EDM_TOY, timed, training_setup, training_step
+from gpu_bench import EDM_CIFAR, EDM_TOY, device_record, timed, training_setup, training_step, write_result
 
 #: the autocast dtype of each precision of the EDM route (a generator folder's pipeline takes its own precision)
 AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -195,19 +192,9 @@ def main(argv=None):
     args.groups = args.groups or (1 if args.toy else 256)
     args.big_batch = args.big_batch or (2 if args.toy else 256)
     args.steps, args.full_groups, args.batch = (2, 1, 4) if args.toy else (full.mixing.steps, 32, full.batch_size)
-    result = {"device": args.device, "toy": args.toy, "torch": torch.__version__, "machine": platform.machine(),
-              "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-              else platform.processor() or platform.machine(), "repeats": args.repeats}
-    result["demo_generator"] = demo_generator_rows(args)
-    result["full_generators"] = full_generator_rows(args)
-    result["training"] = training_rows(args)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_levers.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (out / "gpu_levers.md").write_text(text)
-    print(text)
-    print(f"total wall time {time.time() - t0:.0f} s; tables in {out / 'gpu_levers.md'}")
+    result = {**device_record(args), "repeats": args.repeats, "demo_generator": demo_generator_rows(args),
+              "full_generators": full_generator_rows(args), "training": training_rows(args)}
+    write_result(args.output, "gpu_levers", result, markdown(result), t0)
     return result
 
 
