@@ -274,7 +274,7 @@ def main(argv=None):
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    start = time.time()
+    start, load_start = time.time(), os.getloadavg()[0]
     results = []
     for size in args.sizes:
         for r in run_size(size, args.repeats, args.budget):
@@ -285,14 +285,14 @@ def main(argv=None):
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     import torch
 
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = f"load average (1 min) {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     text = "\n".join([
         "# Calibration metrics: timm_csm beside torchmetrics, netcal, torch-uncertainty, probmetrics, scikit-learn "
         "and relplot, and against one pass over the logits", "",
         f"    {command.strip()}", "",
-        f"{os.cpu_count()} CPU cores ({platform.machine()}) shared with other benchmark jobs (a loaded machine: "
-        f"absolute times are inflated; the pass multiples, taken in the same process, and the ratios hold), 1 "
-        f"thread per method, torch {torch.__version__}; load average at the end {load}; {elapsed:.0f} s in all. "
+        f"{os.cpu_count()} CPU cores ({platform.machine()}), 1 thread per method, torch {torch.__version__}; "
+        f"{load} (above 1, other jobs shared the cores: absolute times are inflated more than the pass multiples, "
+        f"which are taken in the same process); {elapsed:.0f} s in all. "
         f"Best CPU time of {args.repeats} interleaved rounds ({10 * args.repeats} where N x C <= 1e6), all methods of "
         "a size in one process. One pass: "
         "`torch.logsumexp` over the logits, timed in the same rounds; `passes` is the method's time over it. "
