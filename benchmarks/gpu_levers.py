@@ -8,7 +8,7 @@
   (the reference), float32 under PyTorch's defaults (cuDNN convolutions in TF32), bfloat16 and float16 autocast
   (``--precision``), at the recipe's 32 groups a batch and at ``--big-batch``; seconds per group, and how far each
   row's images lie from the reference's: mean abs difference in grey levels, the share of pixels more than 8 levels
-  off, the largest difference. On a CPU the same rows run in float32 (TF32 does not apply).
+  off, the largest difference. On a CPU TF32 does not apply: the two float32 rows agree.
 * **The full profile's generators at its sizes** (random weights: time only), as ``gpu_bench.py`` builds them: the
   diffusers UNet route under each precision, and the EDM route (DDPM++, Heun, float64 sampler) with its network under
   bfloat16 / float16 autocast (the EDM route has no precision option: this row asks whether one would pay).
@@ -125,9 +125,8 @@ def training_rows(args):
     from timm_csm.training import ClassificationTask, CSMTask
 
     demo = get_profile("demo")
-    # toy: resnet18_cifar for the full profile's resnet50_cifar (the same code, a few times less CPU time)
-    models = {"resnet18_cifar" if args.toy else "resnet50_cifar": dict(
-                  num_classes=100, model="resnet18_cifar" if args.toy else "resnet50_cifar"),
+    full_model = "resnet18_cifar" if args.toy else "resnet50_cifar"  # toy: the same code, less CPU time
+    models = {full_model: dict(num_classes=100, model=full_model),
               "small_cnn": dict(num_classes=10, model="small_cnn", in_chans=1, size=28,
                                 **demo.train_extra.get("model_kwargs", {}))}
     rows = []
