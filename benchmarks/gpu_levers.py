@@ -30,8 +30,9 @@ import torch
 
 from gpu_bench import EDM_CIFAR, EDM_TOY, device_record, timed, training_setup, training_step, write_result
 
-#: the autocast dtype of each precision of the EDM route (a generator folder's pipeline takes its own precision)
-AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from timm_csm.generation.config import PRECISIONS
+from timm_csm.generation.pipeline import AUTOCAST_DTYPES
+
 #: the demo generator's rows: (name, precision, TF32 allowed, batch of groups: "recipe" or "big")
 DEMO_ROWS = [("float32, TF32 off (reference)", "float32", False, "recipe"),
              ("float32", "float32", True, "recipe"), ("bfloat16", "bfloat16", True, "recipe"),
@@ -102,7 +103,8 @@ def full_generator_rows(args):
     edm_pipe.set_progress_bar_config(disable=True)
     groups, lambdas = plan_groups(100, args.full_groups), lambda_grid(8)
     rows = []
-    for precision, dtype in AUTOCAST.items():
+    for precision in PRECISIONS:  # the EDM route has no precision option: its network under the same autocast
+        dtype = AUTOCAST_DTYPES.get(precision)
         diffusers_pipe.set_precision(precision)
 
         def edm():
@@ -138,7 +140,7 @@ def training_rows(args):
                  "CSM, concatenated": (CSMTask(model, create_loss("csm"), None, forward="concat"), both)}
         for precision in ("float32", "bfloat16"):
             for step_name, (task, batch) in tasks.items():
-                step = training_step(task, batch, opt, AUTOCAST[precision])
+                step = training_step(task, batch, opt, AUTOCAST_DTYPES.get(precision))
                 rows.append({"model": model_name, "step": step_name, "precision": precision, "batch": args.batch,
                              "seconds_per_step": timed(step, args.repeats, args.device)})
     return rows

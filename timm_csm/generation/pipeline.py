@@ -35,8 +35,8 @@ __all__ = ["SemanticMixingPipeline", "EDMSemanticMixingPipeline", "SemanticMixin
            "create_scheduler", "expand_groups"]
 
 OUTPUT_TYPES = ("pt", "np", "pil")
-#: the autocast dtype of each precision but float32's
-_AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the autocast dtype of each precision but float32's (:data:`~timm_csm.generation.config.PRECISIONS`)
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 
@@ -262,7 +262,7 @@ class SemanticMixingPipeline(DiffusionPipeline):
         x = sample_with_scheduler(self.unet, self.scheduler, w.to(device), noise.to(device), steps, scale,
                                   init_images=init, strength=self.strength, generator=generator,
                                   progress=self.progress_bar,
-                                  autocast_dtype=_AUTOCAST_DTYPES.get(self.precision))
+                                  autocast_dtype=AUTOCAST_DTYPES.get(self.precision))
         self.maybe_free_model_hooks()
         return _output(to_uint8(x).cpu(), members, output_type, return_dict)
 
