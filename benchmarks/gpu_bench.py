@@ -262,10 +262,14 @@ def main(argv=None):
 
 
 def device_record(args) -> dict:
-    """What the times depend on: the device and its name, toy sizes or not, torch, the machine."""
+    """What the times depend on: the device and its name, toy sizes or not, torch, the machine, and the code's record
+    (commit, clean scripts, threads, CPU capability; ``csm_step.record``)."""
+    from csm_step import record
+
     return {"device": args.device, "toy": args.toy, "torch": torch.__version__, "machine": platform.machine(),
             "device_name": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-            else platform.processor() or platform.machine()}
+            else platform.processor() or platform.machine(),
+            "record": record("benchmarks/gpu_bench.py", "benchmarks/gpu_levers.py")}
 
 
 def write_result(output: str, stem: str, result: dict, text: str, t0: float) -> None:

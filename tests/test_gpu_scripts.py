@@ -18,6 +18,7 @@ def levers(tmp_path_factory):
 def test_gpu_levers_rows_and_distances(levers):
     result, out = levers
     assert json.loads((out / "gpu_levers.json").read_text())["toy"] is True
+    assert len(result["record"]["commit"]) >= 7 and result["record"]["torch_threads"] >= 1  # the code that ran it
     assert "TOY SIZES" in (out / "gpu_levers.md").read_text()
     rows = {(r["setting"], r["batch_groups"]): r for r in result["demo_generator"]["rows"]}
     assert len(rows) == 7
