@@ -199,7 +199,7 @@ def write_page() -> str:
            "and flagged fewer groups; its "
            "members' mean abs(lambda-hat - lambda) lay below today's band (soft labels that follow the mixing ratio "
            "more closely), a measure whose better side that page's rule does not name. This check decides whether "
-           "the classifier the demo trains on its set is as well calibrated.", "",
+           "the calibration of the classifier the demo trains on its set differs from today's.", "",
            "Commands (`benchmarks/sampler_downstream.py`; its docstring holds the rule, fixed before the run):", ""]
     out += [f"    OMP_NUM_THREADS=1 python benchmarks/sampler_downstream.py seeds --setting {s}" for s in SETTINGS]
     out += ["    python benchmarks/sampler_downstream.py page", "",
