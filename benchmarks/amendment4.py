@@ -21,7 +21,7 @@ import calibration_methods as method_table
 from timm_csm.io import write_json_atomic, write_text_atomic
 from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
 from timm_csm.study import load_spec
-from timm_csm.study.cells import cell_rows
+from timm_csm.study.cells import cell_rows, finished_cells
 from timm_csm.study.plan import setting_plan
 from timm_csm.study.report import decision_lines, primary_decision
 from timm_csm.study.report_tables import grid_lines, per_seed_json_row
@@ -31,6 +31,9 @@ __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_pag
 PAGE = Path("benchmarks/calibration_a4.md")
 JSON = Path("benchmarks/calibration_a4.json")
 OUTPUT = Path(method_table.A4_OUTPUT)
+#: amendment-4 cells that read amendment 2's sets before the machine change (PROTOCOL.md, amendment 4's clarification
+#: of 2026-12-07): the page reports them apart; they enter no choice and no test
+EARLIER_SETS = Path("benchmarks/cells_a4_set_a2")
 #: amendment 4's design as a study spec (a test holds it to PROTOCOL.md's grids, seeds and backbone)
 SPEC = load_spec(Path(__file__).resolve().with_name("study_fmnist_a4.toml"))
 
@@ -94,7 +97,22 @@ def _set_lines(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> Lis
     return lines
 
 
-def setting_lines(setting: str, cells, rows, choices) -> List[str]:
+def earlier_set_lines(setting: str, committed: Path = EARLIER_SETS) -> List[str]:
+    """The table of ``setting``'s cells on amendment 2's sets (:data:`EARLIER_SETS`), with the set each read; no
+    lines where there are none."""
+    cells = finished_cells([committed], setting, keep=lambda meta: meta.get("record", {}).get("amendment") == 4)
+    if not cells:
+        return []
+    rows = cell_rows(cells)
+    header = ("| configuration | seeds | val ECE before TS | val NLL before TS | val ECE after TS | "
+              "test ECE before TS (reported only) | test ECE after TS (reported only) |")
+    return (["", f"Cells of `{setting}` on amendment 2's sets, run before the machine change (PROTOCOL.md, amendment "
+             "4's clarification of 2026-12-07): re-run on the rebuilt sets; these enter no choice and no "
+             f"test (`{committed.as_posix()}/`).", "", header, "|---|---|---|---|---|---|---|"]
+            + grid_lines(rows, sorted(rows), None, SPEC.seeds.tuning) + [""] + _set_lines(cells, setting))
+
+
+def setting_lines(setting: str, cells, rows, choices, earlier: Path = EARLIER_SETS) -> List[str]:
     header = ("| configuration | seeds (of 0-2) | val ECE before TS | val NLL before TS | val ECE after TS | "
               "test ECE before TS (reported only) | test ECE after TS (reported only) |")
     lines = [f"### `{setting}`: stage 1 (seeds 0-2, chosen on validation)", "", header, "|---|---|---|---|---|---|---|"]
@@ -106,11 +124,12 @@ def setting_lines(setting: str, cells, rows, choices) -> List[str]:
     label = (lambda m: method_table.get_method(m).label if m else "pending")
     lines += ["", f"Choices: CSM row {label(choices['csm'])}; best other method before TS "
               f"{label(choices['best_other']['pre_ts'])}, after TS {label(choices['best_other']['post_ts'])}.", ""]
-    return lines + (_set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]) + [""]
+    lines += _set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]
+    return lines + earlier_set_lines(setting, earlier) + [""]
 
 
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
-               committed: Path = method_table.COMMITTED_A4) -> str:
+               committed: Path = method_table.COMMITTED_A4, earlier: Path = EARLIER_SETS) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
     rows = {s: cell_rows(c) for s, c in cells.items()}
     summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
@@ -133,7 +152,7 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     lines += decision_lines(SPEC, primary_decision(SPEC, summaries),
                             claim=f"CSM calibrates better on {backbone['model']}")
     for setting in method_table.A4_SETTINGS:
-        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"])
+        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"], earlier)
     shared = {m: runs for found in cells.values() for m, runs in found.items()}
     lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side)", ""] + _cost_lines(shared)
     todo = {s: next_cells(s, rows[s]) for s in method_table.A4_SETTINGS}

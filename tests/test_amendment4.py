@@ -48,3 +48,20 @@ def test_page_states_pending_cells_without_any_cell(tmp_path):
     text = a4.write_page(tmp_path / "page.md", tmp_path / "rows.json", tmp_path / "none", tmp_path / "committed")
     assert "Cells: 0 finished" in text and ": pending.**" in text and "can run now, next `ce` seed 0" in text
     assert (tmp_path / "rows.json").read_text().strip() == "[]"
+
+
+def test_cells_on_amendment2s_sets_are_reported_apart_and_enter_no_choice(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(Path(a4.EARLIER_SETS) / "csm@s=4-matched-s0", earlier / "csm@s=4-matched-s0")
+    text = a4.write_page(tmp_path / "page.md", tmp_path / "rows.json", tmp_path / "none", tmp_path / "committed",
+                         earlier)
+    section = text.split("Cells of `matched` on amendment 2's sets")[1].split("###")[0]
+    assert "enter no choice and no test" in section and "| CSM (s 4) | 1 |" in section
+    assert "Cells of `annotated` on amendment 2's sets" not in text
+    assert "Cells: 0 finished" in text and (tmp_path / "rows.json").read_text().strip() == "[]"
+    # the stage-1 table above counts no seed of it: the earlier cell enters no choice
+    stage1 = text.split("Cells of `matched` on amendment 2's sets")[0].split("`matched`: stage 1")[1]
+    assert "| CSM (s 4) | 0 |" in stage1
