@@ -15,6 +15,7 @@ in its folder and is skipped. Run it again after a kill to continue.
     python benchmarks/matched_setting.py --setting matched-x2        # amendment 2, stage 4: groups 0 ... 13 499
     python benchmarks/matched_setting.py --setting annotated-x2      # the same images, the borrowed annotator
     python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json   # both generators, one judge
+    python benchmarks/matched_setting.py --record benchmarks/settings_a4.json matched annotated borrowed
 
 The matched setting's real images are the classifier's: ``load_data`` with the benchmark's data options
 (``--data-seed 0 --val-size 2000 --max-train-samples 2500``), exported with the test split as a ``save_to_disk``
@@ -224,6 +225,43 @@ def compare_generators(output: Path, judge: Path, log=print) -> Dict:
     return rows
 
 
+#: the file of each folder a stage makes whose bytes name what it made (the CSM dataset: its content fingerprint)
+PRODUCTS = {"generator": "unet/diffusion_pytorch_model.safetensors", "reference": "model.safetensors"}
+
+
+def build_record(output: Path, settings: Sequence[str]) -> Dict:
+    """Each finished stage folder of ``settings`` under ``output``: its marker (the command and the seconds of its
+    last run) and the digest of what it made (the generator's and reference encoders' weights, the CSM dataset's
+    content fingerprint), so that a rebuild on another machine is checked stage by stage, the generator's weights
+    hours before its set exists. The folders' own build commit is not known here: the record names the machine and
+    the code that read them."""
+    import json
+
+    import torch
+
+    from timm_csm.hub import content_fingerprint
+    from timm_csm.io.hashing import file_sha256
+    from timm_csm.recipes.cells import cpu_model, git
+
+    record = {"what": "the stage folders of each setting under " + output.as_posix() + ": marker and product digest",
+              "read_at_commit": git("rev-parse", "--short", "HEAD"), "cpu": cpu_model(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "settings": {}}
+    for setting in settings:
+        stages = {}
+        # a reference encoder trains inside the annotate stage that first needs it: its folder has no marker
+        root = output / setting
+        for folder in sorted(p for p in (root.iterdir() if root.is_dir() else ())
+                             if _done(p) or (p.name == "reference" and (p / PRODUCTS["reference"]).exists())):
+            entry = json.loads((folder / MARKER).read_text()) if _done(folder) else {}
+            if folder.name in PRODUCTS:
+                entry["sha256"] = file_sha256(folder / PRODUCTS[folder.name])
+            elif folder.name == "csm":
+                entry["content_fingerprint"] = content_fingerprint(folder / "csm-fmnist-aug")
+            stages[folder.name] = entry
+        record["settings"][setting] = stages
+    return record
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=SETTINGS, default=None, help="the setting to build (required unless --compare)")
@@ -233,13 +271,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default=None, metavar="JSON",
                    help="instead of building a setting: measure every finished setting's generated set with the "
                         "borrowed encoder as the judge and write the numbers to this JSON file")
+    p.add_argument("--record", nargs="+", default=None, metavar=("JSON", "SETTING"),
+                   help="instead of building: write each finished stage of the SETTINGs (its marker and the digest "
+                        "of what it made) to JSON")
     return p
 
 
 def main(argv: Sequence[str] = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.record:
+        if len(args.record) < 2:
+            build_parser().error("--record needs a JSON file and at least one setting")
+        write_json_atomic(Path(args.record[0]), build_record(Path(args.output), args.record[1:]), indent=1)
+        return
     if not args.compare and args.setting is None:
-        build_parser().error("give --setting (or --compare)")
+        build_parser().error("give --setting (or --compare, or --record)")
     if args.compare:
         rows = compare_generators(Path(args.output), Path(args.output) / "borrowed" / "reference")
         write_json_atomic(Path(args.compare), rows, indent=1)

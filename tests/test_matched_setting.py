@@ -139,3 +139,26 @@ def test_the_matched_stage_commands_are_those_the_committed_sets_were_built_with
     for stage, key in (("generator", "generator"), ("generate", "generated"), ("annotate", "csm"),
                        ("quality", "quality")):
         assert stages[stage][1][1:] == built[key]["command"]
+
+
+def test_the_build_record_names_each_finished_stage_by_what_it_made(tmp_path):
+    import hashlib
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    generator = tmp_path / "matched" / "generator"
+    shutil.copytree(Path(setting.SHIPPED), generator)
+    (generator / "DONE.json").write_text(json.dumps({"command": ["train_generator.py"], "seconds": 1.5}))
+    (tmp_path / "matched" / "reference").mkdir()  # trained inside the annotate stage: no marker of its own
+    save_file({"w": torch.ones(3)}, str(tmp_path / "matched" / "reference" / "model.safetensors"))
+    (tmp_path / "matched" / "generated").mkdir()  # unfinished: no marker
+    record = setting.build_record(tmp_path, ["matched", "annotated"])
+    stages = record["settings"]["matched"]
+    assert sorted(stages) == ["generator", "reference"] and record["settings"]["annotated"] == {}
+    weights = generator / "unet" / "diffusion_pytorch_model.safetensors"
+    assert stages["generator"] == {"command": ["train_generator.py"], "seconds": 1.5,
+                                   "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    reference = (tmp_path / "matched" / "reference" / "model.safetensors").read_bytes()
+    assert stages["reference"] == {"sha256": hashlib.sha256(reference).hexdigest()}
