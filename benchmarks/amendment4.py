@@ -34,6 +34,7 @@ OUTPUT = Path(method_table.A4_OUTPUT)
 #: amendment-4 cells that read amendment 2's sets before the machine change (PROTOCOL.md, amendment 4's clarification
 #: of 2026-12-07): the page reports them apart; they enter no choice and no test
 EARLIER_SETS = Path("benchmarks/cells_a4_set_a2")
+EARLIER_SET_NOTE = "read amendment 2's set before the machine change; in no choice and no test"
 #: amendment 4's design as a study spec (a test holds it to PROTOCOL.md's grids, seeds and backbone)
 SPEC = load_spec(Path(__file__).resolve().with_name("study_fmnist_a4.toml"))
 
@@ -97,10 +98,13 @@ def _set_lines(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> Lis
     return lines
 
 
-def earlier_set_lines(setting: str, committed: Path = EARLIER_SETS) -> List[str]:
-    """The table of ``setting``'s cells on amendment 2's sets (:data:`EARLIER_SETS`), with the set each read; no
-    lines where there are none."""
-    cells = finished_cells([committed], setting, keep=lambda meta: meta.get("record", {}).get("amendment") == 4)
+def earlier_cells(setting: str, committed: Path = EARLIER_SETS) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """``setting``'s cells on amendment 2's sets (:data:`EARLIER_SETS`)."""
+    return finished_cells([committed], setting, keep=lambda meta: meta.get("record", {}).get("amendment") == 4)
+
+
+def earlier_set_lines(setting: str, cells: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
+    """The table of :func:`earlier_cells` with the set each read; no lines where there are none."""
     if not cells:
         return []
     rows = cell_rows(cells)
@@ -108,11 +112,13 @@ def earlier_set_lines(setting: str, committed: Path = EARLIER_SETS) -> List[str]
               "test ECE before TS (reported only) | test ECE after TS (reported only) |")
     return (["", f"Cells of `{setting}` on amendment 2's sets, run before the machine change (PROTOCOL.md, amendment "
              "4's clarification of 2026-12-07): re-run on the rebuilt sets; these enter no choice and no "
-             f"test (`{committed.as_posix()}/`).", "", header, "|---|---|---|---|---|---|---|"]
+             f"test (`{EARLIER_SETS.as_posix()}/`).", "", header, "|---|---|---|---|---|---|---|"]
             + grid_lines(rows, sorted(rows), None, SPEC.seeds.tuning) + [""] + _set_lines(cells, setting))
 
 
-def setting_lines(setting: str, cells, rows, choices, earlier: Path = EARLIER_SETS) -> List[str]:
+def setting_lines(setting: str, cells, rows, choices, earlier=None) -> List[str]:
+    """``setting``'s stage-1 tables, its choices and the sets its cells read; then the table of ``earlier``, its
+    cells on amendment 2's sets (:func:`earlier_cells`)."""
     header = ("| configuration | seeds (of 0-2) | val ECE before TS | val NLL before TS | val ECE after TS | "
               "test ECE before TS (reported only) | test ECE after TS (reported only) |")
     lines = [f"### `{setting}`: stage 1 (seeds 0-2, chosen on validation)", "", header, "|---|---|---|---|---|---|---|"]
@@ -125,13 +131,14 @@ def setting_lines(setting: str, cells, rows, choices, earlier: Path = EARLIER_SE
     lines += ["", f"Choices: CSM row {label(choices['csm'])}; best other method before TS "
               f"{label(choices['best_other']['pre_ts'])}, after TS {label(choices['best_other']['post_ts'])}.", ""]
     lines += _set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]
-    return lines + earlier_set_lines(setting, earlier) + [""]
+    return lines + earlier_set_lines(setting, earlier or {}) + [""]
 
 
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
                committed: Path = method_table.COMMITTED_A4, earlier: Path = EARLIER_SETS) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
     rows = {s: cell_rows(c) for s, c in cells.items()}
+    superseded = {s: earlier_cells(s, earlier) for s in method_table.A4_SETTINGS}
     summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
                  for s in method_table.A4_SETTINGS}
     # a cell the settings share is found under each; counted once
@@ -152,7 +159,8 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     lines += decision_lines(SPEC, primary_decision(SPEC, summaries),
                             claim=f"CSM calibrates better on {backbone['model']}")
     for setting in method_table.A4_SETTINGS:
-        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"], earlier)
+        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"],
+                               superseded[setting])
     shared = {m: runs for found in cells.values() for m, runs in found.items()}
     lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side)", ""] + _cost_lines(shared)
     todo = {s: next_cells(s, rows[s]) for s in method_table.A4_SETTINGS}
@@ -161,7 +169,10 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     text = "\n".join(lines) + "\n"
     write_text_atomic(path, text)
     write_json_atomic(json_path, [per_seed_json_row(m, r, setting=s) for s in method_table.A4_SETTINGS
-                                  for m, r in sorted(rows[s].items())], indent=1)
+                                  for m, r in sorted(rows[s].items())]
+                      + [per_seed_json_row(m, r, setting=s, superseded=EARLIER_SET_NOTE)
+                         for s in method_table.A4_SETTINGS for m, r in sorted(cell_rows(superseded[s]).items())],
+                      indent=1)
     return text
 
 
