@@ -521,6 +521,31 @@ def test_amendment4_cells_record_the_machine_the_pins_and_their_checkpoint(tmp_p
     assert entry["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # where the verdict holds
     assert entry["pins"] == {k: None for k in INSTRUCTION_SET_PINS}
 
+    # the log names the commit the run started from, though the checkout moves on while the cell trains
+    import subprocess
+
+    import timm_csm.training as training
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (repo / "code.py").write_text("1\n")
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "code.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "start"], check=True)
+    start = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    train = training.run
+
+    def train_while_the_checkout_moves(cfg):
+        (repo / "code.py").write_text("2\n")
+        subprocess.run(git + ["commit", "-qam", "later"], check=True)
+        return train(cfg)
+
+    monkeypatch.setattr(training, "run", train_while_the_checkout_moves)
+    _, reproduced = verify_and_log("ce-s0", [home], tmp_path / "moved.json", repo=repo)
+    entry = json.loads((tmp_path / "moved.json").read_text())[-1]
+    assert reproduced and entry["commit"] == start and entry["clean"]
+
 
 def test_amendment4_recipe_and_grids():
     recipe = table.a4_recipe()

@@ -244,8 +244,9 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
     """Re-run the committed cell ``name`` (the first of ``roots`` that holds it) from its recorded options on the
     current code, in a temporary folder. Returns ``{"results": every difference of what it computed, "added": the
     paths of the keys the current code reports that the committed results.json lacks (not compared), "record": how
-    its record differs (commit, versions, threads, generated set), where it has one}``; the cell reproduces when
-    ``results`` is empty."""
+    its record differs (commit, versions, threads, generated set), where it has one, "ran_at": the commit of
+    ``repo`` and whether its tracked files were clean when the run started}``; the cell reproduces when ``results`` is
+    empty."""
     from ..training import run
 
     home = next((Path(r) / name for r in roots if (Path(r) / name / CELL_META).exists()), None)
@@ -253,13 +254,18 @@ def verify_cell(name: str, roots: Sequence[Path], log: Callable[[str], None] = p
         raise SystemExit(f"no committed cell {name!r} under {', '.join(str(r) for r in roots)}")
     meta = read_json(home / CELL_META)
     cfg = dict(meta["config"])
+    # the code's commit and state as the run starts: the checkout may move while a cell trains
+    ran_at = {"commit": git("rev-parse", "HEAD", repo=repo),
+              "clean": git("status", "--porcelain", "--untracked-files=no", repo=repo) == ""}
+    now = cell_record(cfg, meta["record"].get("amendment"), repo, meta["record"].get("spec_digest")) \
+        if "record" in meta else None
     with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as tmp:
         log(f"[verify] re-running {name} in {tmp}")
         results = json.loads(json.dumps(run(paper_protocol(dict(cfg, output=tmp, experiment=".", progress=False)))))
     committed = read_json(home / RESULTS)
-    out = {"results": differences(committed, results), "added": added_keys(committed, results), "record": []}
-    if "record" in meta:
-        now = cell_record(cfg, meta["record"].get("amendment"), repo, meta["record"].get("spec_digest"))
+    out = {"results": differences(committed, results), "added": added_keys(committed, results), "record": [],
+           "ran_at": ran_at}
+    if now is not None:
         out["record"] = differences({k: v for k, v in meta["record"].items() if k != "resumed"}, now)
     return out
 
@@ -319,8 +325,7 @@ def verify_and_log(name: str, roots: Sequence[Path], log_path: Optional[Path] = 
         # the machine's vector units decide the last bits of float64 reductions: a verdict holds on the capability
         # it ran at
         write_json_atomic(Path(log_path), runs + [{
-            "cell": name, "commit": git("rev-parse", "HEAD", repo=repo),
-            "clean": git("status", "--porcelain", "--untracked-files=no", repo=repo) == "", "reproduced": not diffs,
+            "cell": name, **found["ran_at"], "reproduced": not diffs,
             "differences": diffs, "not_compared": found["added"], "cpu": cpu_model(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "pins": {k: os.environ.get(k) for k in INSTRUCTION_SET_PINS}}], indent=1)
