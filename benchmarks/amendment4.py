@@ -23,7 +23,7 @@ from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
 from timm_csm.study import load_spec
 from timm_csm.study.cells import cell_rows, finished_cells
 from timm_csm.study.plan import setting_plan
-from timm_csm.study.report import decision_lines, primary_decision
+from timm_csm.study.report import decision_lines, primary_decision, verify_lines
 from timm_csm.study.report_tables import grid_lines, per_seed_json_row
 
 __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
@@ -135,7 +135,8 @@ def setting_lines(setting: str, cells, rows, choices, earlier=None) -> List[str]
 
 
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
-               committed: Path = method_table.COMMITTED_A4, earlier: Path = EARLIER_SETS) -> str:
+               committed: Path = method_table.COMMITTED_A4, earlier: Path = EARLIER_SETS,
+               verify_log: Path = method_table.A4_VERIFY_LOG) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
     rows = {s: cell_rows(c) for s, c in cells.items()}
     superseded = {s: earlier_cells(s, earlier) for s in method_table.A4_SETTINGS}
@@ -161,6 +162,8 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     for setting in method_table.A4_SETTINGS:
         lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"],
                                superseded[setting])
+    verify = "python benchmarks/calibration_bench.py --verify CELL --amendment 4"
+    lines += [f"## Cells re-run (`{verify}`, with the pins)", ""] + verify_lines(verify_log, verify)
     shared = {m: runs for found in cells.values() for m, runs in found.items()}
     lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side)", ""] + _cost_lines(shared)
     todo = {s: next_cells(s, rows[s]) for s in method_table.A4_SETTINGS}

@@ -48,8 +48,9 @@ def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
 
 def test_page_states_pending_cells_without_any_cell(tmp_path):
     text = a4.write_page(tmp_path / "page.md", tmp_path / "rows.json", tmp_path / "none", tmp_path / "committed",
-                         tmp_path / "earlier")
+                         tmp_path / "earlier", tmp_path / "verify.json")
     assert "Cells: 0 finished" in text and ": pending.**" in text and "can run now, next `ce` seed 0" in text
+    assert "No cell has been re-run" in text
     assert (tmp_path / "rows.json").read_text().strip() == "[]"
 
 

@@ -94,12 +94,12 @@ def primary_decision(spec: StudySpec, summaries: Mapping[str, Mapping[str, Any]]
                   required_seeds or len(spec.seeds.decision), d.metric, d.family_alpha)
 
 
-def verify_lines(log: Optional[Path]) -> List[str]:
-    """The verify runs of committed cells, from the log ``timm-csm-study verify`` appends to; a record marked
-    ``transcribed`` (copied from a command's printed result, not written by the tool) says so."""
+def verify_lines(log: Optional[Path], command: str = "timm-csm-study verify") -> List[str]:
+    """The verify runs of committed cells, from the log ``command`` appends to; a record marked ``transcribed``
+    (copied from a command's printed result, not written by the tool) says so."""
     runs = read_json(log) if log is not None and Path(log).exists() else []
     if not runs:
-        return ["No cell has been re-run with `timm-csm-study verify` yet.", ""]
+        return [f"No cell has been re-run with `{command}` yet.", ""]
     lines = ["Verify runs (a committed cell re-run from its record at a commit):", ""]
     for r in runs:
         what = "reproduced exactly" if r["reproduced"] else differences_text(r["differences"])
