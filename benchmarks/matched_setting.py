@@ -17,6 +17,12 @@ in its folder and is skipped. Run it again after a kill to continue.
     python benchmarks/matched_setting.py --compare benchmarks/settings_quality.json   # both generators, one judge
     python benchmarks/matched_setting.py --record benchmarks/settings_a4.json matched annotated borrowed
 
+The matched generator that amendment 4's sets were rebuilt from (PROTOCOL.md, amendment 4's clarification of
+2026-12-07: ``b6a2b93``'s build, one thread, the instruction-set pins) is kept in ``benchmarks/generator_matched/``
+(its weights' sha256 in ``benchmarks/settings_a4.json``, with its stage marker): on a machine without ``runs/``,
+``cp -r benchmarks/generator_matched runs/settings/matched/generator`` before ``--setting matched`` starts the build
+at generation, about 40 CPU-minutes instead of two hours of training.
+
 The matched setting's real images are the classifier's: ``load_data`` with the benchmark's data options
 (``--data-seed 0 --val-size 2000 --max-train-samples 2500``), exported with the test split as a ``save_to_disk``
 folder that the scripts read like any user's dataset. The CSM dataset of a setting is

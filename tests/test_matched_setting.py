@@ -162,3 +162,14 @@ def test_the_build_record_names_each_finished_stage_by_what_it_made(tmp_path):
                                    "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
     reference = (tmp_path / "matched" / "reference" / "model.safetensors").read_bytes()
     assert stages["reference"] == {"sha256": hashlib.sha256(reference).hexdigest()}
+
+
+def test_the_kept_matched_generator_is_the_one_the_build_record_names():
+    import hashlib
+
+    record = json.loads(Path("benchmarks/settings_a4.json").read_text())["settings"]["matched"]["generator"]
+    kept = Path("benchmarks/generator_matched")
+    weights = kept / setting.PRODUCTS["generator"]
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == record["sha256"]
+    assert json.loads((kept / "DONE.json").read_text())["command"] == record["command"]
+    assert record["command"] == _stages("matched", Path("runs/settings"))["generator"][1][1:]
