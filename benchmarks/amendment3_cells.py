@@ -1,13 +1,15 @@
-"""Amendment 3's shift cells: which finished amendment-2 cells a shift cell evaluates, its two ``--eval-only`` runs
-(resumable, kept apart) and its compact record, ``shift.json`` (``amendment3.py``'s docstring says what runs)."""
+"""The shift cells of a set of training cells (amendment 3: amendment 2's; amendment 4: its own): which finished
+cells of the decision rows a shift cell evaluates, its two ``--eval-only`` runs (resumable, kept apart) and its
+compact record, ``shift.json``, beside the committed cell (``amendment3.py``'s docstring says what runs)."""
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import amendment2 as a2
 import calibration_methods as method_table
@@ -15,7 +17,6 @@ from timm_csm.io import file_sha256, write_json_atomic
 from timm_csm.metrics import metrics_for
 from timm_csm.recipes.cells import CELL_META, cell_record, read_json
 
-OUTPUT = Path("runs/protocol_a3")
 SHIFT_FILE = "shift.json"
 #: the amendment-2 cells' data options, and each of a shift cell's two runs (PROTOCOL.md amendment 3)
 DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--val-size", "2000", "--data-seed", "0"]
@@ -23,41 +24,99 @@ DATA_OPTIONS = ["--dataset", "fashion_mnist", "--max-train-samples", "2500", "--
 TS_OPTIONS = ["--ts-method", "grid_ece"]
 RUNS = {"shift": ["--max-test-samples", "2000", "--eval-shift", "all", "--ood", "mnist5k"],
         "digits": ["--max-test-samples", "2000", "--ood", "digits"]}
+CHECKPOINT = "model_best.safetensors"
+
+
+@dataclass(frozen=True)
+class ShiftSource:
+    """The training cells a family of shift cells evaluates, and where everything lies.
+
+    ``amendment``: the amendment recorded in each ``shift.json``; ``settings``, ``seeds``: the decision settings
+    and seeds; ``committed``: the committed cell folders (``shift.json`` is written beside their ``cell.json``);
+    ``checkpoints``: the training cells' output, whose ``cells/<cell>/`` keeps each best checkpoint;
+    ``checkpoints_shown``: its default place, which the record shows; ``output``: the shift cells' run folders;
+    ``cells(setting, checkpoints, committed)``: the finished cells ``{method: {seed: cell}}``;
+    ``choices(setting, cells)``: stage 1's choices."""
+
+    amendment: int
+    settings: Tuple[str, ...]
+    seeds: Tuple[int, ...]
+    committed: Path
+    checkpoints: Path
+    checkpoints_shown: Path
+    output: Path
+    cells: Callable[[str, Path, Path], Dict[str, Dict[int, Dict[str, Any]]]]
+    choices: Callable[[str, Dict[str, Dict[int, Dict[str, Any]]]], Dict[str, Any]]
+
+    def checkpoint(self, cell: str, shown: bool = False) -> Path:
+        return Path(self.checkpoints_shown if shown else self.checkpoints) / "cells" / cell / CHECKPOINT
+
+    def setting_choices(self, setting: str) -> Dict[str, Any]:
+        return self.choices(setting, self.cells(setting, self.checkpoints, self.committed))
+
+
+#: amendment 3: amendment 2's decision rows
+A3 = ShiftSource(3, tuple(a2.DECISION_SETTINGS), tuple(method_table.A2_SEEDS), method_table.COMMITTED_A2,
+                 Path(method_table.A2_OUTPUT), Path(method_table.A2_OUTPUT), Path("runs/protocol_a3"),
+                 cells=lambda setting, checkpoints, committed: a2.a2_cells(setting, checkpoints, committed),
+                 choices=lambda setting, cells: a2.stage1_choices(setting, a2._rows(cells)))
 
 
 def decision_rows(choices: Dict[str, Any]) -> List[str]:
-    """Amendment 2's stage-2 rows of a setting whose choices are made: CE, the chosen RegMixup, the best other
-    method before and after TS, the CSM row."""
+    """The stage-2 rows of a setting whose choices are made: CE, the chosen RegMixup, the best other method before
+    and after TS, the CSM row."""
     names = ["ce", choices["chosen"].get("regmixup"), *choices["best_other"].values(), choices["csm"]]
     return [m for m in dict.fromkeys(names) if m is not None]
 
 
-def shift_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> Dict[str, Dict[str, Dict[int, Path]]]:
-    """``{setting: {method: {seed: committed cell folder}}}`` of the finished amendment-2 cells of the decision
-    rows that have a committed ``shift.json`` or whose checkpoint is kept in ``a2_output`` (so that the page reads
-    the committed records alone, on a machine without the checkpoints)."""
+def decision_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Path]]]:
+    """``{setting: {method: {seed: committed cell folder}}}`` of every finished cell of the decision rows."""
     out: Dict[str, Dict[str, Dict[int, Path]]] = {}
-    for setting in a2.DECISION_SETTINGS:
-        cells = a2.a2_cells(setting, a2_output)
-        choices = a2.stage1_choices(setting, a2._rows(cells))
+    for setting in source.settings:
+        cells = source.cells(setting, source.checkpoints, source.committed)
+        choices = source.choices(setting, cells)
         for method in decision_rows(choices):
             for seed, cell in sorted(cells.get(method, {}).items()):
-                committed = method_table.COMMITTED_A2 / cell["dir"].name
-                if committed.is_dir() and ((committed / SHIFT_FILE).exists()
-                                           or _checkpoint(a2_output, committed.name).exists()):
+                committed = Path(source.committed) / cell["dir"].name
+                if committed.is_dir():
                     out.setdefault(setting, {}).setdefault(method, {})[seed] = committed
     return out
 
 
-def _checkpoint(a2_output: Path, cell: str) -> Path:
-    return Path(a2_output) / "cells" / cell / "model_best.safetensors"
+def shift_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Path]]]:
+    """:func:`decision_cells` that have a committed ``shift.json`` or a kept checkpoint (so that the page reads the
+    committed records alone, on a machine without the checkpoints)."""
+    return {setting: kept for setting, rows in decision_cells(source).items()
+            if (kept := {method: found for method, seeds in rows.items()
+                         if (found := {seed: d for seed, d in seeds.items() if (d / SHIFT_FILE).exists()
+                                       or source.checkpoint(d.name).exists()})})}
 
 
-def next_cells(a2_output: Path = Path(method_table.A2_OUTPUT)) -> List[str]:
+def next_cells(source: ShiftSource = A3) -> List[str]:
     """The cells of :func:`shift_cells` without a ``shift.json``, seed by seed, each once."""
-    todo = [(seed, d.name) for rows in shift_cells(a2_output).values() for seeds in rows.values()
+    todo = [(seed, d.name) for rows in shift_cells(source).values() for seeds in rows.values()
             for seed, d in seeds.items() if not (d / SHIFT_FILE).exists()]
     return list(dict.fromkeys(name for _, name in sorted(todo)))
+
+
+def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
+    """``(setting, method, seed)`` of the decision cells without a ``shift.json`` whose checkpoint is not kept, each
+    once (a cell the settings share under the first), seed by seed: a shift cell evaluates the checkpoint that re-running the training cell makes, which must be the committed one
+    (its recorded sha256; PROTOCOL.md, amendment 4's clarification of 2026-12-07)."""
+    lost = {d.name: (setting, method, seed) for setting, rows in reversed(decision_cells(source).items())
+            for method, seeds in rows.items() for seed, d in sorted(seeds.items())
+            if not (d / SHIFT_FILE).exists() and not source.checkpoint(d.name).exists()}
+    return sorted(lost.values(), key=lambda cell: (cell[2], list(source.settings).index(cell[0]), cell[1]))
+
+
+def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> str:
+    """The kept checkpoint's sha256, which must be the one the committed cell recorded (where it recorded one)."""
+    digest = file_sha256(checkpoint)
+    recorded = read_json(committed / CELL_META).get("checkpoint_sha256")
+    if recorded is not None and recorded != digest:
+        raise SystemExit(f"{cell}: the kept checkpoint {checkpoint} is not the committed cell's (sha256 "
+                         f"{digest[:12]}, recorded {recorded[:12]}): it did not reproduce; no shift cell evaluates it")
+    return digest
 
 
 def _results(folder: Path) -> Dict[str, Any]:
@@ -67,19 +126,20 @@ def _results(folder: Path) -> Dict[str, Any]:
     return read_json(found[0])
 
 
-def run_cell(cell: str, a2_output: Path = Path(method_table.A2_OUTPUT), output: Path = OUTPUT, log=print) -> Path:
-    """Run (or finish) the shift cell of amendment-2 cell ``cell``; write its ``shift.json`` beside the committed
+def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
+    """Run (or finish) the shift cell of the committed cell ``cell``; write its ``shift.json`` beside the committed
     cell record and return that path. Each run writes into ``<run>.partial`` and is renamed when it ends, so a kill
     loses at most the run under way and the next call redoes only that one."""
-    committed = method_table.COMMITTED_A2 / cell
-    checkpoint = _checkpoint(a2_output, cell)
+    committed = Path(source.committed) / cell
+    checkpoint = source.checkpoint(cell)
     if not (committed / CELL_META).exists():
-        raise SystemExit(f"{cell}: no committed amendment-2 cell at {committed}")
+        raise SystemExit(f"{cell}: no committed cell at {committed}")
     if not checkpoint.exists():
-        raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the amendment-2 cell first")
+        raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the training cell first")
+    digest = _check_checkpoint(cell, committed, checkpoint)
     commands, seconds = {}, {}
     for tag, options in RUNS.items():
-        folder = Path(output) / cell / tag
+        folder = Path(source.output) / cell / tag
         cmd = [sys.executable, "train.py", "--eval-only", "--checkpoint", str(checkpoint), *DATA_OPTIONS, *TS_OPTIONS,
                *options, "--no-progress"]
         commands[tag] = ["train.py", *cmd[2:]]
@@ -96,11 +156,10 @@ def run_cell(cell: str, a2_output: Path = Path(method_table.A2_OUTPUT), output: 
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
     # the record names the checkpoint by its place under the default output and by its digest, not by this machine
-    commands = {tag: [str(Path(method_table.A2_OUTPUT) / "cells" / cell / checkpoint.name) if a == str(checkpoint) else a
-                      for a in cmd] for tag, cmd in commands.items()}
-    record = dict(cell_record({}, 3), commands=commands, seconds=seconds,
-                  checkpoint_digest=file_sha256(checkpoint))
-    shift = compact(_results(Path(output) / cell / "shift"), _results(Path(output) / cell / "digits"))
+    shown = str(source.checkpoint(cell, shown=True))
+    commands = {tag: [shown if a == str(checkpoint) else a for a in cmd] for tag, cmd in commands.items()}
+    record = dict(cell_record({}, source.amendment), commands=commands, seconds=seconds, checkpoint_digest=digest)
+    shift = compact(_results(Path(source.output) / cell / "shift"), _results(Path(source.output) / cell / "digits"))
     path = committed / SHIFT_FILE
     write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)
     log(f"[{cell}] wrote {path}")

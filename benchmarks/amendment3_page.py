@@ -1,14 +1,15 @@
-"""Amendment 3's page, ``benchmarks/shift_a3.md``: the Holm-corrected decisions under shift and against OOD images,
-the per-setting tables and the secondary comparisons, from the committed shift cells' records."""
+"""A shift page (amendment 3's ``benchmarks/shift_a3.md``, amendment 4's ``shift_a4.md``): the Holm-corrected
+decisions under shift and against OOD images, the per-setting tables and the secondary comparisons, from the
+committed shift cells' records of a :class:`~amendment3_cells.ShiftSource`."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import amendment2 as a2
 import calibration_methods as method_table
-from amendment3_cells import SHIFT_FILE, decision_rows, shift_cells
+from amendment3_cells import A3, SHIFT_FILE, ShiftSource, decision_rows, shift_cells
 from timm_csm.io import write_text_atomic
 from timm_csm.metrics import detectable_difference, holm, interval_text, paired_t_interval
 from timm_csm.recipes.cells import CELL_META, read_json
@@ -72,11 +73,11 @@ def _label(name: Optional[str]) -> str:
     return method_table.get_method(name).label if name else "pending"
 
 
-def primary_tests(found, choices) -> List[Dict[str, Any]]:
+def primary_tests(found, choices, source: ShiftSource = A3) -> List[Dict[str, Any]]:
     """Both families of primary comparisons (PROTOCOL.md amendment 3), each test with its Holm decision; a
-    comparison short of 15 seeds of both rows is pending (and left out of its family until all are in)."""
+    comparison short of the decision seeds of both rows is pending (and left out of its family until all are in)."""
     families = {"shift": [], "ood": []}
-    for setting in a2.DECISION_SETTINGS:
+    for setting in source.settings:
         ch = choices[setting]
         csm, others = ch["csm"], ["ce", ch["best_other"]["pre_ts"]]
         rows = found.get(setting, {})
@@ -86,7 +87,9 @@ def primary_tests(found, choices) -> List[Dict[str, Any]]:
             families["ood"].append(_test(setting, "OOD (mnist5k, max-softmax AUROC)", csm, other, rows, ood_auroc(),
                                          +1))
     for family, tests in families.items():
-        ready = [t for t in tests if t["interval"] is not None and t["interval"].n == len(method_table.A2_SEEDS)]
+        for t in tests:
+            t["family_size"] = len(tests)
+        ready = [t for t in tests if t["interval"] is not None and t["interval"].n == len(source.seeds)]
         if ready and len(ready) == len(tests):
             adjusted, reject = holm([t["interval"].p_value for t in ready], FAMILY_ALPHA)
             for t, adj, rej in zip(ready, adjusted, reject):
@@ -121,7 +124,7 @@ def _test_line(t: Dict[str, Any], scale: float) -> str:
         return f"| {t['setting']} | {t['what']} | {_label(t['other'])} | pending | - | - | - | - |"
     sd = iv.sd
     power = (f"{detectable_difference(sd, iv.n) * scale:.2f} / "
-             f"{detectable_difference(sd, iv.n, FAMILY_ALPHA / (20 if 'severity' in t['what'] else 4)) * scale:.2f}"
+             f"{detectable_difference(sd, iv.n, FAMILY_ALPHA / t['family_size']) * scale:.2f}"
              if sd > 0 else "-")
     verdict = ("pending" if t["better"] is None else "yes" if t["better"] else
                "not shown" if iv.low <= 0 <= iv.high else "no (the other way)")
@@ -137,11 +140,11 @@ def _severities(ks: Sequence[int]) -> str:
     return f"severities {', '.join(map(str, ks[:-1]))} and {ks[-1]}"
 
 
-def verdict_lines(tests: List[Dict[str, Any]]) -> List[str]:
+def verdict_lines(tests: List[Dict[str, Any]], settings: Sequence[str] = A3.settings) -> List[str]:
     """The protocol's claims in its words, per setting: "CSM calibrates better under shift at severity k" holds iff
     both of that severity's comparisons are decided better; "CSM detects OOD images better" likewise."""
     lines = []
-    for setting in a2.DECISION_SETTINGS:
+    for setting in settings:
         mine = [t for t in tests if t["setting"] == setting]
         if any(t["better"] is None for t in mine):
             lines.append(f"- `{setting}`: pending.")
@@ -218,15 +221,15 @@ def secondary_tables(setting: str, rows, choices: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
-def secondary_section(found, choices) -> List[str]:
-    lines = ["## Secondary comparisons (unadjusted paired 95% t-intervals over the 15 seeds; no claim unless the "
-             "interval excludes 0)", "",
+def secondary_section(found, choices, source: ShiftSource = A3) -> List[str]:
+    lines = [f"## Secondary comparisons (unadjusted paired 95% t-intervals over the {len(source.seeds)} seeds; no "
+             "claim unless the interval excludes 0)", "",
              "The CSM row minus each other decision row: difference [95% t-interval] and the observed paired sd "
              "(`sd`); ECE, accuracy, AUROC and FPR in points, NLL in nats. Lower is better for ECE, NLL and FPR, "
              "higher for accuracy and AUROC. These are the secondary comparisons PROTOCOL.md amendment 3 names: "
              "after TS, accuracy and NLL under shift, the worst corruption's ECE, against RegMixup, the other OOD "
              "scores, FPR at 95% TPR and the `digits` source.", ""]
-    ready = [s for s in a2.DECISION_SETTINGS if choices[s]["csm"] is not None]
+    ready = [s for s in source.settings if choices[s]["csm"] is not None]
     for setting in ready:
         lines += secondary_summary(setting, found.get(setting, {}), choices[setting])
     lines.append("")
@@ -235,50 +238,69 @@ def secondary_section(found, choices) -> List[str]:
     return lines if ready else lines[:2] + ["Pending: no CSM row yet.", ""]
 
 
-def seed_lines(done: Sequence[str]) -> List[str]:
-    """Which seed each cell's corruptions were drawn with (PROTOCOL.md amendment 3, clarification of 2026-12-06)."""
-    seeds = {c: corruption_seed(method_table.COMMITTED_A2 / c) for c in done}
-    training = {c: int(read_json(method_table.COMMITTED_A2 / c / CELL_META)["seed"]) for c in done}
+@dataclass(frozen=True)
+class PageText:
+    """The words of a shift page that differ between amendments: its title, what it evaluates (``rows``: "Amendment
+    2's decision rows"), its script and the rule the corruptions were drawn by (``seed_rule``)."""
+
+    title: str
+    rows: str
+    script: str
+    seed_rule: str
+
+
+A3_TEXT = PageText(
+    "Calibration under shift and out of distribution (PROTOCOL.md amendment 3)", "Amendment 2's decision rows",
+    "benchmarks/amendment3.py",
+    "PROTOCOL.md amendment 3 states seed 0; the `--eval-only` run takes `--seed` from the checkpoint, so each cell's "
+    "corruptions were drawn with its training seed (PROTOCOL.md, amendment 3, clarification of 2026-12-06)")
+
+
+def seed_lines(done: Sequence[str], committed: Path = A3.committed, rule: str = A3_TEXT.seed_rule) -> List[str]:
+    """Which seed each cell's corruptions were drawn with, after the protocol's ``rule``."""
+    seeds = {c: corruption_seed(Path(committed) / c) for c in done}
+    training = {c: int(read_json(Path(committed) / c / CELL_META)["seed"]) for c in done}
     same = [c for c in done if seeds[c][0] == training[c]]
     recorded = sum(1 for c in done if seeds[c][1] == "recorded")
     other = [f"{c} (seed {seeds[c][0]})" for c in done if c not in same]
-    return [f"Corruption seed: PROTOCOL.md amendment 3 states seed 0; the `--eval-only` run takes `--seed` from the "
-            f"checkpoint, so each cell's corruptions were drawn with its training seed (PROTOCOL.md, amendment 3, "
-            f"clarification of 2026-12-06). The two rows of a paired comparison share that seed, hence the same "
-            f"corrupted images, and the paired tests stand. Of the {len(done)} cells, {len(same)} drew with their "
+    return [f"Corruption seed: {rule}. The two rows of a paired comparison share that seed, hence the same corrupted "
+            f"images, and the paired tests stand. Of the {len(done)} cells, {len(same)} drew with their "
             f"training seed: {recorded} as recorded in `shift.json` (`corruption_seed`), {len(done) - recorded} "
             f"derived from the training seed in `cell.json` (run before `shift.json` recorded it)"
             + (f"; other seeds: {', '.join(other)}." if other else "."), ""]
 
 
-def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)) -> Path:
-    found = shift_cells(a2_output)
-    choices = {s: a2.stage1_choices(s, a2._rows(a2.a2_cells(s, a2_output))) for s in a2.DECISION_SETTINGS}
+def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_TEXT) -> Path:
+    found = shift_cells(source)
+    choices = {s: source.setting_choices(s) for s in source.settings}
     done = sorted({d.name for rows in found.values() for seeds in rows.values() for d in seeds.values()
                    if (d / SHIFT_FILE).exists()})
-    records = [read_json(method_table.COMMITTED_A2 / c / SHIFT_FILE)["record"] for c in done]
-    lines = ["# Calibration under shift and out of distribution (PROTOCOL.md amendment 3)", "",
-             "Amendment 2's decision rows, as trained (their kept checkpoints), on 2 000 Fashion-MNIST test images "
+    records = [read_json(Path(source.committed) / c / SHIFT_FILE)["record"] for c in done]
+    n = len(source.seeds)
+    lines = [f"# {text.title}", "",
+             f"{text.rows}, as trained (their kept checkpoints), on 2 000 Fashion-MNIST test images "
              "under 23 corruptions at severities 1-5 and against two OOD sources; temperatures fitted on each "
              "cell's clean validation images. Metrics in %, mean ± sd over seeds (number of seeds).", "",
-             "Commands: `python benchmarks/amendment3.py --run CELL` (one shift cell), `--next` (those that can "
+             f"Commands: `python {text.script} --run CELL` (one shift cell), `--next` (those that can "
              "run, one a line: each runs with `--run`), `--report` (this page).",
              "",
              f"Shift cells finished: {len(done)}; commits: {', '.join(sorted({r['commit'][:7] for r in records})) or '-'}"
              f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", "",
-             *seed_lines(done)]
-    tests = primary_tests(found, choices)
-    lines += ["## Decisions (the CSM row minus the other method; paired over 15 seeds; Holm within each family)", "",
-              "Shift: mean test ECE over the 23 corruptions before TS (lower is better; Holm over 20). OOD: "
-              "max-softmax AUROC before TS on mnist5k (higher is better; Holm over 4). Detectable: the smallest true "
-              "difference 15 seeds detect with 80% power at the observed paired sd, at alpha 0.05 / at Holm's "
-              "strictest level.", "",
+             *seed_lines(done, source.committed, text.seed_rule)]
+    tests = primary_tests(found, choices, source)
+    lines += [f"## Decisions (the CSM row minus the other method; paired over {n} seeds; Holm within each family)",
+              "",
+              f"Shift: mean test ECE over the 23 corruptions before TS (lower is better; Holm over "
+              f"{sum(t['what'].startswith('severity') for t in tests)}). OOD: max-softmax AUROC before TS on mnist5k "
+              f"(higher is better; Holm over {sum(not t['what'].startswith('severity') for t in tests)}). "
+              f"Detectable: the smallest true difference {n} seeds detect with 80% power at the observed paired sd, "
+              "at alpha 0.05 / at Holm's strictest level.", "",
               "| setting | comparison | other method | difference [95% t-interval] | Holm-adjusted p | paired sd | "
               "detectable | CSM better |", "|---|---|---|---|---|---|---|---|"]
     lines += [_test_line(t, 100.0) for t in tests] + [""]
     lines += ["Verdicts (a severity holds where both of its comparisons say yes; OOD likewise):", "",
-              *verdict_lines(tests)]
-    for setting in a2.DECISION_SETTINGS:
+              *verdict_lines(tests, source.settings)]
+    for setting in source.settings:
         rows = found.get(setting, {})
         methods = decision_rows(choices[setting])
         lines += [f"## `{setting}`", "",
@@ -296,6 +318,6 @@ def write_page(path: Path = PAGE, a2_output: Path = Path(method_table.A2_OUTPUT)
             clean_acc = _mean_sd(_values(rows.get(m, {}), lambda s: s["clean"]["uncalibrated"]["accuracy"]))
             lines.append(f"| {_label(m)} | accuracy | {clean_acc} | " + " | ".join(acc) + " | | |")
         lines.append("")
-    lines += secondary_section(found, choices)
+    lines += secondary_section(found, choices, source)
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -162,6 +162,8 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     for setting in method_table.A4_SETTINGS:
         lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"],
                                superseded[setting])
+    lines += ["Under shift and out of distribution: [shift_a4.md](shift_a4.md) (`python benchmarks/amendment4_shift.py "
+              "--report`).", ""]
     verify = "python benchmarks/calibration_bench.py --verify CELL --amendment 4"
     lines += [f"## Cells re-run (`{verify}`, with the pins)", ""] + verify_lines(verify_log, verify)
     shared = {m: runs for found in cells.values() for m, runs in found.items()}

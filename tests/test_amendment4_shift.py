@@ -1,0 +1,79 @@
+"""Amendment 4's shift cells (benchmarks/amendment4_shift.py, on amendment 3's cells and page): which decision cells a
+shift cell evaluates, which must be trained again for their checkpoints, the checkpoint's digest check, and the page
+at 10 seeds, on constructed cells."""
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+from timm_csm.recipes.cells import CELL_META
+
+load_benchmark("calibration_bench")
+a3_cells = load_benchmark("amendment3_cells")
+a3_page = load_benchmark("amendment3_page")
+shift4 = load_benchmark("amendment4_shift")
+
+CHOICES = {"csm": "csm@s=8", "best_other": {"pre_ts": "mixup@mixup=0.1", "post_ts": "ce"},
+           "chosen": {"regmixup": "regmixup@regmixup=2"}}
+
+
+def _source(tmp_path, methods, seeds=range(2)):
+    """An amendment-4 source over constructed committed cells: every method's cells in both settings, the CE and
+    Mixup cells shared by the settings (one folder), CSM's per setting."""
+    committed = tmp_path / "committed"
+    found = {}
+    for setting in ("matched", "annotated"):
+        for method in methods:
+            for seed in seeds:
+                name = f"{method}-{setting}-s{seed}" if method.startswith("csm") else f"{method}-s{seed}"
+                (committed / name).mkdir(parents=True, exist_ok=True)
+                (committed / name / CELL_META).write_text(json.dumps({"seed": seed}))
+                found.setdefault(setting, {}).setdefault(method, {})[seed] = {"dir": committed / name}
+    return dataclasses.replace(shift4.A4, committed=committed, checkpoints=tmp_path / "runs",
+                               output=tmp_path / "shift", cells=lambda setting, *_: found.get(setting, {}),
+                               choices=lambda setting, cells: CHOICES)
+
+
+def test_a_lost_checkpoint_is_listed_once_for_re_training_and_a_kept_one_for_its_shift_cell(tmp_path):
+    source = _source(tmp_path, ["ce", "mixup@mixup=0.1", "csm@s=8", "ls"])
+    lost = a3_cells.lost_checkpoints(source)
+    # seed by seed, a shared cell once (under the first setting), the per-setting CSM cells in each; LS is no row
+    assert lost[:4] == [("matched", "ce", 0), ("matched", "csm@s=8", 0), ("matched", "mixup@mixup=0.1", 0),
+                        ("annotated", "csm@s=8", 0)]
+    assert len(lost) == 8 and not any(m == "ls" for _, m, _ in lost)
+    assert a3_cells.next_cells(source) == []
+    kept = source.checkpoint("ce-s1")
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"weights")
+    assert a3_cells.next_cells(source) == ["ce-s1"]
+    assert ("matched", "ce", 1) not in a3_cells.lost_checkpoints(source)
+    commands = shift4.remake_commands(source)
+    assert len(commands) == 7 and commands[0].endswith("--recipe matched --methods 'ce' --seeds 0")
+    # the record shows the checkpoint at its default place, not this machine's
+    assert str(source.checkpoint("ce-s1", shown=True)) == "runs/protocol_a4/cells/ce-s1/model_best.safetensors"
+
+
+def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(tmp_path):
+    source = _source(tmp_path, ["ce"], seeds=[3])
+    checkpoint = source.checkpoint("ce-s3")
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"re-made weights")
+    meta = source.committed / "ce-s3" / CELL_META
+    meta.write_text(json.dumps({"seed": 3, "checkpoint_sha256": hashlib.sha256(b"the first weights").hexdigest()}))
+    with pytest.raises(SystemExit, match="did not reproduce"):
+        a3_cells.run_cell("ce-s3", source)
+    assert not (source.output / "ce-s3").exists() and not (source.committed / "ce-s3" / a3_cells.SHIFT_FILE).exists()
+    meta.write_text(json.dumps({"seed": 3, "checkpoint_sha256": hashlib.sha256(b"re-made weights").hexdigest()}))
+    assert a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint) == hashlib.sha256(
+        b"re-made weights").hexdigest()
+
+
+def test_the_page_decides_at_ten_seeds_with_holm_over_twenty_and_four(tmp_path):
+    source = _source(tmp_path, [], seeds=[])
+    page = a3_page.write_page(tmp_path / "shift_a4.md", source, shift4.TEXT).read_text()
+    assert page.startswith("# Calibration under shift and out of distribution on resnet18 (PROTOCOL.md amendment 4)")
+    assert "paired over 10 seeds" in page and "Holm over 20" in page and "Holm over 4" in page
+    assert "python benchmarks/amendment4_shift.py --run CELL" in page and "amendment 3, clarification" not in page
+    assert "over the 10 seeds" in page
