@@ -15,7 +15,7 @@ import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic
 from timm_csm.metrics import metrics_for
-from timm_csm.recipes.cells import CELL_META, cell_record, read_json
+from timm_csm.recipes.cells import CELL_META, cell_record, instruction_set_problem, read_json
 
 SHIFT_FILE = "shift.json"
 #: the amendment-2 cells' data options, and each of a shift cell's two runs (PROTOCOL.md amendment 3)
@@ -137,6 +137,10 @@ def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
     if not checkpoint.exists():
         raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the training cell first")
     digest = _check_checkpoint(cell, committed, checkpoint)
+    # from amendment 4 on, a cell runs with the instruction set pinned, so that it reproduces on another machine
+    problem = instruction_set_problem() if source.amendment >= 4 else None
+    if problem:
+        raise SystemExit(f"{cell}: {problem}")
     commands, seconds = {}, {}
     for tag, options in RUNS.items():
         folder = Path(source.output) / cell / tag
@@ -158,12 +162,21 @@ def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
     # the record names the checkpoint by its place under the default output and by its digest, not by this machine
     shown = str(source.checkpoint(cell, shown=True))
     commands = {tag: [shown if a == str(checkpoint) else a for a in cmd] for tag, cmd in commands.items()}
-    record = dict(cell_record({}, source.amendment), commands=commands, seconds=seconds, checkpoint_digest=digest)
+    record = shift_record(committed, source.amendment, commands=commands, seconds=seconds, checkpoint_digest=digest)
     shift = compact(_results(Path(source.output) / cell / "shift"), _results(Path(source.output) / cell / "digits"))
     path = committed / SHIFT_FILE
     write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)
     log(f"[{cell}] wrote {path}")
     return path
+
+
+def shift_record(committed: Path, amendment: int, **fields) -> Dict[str, Any]:
+    """The record of the shift cell of ``committed`` (:func:`cell_record`, and ``fields``): from amendment 4 on, with
+    the digests of the real images of the training cell's data options; not its generated set or teacher, which a
+    shift cell does not read."""
+    data = {k: v for k, v in read_json(committed / CELL_META).get("config", {}).items()
+            if k not in ("csm_dataset", "teacher")}
+    return dict(cell_record(data, amendment), **fields)
 
 
 def _r(v: Optional[float]) -> Optional[float]:

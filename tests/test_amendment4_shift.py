@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmark_scripts import load_benchmark
-from timm_csm.recipes.cells import CELL_META
+from timm_csm.recipes.cells import CELL_META, INSTRUCTION_SET_PINS
 
 load_benchmark("calibration_bench")
 a3_cells = load_benchmark("amendment3_cells")
@@ -55,7 +55,7 @@ def test_a_lost_checkpoint_is_listed_once_for_re_training_and_a_kept_one_for_its
     assert str(source.checkpoint("ce-s1", shown=True)) == "runs/protocol_a4/cells/ce-s1/model_best.safetensors"
 
 
-def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(tmp_path):
+def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(tmp_path, monkeypatch):
     source = _source(tmp_path, ["ce"], seeds=[3])
     checkpoint = source.checkpoint("ce-s3")
     checkpoint.parent.mkdir(parents=True)
@@ -68,6 +68,12 @@ def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(
     meta.write_text(json.dumps({"seed": 3, "checkpoint_sha256": hashlib.sha256(b"re-made weights").hexdigest()}))
     assert a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint) == hashlib.sha256(
         b"re-made weights").hexdigest()
+    # the right checkpoint, but the instruction set not pinned (the test's process): refused before any run
+    for pin in INSTRUCTION_SET_PINS:
+        monkeypatch.delenv(pin, raising=False)
+    with pytest.raises(SystemExit, match="instruction set pinned"):
+        a3_cells.run_cell("ce-s3", source)
+    assert not (source.output / "ce-s3").exists()
 
 
 def test_the_page_decides_at_ten_seeds_with_holm_over_twenty_and_four(tmp_path):
@@ -77,3 +83,14 @@ def test_the_page_decides_at_ten_seeds_with_holm_over_twenty_and_four(tmp_path):
     assert "paired over 10 seeds" in page and "Holm over 20" in page and "Holm over 4" in page
     assert "python benchmarks/amendment4_shift.py --run CELL" in page and "amendment 3, clarification" not in page
     assert "over the 10 seeds" in page
+
+
+def test_the_shift_record_names_the_training_cells_real_images_not_its_generated_set(tmp_path):
+    committed = tmp_path / "csm@s=4-matched-s0"
+    committed.mkdir()
+    cell = json.loads((shift4.a4.EARLIER_SETS / committed.name / CELL_META).read_text())
+    (committed / CELL_META).write_text(json.dumps(cell))
+    record = a3_cells.shift_record(committed, 4, seconds={"shift": 1.0})
+    assert record["amendment"] == 4 and record["seconds"] == {"shift": 1.0}
+    assert record["real_images"] == cell["record"]["real_images"]  # the data the cell trained on, not a default's
+    assert "generated_set" not in record and "teacher" not in record
