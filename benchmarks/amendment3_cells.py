@@ -86,10 +86,13 @@ def decision_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Pa
 def shift_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Path]]]:
     """:func:`decision_cells` that have a committed ``shift.json`` or a kept checkpoint (so that the page reads the
     committed records alone, on a machine without the checkpoints)."""
-    return {setting: kept for setting, rows in decision_cells(source).items()
-            if (kept := {method: found for method, seeds in rows.items()
-                         if (found := {seed: d for seed, d in seeds.items() if (d / SHIFT_FILE).exists()
-                                       or source.checkpoint(d.name).exists()})})}
+    out: Dict[str, Dict[str, Dict[int, Path]]] = {}
+    for setting, rows in decision_cells(source).items():
+        for method, seeds in rows.items():
+            for seed, d in seeds.items():
+                if (d / SHIFT_FILE).exists() or source.checkpoint(d.name).exists():
+                    out.setdefault(setting, {}).setdefault(method, {})[seed] = d
+    return out
 
 
 def next_cells(source: ShiftSource = A3) -> List[str]:
@@ -100,13 +103,17 @@ def next_cells(source: ShiftSource = A3) -> List[str]:
 
 
 def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
-    """``(setting, method, seed)`` of the decision cells without a ``shift.json`` whose checkpoint is not kept, each
-    once (a cell the settings share under the first), seed by seed: a shift cell evaluates the checkpoint that re-running the training cell makes, which must be the committed one
-    (its recorded sha256; PROTOCOL.md, amendment 4's clarification of 2026-12-07)."""
-    lost = {d.name: (setting, method, seed) for setting, rows in reversed(decision_cells(source).items())
-            for method, seeds in rows.items() for seed, d in sorted(seeds.items())
-            if not (d / SHIFT_FILE).exists() and not source.checkpoint(d.name).exists()}
-    return sorted(lost.values(), key=lambda cell: (cell[2], list(source.settings).index(cell[0]), cell[1]))
+    """``(setting, method, seed)`` of the decision cells without a ``shift.json`` whose checkpoint is not kept, seed
+    by seed, each once (a cell the settings share, under the first): a shift cell evaluates the checkpoint that
+    re-running the training cell makes, which must be the committed one (its recorded sha256; PROTOCOL.md,
+    amendment 4's clarification of 2026-12-07)."""
+    lost: Dict[str, Tuple[str, str, int]] = {}
+    for setting, rows in decision_cells(source).items():
+        for method, seeds in rows.items():
+            for seed, d in seeds.items():
+                if not (d / SHIFT_FILE).exists() and not source.checkpoint(d.name).exists():
+                    lost.setdefault(d.name, (setting, method, seed))
+    return sorted(lost.values(), key=lambda cell: (cell[2], source.settings.index(cell[0]), cell[1]))
 
 
 def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> str:

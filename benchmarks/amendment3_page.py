@@ -277,6 +277,8 @@ def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_
                    if (d / SHIFT_FILE).exists()})
     records = [read_json(Path(source.committed) / c / SHIFT_FILE)["record"] for c in done]
     n = len(source.seeds)
+    commits = ", ".join(sorted({r["commit"][:7] for r in records}))
+    threads = ", ".join(sorted({str(r["torch_threads"]) for r in records}))
     lines = [f"# {text.title}", "",
              f"{text.rows}, as trained (their kept checkpoints), on 2 000 Fashion-MNIST test images "
              "under 23 corruptions at severities 1-5 and against two OOD sources; temperatures fitted on each "
@@ -284,8 +286,7 @@ def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_
              f"Commands: `python {text.script} --run CELL` (one shift cell), `--next` (those that can "
              "run, one a line: each runs with `--run`), `--report` (this page).",
              "",
-             f"Shift cells finished: {len(done)}; commits: {', '.join(sorted({r['commit'][:7] for r in records})) or '-'}"
-             f"; torch threads: {', '.join(sorted({str(r['torch_threads']) for r in records})) or '-'}.", "",
+             f"Shift cells finished: {len(done)}; commits: {commits or '-'}; torch threads: {threads or '-'}.", "",
              *seed_lines(done, source.committed, text.seed_rule)]
     tests = primary_tests(found, choices, source)
     lines += [f"## Decisions (the CSM row minus the other method; paired over {n} seeds; Holm within each family)",
