@@ -15,7 +15,7 @@ import amendment2 as a2
 import calibration_methods as method_table
 from timm_csm.io import file_sha256, write_json_atomic
 from timm_csm.metrics import metrics_for
-from timm_csm.recipes.cells import CELL_META, cell_record, instruction_set_problem, read_json
+from timm_csm.recipes.cells import CELL_META, RESULTS, cell_record, differences, instruction_set_problem, read_json
 
 SHIFT_FILE = "shift.json"
 #: the amendment-2 cells' data options, and each of a shift cell's two runs (PROTOCOL.md amendment 3)
@@ -117,12 +117,23 @@ def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
 
 
 def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> str:
-    """The kept checkpoint's sha256, which must be the one the committed cell recorded (where it recorded one)."""
+    """The kept checkpoint's sha256, which must be the one the committed cell recorded (where it recorded one); and
+    the results of the training run that kept it (where its folder holds them) must be the committed ones: a
+    checkpoint re-made by running the cell again counts only if that run reproduced the cell."""
     digest = file_sha256(checkpoint)
     recorded = read_json(committed / CELL_META).get("checkpoint_sha256")
     if recorded is not None and recorded != digest:
         raise SystemExit(f"{cell}: the kept checkpoint {checkpoint} is not the committed cell's (sha256 "
                          f"{digest[:12]}, recorded {recorded[:12]}): it did not reproduce; no shift cell evaluates it")
+    run_results = checkpoint.parent / RESULTS
+    if run_results.exists():
+        # the committed copy adds the training history (with its epoch times, which no re-run repeats)
+        run = read_json(run_results)
+        committed_results = read_json(committed / RESULTS)
+        changed = differences({k: committed_results.get(k) for k in run}, run)
+        if changed:
+            raise SystemExit(f"{cell}: the run that kept {checkpoint} did not reproduce the committed results "
+                             f"({len(changed)} differences, first: {changed[0][:200]}); no shift cell evaluates it")
     return digest
 
 

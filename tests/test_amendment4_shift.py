@@ -68,6 +68,15 @@ def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(
     meta.write_text(json.dumps({"seed": 3, "checkpoint_sha256": hashlib.sha256(b"re-made weights").hexdigest()}))
     assert a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint) == hashlib.sha256(
         b"re-made weights").hexdigest()
+    # the same checkpoint, but the run that re-made it computed other results: refused
+    (source.committed / "ce-s3" / "results.json").write_text(json.dumps({"test": {"ece": 0.05}}))
+    (checkpoint.parent / "results.json").write_text(json.dumps({"test": {"ece": 0.06}}))
+    with pytest.raises(SystemExit, match="did not reproduce the committed results"):
+        a3_cells.run_cell("ce-s3", source)
+    # the same results; the committed copy also holds the training history, which the run's file lacks
+    (source.committed / "ce-s3" / "results.json").write_text(json.dumps({"test": {"ece": 0.05}, "history": [{}]}))
+    (checkpoint.parent / "results.json").write_text(json.dumps({"test": {"ece": 0.05}}))
+    a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint)
     # the right checkpoint, but the instruction set not pinned (the test's process): refused before any run
     for pin in INSTRUCTION_SET_PINS:
         monkeypatch.delenv(pin, raising=False)
