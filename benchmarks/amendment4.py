@@ -68,15 +68,24 @@ def cell_command(setting: str, method: str) -> str:
 
 
 def _cost_lines(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
-    """CPU minutes per method family: its cells, their sum and their mean (one thread each)."""
+    """CPU minutes per method family, one thread each, over the cells that ran in one go: a resumed cell records
+    the CPU time from its resume only (its epochs before the stop ran in an earlier process), so it is counted
+    apart and left out of the mean."""
     families: Dict[str, List[float]] = {}
+    resumed: Dict[str, int] = {}
     for method, runs in cells.items():
-        cpu = [c["cpu_seconds"] for c in runs.values() if c.get("cpu_seconds") is not None]
-        families.setdefault(method_table.get_method(method).label.split(" (")[0], []).extend(cpu)
-    lines = ["| method | cells | CPU minutes, all cells | CPU minutes per cell |", "|---|---|---|---|"]
-    for label, cpu in sorted(families.items()):
-        if cpu:
-            lines.append(f"| {label} | {len(cpu)} | {sum(cpu) / 60:.1f} | {sum(cpu) / 60 / len(cpu):.1f} |")
+        label = method_table.get_method(method).label.split(" (")[0]
+        for cell in runs.values():
+            if cell.get("record", {}).get("resumed"):
+                resumed[label] = resumed.get(label, 0) + 1
+            elif cell.get("cpu_seconds") is not None:
+                families.setdefault(label, []).append(cell["cpu_seconds"])
+    lines = ["| method | cells run in one go | CPU minutes per cell (mean) | range | cells resumed after a stop (left "
+             "out) |", "|---|---|---|---|---|"]
+    for label in sorted(set(families) | set(resumed)):
+        cpu = [c / 60 for c in families.get(label, [])]
+        timed = (f"{sum(cpu) / len(cpu):.1f} | {min(cpu):.1f}-{max(cpu):.1f}" if cpu else "- | -")
+        lines.append(f"| {label} | {len(cpu)} | {timed} | {resumed.get(label, 0)} |")
     return lines
 
 

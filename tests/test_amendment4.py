@@ -71,3 +71,12 @@ def test_cells_on_amendment2s_sets_are_reported_apart_and_enter_no_choice(tmp_pa
     # the stage-1 table above counts no seed of it: the earlier cell enters no choice
     stage1 = text.split("Cells of `matched` on amendment 2's sets")[0].split("`matched`: stage 1")[1]
     assert "| CSM (s 4) | 0 |" in stage1
+
+
+def test_cost_leaves_out_resumed_cells_whose_cpu_time_starts_at_the_resume():
+    one_go = {"cpu_seconds": 600.0, "record": {}}
+    cells = {"ce": {0: one_go, 1: {"cpu_seconds": 1200.0, "record": {}}},
+             "csm@s=8": {0: {"cpu_seconds": 60.0, "record": {"resumed": True}}}}
+    lines = a4._cost_lines(cells)
+    assert "| CE | 2 | 15.0 | 10.0-20.0 | 0 |" in lines
+    assert "| CSM | 0 | - | - | 1 |" in lines
