@@ -46,11 +46,14 @@ TRAIN_IMAGES = 45_000  # CIFAR-100's 50 000 training images less the 10% validat
 ANCHOR_HOURS = 4.0  # the CSM authors' generation of the CIFAR-100 set on one RTX 4090
 
 
-def timed(fn, repeats: int, device: str) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call (CUDA synchronised)."""
+def timed(fn, repeats: int, device: str, warmup: bool = True) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls (CUDA synchronised) after one warm-up call, unless
+    ``warmup`` is False: toy runs, a check that the code runs, skip it (on a CPU without bfloat16 instructions it is
+    half their time), as does a caller that has just made the same call."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    fn()
-    sync()
+    if warmup:
+        fn()
+        sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -81,7 +84,7 @@ def generation_rows(args, steps: int, num_classes: int = 100):
     rows = []
     for name, pipe, nfe, model in (("diffusers UNet, DDIM", diffusers_pipe, steps, unet),
                                    ("EDM DDPM++, Heun", edm_pipe, 2 * steps - 1, net)):
-        seconds = timed(lambda: pipe(groups, lambdas), args.repeats, args.device)
+        seconds = timed(lambda: pipe(groups, lambdas), args.repeats, args.device, not args.toy)
         n = len(groups) * len(lambdas)
         rows.append({"route": name, "steps": steps, "nfe_per_image": nfe, "batch_images": n,
                      "parameters": sum(p.numel() for p in model.parameters()), "images_per_s": n / seconds})
@@ -135,8 +138,9 @@ def training_rows(args, num_classes: int = 100):
     rows = []
     for name, (task, batch) in tasks.items():
         task.criterion.to(args.device)
+        seconds = timed(training_step(task, batch, opt), args.repeats, args.device, not args.toy)
         rows.append({"loss": name, "batch": args.batch, "images_per_step": args.batch * (3 if name == "CSM" else 1),
-                     "seconds_per_step": timed(training_step(task, batch, opt), args.repeats, args.device)})
+                     "seconds_per_step": seconds})
     return rows
 
 
