@@ -84,7 +84,7 @@ def generation_rows(args, steps: int, num_classes: int = 100):
     rows = []
     for name, pipe, nfe, model in (("diffusers UNet, DDIM", diffusers_pipe, steps, unet),
                                    ("EDM DDPM++, Heun", edm_pipe, 2 * steps - 1, net)):
-        seconds = timed(lambda: pipe(groups, lambdas), args.repeats, args.device, not args.toy)
+        seconds = timed(lambda: pipe(groups, lambdas), args.repeats, args.device, warmup=not args.toy)
         n = len(groups) * len(lambdas)
         rows.append({"route": name, "steps": steps, "nfe_per_image": nfe, "batch_images": n,
                      "parameters": sum(p.numel() for p in model.parameters()), "images_per_s": n / seconds})
@@ -138,7 +138,7 @@ def training_rows(args, num_classes: int = 100):
     rows = []
     for name, (task, batch) in tasks.items():
         task.criterion.to(args.device)
-        seconds = timed(training_step(task, batch, opt), args.repeats, args.device, not args.toy)
+        seconds = timed(training_step(task, batch, opt), args.repeats, args.device, warmup=not args.toy)
         rows.append({"loss": name, "batch": args.batch, "images_per_step": args.batch * (3 if name == "CSM" else 1),
                      "seconds_per_step": seconds})
     return rows

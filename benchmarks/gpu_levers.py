@@ -73,7 +73,8 @@ def demo_generator_rows(args):
         pipe.set_progress_bar_config(disable=True)
         with tf32(allow_tf32):
             images = _generate(pipe, groups, lambdas, batches[batch]).int()  # also the timing's warm-up
-            seconds = timed(lambda: _generate(pipe, groups, lambdas, batches[batch]), args.repeats, args.device, False)
+            seconds = timed(lambda: _generate(pipe, groups, lambdas, batches[batch]), args.repeats, args.device,
+                            warmup=False)
         reference = images if reference is None else reference
         diff = (images - reference).abs()
         rows.append({"setting": name, "precision": precision, "tf32": allow_tf32, "batch_groups": batches[batch],
@@ -113,7 +114,7 @@ def full_generator_rows(args):
 
         for route, call in (("diffusers UNet, DDIM", lambda: diffusers_pipe(groups, lambdas)),
                             ("EDM DDPM++, Heun", edm)):
-            seconds = timed(call, args.repeats, args.device, not args.toy)
+            seconds = timed(call, args.repeats, args.device, warmup=not args.toy)
             rows.append({"route": route, "precision": precision, "steps": args.steps,
                          "images_per_s": len(groups) * len(lambdas) / seconds})
     return {"batch_images": len(groups) * len(lambdas), "rows": rows}
@@ -143,7 +144,7 @@ def training_rows(args):
             for step_name, (task, batch) in tasks.items():
                 step = training_step(task, batch, opt, AUTOCAST_DTYPES.get(precision))
                 rows.append({"model": model_name, "step": step_name, "precision": precision, "batch": args.batch,
-                             "seconds_per_step": timed(step, args.repeats, args.device, not args.toy)})
+                             "seconds_per_step": timed(step, args.repeats, args.device, warmup=not args.toy)})
     return rows
 
 
