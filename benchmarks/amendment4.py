@@ -4,7 +4,8 @@ configurations, 10 decision seeds. Its design is the study spec ``benchmarks/stu
 the cells that can run come from it through :mod:`timm_csm.study`.
 
     python benchmarks/amendment4.py --next      # the cells that can run now, each as its command, in order
-    python benchmarks/amendment4.py --report    # benchmarks/calibration_a4.md and calibration_a4.json
+    python benchmarks/amendment4.py --report    # benchmarks/calibration_a4.md, calibration_a4.json and, once
+                                                # stage 2 has CSM rows, calibration_a4_decision.png
 
 A cell runs with ``python benchmarks/calibration_bench.py --amendment 4 ...`` (the instruction-set pins in its
 environment) from a worktree of the amendment's commit; finished cells are committed under
@@ -23,7 +24,9 @@ from timm_csm.recipes.cells import INSTRUCTION_SET_PINS
 from timm_csm.study import load_spec
 from timm_csm.study.cells import cell_rows, finished_cells
 from timm_csm.study.plan import setting_plan
-from timm_csm.study.report import decision_lines, primary_decision, verify_lines
+from timm_csm.study.report import (decision_lines, primary_decision, setting_summaries, stage1_lines, stage2_lines,
+                                   verify_lines)
+from timm_csm.study.report_cost import pending_section
 from timm_csm.study.report_tables import grid_lines, per_seed_json_row
 
 __all__ = ["a4_rows", "stage1_choices", "next_cells", "cell_command", "write_page", "main"]
@@ -125,32 +128,32 @@ def earlier_set_lines(setting: str, cells: Dict[str, Dict[int, Dict[str, Any]]])
             + grid_lines(rows, sorted(rows), None, SPEC.seeds.tuning) + [""] + _set_lines(cells, setting))
 
 
-def setting_lines(setting: str, cells, rows, choices, earlier=None) -> List[str]:
-    """``setting``'s stage-1 tables, its choices and the sets its cells read; then the table of ``earlier``, its
-    cells on amendment 2's sets (:func:`earlier_cells`)."""
-    header = ("| configuration | seeds (of 0-2) | val ECE before TS | val NLL before TS | val ECE after TS | "
-              "test ECE before TS (reported only) | test ECE after TS (reported only) |")
-    lines = [f"### `{setting}`: stage 1 (seeds 0-2, chosen on validation)", "", header, "|---|---|---|---|---|---|---|"]
-    for base, names in choices["grids"].items():
-        lines += grid_lines(rows, names, choices["chosen"][base], SPEC.seeds.tuning)
-    lines += ["", "CSM's coordinate-wise search:", "", header, "|---|---|---|---|---|---|---|"]
-    for axis, names, pick in choices["csm_steps"]:
-        lines += [f"| *step: {axis}* | | | | | | |"] + grid_lines(rows, names, pick, SPEC.seeds.tuning)
-    label = (lambda m: method_table.get_method(m).label if m else "pending")
-    lines += ["", f"Choices: CSM row {label(choices['csm'])}; best other method before TS "
-              f"{label(choices['best_other']['pre_ts'])}, after TS {label(choices['best_other']['post_ts'])}.", ""]
-    lines += _set_lines(cells, setting) or ["- no cell reads a generated set or a teacher yet"]
-    return lines + earlier_set_lines(setting, earlier or {}) + [""]
+def setting_lines(setting: str, summary: Dict[str, Any], earlier=None) -> List[str]:
+    """``setting``'s stage-1 tables and choices (the study's, :func:`stage1_lines`), the sets its cells read, then
+    the table of ``earlier``, its cells on amendment 2's sets (:func:`earlier_cells`)."""
+    sets = _set_lines(summary.get("cells", {}), setting) or ["- no cell reads a generated set or a teacher yet"]
+    return stage1_lines(SPEC, setting, summary) + sets + earlier_set_lines(setting, earlier or {}) + [""]
+
+
+def body_lines(summaries: Dict[str, Dict[str, Any]], figure: Path, superseded=None) -> List[str]:
+    """The page below its heading, from each setting's ``{"rows", "choices", "cells"}``: the decision, stage 2's rows
+    with the decision figure (written at ``figure`` once a CSM row has paired seeds), each setting's stage 1."""
+    lines = decision_lines(SPEC, primary_decision(SPEC, summaries),
+                           claim=f"CSM calibrates better on {method_table.A4_BACKBONE['model']}")
+    lines += stage2_lines(SPEC, summaries, figure)
+    for setting in method_table.A4_SETTINGS:
+        lines += setting_lines(setting, summaries[setting], (superseded or {}).get(setting))
+    return lines
 
 
 def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
                committed: Path = method_table.COMMITTED_A4, earlier: Path = EARLIER_SETS,
                verify_log: Path = method_table.A4_VERIFY_LOG) -> str:
     cells = {s: a4_cells(s, output, committed) for s in method_table.A4_SETTINGS}
-    rows = {s: cell_rows(c) for s, c in cells.items()}
+    keyed = {(s, SPEC.data.data_seed): found for s, found in cells.items()}
+    summaries = setting_summaries(SPEC, keyed)
+    rows = {s: summaries[s]["rows"] for s in method_table.A4_SETTINGS}
     superseded = {s: earlier_cells(s, earlier) for s in method_table.A4_SETTINGS}
-    summaries = {s: {"rows": rows[s], "choices": stage1_choices(s, rows[s]), "cells": cells[s]}
-                 for s in method_table.A4_SETTINGS}
     # a cell the settings share is found under each; counted once
     records = list({str(c["dir"]): c["record"] for found in cells.values() for runs in found.values()
                     for c in runs.values()}.values())
@@ -166,21 +169,16 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
              f"Cells: {len(records)} finished, at commit(s) {', '.join(commits) or '-'}, one torch thread, torch's "
              f"CPU capability {', '.join(capabilities) or '-'} (pinned). Command: `python benchmarks/amendment4.py "
              "--report`.", ""]
-    lines += decision_lines(SPEC, primary_decision(SPEC, summaries),
-                            claim=f"CSM calibrates better on {backbone['model']}")
-    for setting in method_table.A4_SETTINGS:
-        lines += setting_lines(setting, cells[setting], rows[setting], summaries[setting]["choices"],
-                               superseded[setting])
+    lines += body_lines(summaries, path.with_name(f"{path.stem}_decision.png"), superseded)
     lines += ["Under shift and out of distribution: [shift_a4.md](shift_a4.md) (`python benchmarks/amendment4_shift.py "
               "--report`).", ""]
     verify = "python benchmarks/calibration_bench.py --verify CELL --amendment 4"
     lines += [f"## Cells re-run (`{verify}`, with the pins)", ""] + verify_lines(verify_log, verify)
     shared = {m: runs for found in cells.values() for m, runs in found.items()}
-    lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side)", ""] + _cost_lines(shared)
-    todo = {s: next_cells(s, rows[s]) for s in method_table.A4_SETTINGS}
-    lines += ["", "## Pending", ""] + [f"- `{s}`: {len(t)} cell(s) can run now" + (
-        f", next `{t[0][0]}` seed {t[0][1]}" if t else "") for s, t in todo.items()]
-    text = "\n".join(lines) + "\n"
+    lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side, from 2026-12-07 with a shift "
+              "cell beside them)", ""] + _cost_lines(shared)
+    lines += [""] + pending_section(SPEC, keyed)
+    text = "\n".join(lines).rstrip("\n") + "\n"
     write_text_atomic(path, text)
     write_json_atomic(json_path, [per_seed_json_row(m, r, setting=s) for s in method_table.A4_SETTINGS
                                   for m, r in sorted(rows[s].items())]

@@ -46,6 +46,21 @@ def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
     assert set(a4.a2.primary_decisions(summaries, table.A4_SEEDS).verdicts.values()) == {"pending"}
 
 
+def test_the_page_shows_stage_2s_rows_and_decision_figure_and_what_the_annotator_saw(tmp_path):
+    values = {m: (3.0, 0.4, 3.0) for m in table.stage1_methods("matched", amendment=4)}
+    values["csm@s=8"] = (1.0, 0.3, 1.0)
+    values["csm@filtered=1,s=8"] = (1.2, 0.3, 1.0)
+    rows = _rows(values, seeds=range(10))
+    summaries = {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+    figure = tmp_path / "page_decision.png"
+    text = "\n".join(a4.body_lines(summaries, figure))
+    assert "### `matched`: the stage-2 rows (seeds 0-9" in text and "| CSM row: CSM (s 8) | 10 |" in text
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({figure.name})" in text
+    annotated = text.split("### `annotated`: stage 1")[1]
+    assert "1,787 of the 2,000 validation images" in annotated
+    assert "validation images" not in text.split("### `annotated`: stage 1")[0].split("### `matched`: stage 1")[1]
+
+
 def test_page_states_pending_cells_without_any_cell(tmp_path):
     text = a4.write_page(tmp_path / "page.md", tmp_path / "rows.json", tmp_path / "none", tmp_path / "committed",
                          tmp_path / "earlier", tmp_path / "verify.json")

@@ -128,6 +128,8 @@ def test_the_page_states_how_many_validation_images_the_borrowed_encoder_saw():
     a2 = load_benchmark("amendment2")
     overlap = setting.borrowed_encoder_overlap(a2.DATA_SEEDS)
     assert {d: counts["val"] for d, counts in overlap.items()} == a2.BORROWED_ENCODER_SAW_VAL
+    a4 = load_benchmark("amendment4").SPEC  # amendment 4 reads amendment 2's data seed and annotator
+    assert a4.report.saw_validation(a4.data.data_seed) == overlap[a4.data.data_seed]["val"]
 
 
 def test_the_matched_stage_commands_are_those_the_committed_sets_were_built_with():

@@ -40,7 +40,7 @@ def decision_figure(entries: Sequence[Tuple[str, str, Optional[PairedInterval]]]
     fig.supxlabel("CSM minus the other method, test ECE (points); green: interval below 0, red: above", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a long study label widens the title beyond the panels
     plt.close(fig)
     return Path(path)
 
