@@ -33,12 +33,18 @@ def test_stage1_runs_amendment4s_grids_then_the_filter_step_at_the_chosen_scale(
     assert max(s for _, s in a4.next_cells("matched", _rows(values))) == 9
 
 
-def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
+def _csm_chosen(seeds):
+    """Rows of every stage-1 configuration at ``seeds``, CSM (s 8) chosen and 2 points lower in test ECE; and the
+    summaries of both settings on them."""
     values = {m: (3.0, 0.4, 3.0) for m in table.stage1_methods("matched", amendment=4)}
     values["csm@s=8"] = (1.0, 0.3, 1.0)
     values["csm@filtered=1,s=8"] = (1.2, 0.3, 1.0)
-    rows = _rows(values, seeds=range(10))
-    summaries = {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+    rows = _rows(values, seeds=seeds)
+    return rows, {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+
+
+def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
+    rows, summaries = _csm_chosen(range(10))
     decided = a4.a2.primary_decisions(summaries, table.A4_SEEDS)
     assert decided.verdicts == {"matched": "holds", "annotated": "holds"}
     short = {m: r[:9] for m, r in rows.items()}
@@ -47,11 +53,7 @@ def test_the_decision_waits_for_ten_paired_seeds(tmp_path):
 
 
 def test_the_page_shows_stage_2s_rows_and_decision_figure_and_what_the_annotator_saw(tmp_path):
-    values = {m: (3.0, 0.4, 3.0) for m in table.stage1_methods("matched", amendment=4)}
-    values["csm@s=8"] = (1.0, 0.3, 1.0)
-    values["csm@filtered=1,s=8"] = (1.2, 0.3, 1.0)
-    rows = _rows(values, seeds=range(10))
-    summaries = {s: {"rows": rows, "choices": a4.stage1_choices("matched", rows)} for s in ("matched", "annotated")}
+    _, summaries = _csm_chosen(range(10))
     figure = tmp_path / "page_decision.png"
     text = "\n".join(a4.body_lines(summaries, figure))
     assert "### `matched`: the stage-2 rows (seeds 0-9" in text and "| CSM row: CSM (s 8) | 10 |" in text
