@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import amendment2 as a2
 import calibration_methods as method_table
-from timm_csm.io import file_sha256, write_json_atomic
+from timm_csm.io import file_sha256, read_model_meta, write_json_atomic
 from timm_csm.metrics import metrics_for
 from timm_csm.recipes.cells import CELL_META, RESULTS, cell_record, differences, instruction_set_problem, read_json
 
@@ -96,9 +96,12 @@ def shift_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Path]
 
 
 def next_cells(source: ShiftSource = A3) -> List[str]:
-    """The cells of :func:`shift_cells` without a ``shift.json``, seed by seed, each once."""
+    """The cells of :func:`shift_cells` without a ``shift.json`` whose training run has finished (its folder holds
+    ``results.json``: a cell trained again writes its best checkpoint long before it ends), seed by seed, each
+    once."""
     todo = [(seed, d.name) for rows in shift_cells(source).values() for seeds in rows.values()
-            for seed, d in seeds.items() if not (d / SHIFT_FILE).exists()]
+            for seed, d in seeds.items()
+            if not (d / SHIFT_FILE).exists() and (source.checkpoint(d.name).parent / RESULTS).exists()]
     return list(dict.fromkeys(name for _, name in sorted(todo)))
 
 
@@ -116,16 +119,26 @@ def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
     return sorted(lost.values(), key=lambda cell: (cell[2], source.settings.index(cell[0]), cell[1]))
 
 
-def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> str:
-    """The kept checkpoint's sha256, which must be the one the committed cell recorded (where it recorded one); and
-    the results of the training run that kept it (where its folder holds them) must be the committed ones: a
-    checkpoint re-made by running the cell again counts only if that run reproduced the cell."""
+def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> Tuple[str, str]:
+    """The kept checkpoint's sha256 and how it was found to be the committed cell's: ``"sha256"``, the digest the
+    committed cell recorded (or none recorded), or ``"re-run"``, a checkpoint re-made by running the cell again
+    (PROTOCOL.md, amendment 4's clarification of 2026-12-07): the file's sha256 cannot repeat across runs (its header
+    holds the run's id, and safetensors writes the header's metadata in an order that changes from one process to
+    the next), so it counts when its header names the run whose folder holds it and that run reproduced the
+    committed results, every number but where and how fast it ran. Where the run folder holds results, they must
+    be the committed ones in either case."""
     digest = file_sha256(checkpoint)
     recorded = read_json(committed / CELL_META).get("checkpoint_sha256")
-    if recorded is not None and recorded != digest:
-        raise SystemExit(f"{cell}: the kept checkpoint {checkpoint} is not the committed cell's (sha256 "
-                         f"{digest[:12]}, recorded {recorded[:12]}): it did not reproduce; no shift cell evaluates it")
     run_results = checkpoint.parent / RESULTS
+    how = "sha256"
+    if recorded is not None and recorded != digest:
+        run = read_json(run_results) if run_results.exists() else {}
+        meta = (read_model_meta(checkpoint) or {}) if run else {}
+        if not run or (meta.get("run_id"), meta.get("epoch")) != (run.get("run_id"), run.get("checkpoint_epoch")):
+            raise SystemExit(f"{cell}: the kept checkpoint {checkpoint} is not the committed cell's (sha256 "
+                             f"{digest[:12]}, recorded {recorded[:12]}) and no run beside it re-made it: it did not "
+                             "reproduce; no shift cell evaluates it")
+        how = "re-run"
     if run_results.exists():
         # the committed copy adds the training history (with its epoch times, which no re-run repeats)
         run = read_json(run_results)
@@ -134,7 +147,7 @@ def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> str:
         if changed:
             raise SystemExit(f"{cell}: the run that kept {checkpoint} did not reproduce the committed results "
                              f"({len(changed)} differences, first: {changed[0][:200]}); no shift cell evaluates it")
-    return digest
+    return digest, how
 
 
 def _results(folder: Path) -> Dict[str, Any]:
@@ -154,7 +167,7 @@ def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
         raise SystemExit(f"{cell}: no committed cell at {committed}")
     if not checkpoint.exists():
         raise SystemExit(f"{cell}: its checkpoint {checkpoint} is not kept; re-run the training cell first")
-    digest = _check_checkpoint(cell, committed, checkpoint)
+    digest, found_by = _check_checkpoint(cell, committed, checkpoint)
     # from amendment 4 on, a cell runs with the instruction set pinned, so that it reproduces on another machine
     problem = instruction_set_problem() if source.amendment >= 4 else None
     if problem:
@@ -180,7 +193,8 @@ def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
     # the record names the checkpoint by its place under the default output and by its digest, not by this machine
     shown = str(source.checkpoint(cell, shown=True))
     commands = {tag: [shown if a == str(checkpoint) else a for a in cmd] for tag, cmd in commands.items()}
-    record = shift_record(committed, source.amendment, commands=commands, seconds=seconds, checkpoint_digest=digest)
+    record = shift_record(committed, source.amendment, commands=commands, seconds=seconds, checkpoint_digest=digest,
+                          checkpoint_found_by=found_by)
     shift = compact(_results(Path(source.output) / cell / "shift"), _results(Path(source.output) / cell / "digits"))
     path = committed / SHIFT_FILE
     write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)

@@ -47,12 +47,44 @@ def test_a_lost_checkpoint_is_listed_once_for_re_training_and_a_kept_one_for_its
     kept = source.checkpoint("ce-s1")
     kept.parent.mkdir(parents=True)
     kept.write_bytes(b"weights")
+    assert a3_cells.next_cells(source) == []  # its run has not finished: no results.json beside it yet
+    (kept.parent / "results.json").write_text("{}")
     assert a3_cells.next_cells(source) == ["ce-s1"]
     assert ("matched", "ce", 1) not in a3_cells.lost_checkpoints(source)
     commands = shift4.remake_commands(source)
     assert len(commands) == 7 and commands[0].endswith("--recipe matched --methods 'ce' --seeds 0")
     # the record shows the checkpoint at its default place, not this machine's
     assert str(source.checkpoint("ce-s1", shown=True)) == "runs/protocol_a4/cells/ce-s1/model_best.safetensors"
+
+
+def test_a_re_made_checkpoint_counts_when_its_run_reproduced_the_committed_results(tmp_path):
+    """Its file's sha256 cannot be the recorded one (the header holds the run's id), so the run beside it vouches for
+    it: the header must name that run and its best epoch, and the run's results must be the committed ones."""
+    import torch
+
+    from timm_csm.io import save_model_file
+
+    source = _source(tmp_path, ["ce"], seeds=[0])
+    committed = source.committed / "ce-s0"
+    checkpoint = source.checkpoint("ce-s0")
+    checkpoint.parent.mkdir(parents=True)
+    save_model_file(checkpoint, {"w": torch.ones(2)}, {"run_id": "first", "epoch": 5})
+    (committed / CELL_META).write_text(json.dumps({"seed": 0, "checkpoint_sha256": a3_cells.file_sha256(checkpoint)}))
+    save_model_file(checkpoint, {"w": torch.ones(2)}, {"run_id": "again", "epoch": 5})  # the re-made file
+    numbers = {"test": {"ece": 0.05}, "checkpoint_epoch": 5}
+    (committed / "results.json").write_text(json.dumps(dict(numbers, run_id="first", history=[{}])))
+    with pytest.raises(SystemExit, match="no run beside it re-made it"):
+        a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
+    run_results = checkpoint.parent / "results.json"
+    run_results.write_text(json.dumps(dict(numbers, run_id="again")))
+    digest, found_by = a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
+    assert found_by == "re-run" and digest == a3_cells.file_sha256(checkpoint)
+    run_results.write_text(json.dumps(dict(numbers, run_id="another run")))  # the header names another run
+    with pytest.raises(SystemExit, match="no run beside it re-made it"):
+        a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
+    run_results.write_text(json.dumps({"test": {"ece": 0.06}, "checkpoint_epoch": 5, "run_id": "again"}))
+    with pytest.raises(SystemExit, match="did not reproduce the committed results"):
+        a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
 
 
 def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(tmp_path, monkeypatch):
@@ -66,8 +98,8 @@ def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(
         a3_cells.run_cell("ce-s3", source)
     assert not (source.output / "ce-s3").exists() and not (source.committed / "ce-s3" / a3_cells.SHIFT_FILE).exists()
     meta.write_text(json.dumps({"seed": 3, "checkpoint_sha256": hashlib.sha256(b"re-made weights").hexdigest()}))
-    assert a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint) == hashlib.sha256(
-        b"re-made weights").hexdigest()
+    assert a3_cells._check_checkpoint("ce-s3", source.committed / "ce-s3", checkpoint) == (hashlib.sha256(
+        b"re-made weights").hexdigest(), "sha256")
     # the same checkpoint, but the run that re-made it computed other results: refused
     (source.committed / "ce-s3" / "results.json").write_text(json.dumps({"test": {"ece": 0.05}}))
     (checkpoint.parent / "results.json").write_text(json.dumps({"test": {"ece": 0.06}}))
