@@ -270,12 +270,24 @@ def seed_lines(done: Sequence[str], committed: Path = A3.committed, rule: str = 
             + (f"; other seeds: {', '.join(other)}." if other else "."), ""]
 
 
+def checkpoint_lines(records: Dict[str, Dict[str, Any]]) -> List[str]:
+    """How each shift cell's checkpoint was found to be its training cell's, where any was re-made (``records``:
+    the shift records by cell; one without ``checkpoint_found_by`` was checked by its sha256); none otherwise."""
+    remade = sorted(c for c, r in records.items() if r.get("checkpoint_found_by") == "re-run")
+    if not remade:
+        return []
+    return [f"Checkpoints: {len(records) - len(remade)} kept from their training cells (the sha256 each recorded), "
+            f"{len(remade)} re-made by running the cell again, whose run reproduced the committed results (every "
+            f"number; PROTOCOL.md, amendment 4's clarifications of 2026-12-07): {', '.join(remade)}.", ""]
+
+
 def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_TEXT) -> Path:
     found = shift_cells(source)
     choices = {s: source.setting_choices(s) for s in source.settings}
     done = sorted({d.name for rows in found.values() for seeds in rows.values() for d in seeds.values()
                    if (d / SHIFT_FILE).exists()})
-    records = [read_json(Path(source.committed) / c / SHIFT_FILE)["record"] for c in done]
+    by_cell = {c: read_json(Path(source.committed) / c / SHIFT_FILE)["record"] for c in done}
+    records = list(by_cell.values())
     n = len(source.seeds)
     commits = ", ".join(sorted({r["commit"][:7] for r in records}))
     threads = ", ".join(sorted({str(r["torch_threads"]) for r in records}))
@@ -287,7 +299,7 @@ def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_
              "run, one a line: each runs with `--run`), `--report` (this page).",
              "",
              f"Shift cells finished: {len(done)}; commits: {commits or '-'}; torch threads: {threads or '-'}.", "",
-             *seed_lines(done, source.committed, text.seed_rule)]
+             *checkpoint_lines(by_cell), *seed_lines(done, source.committed, text.seed_rule)]
     tests = primary_tests(found, choices, source)
     lines += [f"## Decisions (the CSM row minus the other method; paired over {n} seeds; Holm within each family)",
               "",

@@ -135,3 +135,9 @@ def test_the_shift_record_names_the_training_cells_real_images_not_its_generated
     assert record["amendment"] == 4 and record["seconds"] == {"shift": 1.0}
     assert record["real_images"] == cell["record"]["real_images"]  # the data the cell trained on, not a default's
     assert "generated_set" not in record and "teacher" not in record
+
+
+def test_the_page_names_the_shift_cells_whose_checkpoint_was_re_made():
+    assert a3_page.checkpoint_lines({"ce-s3": {}, "ce-s4": {"checkpoint_found_by": "sha256"}}) == []
+    (line, _) = a3_page.checkpoint_lines({"ce-s3": {}, "ce-s0": {"checkpoint_found_by": "re-run"}})
+    assert line.startswith("Checkpoints: 1 kept from their training cells") and line.endswith(": ce-s0.")
