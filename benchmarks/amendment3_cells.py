@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import amendment2 as a2
 import calibration_methods as method_table
-from timm_csm.io import file_sha256, read_model_meta, write_json_atomic
+from timm_csm.io import file_sha256, read_model_meta, tensors_sha256, write_json_atomic
 from timm_csm.metrics import metrics_for
 from timm_csm.recipes.cells import CELL_META, RESULTS, cell_record, differences, instruction_set_problem, read_json
 
@@ -120,18 +120,26 @@ def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
 
 
 def _check_checkpoint(cell: str, committed: Path, checkpoint: Path) -> Tuple[str, str]:
-    """The kept checkpoint's sha256 and how it was found to be the committed cell's: ``"sha256"``, the digest the
-    committed cell recorded (or none recorded), or ``"re-run"``, a checkpoint re-made by running the cell again
-    (PROTOCOL.md, amendment 4's clarification of 2026-12-07): the file's sha256 cannot repeat across runs (its header
-    holds the run's id, and safetensors writes the header's metadata in an order that changes from one process to
-    the next), so it counts when its header names the run whose folder holds it and that run reproduced the
-    committed results, every number but where and how fast it ran. Where the run folder holds results, they must
-    be the committed ones in either case."""
+    """The kept checkpoint's sha256 and how it was found to be the committed cell's: ``"sha256"``, the file the
+    committed cell recorded (or none recorded); ``"tensors"``, the same weights in another file (a re-made
+    checkpoint of a cell that recorded its weights' digest); or ``"re-run"``, a checkpoint re-made by running the
+    cell again (PROTOCOL.md, amendment 4's clarifications of 2026-12-07), for a cell that recorded the file's digest
+    alone, which cannot repeat across runs (the header holds the run's id, and safetensors writes the header's
+    metadata in an order that changes from one process to the next): it counts when its header names the run
+    whose folder holds it and that run reproduced the committed results, every number but where and how fast it
+    ran. Where the run folder holds results, they must be the committed ones in every case."""
     digest = file_sha256(checkpoint)
-    recorded = read_json(committed / CELL_META).get("checkpoint_sha256")
+    record = read_json(committed / CELL_META)
+    recorded, recorded_tensors = record.get("checkpoint_sha256"), record.get("checkpoint_tensors_sha256")
     run_results = checkpoint.parent / RESULTS
     how = "sha256"
-    if recorded is not None and recorded != digest:
+    if recorded is not None and recorded != digest and recorded_tensors is not None:
+        if tensors_sha256(checkpoint) != recorded_tensors:
+            raise SystemExit(f"{cell}: the kept checkpoint {checkpoint} holds other weights than the committed "
+                             f"cell's (their sha256 differs from the recorded {recorded_tensors[:12]}): it did not "
+                             "reproduce; no shift cell evaluates it")
+        how = "tensors"
+    elif recorded is not None and recorded != digest:
         run = read_json(run_results) if run_results.exists() else {}
         meta = (read_model_meta(checkpoint) or {}) if run else {}
         if not run or (meta.get("run_id"), meta.get("epoch")) != (run.get("run_id"), run.get("checkpoint_epoch")):
@@ -194,7 +202,7 @@ def run_cell(cell: str, source: ShiftSource = A3, log=print) -> Path:
     shown = str(source.checkpoint(cell, shown=True))
     commands = {tag: [shown if a == str(checkpoint) else a for a in cmd] for tag, cmd in commands.items()}
     record = shift_record(committed, source.amendment, commands=commands, seconds=seconds, checkpoint_digest=digest,
-                          checkpoint_found_by=found_by)
+                          checkpoint_tensors_digest=tensors_sha256(checkpoint), checkpoint_found_by=found_by)
     shift = compact(_results(Path(source.output) / cell / "shift"), _results(Path(source.output) / cell / "digits"))
     path = committed / SHIFT_FILE
     write_json_atomic(path, dict(cell=cell, record=record, **shift), indent=1)

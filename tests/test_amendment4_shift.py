@@ -85,6 +85,17 @@ def test_a_re_made_checkpoint_counts_when_its_run_reproduced_the_committed_resul
     run_results.write_text(json.dumps({"test": {"ece": 0.06}, "checkpoint_epoch": 5, "run_id": "again"}))
     with pytest.raises(SystemExit, match="did not reproduce the committed results"):
         a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
+    # a cell that recorded its weights' digest: the re-made file counts by its weights, the run's results still
+    # compared
+    from timm_csm.io import tensors_sha256
+
+    run_results.write_text(json.dumps(dict(numbers, run_id="again")))
+    (committed / CELL_META).write_text(json.dumps({"seed": 0, "checkpoint_sha256": "0" * 64,
+                                                   "checkpoint_tensors_sha256": tensors_sha256(checkpoint)}))
+    assert a3_cells._check_checkpoint("ce-s0", committed, checkpoint)[1] == "tensors"
+    save_model_file(checkpoint, {"w": torch.zeros(2)}, {"run_id": "again", "epoch": 5})
+    with pytest.raises(SystemExit, match="holds other weights"):
+        a3_cells._check_checkpoint("ce-s0", committed, checkpoint)
 
 
 def test_a_shift_cell_evaluates_only_the_checkpoint_the_committed_cell_recorded(tmp_path, monkeypatch):

@@ -492,7 +492,7 @@ def test_data_seeds_name_their_cells_and_read_their_subset(tmp_path):
 
 
 def test_amendment4_cells_record_the_machine_the_pins_and_their_checkpoint(tmp_path, csm_folder, monkeypatch):
-    from timm_csm.io import file_sha256
+    from timm_csm.io import file_sha256, tensors_sha256
     from timm_csm.recipes.cells import INSTRUCTION_SET_PINS, instruction_set_problem, real_images_digests
 
     for name in INSTRUCTION_SET_PINS:
@@ -509,7 +509,8 @@ def test_amendment4_cells_record_the_machine_the_pins_and_their_checkpoint(tmp_p
     assert record["numpy"] == np.__version__ and record["device"] == "cpu"
     assert record["real_images"] == real_images_digests(meta["config"])
     assert record["real_images"]["train"] != record["real_images"]["validation"]
-    assert meta["checkpoint_sha256"] == file_sha256(out / "cells" / "ce-s0" / "model_best.safetensors")
+    best = out / "cells" / "ce-s0" / "model_best.safetensors"
+    assert meta["checkpoint_sha256"] == file_sha256(best) and meta["checkpoint_tensors_sha256"] == tensors_sha256(best)
     assert 0 < meta["cpu_seconds"]
     found = verify_cell("ce-s0", roots=[home])
     assert found["results"] == [] and found["record"] == []

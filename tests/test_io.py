@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from timm_csm.io import (atomic_path, is_state_file, load_state, read_model_meta, remove_temp_files,
-                         save_model_file, save_state, write_bytes_atomic, write_json_atomic, write_text_atomic)
+from timm_csm.io import (atomic_path, file_sha256, is_state_file, load_state, read_model_meta, remove_temp_files,
+                         save_model_file, save_state, tensors_sha256, write_bytes_atomic, write_json_atomic,
+                         write_text_atomic)
 
 
 def _mode(path):
@@ -164,3 +165,21 @@ def test_a_staging_folder_appears_whole_with_the_umask_or_not_at_all(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     finally:
         os.umask(old)
+
+
+def test_the_tensors_digest_is_the_weights_not_the_header(tmp_path):
+    """The file's sha256 changes with the header (a run's id, and the metadata order safetensors picks per process);
+    the tensors' digest changes only with a name, dtype, shape or byte of the weights."""
+    weights = {"b": torch.arange(3.0), "a": torch.ones(2, 2)}
+    save_model_file(tmp_path / "one.safetensors", weights, {"run_id": "one"})
+    save_model_file(tmp_path / "two.safetensors", weights, {"run_id": "two"})
+    assert file_sha256(tmp_path / "one.safetensors") != file_sha256(tmp_path / "two.safetensors")
+    assert tensors_sha256(tmp_path / "one.safetensors") == tensors_sha256(tmp_path / "two.safetensors")
+    for other in ({"b": torch.arange(3.0), "a": torch.ones(4)}, {"b": torch.arange(3.0), "c": torch.ones(2, 2)},
+                  {"b": torch.arange(3.0), "a": torch.ones(2, 2, dtype=torch.float64)},
+                  {"b": torch.arange(3.0).flip(0), "a": torch.ones(2, 2)}):
+        save_model_file(tmp_path / "other.safetensors", other, {"run_id": "one"})
+        assert tensors_sha256(tmp_path / "other.safetensors") != tensors_sha256(tmp_path / "one.safetensors")
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "one.safetensors").read_bytes()[:-4])
+    with pytest.raises(ValueError, match="cut.safetensors is not a readable safetensors file"):
+        tensors_sha256(tmp_path / "cut.safetensors")

@@ -3,7 +3,9 @@ read back (also from a state file), and why a state dict does not fit a model, i
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from typing import Any, Dict, Optional
 
 import torch
@@ -11,7 +13,7 @@ import torch
 from .atomic import save_safetensors_atomic
 from .state_file import _STATE_KEY, _unflatten_state, safetensors_metadata
 
-__all__ = ["save_model_file", "read_model_meta", "state_dict_mismatch"]
+__all__ = ["save_model_file", "read_model_meta", "tensors_sha256", "state_dict_mismatch"]
 
 _META_KEY = "timm_csm_meta"
 
@@ -21,6 +23,31 @@ def save_model_file(path, model_state: Dict[str, torch.Tensor], meta: Dict[str, 
     ``pretrained_cfg_overlay=dict(file=...)``), with the run's metadata as JSON in the header (atomically)."""
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}
     save_safetensors_atomic(path, tensors, {"format": "pt", _META_KEY: json.dumps(meta)})
+
+
+def tensors_sha256(path) -> str:
+    """The SHA-256 (hex) of a safetensors file's tensors: each name, dtype, shape and bytes, in name order. Two
+    files of the same weights give the same digest whatever their header metadata holds (a run's id) and in
+    whatever order safetensors wrote it (which changes from one process to the next), where the file's own sha256
+    differs. A file that does not parse as safetensors is a ``ValueError`` naming it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+        body = memoryview(data)[8 + size:]
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        digest = hashlib.sha256()
+        for name in sorted(entries):
+            start, end = entries[name]["data_offsets"]
+            if not 0 <= start <= end <= len(body):
+                raise ValueError(f"tensor {name!r} lies beyond the file's end")
+            digest.update(json.dumps([name, entries[name]["dtype"], entries[name]["shape"], end - start]).encode())
+            digest.update(body[start:end])
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); write it again or "
+                         "choose another file") from e
+    return digest.hexdigest()
 
 
 def state_dict_mismatch(model: torch.nn.Module, state: Dict[str, torch.Tensor], shown: int = 3) -> Optional[str]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..io import file_sha256, write_json_atomic
+from ..io import file_sha256, tensors_sha256, write_json_atomic
 from ..metrics.table import metric_spec, metrics_for
 from .cache import KeyedFolder
 from .profiles import paper_protocol
@@ -118,10 +118,12 @@ def run_cell(cfg: Dict[str, Any], cell_dir: Path, method: str, seed: int, log=pr
     results = run(paper_protocol(dict(cfg, auto_resume=True)))
     meta.update(finished=True, seconds=round(earlier + time.time() - t0, 1))
     if recorded and (amendment is None or amendment >= 4):
-        # what a shift cell evaluates is traced to this cell by the digest of the checkpoint it kept
+        # what a shift cell evaluates is traced to this cell by the digest of the checkpoint it kept; a re-run
+        # repeats its weights' digest, not the file's (the header holds the run's id)
         best = cell_dir / "model_best.safetensors"
         meta.update(cpu_seconds=round(time.process_time() - cpu0, 1),
-                    checkpoint_sha256=file_sha256(best) if best.exists() else None)
+                    checkpoint_sha256=file_sha256(best) if best.exists() else None,
+                    checkpoint_tensors_sha256=tensors_sha256(best) if best.exists() else None)
     folder.write(meta)
     if committed is not None:
         write_json_atomic(committed / RESULTS, results, indent=1)
