@@ -273,12 +273,13 @@ def seed_lines(done: Sequence[str], committed: Path = A3.committed, rule: str = 
 def checkpoint_lines(records: Dict[str, Dict[str, Any]]) -> List[str]:
     """How each shift cell's checkpoint was found to be its training cell's, where any was re-made (``records``:
     the shift records by cell; one without ``checkpoint_found_by`` was checked by its sha256); none otherwise."""
-    remade = sorted(c for c, r in records.items() if r.get("checkpoint_found_by") == "re-run")
+    remade = sorted(c for c, r in records.items() if r.get("checkpoint_found_by", "sha256") != "sha256")
     if not remade:
         return []
     return [f"Checkpoints: {len(records) - len(remade)} kept from their training cells (the sha256 each recorded), "
-            f"{len(remade)} re-made by running the cell again, whose run reproduced the committed results (every "
-            f"number; PROTOCOL.md, amendment 4's clarifications of 2026-12-07): {', '.join(remade)}.", ""]
+            f"{len(remade)} re-made by running the cell again and found the same: by their weights' digest, or, where "
+            "the cell recorded its file's digest alone, by a run that reproduced every committed number (PROTOCOL.md, "
+            f"amendment 4's clarifications of 2026-12-07): {', '.join(remade)}.", ""]
 
 
 def write_page(path: Path = PAGE, source: ShiftSource = A3, text: PageText = A3_TEXT) -> Path:

@@ -150,5 +150,6 @@ def test_the_shift_record_names_the_training_cells_real_images_not_its_generated
 
 def test_the_page_names_the_shift_cells_whose_checkpoint_was_re_made():
     assert a3_page.checkpoint_lines({"ce-s3": {}, "ce-s4": {"checkpoint_found_by": "sha256"}}) == []
-    (line, _) = a3_page.checkpoint_lines({"ce-s3": {}, "ce-s0": {"checkpoint_found_by": "re-run"}})
-    assert line.startswith("Checkpoints: 1 kept from their training cells") and line.endswith(": ce-s0.")
+    (line, _) = a3_page.checkpoint_lines({"ce-s3": {}, "ce-s0": {"checkpoint_found_by": "re-run"},
+                                          "ce-s1": {"checkpoint_found_by": "tensors"}})
+    assert line.startswith("Checkpoints: 1 kept from their training cells") and line.endswith(": ce-s0, ce-s1.")
