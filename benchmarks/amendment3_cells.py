@@ -109,12 +109,15 @@ def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
     """``(setting, method, seed)`` of the decision cells without a ``shift.json`` whose checkpoint is not kept, seed
     by seed, each once (a cell the settings share, under the first): a shift cell evaluates the checkpoint that
     re-running the training cell makes, which must be the committed one (its recorded sha256; PROTOCOL.md,
-    amendment 4's clarification of 2026-12-07)."""
+    amendment 4's clarification of 2026-12-07). A checkpoint whose run has not finished (no ``results.json`` beside
+    it: a re-run stopped after its best epoch) is not kept yet: re-running the cell resumes that run."""
     lost: Dict[str, Tuple[str, str, int]] = {}
     for setting, rows in decision_cells(source).items():
         for method, seeds in rows.items():
             for seed, d in seeds.items():
-                if not (d / SHIFT_FILE).exists() and not source.checkpoint(d.name).exists():
+                checkpoint = source.checkpoint(d.name)
+                kept = checkpoint.exists() and (checkpoint.parent / RESULTS).exists()
+                if not (d / SHIFT_FILE).exists() and not kept:
                     lost.setdefault(d.name, (setting, method, seed))
     return sorted(lost.values(), key=lambda cell: (cell[2], source.settings.index(cell[0]), cell[1]))
 

@@ -48,6 +48,7 @@ def test_a_lost_checkpoint_is_listed_once_for_re_training_and_a_kept_one_for_its
     kept.parent.mkdir(parents=True)
     kept.write_bytes(b"weights")
     assert a3_cells.next_cells(source) == []  # its run has not finished: no results.json beside it yet
+    assert ("matched", "ce", 1) in a3_cells.lost_checkpoints(source)  # so re-running the cell resumes that run
     (kept.parent / "results.json").write_text("{}")
     assert a3_cells.next_cells(source) == ["ce-s1"]
     assert ("matched", "ce", 1) not in a3_cells.lost_checkpoints(source)
