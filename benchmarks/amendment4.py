@@ -94,19 +94,30 @@ def _cost_lines(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
 
 def _set_lines(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> List[str]:
     """Each generated set and teacher the setting's cells read, beside the fingerprint amendment 2's cells of the
-    same configuration recorded (the sets are rebuilt at amendment 2's build commit)."""
+    same configuration recorded (the sets are rebuilt at amendment 2's build commit); every fingerprint where a
+    configuration's cells read more than one (the protocol wants one), and where one differs, the rule that makes it
+    amendment 4's."""
     earlier = a2.a2_cells(setting)
-    lines = []
+    lines, differs = [], False
     for method, runs in sorted(cells.items()):
-        record = next(iter(runs.values()))["record"]
         for key, what in (("generated_set", "generated set"), ("teacher", "teacher")):
-            if key not in record:
+            read = sorted({c["record"][key] for c in runs.values() if key in c["record"]})
+            if not read:
                 continue
             before = {c["record"].get(key) for c in earlier.get(method, {}).values()} - {None}
-            verdict = ("byte-identical to amendment 2's" if before == {record[key]} else
+            shown = ", ".join(f"`{v[:12]}`" for v in read)
+            if len(read) > 1:
+                lines.append(f"- `{method}`: its cells read {len(read)} {what}s, {shown} (the protocol wants "
+                             "one)")
+                continue
+            differs |= bool(before) and before != set(read)
+            verdict = ("byte-identical to amendment 2's" if before == set(read) else
                        "differs from amendment 2's " + ", ".join(sorted(v[:12] for v in before)) if before else
                        "no amendment-2 cell of this configuration")
-            lines.append(f"- `{method}`: {what} `{record[key][:12]}`, {verdict}")
+            lines.append(f"- `{method}`: {what} {shown}, {verdict}")
+    if differs:
+        lines.append("- a set or teacher that differs was rebuilt after the machine change and is amendment 4's from "
+                     "then on (PROTOCOL.md, amendment 4's clarification of 2026-12-07)")
     return lines
 
 

@@ -97,3 +97,21 @@ def test_cost_leaves_out_resumed_cells_whose_cpu_time_starts_at_the_resume():
     lines = a4._cost_lines(cells)
     assert "| CE | 2 | 15.0 | 10.0-20.0 | 0 |" in lines
     assert "| CSM | 0 | - | - | 1 |" in lines
+
+
+def test_set_lines_name_each_set_read_and_the_rule_for_a_rebuilt_one(monkeypatch):
+    earlier = {"csm@s=8": {0: {"record": {"generated_set": "a" * 64}}},
+               "kd": {0: {"record": {"teacher": "t" * 64}}}}
+    monkeypatch.setattr(a4.a2, "a2_cells", lambda setting: earlier)
+    cells = {"csm@s=8": {s: {"record": {"generated_set": "a" * 64}} for s in range(3)},
+             "kd": {0: {"record": {"teacher": "t" * 64}}}}
+    assert a4._set_lines(cells, "annotated") == ["- `csm@s=8`: generated set `aaaaaaaaaaaa`, byte-identical to "
+                                                 "amendment 2's", "- `kd`: teacher `tttttttttttt`, byte-identical "
+                                                 "to amendment 2's"]
+    cells["kd"][0]["record"]["teacher"] = "u" * 64  # rebuilt: the clarification's rule is named
+    cells["csm@s=8"][2]["record"]["generated_set"] = "b" * 64  # one configuration, two sets: shown, not hidden
+    lines = a4._set_lines(cells, "annotated")
+    assert lines[0] == ("- `csm@s=8`: its cells read 2 generated sets, `aaaaaaaaaaaa`, `bbbbbbbbbbbb` (the protocol "
+                        "wants one)")
+    assert lines[1] == "- `kd`: teacher `uuuuuuuuuuuu`, differs from amendment 2's tttttttttttt"
+    assert "clarification of 2026-12-07" in lines[2] and len(lines) == 3
