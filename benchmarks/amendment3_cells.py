@@ -51,6 +51,12 @@ class ShiftSource:
     def checkpoint(self, cell: str, shown: bool = False) -> Path:
         return Path(self.checkpoints_shown if shown else self.checkpoints) / "cells" / cell / CHECKPOINT
 
+    def kept(self, cell: str) -> bool:
+        """Whether ``cell``'s checkpoint is kept: the file, and its run finished (its folder holds ``results.json``:
+        a cell trained again writes its best checkpoint long before it ends, and re-running it resumes the run)."""
+        checkpoint = self.checkpoint(cell)
+        return checkpoint.exists() and (checkpoint.parent / RESULTS).exists()
+
     def setting_choices(self, setting: str) -> Dict[str, Any]:
         return self.choices(setting, self.cells(setting, self.checkpoints, self.committed))
 
@@ -96,12 +102,10 @@ def shift_cells(source: ShiftSource = A3) -> Dict[str, Dict[str, Dict[int, Path]
 
 
 def next_cells(source: ShiftSource = A3) -> List[str]:
-    """The cells of :func:`shift_cells` without a ``shift.json`` whose training run has finished (its folder holds
-    ``results.json``: a cell trained again writes its best checkpoint long before it ends), seed by seed, each
-    once."""
+    """The cells of :func:`shift_cells` without a ``shift.json`` whose checkpoint is kept (:meth:`ShiftSource.kept`),
+    seed by seed, each once."""
     todo = [(seed, d.name) for rows in shift_cells(source).values() for seeds in rows.values()
-            for seed, d in seeds.items()
-            if not (d / SHIFT_FILE).exists() and (source.checkpoint(d.name).parent / RESULTS).exists()]
+            for seed, d in seeds.items() if not (d / SHIFT_FILE).exists() and source.kept(d.name)]
     return list(dict.fromkeys(name for _, name in sorted(todo)))
 
 
@@ -109,15 +113,12 @@ def lost_checkpoints(source: ShiftSource = A3) -> List[Tuple[str, str, int]]:
     """``(setting, method, seed)`` of the decision cells without a ``shift.json`` whose checkpoint is not kept, seed
     by seed, each once (a cell the settings share, under the first): a shift cell evaluates the checkpoint that
     re-running the training cell makes, which must be the committed one (its recorded sha256; PROTOCOL.md,
-    amendment 4's clarification of 2026-12-07). A checkpoint whose run has not finished (no ``results.json`` beside
-    it: a re-run stopped after its best epoch) is not kept yet: re-running the cell resumes that run."""
+    amendment 4's clarification of 2026-12-07); kept as :meth:`ShiftSource.kept` says."""
     lost: Dict[str, Tuple[str, str, int]] = {}
     for setting, rows in decision_cells(source).items():
         for method, seeds in rows.items():
             for seed, d in seeds.items():
-                checkpoint = source.checkpoint(d.name)
-                kept = checkpoint.exists() and (checkpoint.parent / RESULTS).exists()
-                if not (d / SHIFT_FILE).exists() and not kept:
+                if not (d / SHIFT_FILE).exists() and not source.kept(d.name):
                     lost.setdefault(d.name, (setting, method, seed))
     return sorted(lost.values(), key=lambda cell: (cell[2], source.settings.index(cell[0]), cell[1]))
 

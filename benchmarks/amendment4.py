@@ -110,10 +110,12 @@ def _set_lines(cells: Dict[str, Dict[int, Dict[str, Any]]], setting: str) -> Lis
                 lines.append(f"- `{method}`: its cells read {len(read)} {what}s, {shown} (the protocol wants "
                              "one)")
                 continue
-            differs |= bool(before) and before != set(read)
-            verdict = ("byte-identical to amendment 2's" if before == set(read) else
-                       "differs from amendment 2's " + ", ".join(sorted(v[:12] for v in before)) if before else
-                       "no amendment-2 cell of this configuration")
+            if not before:
+                verdict = "no amendment-2 cell of this configuration"
+            elif before == set(read):
+                verdict = "byte-identical to amendment 2's"
+            else:
+                differs, verdict = True, "differs from amendment 2's " + ", ".join(sorted(v[:12] for v in before))
             lines.append(f"- `{method}`: {what} {shown}, {verdict}")
     if differs:
         lines.append("- a set or teacher that differs was rebuilt after the machine change and is amendment 4's from "

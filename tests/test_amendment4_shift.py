@@ -52,6 +52,9 @@ def test_a_lost_checkpoint_is_listed_once_for_re_training_and_a_kept_one_for_its
     (kept.parent / "results.json").write_text("{}")
     assert a3_cells.next_cells(source) == ["ce-s1"]
     assert ("matched", "ce", 1) not in a3_cells.lost_checkpoints(source)
+    kept.unlink()  # a finished run whose checkpoint is gone: to re-make, not to evaluate
+    assert a3_cells.next_cells(source) == [] and ("matched", "ce", 1) in a3_cells.lost_checkpoints(source)
+    kept.write_bytes(b"weights")
     commands = shift4.remake_commands(source)
     assert len(commands) == 7 and commands[0].endswith("--recipe matched --methods 'ce' --seeds 0")
     # the record shows the checkpoint at its default place, not this machine's
