@@ -95,8 +95,10 @@ def test_cost_leaves_out_resumed_cells_whose_cpu_time_starts_at_the_resume():
     cells = {"ce": {0: one_go, 1: {"cpu_seconds": 1200.0, "record": {}}},
              "csm@s=8": {0: {"cpu_seconds": 60.0, "record": {"resumed": True}}}}
     lines = a4._cost_lines(cells)
-    assert "| CE | 2 | 15.0 | 10.0-20.0 | 0 |" in lines
-    assert "| CSM | 0 | - | - | 1 |" in lines
+    assert "| CE | 2 | 15.0 | 10.0-20.0 | 1.00x | 0 |" in lines
+    assert "| CSM | 0 | - | - | - | 1 |" in lines
+    cells["csm@s=8"][1] = {"cpu_seconds": 2700.0, "record": {}}
+    assert "| CSM | 1 | 45.0 | 45.0-45.0 | 3.00x | 1 |" in a4._cost_lines(cells)
 
 
 def test_set_lines_name_each_set_read_and_the_rule_for_a_rebuilt_one(monkeypatch):
