@@ -84,8 +84,8 @@ def _cost_lines(cells: Dict[str, Dict[int, Dict[str, Any]]]) -> List[str]:
             elif cell.get("cpu_seconds") is not None:
                 families.setdefault(label, []).append(cell["cpu_seconds"])
     mean = {label: sum(cpu) / len(cpu) / 60 for label, cpu in families.items()}
-    lines = ["| method | cells run in one go | CPU minutes per cell (mean) | range | mean / CE's | cells resumed after a "
-             "stop (left out) |", "|---|---|---|---|---|---|"]
+    lines = ["| method | cells run in one go | CPU minutes per cell (mean) | range | mean / CE's | cells resumed after "
+             "a stop (left out) |", "|---|---|---|---|---|---|"]
     for label in sorted(set(families) | set(resumed)):
         cpu = [c / 60 for c in families.get(label, [])]
         timed = f"{mean[label]:.1f} | {min(cpu):.1f}-{max(cpu):.1f}" if cpu else "- | -"
@@ -191,8 +191,9 @@ def write_page(path: Path = PAGE, json_path: Path = JSON, output: Path = OUTPUT,
     lines += [f"## Cells re-run (`{verify}`, with the pins)", ""] + verify_lines(verify_log, verify)
     shared = {m: runs for found in cells.values() for m, runs in found.items()}
     lines += ["## Cost (CPU minutes, one thread; the machine ran two cells side by side, from 2026-12-07 with a shift "
-              "cell beside them)", "", "Training cells only: CSM's generated sets, generators and annotators were "
-              "built by amendment 2 (their cost: [cost.md](cost.md)).", ""] + _cost_lines(shared)
+              "cell beside them)", "", "Training cells only: CSM's generated sets and annotators and KD's teacher "
+              "were built before them, by amendment 2's commands (the `matched` set's stages: [cost.md](cost.md)).",
+              ""] + _cost_lines(shared)
     lines += [""] + pending_section(SPEC, keyed)
     text = "\n".join(lines).rstrip("\n") + "\n"
     write_text_atomic(path, text)
