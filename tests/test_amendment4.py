@@ -117,3 +117,21 @@ def test_set_lines_name_each_set_read_and_the_rule_for_a_rebuilt_one(monkeypatch
                         "wants one)")
     assert lines[1] == "- `kd`: teacher `uuuuuuuuuuuu`, differs from amendment 2's tttttttttttt"
     assert "clarification of 2026-12-07" in lines[2] and len(lines) == 3
+
+
+def test_the_decision_figure_marks_no_primary_comparison_and_no_colour_before_its_seeds_are_in(tmp_path, monkeypatch):
+    from timm_csm.study import report, report_figures
+
+    drawn = []
+    real = report.decision_figure
+    monkeypatch.setattr(report, "decision_figure", lambda entries, *a: drawn.append((entries, a)) or real(entries, *a))
+    for seeds in (range(4), range(10)):
+        a4.body_lines(_csm_chosen(seeds)[1], tmp_path / "decision.png")
+    (partial, (*_, expected)), (full, _) = drawn
+    assert expected == 10 and {t.n for *_, t in partial} == {4} and {t.n for *_, t in full} == {10}
+    assert not any("(P)" in label for _, label, _ in partial)
+    assert any("(P)" in label for _, label, _ in full)
+    # CSM is 2 points lower in every pair: green once the 10 seeds are in, grey before
+    assert {report_figures.interval_colour(t, expected) for *_, t in partial} == {"tab:gray"}
+    assert {report_figures.interval_colour(t, expected) for g, lab, t in full if "(P)" in lab and g == "before TS"} \
+        == {"tab:green"}

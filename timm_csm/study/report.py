@@ -186,8 +186,10 @@ def stage2_lines(spec: StudySpec, summaries: Mapping[str, Mapping[str, Any]], fi
             if not decided:  # the figure shows the decision settings only
                 continue
             for ph, group in (("pre_ts", "before TS"), ("post_ts", "after TS")):
-                entries.append((group, f"{setting}: vs {get_method(name).label.split(' (')[0]}"
-                                + " (P)" * (name in primary_others), tests[f"ece_{ph}"]))
+                test = tests[f"ece_{ph}"]  # "(P)" marks a primary comparison once all its seeds are in
+                primary = name in primary_others and test is not None and test.n >= len(seeds)
+                entries.append((group, f"{setting}: vs {get_method(name).label.split(' (')[0]}" + " (P)" * primary,
+                                test))
         lines.append("")
     found = sorted({test.n for _, _, test in entries if test is not None})
     if found:
@@ -196,7 +198,7 @@ def stage2_lines(spec: StudySpec, summaries: Mapping[str, Mapping[str, Any]], fi
         label = spec.report.figure_label or spec.name
         decision_figure(entries, figure, f"{label}, stage 2 ({span} of {len(seeds)} seeds): CSM row minus each row, "
                         "test ECE, 95% paired t-intervals (unadjusted);\n(P): a primary comparison before TS, "
-                        f"decided under Holm over the {n} (the table)")
+                        f"decided under Holm over the {n} (the table)", len(seeds))
         lines += [f"![Stage 2: the CSM row minus each row, before and after TS]({figure.name})", ""]
     return lines
 

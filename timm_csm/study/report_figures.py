@@ -8,13 +8,22 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..metrics import PairedInterval
 
-__all__ = ["decision_figure", "volume_figure"]
+__all__ = ["decision_figure", "interval_colour", "volume_figure"]
+
+
+def interval_colour(test: PairedInterval, seeds: int) -> str:
+    """Green where the interval lies below 0 (CSM lower), red above, grey where it holds 0 or has fewer than
+    ``seeds`` paired seeds."""
+    if test.n < seeds:
+        return "tab:gray"
+    return "tab:green" if test.high < 0 else "tab:red" if test.low > 0 else "tab:gray"
 
 
 def decision_figure(entries: Sequence[Tuple[str, str, Optional[PairedInterval]]], path: Path,
-                    title: str) -> Path:
+                    title: str, seeds: int) -> Path:
     """A forest plot of paired differences: one row per ``(group, label, test)`` (a :class:`PairedInterval`), the
-    mean and its 95% t-interval in ECE points, 0 marked; groups (e.g. before / after TS) side by side."""
+    mean and its 95% t-interval in ECE points, 0 marked; groups (e.g. before / after TS) side by side. A row with
+    fewer than ``seeds`` paired seeds is drawn hollow and grey with its count: colour would read as a decision."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,15 +38,18 @@ def decision_figure(entries: Sequence[Tuple[str, str, Optional[PairedInterval]]]
             test = next((t for g, lab, t in entries if g == group and lab == label), None)
             if test is None:
                 continue
-            below = test.high < 0
-            ax.errorbar(test.mean, y, xerr=[[test.mean - test.low], [test.high - test.mean]],
-                        fmt="o", color="tab:green" if below else "tab:red" if test.low > 0 else "tab:gray",
-                        capsize=3)
+            complete, colour = test.n >= seeds, interval_colour(test, seeds)
+            ax.errorbar(test.mean, y, xerr=[[test.mean - test.low], [test.high - test.mean]], fmt="o", color=colour,
+                        mfc=colour if complete else "white", capsize=3)
+            if not complete:
+                ax.annotate(f"{test.n} of {seeds} seeds", (test.mean, y), xytext=(0, 5), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7, color="tab:gray")
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_title(group, fontsize=10)
     axes[0][0].set_yticks(range(len(labels)), labels)
-    axes[0][0].invert_yaxis()  # the axes share y: once inverts them all
-    fig.supxlabel("CSM minus the other method, test ECE (points); green: interval below 0, red: above", fontsize=9)
+    axes[0][0].set_ylim(len(labels) - 0.5, -0.9)  # first row on top, room above for a seed count; axes share y
+    fig.supxlabel(f"CSM minus the other method, test ECE (points); green: interval below 0, red: above "
+                  f"(rows with all {seeds} seeds; hollow grey: seeds still running)", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")  # a long study label widens the title beyond the panels
